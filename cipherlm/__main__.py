@@ -1,0 +1,4 @@
+import sys
+from cipherlm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,103 @@
+"""cipherlm command line: models | generate | classify | serve | demo | bench.
+
+Every run command accepts ``--report FILE`` (JSON) and ``--plot FILE`` (PNG of
+the per-operator-class breakdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cipherlm import __version__
+
+MODES = ("plain", "offload")
+DEFAULT_DECODER = "smollm2-135m"
+DEFAULT_ENCODER = "minilm-l6"
+DEFAULT_PROMPT = "What is the capital of France?"
+
+
+def _add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", metavar="FILE", help="write a JSON report of the run")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of the per-operator breakdown")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: from the OS CSPRNG)")
+    p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
+
+
+def _server_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cipherlm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"cipherlm {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("models", help="list the models available on this machine")
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("prompt")
+    g.add_argument("--mode", choices=MODES, default="plain")
+    g.add_argument("--model", default=DEFAULT_DECODER, help="model name or path (plain mode)")
+    g.add_argument("--server", type=_server_address, help="HOST:PORT of a `cipherlm serve` (offload mode)")
+    g.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
+    _add_sampling_args(g)
+    _add_report_args(g)
+
+    c = sub.add_parser("classify", help="classify sentences with a BERT model and its linear probe")
+    c.add_argument("sentences", nargs="*", help="sentences to classify (default: the 200 polarity sentences)")
+    c.add_argument("--mode", choices=MODES, default="plain")
+    c.add_argument("--model", default=DEFAULT_ENCODER)
+    c.add_argument("--server", type=_server_address)
+    c.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
+    _add_report_args(c)
+
+    s = sub.add_parser("serve", help="serve a model to private-inference clients")
+    s.add_argument("--mode", choices=("offload",), default="offload")
+    s.add_argument("--model", default=DEFAULT_DECODER)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=7070, help="0 picks a free port (printed on stdout)")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds a session may stay silent")
+
+    d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
+    d.add_argument("--mode", choices=MODES, default="offload")
+    d.add_argument("--model", default=DEFAULT_DECODER)
+    d.add_argument("--prompt", default=DEFAULT_PROMPT)
+    d.add_argument("--max-new-tokens", type=int, default=8)
+    _add_report_args(d)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    b.add_argument("what", choices=("offload",), help="which benchmark")
+    b.add_argument("--model", default=DEFAULT_DECODER)
+    b.add_argument("--prompt-tokens", type=int, default=8)
+    b.add_argument("--max-new-tokens", type=int, default=16)
+    _add_report_args(b)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from cipherlm import commands
+
+    try:
+        return commands.dispatch(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except commands.UserError as exc:
+        print(f"cipherlm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

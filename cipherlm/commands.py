@@ -1,0 +1,298 @@
+"""What each CLI command does (argument parsing lives in cipherlm.cli)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+
+class UserError(Exception):
+    """An error the user can fix (bad model name, unreachable server, ...): printed without a traceback."""
+
+
+def dispatch(args) -> int:
+    handler = {
+        "models": cmd_models,
+        "generate": cmd_generate,
+        "classify": cmd_classify,
+        "serve": cmd_serve,
+        "demo": cmd_demo,
+        "bench": cmd_bench,
+    }[args.command]
+    try:
+        return handler(args)
+    except (ValueError, OSError) as exc:
+        from cipherlm.models import UnknownModelError
+        from cipherlm.net.channel import ChannelClosed, ChannelTimeout
+        from cipherlm.runtime.offload_protocol import RemoteError
+
+        if isinstance(exc, (UnknownModelError, ConnectionError, ChannelClosed, ChannelTimeout, RemoteError)):
+            raise UserError(str(exc)) from exc
+        raise
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def chat_prompt(tokenizer, prompt: str, raw: bool) -> str:
+    """Wrap a user prompt in the ChatML template when the tokenizer has its tokens (SmolLM2-Instruct)."""
+    if raw or tokenizer is None or tokenizer.token_to_id("<|im_start|>") is None:
+        return prompt
+    return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def eos_ids(config: dict, tokenizer) -> set[int]:
+    ids = set()
+    eos = config.get("eos_token_id")
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list):
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None:
+        for tok in ("<|im_end|>", "<|endoftext|>", "</s>"):
+            tid = tokenizer.token_to_id(tok)
+            if tid is not None:
+                ids.add(tid)
+    return ids
+
+
+class TokenStreamer:
+    """Print tokens as they are produced (decoding the whole suffix keeps multi-byte characters intact)."""
+
+    def __init__(self, tokenizer, stream=None):
+        self.tokenizer = tokenizer
+        self.stream = stream or sys.stdout
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def __call__(self, token_id: int) -> None:
+        self.ids.append(int(token_id))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.startswith(self.printed) and not text.endswith("\ufffd"):
+            self.stream.write(text[len(self.printed):])
+            self.stream.flush()
+            self.printed = text
+
+    def finish(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def load_plain(model_name: str):
+    """Model, tokenizer and a plaintext executor factory."""
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import PlainLinear, make_executor, split_params
+
+    lm = load_model(model_name)
+    client_params, server_linears = split_params(lm.config, lm.weights)
+    backend = PlainLinear(server_linears)
+    return lm, (lambda profiler=None: make_executor(lm.config, client_params, backend, profiler=profiler))
+
+
+def _write_outputs(report, args) -> None:
+    if getattr(args, "report", None):
+        report.write_json(args.report)
+        _err(f"report written to {args.report}")
+    if getattr(args, "plot", None):
+        report.plot_png(args.plot)
+        _err(f"plot written to {args.plot}")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_models(args) -> int:
+    from cipherlm.models import list_models
+
+    rows = list_models()
+    print(f"{'name':<16} {'family':<10} {'params':>10}  {'available':<9}  path")
+    for m in rows:
+        params = f"{m['params'] / 1e6:.1f}M" if m.get("params") else "?"
+        print(f"{m['name']:<16} {m['family']:<10} {params:>10}  {'yes' if m['available'] else 'no':<9}  {m.get('path') or ''}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from cipherlm.report import RunReport
+
+    t0 = time.perf_counter()
+    report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
+    if args.mode == "plain":
+        lm, make = load_plain(args.model)
+        tokenizer, config = lm.tokenizer, lm.config
+        executor = make(profiler=report.profiler)
+        prompt_ids = tokenizer.encode(chat_prompt(tokenizer, args.prompt, args.raw)).ids
+        streamer = TokenStreamer(tokenizer)
+        new_ids, logits = executor.generate(prompt_ids, **_gen_kwargs(args, config, tokenizer), on_token=streamer)
+        streamer.finish()
+        report.finish(wall_seconds=time.perf_counter() - t0, extra={"prompt_tokens": len(prompt_ids), "new_tokens": len(new_ids)})
+        print(report.summary_text(), file=sys.stderr)
+        _write_outputs(report, args)
+        return 0
+    if args.server is None:
+        raise UserError("--mode offload needs --server HOST:PORT (start one with `cipherlm serve --mode offload`)")
+    result = run_offload_generation(args.server, args.model, args.prompt, args, report=report, compare=args.compare)
+    report.finish(wall_seconds=time.perf_counter() - t0, extra=result["extra"])
+    print(report.summary_text(), file=sys.stderr)
+    _write_outputs(report, args)
+    return 0
+
+
+def _gen_kwargs(args, config, tokenizer) -> dict:
+    return dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=getattr(args, "temperature", 0.0),
+        top_k=getattr(args, "top_k", 0),
+        top_p=getattr(args, "top_p", 1.0),
+        seed=getattr(args, "seed", None),
+        eos_token_ids=eos_ids(config, tokenizer),
+        return_logits=True,
+    )
+
+
+def run_offload_generation(server, model, prompt, args, report, compare: bool, stream=True) -> dict:
+    """Generate through an offload server; optionally compare with the local plaintext executor."""
+    from cipherlm.runtime.offload_client import OffloadClient
+
+    host, port = server
+    _err(f"connecting to {host}:{port} ...")
+    with OffloadClient(host, port, model=model, progress=_err) as client:
+        tokenizer, config = client.tokenizer, client.config
+        prompt_ids = tokenizer.encode(chat_prompt(tokenizer, prompt, getattr(args, "raw", False))).ids
+        _err(f"session ready in {client.setup_seconds:.1f} s; {len(prompt_ids)} prompt tokens, generating ...")
+        executor = client.executor(profiler=report.profiler)
+        streamer = TokenStreamer(tokenizer) if stream else (lambda t: None)
+        token_times: list[float] = []
+        t_gen = time.perf_counter()
+
+        def on_token(tid):
+            token_times.append(time.perf_counter() - t_gen)
+            streamer(tid)
+
+        new_ids, logits = executor.generate(prompt_ids, **_gen_kwargs(args, config, tokenizer), on_token=on_token)
+        if stream:
+            streamer.finish()
+        server_stats = client.server_stats()
+        report.add_channel(client.chan, party="client")
+        report.add_server_stats(server_stats)
+        report.add_client_seconds(client.seconds)
+        extra = {
+            "prompt_tokens": len(prompt_ids),
+            "new_tokens": len(new_ids),
+            "setup_seconds": client.setup_seconds,
+            "bundle_from_cache": client.bundle_from_cache,
+            "first_token_seconds": token_times[0] if token_times else None,
+            "later_token_seconds_mean": float(np.mean(np.diff(token_times))) if len(token_times) > 1 else None,
+            "text": tokenizer.decode(new_ids, skip_special_tokens=True),
+        }
+    if compare:
+        extra.update(compare_with_plain(client.model, prompt_ids, new_ids, logits, args))
+        report.agreement = extra["agreement"]
+    return {"new_ids": new_ids, "logits": logits, "extra": extra}
+
+
+def compare_with_plain(model_name, prompt_ids, new_ids, logits, args) -> dict:
+    """Agreement of private greedy tokens with the plaintext executor's, and first-token logit MSE."""
+    _err("running the plaintext executor for comparison ...")
+    lm, make = load_plain(model_name)
+    executor = make()
+    ref_ids, ref_logits = executor.generate(prompt_ids, **_gen_kwargs(args, lm.config, lm.tokenizer))
+    n = max(len(ref_ids), len(new_ids))
+    same = sum(1 for a, b in zip(ref_ids, new_ids) if a == b)
+    prefix = next((i for i, (a, b) in enumerate(zip(ref_ids, new_ids)) if a != b), min(len(ref_ids), len(new_ids)))
+    mse = float(np.mean((np.asarray(logits[0], np.float64) - np.asarray(ref_logits[0], np.float64)) ** 2))
+    return {
+        "agreement": same / n if n else 1.0,
+        "identical_prefix": prefix,
+        "plain_text": lm.tokenizer.decode(ref_ids, skip_special_tokens=True),
+        "first_token_logits_mse": mse,
+        "first_token_logits_max_abs_err": float(np.max(np.abs(np.asarray(logits[0]) - np.asarray(ref_logits[0])))),
+    }
+
+
+def cmd_classify(args) -> int:
+    raise UserError("classify is not wired yet")
+
+
+def cmd_serve(args) -> int:
+    from cipherlm.runtime.offload_server import run_server
+
+    run_server(args.model, args.host, args.port, args.timeout)
+    return 0
+
+
+def start_server_process(model: str, timeout: float = 900.0):
+    """Start ``cipherlm serve`` as a separate process on a free loopback port; returns (proc, (host, port))."""
+    cmd = [sys.executable, "-m", "cipherlm", "serve", "--mode", "offload", "--model", model, "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    found: dict = {}
+
+    def read_stdout():
+        for line in proc.stdout:
+            if line.startswith("LISTENING ") and "addr" not in found:
+                h, _, p = line.split()[1].rpartition(":")
+                found["addr"] = (h, int(p))
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    deadline = time.time() + timeout
+    while "addr" not in found:
+        if proc.poll() is not None:
+            raise UserError(f"the server process exited with code {proc.returncode} before listening")
+        if time.time() > deadline:
+            proc.kill()
+            raise UserError("the server did not start listening in time")
+        time.sleep(0.1)
+    return proc, found["addr"]
+
+
+def cmd_demo(args) -> int:
+    from cipherlm.report import RunReport
+
+    t0 = time.perf_counter()
+    report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
+    args.temperature, args.top_k, args.top_p, args.seed, args.raw = 0.0, 0, 1.0, None, False
+    if args.mode == "plain":
+        lm, make = load_plain(args.model)
+        executor = make(profiler=report.profiler)
+        prompt_ids = lm.tokenizer.encode(chat_prompt(lm.tokenizer, args.prompt, False)).ids
+        print(f"prompt: {args.prompt}")
+        streamer = TokenStreamer(lm.tokenizer)
+        executor.generate(prompt_ids, **_gen_kwargs(args, lm.config, lm.tokenizer), on_token=streamer)
+        streamer.finish()
+        report.finish(wall_seconds=time.perf_counter() - t0)
+        print(report.summary_text())
+        _write_outputs(report, args)
+        return 0
+    _err(f"starting the {args.mode} server for {args.model} (a separate process) ...")
+    proc, addr = start_server_process(args.model)
+    try:
+        print(f"prompt: {args.prompt}")
+        result = run_offload_generation(addr, args.model, args.prompt, args, report=report, compare=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    report.finish(wall_seconds=time.perf_counter() - t0, extra=result["extra"])
+    ex = result["extra"]
+    print(f"plaintext executor:   {ex['plain_text']!r}")
+    print(f"agreement with plaintext: {ex['agreement']:.3f} (identical prefix {ex['identical_prefix']} tokens), "
+          f"first-token logits MSE {ex['first_token_logits_mse']:.3e}")
+    print(report.summary_text())
+    _write_outputs(report, args)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    raise UserError("bench is not wired yet")

@@ -1,0 +1,153 @@
+"""Offload-mode client: keeps the keys, runs everything but the projections.
+
+Client side of the client-aided offload protocol (``fhe_offload_llama_003``
+sections 4-6, messages in :mod:`cipherlm.runtime.offload_protocol`).  The
+client runs the same executor as the plaintext reference, with a
+:class:`RemoteLinear` backend: each projection group's input rows are
+encrypted, sent in one message, evaluated by the server under CKKS, returned,
+decrypted.  Norms, RoPE, attention, softmax, activations, sampling and the KV
+cache stay on the client, in the clear, never sent.
+
+The small parameters the client needs (embedding table, norm weights,
+position embeddings, tokenizer) come from the server once per model as a
+*client bundle*, cached under the user cache directory by its digest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cipherlm.net.channel import TCPChannel
+from cipherlm.runtime import offload_engine
+from cipherlm.runtime.linear_groups import LinearGroup
+from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, ProtocolError, expect
+
+
+def _bundle_dir(digest: str) -> Path:
+    from cipherlm.models.cache import cache_dir
+
+    if not all(c in "0123456789abcdef" for c in digest) or len(digest) != 64:
+        raise ProtocolError("server sent a malformed bundle digest")
+    return cache_dir() / "bundles" / digest
+
+
+def _load_cached_bundle(digest: str):
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    d = _bundle_dir(digest)
+    if not (d / "tensors.safetensors").exists():
+        return None
+    tensors = load_file(str(d / "tensors.safetensors"))
+    tok = Tokenizer.from_file(str(d / "tokenizer.json")) if (d / "tokenizer.json").exists() else None
+    return tensors, tok
+
+
+def _store_bundle(digest: str, tensors: dict, tokenizer_json: str | None) -> None:
+    from safetensors.numpy import save_file
+
+    d = _bundle_dir(digest)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f"tensors.{os.getpid()}.tmp"
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp))
+    if tokenizer_json is not None:
+        (d / "tokenizer.json").write_text(tokenizer_json)
+    tmp.replace(d / "tensors.safetensors")
+
+
+class OffloadClient:
+    """A session with an offload server: set-up, then a LinearBackend for the executor."""
+
+    def __init__(self, host: str, port: int, model: str | None = None, timeout: float = 300.0, progress=None):
+        self.t_start = time.perf_counter()
+        self.chan = TCPChannel.connect(host, port, timeout=timeout)
+        self.seconds = defaultdict(float)  # client compute per operator class
+        with self.chan.step("setup"):
+            self.chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "model": model})
+            welcome = expect(self.chan.recv(), "welcome")
+        self.model = welcome["model"]
+        self.config = welcome["config"]
+        self.groups = [
+            LinearGroup(i, tuple(g["names"]), int(g["d_in"]), tuple(int(d) for d in g["d_outs"]))
+            for i, g in enumerate(welcome["groups"])
+        ]
+        self._group_of = {g.names: g for g in self.groups}
+        self.bundle_from_cache = True
+        cached = _load_cached_bundle(welcome["bundle_digest"])
+        if cached is None:
+            self.bundle_from_cache = False
+            if progress:
+                progress("downloading the client bundle (once per model)")
+            with self.chan.step("setup"):
+                self.chan.send({"type": "get_bundle"})
+                bundle = expect(self.chan.recv(), "bundle")
+            _store_bundle(welcome["bundle_digest"], bundle["tensors"], bundle.get("tokenizer"))
+            cached = _load_cached_bundle(welcome["bundle_digest"])
+        self.client_params, self.tokenizer = cached
+        t0 = time.perf_counter()
+        self.engine = offload_engine.ClientEngine(welcome, self.groups)
+        keys_blob = self.engine.galois_keys_blob()
+        self.seconds["setup"] += time.perf_counter() - t0
+        with self.chan.step("setup"):
+            self.chan.send({"type": "keys", "galois_keys": keys_blob})
+            expect(self.chan.recv(), "ready")
+        self.setup_seconds = time.perf_counter() - self.t_start
+        self.backend = RemoteLinear(self)
+
+    def executor(self, profiler=None):
+        from cipherlm.runtime.plain import make_executor
+
+        return make_executor(self.config, self.client_params, self.backend, profiler=profiler)
+
+    def server_stats(self) -> dict:
+        self.chan.send({"type": "stats"})
+        return expect(self.chan.recv(), "stats")
+
+    def close(self) -> None:
+        try:
+            self.chan.send({"type": "bye"})
+        except Exception:
+            pass
+        self.chan.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class RemoteLinear:
+    """LinearBackend whose projections run on the server under CKKS."""
+
+    def __init__(self, client: OffloadClient):
+        self.client = client
+
+    def linear(self, x: np.ndarray, names: Sequence[str]) -> list[np.ndarray]:
+        c = self.client
+        group = c._group_of.get(tuple(names))
+        if group is None:
+            raise ProtocolError(f"the server offers no projection group {tuple(names)}")
+        rows = np.asarray(x, dtype=np.float64).reshape(-1, group.d_in)
+        t0 = time.perf_counter()
+        cts = [c.engine.encrypt(group.index, row) for row in rows]
+        c.seconds["encrypt"] += time.perf_counter() - t0
+        with c.chan.step(group.op_class):
+            c.chan.send({"type": "linear", "group": group.index, "cts": cts})
+            reply = expect(c.chan.recv(), "result")
+        out_cts = reply.get("cts")
+        if not isinstance(out_cts, list) or len(out_cts) != len(rows):
+            raise ProtocolError("server returned the wrong number of results")
+        t0 = time.perf_counter()
+        y = np.stack([c.engine.decrypt(group.index, ct) for ct in out_cts])
+        c.seconds["decrypt"] += time.perf_counter() - t0
+        y = y.reshape(*np.shape(x)[:-1], group.d_out)
+        splits = np.cumsum(group.d_outs)[:-1]
+        return list(np.split(y, splits, axis=-1))

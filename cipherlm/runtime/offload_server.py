@@ -1,0 +1,219 @@
+"""Offload-mode server: holds the weights, evaluates projections on ciphertexts.
+
+Implements the server side of the client-aided offload protocol
+(``fhe_offload_llama_003`` sections 4-6; messages in
+:mod:`cipherlm.runtime.offload_protocol`).  The weights are encoded as CKKS
+plaintexts once, at start-up, and reused for every layer and every request.
+Each client connection is a session in its own thread; an error in one
+session (malformed message, wrong ciphertext, disconnect, stall) ends that
+session only.  The server never logs activations, prompts or keys: it only
+ever sees ciphertexts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from cipherlm.net.channel import ChannelClosed, ChannelTimeout, FrameError, TCPChannel, listen
+from cipherlm.runtime import offload_engine
+from cipherlm.runtime.linear_groups import LinearGroup, RecordingLinear, groups_from_calls
+from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, PROTOCOL_VERSION, ProtocolError, expect
+
+log = logging.getLogger("cipherlm.serve")
+
+
+def discover_groups(config: dict, client_params: dict, server_linears: dict) -> list[LinearGroup]:
+    """Run the plaintext executor on one token and record the projection groups in call order."""
+    from cipherlm.runtime.plain import PlainLinear, make_executor
+
+    recorder = RecordingLinear(PlainLinear(server_linears))
+    executor = make_executor(config, client_params, recorder)
+    executor.trace_one_token()
+    groups = groups_from_calls(recorder.calls)
+    covered = {n for g in groups for n in g.names}
+    missing = sorted(set(server_linears) - covered)
+    if missing:
+        # e.g. MoE experts no token was routed to: one group each, still encoded at start-up
+        extra = [((n,), server_linears[n][0].shape[1], (server_linears[n][0].shape[0],)) for n in missing]
+        groups = groups_from_calls([(g.names, g.d_in, g.d_outs) for g in groups] + extra)
+    return groups
+
+
+class ModelHost:
+    """One model, its client bundle and its HE-encoded projections (built once)."""
+
+    def __init__(self, model_name: str, progress=None):
+        from cipherlm.models import load_model
+        from cipherlm.runtime.plain import split_params
+
+        t0 = time.perf_counter()
+        lm = load_model(model_name)
+        self.name = lm.name
+        self.config = lm.config
+        client_params, server_linears = split_params(lm.config, lm.weights)
+        self.groups = discover_groups(lm.config, client_params, server_linears)
+        self.bundle = {
+            "type": "bundle",
+            "tensors": {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in client_params.items()},
+            "tokenizer": lm.tokenizer.to_str() if lm.tokenizer is not None else None,
+        }
+        digest = hashlib.sha256()
+        for k in sorted(self.bundle["tensors"]):
+            digest.update(k.encode())
+            digest.update(self.bundle["tensors"][k].tobytes())
+        digest.update((self.bundle["tokenizer"] or "").encode())
+        self.bundle_digest = digest.hexdigest()
+        self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress)
+        self.startup_seconds = time.perf_counter() - t0
+
+    def welcome(self) -> dict:
+        return {
+            "type": "welcome",
+            "protocol": PROTOCOL_VERSION,
+            "model": self.name,
+            "config": self.config,
+            "groups": [{"names": list(g.names), "d_in": g.d_in, "d_outs": list(g.d_outs)} for g in self.groups],
+            "bundle_digest": self.bundle_digest,
+            **self.engine.public_setup(),
+        }
+
+
+class OffloadServer:
+    """Accepts sessions on a TCP port and serves one :class:`ModelHost`."""
+
+    def __init__(self, host: ModelHost, address: str = "127.0.0.1", port: int = 0, session_timeout: float = 300.0):
+        self.host = host
+        self.session_timeout = session_timeout
+        self.sock = listen(address, port)
+        self.address = self.sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self.sessions_served = 0
+
+    def serve_forever(self) -> None:
+        self.sock.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            threading.Thread(target=self._session, args=(conn, peer), daemon=True).start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+    def _session(self, conn: socket.socket, peer) -> None:
+        chan = TCPChannel(conn, timeout=self.session_timeout)
+        sid = f"{peer[0]}:{peer[1]}"
+        log.info("session %s opened", sid)
+        try:
+            Session(self.host, chan).run()
+            log.info("session %s closed", sid)
+        except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError) as exc:
+            log.warning("session %s ended: %s: %s", sid, type(exc).__name__, exc)
+            _try_send_error(chan, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # one broken session must not stop the server
+            log.exception("session %s failed", sid)
+            _try_send_error(chan, f"internal error: {type(exc).__name__}")
+        finally:
+            self.sessions_served += 1
+            chan.close()
+
+
+def _try_send_error(chan, message: str) -> None:
+    try:
+        chan.send({"type": "error", "message": message})
+    except Exception:
+        pass
+
+
+class Session:
+    """Server side of one client session (see offload_protocol for the message flow)."""
+
+    def __init__(self, host: ModelHost, chan):
+        self.host = host
+        self.chan = chan
+        self.keys = None
+        self.seconds = defaultdict(float)
+
+    def run(self) -> None:
+        hello = expect(self.chan.recv(), "hello")
+        if hello.get("protocol") != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {hello.get('protocol')!r} not supported (server speaks {PROTOCOL_VERSION})")
+        wanted = hello.get("model")
+        if wanted not in (None, self.host.name):
+            raise ProtocolError(f"unknown model {wanted!r}: this server serves {self.host.name!r}")
+        with self.chan.step("setup"):
+            self.chan.send(self.host.welcome())
+        while True:
+            msg = self.chan.recv()
+            if not isinstance(msg, dict):
+                raise ProtocolError("expected a message dict")
+            kind = msg.get("type")
+            if kind == "bye":
+                return
+            handler = self._handlers.get(kind)
+            if handler is None:
+                raise ProtocolError(f"unexpected message type {kind!r}")
+            handler(self, msg)
+
+    def _get_bundle(self, msg: dict) -> None:
+        with self.chan.step("setup"):
+            self.chan.send(self.host.bundle)
+
+    def _keys(self, msg: dict) -> None:
+        t0 = time.perf_counter()
+        self.keys = self.host.engine.load_client_keys(msg.get("galois_keys"))
+        self.seconds["setup"] += time.perf_counter() - t0
+        with self.chan.step("setup"):
+            self.chan.send({"type": "ready"})
+
+    def _linear(self, msg: dict) -> None:
+        if self.keys is None:
+            raise ProtocolError("linear request before keys")
+        gid = msg.get("group")
+        if not isinstance(gid, int) or not 0 <= gid < len(self.host.groups):
+            raise ProtocolError(f"unknown linear group {gid!r}")
+        cts = msg.get("cts")
+        if not isinstance(cts, list) or not cts or len(cts) > MAX_TOKENS_PER_REQUEST:
+            raise ProtocolError("cts must be a non-empty list of ciphertext blobs")
+        group = self.host.groups[gid]
+        t0 = time.perf_counter()
+        out = [self.host.engine.apply(gid, ct, self.keys) for ct in cts]
+        self.seconds[group.op_class] += time.perf_counter() - t0
+        with self.chan.step(group.op_class):
+            self.chan.send({"type": "result", "cts": out})
+
+    def _stats(self, msg: dict) -> None:
+        self.chan.send({"type": "stats", "seconds": dict(self.seconds), "he_ops": self.keys.counter_dict() if self.keys else {}})
+
+    _handlers = {"get_bundle": _get_bundle, "keys": _keys, "linear": _linear, "stats": _stats}
+
+
+def run_server(model: str, host: str, port: int, timeout: float) -> None:
+    """Entry point of ``cipherlm serve --mode offload``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    from cipherlm.progress import Progress
+
+    with Progress("encoding weights as CKKS plaintexts", stream=sys.stderr) as bar:
+        model_host = ModelHost(model, progress=bar.update)
+    server = OffloadServer(model_host, host, port, session_timeout=timeout)
+    h, p = server.address
+    log.info("model %s ready in %.1f s", model_host.name, model_host.startup_seconds)
+    print(f"LISTENING {h}:{p}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()

@@ -1,0 +1,167 @@
+"""Offload mode end to end on a tiny random Llama: correctness against the plaintext
+executor, and the server's behaviour under bad input (it must keep serving)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cipherlm.net.channel import TCPChannel  # noqa: E402
+from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
+from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, RemoteError  # noqa: E402
+from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+    host = ModelHost(str(tiny_llama_dir))
+    srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=3.0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def plain_logits(model_dir, ids):
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import PlainLinear, make_executor, split_params
+
+    lm = load_model(str(model_dir))
+    cp, sl = split_params(lm.config, lm.weights)
+    ex = make_executor(lm.config, cp, PlainLinear(sl))
+    return ex, ex.forward(np.asarray(ids), ex.new_cache())
+
+
+def test_offload_matches_plaintext(server, tiny_llama_dir):
+    ids = [3, 17, 42, 5, 9]
+    with OffloadClient(*server.address) as client:
+        ex = client.executor()
+        logits = ex.forward(np.asarray(ids), ex.new_cache())
+        assert client.bundle_from_cache is False or client.bundle_from_cache is True
+    _, ref = plain_logits(tiny_llama_dir, ids)
+    err = np.max(np.abs(logits - ref)) / np.max(np.abs(ref))
+    assert err < 1e-5, err
+
+
+def test_offload_greedy_generation_identical(server, tiny_llama_dir):
+    prompt = [1, 2, 3, 4]
+    with OffloadClient(*server.address) as client:
+        new_ids, _ = client.executor().generate(prompt, max_new_tokens=6, return_logits=True)
+        stats = client.server_stats()
+        totals = client.chan.totals()
+    ref_ex, _ = plain_logits(tiny_llama_dir, prompt)
+    ref_ids, _ = ref_ex.generate(prompt, max_new_tokens=6, return_logits=True)
+    assert list(new_ids) == list(ref_ids)
+    assert stats["he_ops"].get("multiply_plain", 0) > 0
+    assert totals["bytes_sent"] > 0 and totals["bytes_received"] > 0
+
+
+def test_bundle_is_cached_on_second_session(server):
+    with OffloadClient(*server.address):
+        pass
+    with OffloadClient(*server.address) as client:
+        assert client.bundle_from_cache
+
+
+def _assert_server_still_serves(server):
+    with OffloadClient(*server.address) as client:
+        ex = client.executor()
+        out = ex.forward(np.asarray([1, 2]), ex.new_cache())
+        assert np.all(np.isfinite(out))
+
+
+def test_garbage_bytes_then_server_keeps_serving(server):
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
+        s.settimeout(5)
+        try:
+            s.recv(1 << 16)
+        except (ConnectionError, socket.timeout):
+            pass
+    _assert_server_still_serves(server)
+
+
+def test_oversized_frame_header_rejected(server):
+    from cipherlm.net import framing
+
+    with socket.create_connection(server.address, timeout=5) as s:
+        # a valid header announcing 2^60 bytes: the server must refuse before allocating
+        s.sendall(framing.encode_header(framing.KIND_MESSAGE, 1 << 60))
+        s.settimeout(5)
+        try:
+            s.recv(1 << 16)
+        except (ConnectionError, socket.timeout):
+            pass
+    _assert_server_still_serves(server)
+
+
+def test_unknown_model_is_a_clear_error(server):
+    with pytest.raises(RemoteError, match="unknown model"):
+        OffloadClient(*server.address, model="no-such-model")
+    _assert_server_still_serves(server)
+
+
+def test_wrong_group_and_wrong_ciphertext(server):
+    client = OffloadClient(*server.address)
+    try:
+        client.chan.send({"type": "linear", "group": 10_000, "cts": [b"x"]})
+        reply = client.chan.recv()
+        assert reply["type"] == "error" and "group" in reply["message"]
+    finally:
+        client.chan.close()
+    client = OffloadClient(*server.address)
+    try:
+        client.chan.send({"type": "linear", "group": 0, "cts": [b"not a ciphertext"]})
+        reply = client.chan.recv()
+        assert reply["type"] == "error"
+    finally:
+        client.chan.close()
+    _assert_server_still_serves(server)
+
+
+def test_client_disconnect_mid_request(server):
+    client = OffloadClient(*server.address)
+    group = client.groups[0]
+    ct = client.engine.encrypt(group.index, np.ones(group.d_in))
+    client.chan.send({"type": "linear", "group": group.index, "cts": [ct] * 4})
+    client.chan.close()  # gone before the answer
+    _assert_server_still_serves(server)
+
+
+def test_stalled_client_times_out_and_server_keeps_serving(server):
+    chan = TCPChannel.connect(*server.address, timeout=10)
+    chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "model": None})
+    chan.recv()
+    time.sleep(server.session_timeout + 1.0)  # say nothing: the server drops us
+    reply = chan.recv(timeout=5)
+    assert reply["type"] == "error" and "Timeout" in reply["message"]
+    chan.close()
+    _assert_server_still_serves(server)
