@@ -359,32 +359,40 @@ class TCPChannel(SocketChannel):
     or ``TCPChannel(accepted_socket)``."""
 
     @classmethod
-    def connect(cls, host: str, port: int, timeout: float = 30.0, **kw) -> "TCPChannel":
-        """Connect to (host, port), retrying refused connections until `timeout`
-        seconds have passed (the server may still be starting); then ChannelTimeout."""
-        deadline = time.monotonic() + timeout
+    def connect(
+        cls, host: str, port: int, timeout: float | None = DEFAULT_TIMEOUT, *, connect_timeout: float | None = None, **kw
+    ) -> "TCPChannel":
+        """Connect to (host, port).  `timeout` is the channel's send/recv timeout
+        and, unless `connect_timeout` is given, also how long refused connections
+        are retried (the server may still be starting) before ChannelTimeout."""
+        limit = connect_timeout if connect_timeout is not None else (timeout if timeout is not None else DEFAULT_TIMEOUT)
+        deadline = time.monotonic() + limit
         last: Exception | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ChannelTimeout(f"could not connect to {host}:{port} within {timeout} s: {last}") from last
+                raise ChannelTimeout(f"could not connect to {host}:{port} within {limit} s: {last}") from last
             try:
                 sock = socket.create_connection((host, port), timeout=remaining)
-                return cls(sock, **kw)
             except (ConnectionRefusedError, ConnectionResetError, socket.timeout) as e:
                 last = e
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                continue
+            return cls(sock, timeout=timeout, **kw)
 
     @classmethod
-    def accept(cls, server: socket.socket, timeout: float | None = None, **kw) -> "TCPChannel":
-        """Accept one connection on a listening socket (see `listen`); ChannelTimeout
-        if none arrives within `timeout` seconds (None waits forever)."""
-        server.settimeout(timeout)
+    def accept(
+        cls, server: socket.socket, timeout: float | None = DEFAULT_TIMEOUT, *, accept_timeout: float | None = None, **kw
+    ) -> "TCPChannel":
+        """Accept one connection on a listening socket (see `listen`).  `timeout`
+        is the channel's send/recv timeout; ChannelTimeout if no client connects
+        within `accept_timeout` seconds (None: wait indefinitely)."""
+        server.settimeout(accept_timeout)
         try:
             sock, _addr = server.accept()
         except socket.timeout as e:
-            raise ChannelTimeout(f"no connection within {timeout} s") from e
-        return cls(sock, **kw)
+            raise ChannelTimeout(f"no connection within {accept_timeout} s") from e
+        return cls(sock, timeout=timeout, **kw)
 
     @property
     def peer(self) -> tuple:
