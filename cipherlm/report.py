@@ -91,6 +91,30 @@ def _human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+class Profiler:
+    """What a report hands to executors (``report.profiler``) to record compute
+    time and HE operation counts per operator class::
+
+        with profiler("linear"): ...          # or profiler.timed("linear")
+        profiler.add("softmax", 0.12)         # seconds
+        profiler.count("rotate", 8, "linear") # HE ops
+    """
+
+    def __init__(self, report: "RunReport"):
+        self._report = report
+
+    def timed(self, op_class: str):
+        return self._report.timed(op_class)
+
+    __call__ = timed
+
+    def add(self, op_class: str, seconds: float) -> None:
+        self._report.add_seconds(op_class, seconds)
+
+    def count(self, name: str, n: int = 1, op_class: str = "other") -> None:
+        self._report.add_he_ops({name: n}, op_class)
+
+
 class RunReport:
     """Builder of the JSON run report (see module docstring for the schema)."""
 
@@ -212,6 +236,11 @@ class RunReport:
             yield
         finally:
             self.add_seconds(op_class, time.perf_counter() - t)
+
+    @property
+    def profiler(self) -> Profiler:
+        """A `Profiler` recording into this report (for executors)."""
+        return Profiler(self)
 
     def set_compute_seconds(self, seconds: float) -> "RunReport":
         self.compute_seconds = float(seconds)

@@ -34,6 +34,11 @@ def _report():
     r.add_seconds("linear", 0.5)
     with r.timed("softmax"):
         pass
+    prof = r.profiler
+    with prof("softmax"):
+        pass
+    prof.add("softmax", 0.25)
+    prof.count("encrypt", 3, "softmax")
     r.agreement = 0.97
     r.extra["tokens"] = np.int64(12)
     r.finish(wall_seconds=2.0)
@@ -60,6 +65,8 @@ def test_schema_and_values(tmp_path):
     assert lin["he_ops"] == {"rotate": 12, "mul_plain": 4}
     assert lin["bytes"] == a.stats()["linear"]["bytes_sent"] + a.stats()["linear"]["bytes_received"]
     assert set(d["breakdown"]) == {"linear", "softmax"}
+    assert d["breakdown"]["softmax"]["seconds"] >= 0.25
+    assert d["breakdown"]["softmax"]["he_ops"] == {"encrypt": 3}
     for op in d["breakdown"].values():
         assert set(op) >= {"bytes", "rounds", "seconds", "he_ops"}
     total = ta["bytes_sent"] + ta["bytes_received"]

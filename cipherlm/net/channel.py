@@ -60,6 +60,7 @@ DEFAULT_STEP = "other"
 STAT_KEYS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "rounds", "flights_received")
 _INITIAL_BUF = 1 << 20  # receive buffers start at 1 MiB and grow as data arrives
 _COALESCE = 1 << 16  # payloads up to this size are sent in one write with their header
+DEFAULT_CONNECT_TIMEOUT = 10.0  # default window for retrying refused connections
 
 
 def _new_counter() -> dict[str, int]:
@@ -362,10 +363,12 @@ class TCPChannel(SocketChannel):
     def connect(
         cls, host: str, port: int, timeout: float | None = DEFAULT_TIMEOUT, *, connect_timeout: float | None = None, **kw
     ) -> "TCPChannel":
-        """Connect to (host, port).  `timeout` is the channel's send/recv timeout
-        and, unless `connect_timeout` is given, also how long refused connections
-        are retried (the server may still be starting) before ChannelTimeout."""
-        limit = connect_timeout if connect_timeout is not None else (timeout if timeout is not None else DEFAULT_TIMEOUT)
+        """Connect to (host, port).  `timeout` is the channel's send/recv timeout.
+        Refused connections are retried (the server may still be starting) for
+        `connect_timeout` seconds (default: min(timeout, 10 s)), then ChannelTimeout."""
+        if connect_timeout is None:
+            connect_timeout = min(timeout, DEFAULT_CONNECT_TIMEOUT) if timeout is not None else DEFAULT_CONNECT_TIMEOUT
+        limit = connect_timeout
         deadline = time.monotonic() + limit
         last: Exception | None = None
         while True:
