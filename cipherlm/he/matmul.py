@@ -1,0 +1,543 @@
+"""Encrypted activation x plaintext weight product, y = W x (+ b), CKKS.
+
+Client-aided offload mode (``fhe_offload_llama_003``, sections 4-5): the client
+holds the keys and encrypts one token's activation row x; the server holds W
+(d_out, d_in) in the clear and returns Enc(W x + b); the client decrypts.
+The packing is the diagonal method (Halevi-Shoup) with baby-step giant-step
+rotations, as used for ct-pt MatMul by BLB (``blb_004``, BSGS section), plus:
+
+* **complex packing** -- CKKS slots are complex.  x_c[j] = x[2j] + i x[2j+1],
+  w_c[r, j] = W[r, 2j] - i W[r, 2j+1]; Re(sum_j w_c[r,j] x_c[j]) = (W x)[r].
+  n = ceil(d_in / 2) complex inputs: half the slots, plaintexts and products.
+  The imaginary part is junk the client drops (weights are not protected
+  from the client in this mode).
+* **input-chunk blocks** -- the n complex inputs are cut into c chunks of
+  m = ceil(n / c); slot block a (stride B = R + m) holds R output rows for
+  chunk a.  The client lays out slot a*B + u = x_c[a*m + (u mod m)], u < B
+  (it knows x, so any layout is free); diagonal k < m has, at slot a*B + r,
+  w_c[r, a*m + (r+k) mod m].  sum_k diag_k * rot(x, k) leaves at a*B + r the
+  partial dot product of chunk a; the client adds the c blocks in the clear.
+  c*B <= S = N/2 slots; d_out is split into ``n_blocks`` output ciphertexts
+  of R rows when it does not fit.
+* **BSGS** -- m <= g*b; baby steps rot(x, j), j < g, once per request and
+  shared by all output blocks; giant steps sum_i rot(sum_j diag'_{ig+j} *
+  rot(x, j), ig) with diag' = rot(diag, -ig) pre-rotated at encode time.
+* **bias** -- folded into the product: the client appends a constant 1 to x
+  and the server appends b as an extra column of W (no per-request encode).
+
+Per request (one token, one matrix group):
+
+    rotations      (g - 1) + n_blocks * (b - 1)
+    multiply_plain n_blocks * m      (all-zero diagonals are skipped)
+    add            n_blocks * (m - 1) (+ giant-step adds, counted)
+    rescale        n_blocks
+    bytes up       1 seeded ciphertext at 2 primes   (~116 kB, N = 8192)
+    bytes down     n_blocks ciphertexts at 1 prime   (~118 kB each, zstd)
+
+The plan (c, g, b, n_blocks) is chosen per matrix by ``plan_matmul`` from a
+cost model (measured op times and a per-byte network cost).  Measured numbers
+for SmolLM2-135M's projections are in docs/he_matmul.md.
+
+Scales: the client picks Delta_x = 2^45 / max|x| per request; the server picks
+Delta_w = 2^w / max|W| once, with w = min(40, 97 - 45 - ceil(log2(2n))) so that
+|sum| * Delta_x * Delta_w <= 2n * 2^(45+w) < q0*q1/2 never wraps (and after
+the rescale by q1 (~2^40) the result still fits q0 (60 bits)).  The result is
+rescaled before sending so the down-link ciphertext has one prime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import tenseal.sealapi as seal
+
+from . import serialize
+from .context import HEContext
+from .errors import HEError
+
+# --------------------------------------------------------------------------- counters
+
+
+@dataclasses.dataclass
+class HEOpCounter:
+    """Homomorphic operation counts and bytes, for reports."""
+
+    rotations: int = 0
+    multiply_plain: int = 0
+    add: int = 0
+    rescale: int = 0
+    encode: int = 0
+    encrypt: int = 0
+    decrypt: int = 0
+    bytes_in: int = 0  # client -> server ciphertext bytes
+    bytes_out: int = 0  # server -> client ciphertext bytes
+    server_seconds: float = 0.0
+
+    def reset(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))(0))
+
+    def snapshot(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __iadd__(self, other: HEOpCounter) -> HEOpCounter:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+
+#: process-wide counter every call also updates (callers may pass their own too)
+GLOBAL_COUNTER = HEOpCounter()
+
+
+def _count(counter: HEOpCounter | None, **kw) -> None:
+    for c in (GLOBAL_COUNTER, counter):
+        if c is not None:
+            for k, v in kw.items():
+                setattr(c, k, getattr(c, k) + v)
+
+
+# --------------------------------------------------------------------------- cost model
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Seconds per op (N = 8192, 2 primes, measured on the dev machine) and per byte."""
+
+    rotate: float = 1.4e-3
+    multiply_plain: float = 0.15e-3
+    add: float = 0.03e-3
+    rescale: float = 0.3e-3
+    decrypt_decode: float = 1.0e-3  # client, per output ciphertext
+    byte: float = 8e-9  # 1 Gbit/s
+    galois_key_tiebreak: float = 1e-6  # prefer fewer distinct keys when equal
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulPlan:
+    """Packing of one (d_out, d_in) matrix (bias folded in when ``has_bias``)."""
+
+    d_out: int
+    d_in: int
+    has_bias: bool
+    slots: int
+    n: int  # complex inputs (bias column included)
+    c: int  # input chunks
+    m: int  # chunk size = number of diagonals
+    rows: int  # output rows per output ciphertext (R)
+    n_blocks: int  # output ciphertexts
+    g: int  # baby steps
+    b: int  # giant steps
+    splits: tuple[int, ...] = ()  # group member sizes (sum = d_out), () = single
+
+    @property
+    def stride(self) -> int:
+        return self.rows + self.m
+
+    @property
+    def rotation_steps(self) -> list[int]:
+        baby = list(range(1, self.g))
+        giant = [i * self.g for i in range(1, self.b) if i * self.g < self.m]
+        return sorted(set(baby + giant))
+
+    def op_counts(self) -> dict:
+        n_giant = len([i for i in range(1, self.b) if i * self.g < self.m])
+        return {
+            "rotations": (self.g - 1) + self.n_blocks * n_giant,
+            "multiply_plain": self.n_blocks * self.m,
+            "rescale": self.n_blocks,
+            "plaintexts": self.n_blocks * self.m,
+            "ciphertexts_in": 1,
+            "ciphertexts_out": self.n_blocks,
+        }
+
+    def cost(self, cm: CostModel = CostModel(), ct_bytes_in: int = 116_000, ct_bytes_out: int = 118_000) -> float:
+        o = self.op_counts()
+        return (
+            o["rotations"] * cm.rotate
+            + o["multiply_plain"] * (cm.multiply_plain + cm.add)
+            + o["rescale"] * cm.rescale
+            + self.n_blocks * cm.decrypt_decode
+            + (ct_bytes_in + self.n_blocks * ct_bytes_out) * cm.byte
+            + len(self.rotation_steps) * cm.galois_key_tiebreak
+        )
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["splits"] = list(self.splits)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MatmulPlan:
+        d = dict(d)
+        d["splits"] = tuple(d.get("splits", ()))
+        return cls(**d)
+
+
+def plan_matmul(
+    d_out: int,
+    d_in: int,
+    slots: int = 4096,
+    *,
+    has_bias: bool = False,
+    splits: Sequence[int] = (),
+    cost_model: CostModel = CostModel(),
+    max_chunks: int | None = None,
+) -> MatmulPlan:
+    """Choose (c, g, b, n_blocks) minimising the cost model."""
+    if d_out < 1 or d_in < 1:
+        raise HEError(f"bad matrix shape ({d_out}, {d_in})")
+    n = (d_in + int(has_bias) + 1) // 2
+    best = None
+    for c in range(1, (max_chunks or n) + 1):
+        m = -(-n // c)
+        if c > 1 and -(-n // (c - 1)) == m:
+            continue  # same chunk size as a smaller c: no gain
+        r_max = slots // c - m
+        if r_max < 1:
+            break
+        n_blocks = -(-d_out // r_max)
+        rows = -(-d_out // n_blocks)
+        for g in range(1, m + 1):
+            b = -(-m // g)
+            if g > 1 and -(-m // (g - 1)) == b and g > b:
+                continue
+            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c, m, rows, n_blocks, g, b, tuple(splits))
+            cost = p.cost(cost_model)
+            if best is None or cost < best[0]:
+                best = (cost, p)
+    if best is None:
+        raise HEError(f"matrix ({d_out}, {d_in}) does not fit {slots} slots")
+    return best[1]
+
+
+# --------------------------------------------------------------------------- server: encode
+
+
+@dataclasses.dataclass
+class EncodedMatrix:
+    """Server-side cache: every (pre-rotated) diagonal as an NTT-form Plaintext."""
+
+    ctx: HEContext
+    plan: MatmulPlan
+    plaintexts: list[list[seal.Plaintext | None]]  # [block][k]
+    weight_scale: float
+    input_parms_id: list[int]
+
+    @property
+    def n_plaintexts(self) -> int:
+        return sum(p is not None for blk in self.plaintexts for p in blk)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the cached plaintexts' coefficient data."""
+        k = len(self.ctx.moduli_of(self.input_parms_id))
+        return self.n_plaintexts * k * self.ctx.n * 8
+
+
+def _complex_weights(W: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    W = np.asarray(W, dtype=np.float64)
+    if b is not None:
+        W = np.concatenate([W, np.asarray(b, dtype=np.float64).reshape(-1, 1)], axis=1)
+    if W.shape[1] % 2:
+        W = np.concatenate([W, np.zeros((W.shape[0], 1))], axis=1)
+    return W[:, 0::2] - 1j * W[:, 1::2]
+
+
+def weight_scale_bits(ctx: HEContext, n: int) -> int:
+    xbits = ctx.params.input_scale_bits
+    total = sum(math.log2(q) for q in ctx.coeff_moduli)
+    return int(min(40, math.floor(total) - 3 - xbits - math.ceil(math.log2(2 * n))))
+
+
+def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """The pre-rotated diagonal slot vectors, complex (n_blocks, m, S)."""
+    Wc = _complex_weights(W, b)
+    p = plan
+    if Wc.shape != (p.d_out, p.n):
+        raise HEError(f"weights {W.shape} do not match the plan ({p.d_out}, {p.d_in})")
+    Wp = np.zeros((p.n_blocks * p.rows, p.c * p.m), dtype=np.complex128)
+    Wp[: p.d_out, : p.n] = Wc
+    r = np.arange(p.rows)
+    k = np.arange(p.m)
+    idx = (r[:, None] + k[None, :]) % p.m  # (R, m)
+    out = np.zeros((p.n_blocks, p.m, p.slots), dtype=np.complex128)
+    for o in range(p.n_blocks):
+        Wo = Wp[o * p.rows : (o + 1) * p.rows].reshape(p.rows, p.c, p.m)
+        D = np.take_along_axis(Wo, np.broadcast_to(idx[:, None, :], Wo.shape), axis=2)  # [r, a, k]
+        V = out[o, :, : p.c * p.stride].reshape(p.m, p.c, p.stride)
+        V[:, :, : p.rows] = D.transpose(2, 1, 0)
+        for kk in range(p.m):
+            shift = (kk // p.g) * p.g
+            if shift:
+                out[o, kk] = np.roll(out[o, kk], shift)
+    return out
+
+
+def encode_matrix(
+    ctx: HEContext,
+    W: np.ndarray,
+    b: np.ndarray | None = None,
+    plan: MatmulPlan | None = None,
+    *,
+    splits: Sequence[int] = (),
+    progress: Callable[[int, int], None] | None = None,
+    counter: HEOpCounter | None = None,
+) -> EncodedMatrix:
+    """Server, once at start-up: encode every diagonal at the input level (NTT form)."""
+    W = np.asarray(W)
+    if W.ndim != 2:
+        raise HEError("W must be (d_out, d_in)")
+    if plan is None:
+        plan = plan_matmul(W.shape[0], W.shape[1], ctx.slots, has_bias=b is not None, splits=splits)
+    if plan.slots != ctx.slots:
+        raise HEError("plan was made for another slot count")
+    wmax = float(np.max(np.abs(W))) if W.size else 0.0
+    if b is not None:
+        wmax = max(wmax, float(np.max(np.abs(b))))
+    wbits = weight_scale_bits(ctx, plan.n)
+    scale = 2.0**wbits / (wmax if wmax > 0 else 1.0)
+    D = diagonals(plan, W, b)
+    pid = ctx.parms_id_at(len(ctx.coeff_moduli))
+    total = plan.n_blocks * plan.m
+    pts: list[list[seal.Plaintext | None]] = []
+    done = 0
+    for o in range(plan.n_blocks):
+        row: list[seal.Plaintext | None] = []
+        for k in range(plan.m):
+            v = D[o, k]
+            if not np.any(v):
+                row.append(None)
+            else:
+                pt = seal.Plaintext()
+                ctx.encoder.encode(v.tolist(), pid, scale, pt)
+                row.append(pt)
+                _count(counter, encode=1)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        pts.append(row)
+    return EncodedMatrix(ctx, plan, pts, scale, pid)
+
+
+def encode_group(
+    ctx: HEContext,
+    Ws: Sequence[np.ndarray],
+    bs: Sequence[np.ndarray | None] | None = None,
+    **kw,
+) -> EncodedMatrix:
+    """Several matrices sharing one input (q,k,v; gate,up) stacked as one."""
+    if not Ws:
+        raise HEError("empty group")
+    d_in = Ws[0].shape[1]
+    if any(w.shape[1] != d_in for w in Ws):
+        raise HEError("group members must share d_in")
+    W = np.concatenate([np.asarray(w) for w in Ws], axis=0)
+    b = None
+    if bs is not None and any(x is not None for x in bs):
+        b = np.concatenate([np.zeros(w.shape[0]) if x is None else np.asarray(x).reshape(-1) for w, x in zip(Ws, bs)])
+    return encode_matrix(ctx, W, b, splits=[w.shape[0] for w in Ws], **kw)
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def pack_cts(blobs: Sequence[bytes]) -> bytes:
+    return struct.pack("<I", len(blobs)) + b"".join(struct.pack("<Q", len(x)) + x for x in blobs)
+
+
+def unpack_cts(data: bytes, expected: int | None = None) -> list[bytes]:
+    try:
+        (n,) = struct.unpack_from("<I", data, 0)
+        off, out = 4, []
+        for _ in range(n):
+            (ln,) = struct.unpack_from("<Q", data, off)
+            off += 8
+            if off + ln > len(data):
+                raise HEError("truncated ciphertext list")
+            out.append(bytes(data[off : off + ln]))
+            off += ln
+    except struct.error:
+        raise HEError("truncated ciphertext list") from None
+    if off != len(data):
+        raise HEError("trailing bytes after ciphertext list")
+    if expected is not None and n != expected:
+        raise HEError(f"expected {expected} ciphertexts, got {n}")
+    return out
+
+
+# --------------------------------------------------------------------------- client
+
+
+def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
+    """Complex slot vector (S,) for input x (d_in,) under ``plan``."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if x.size != plan.d_in:
+        raise HEError(f"input has {x.size} entries, plan expects {plan.d_in}")
+    if plan.has_bias:
+        x = np.concatenate([x, [1.0]])
+    if x.size % 2:
+        x = np.concatenate([x, [0.0]])
+    xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
+    xc[: plan.n] = x[0::2] + 1j * x[1::2]
+    u = np.arange(plan.stride) % plan.m
+    lay = xc.reshape(plan.c, plan.m)[:, u]  # (c, B)
+    v = np.zeros(plan.slots, dtype=np.complex128)
+    v[: plan.c * plan.stride] = lay.reshape(-1)
+    return v
+
+
+def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | None = None) -> bytes:
+    """Client: layout + scale 2^45/max|x| + seeded symmetric encryption -> bytes."""
+    ctx = keys.ctx
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise HEError("input has non-finite entries")
+    xmax = max(float(np.max(np.abs(x))) if x.size else 0.0, 1.0 if plan.has_bias else 0.0)
+    scale = 2.0 ** ctx.params.input_scale_bits / (xmax if xmax > 0 else 1.0)
+    pt = seal.Plaintext()
+    ctx.encoder.encode(input_layout(plan, x).tolist(), ctx.parms_id_at(len(ctx.coeff_moduli)), scale, pt)
+    data = keys.encrypt_seeded(pt)
+    _count(counter, encode=1, encrypt=1, bytes_in=len(data))
+    return data
+
+
+def decrypt_output(
+    keys, data: bytes, plan: MatmulPlan, counter: HEOpCounter | None = None, *, split: bool = False
+) -> np.ndarray | list[np.ndarray]:
+    """Client: decrypt the n_blocks result ciphertexts, add the c chunk blocks -> (d_out,)."""
+    ctx = keys.ctx
+    blobs = unpack_cts(data, plan.n_blocks)
+    y = np.zeros(plan.n_blocks * plan.rows)
+    for o, blob in enumerate(blobs):
+        if not blob:
+            continue  # all-zero block
+        ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
+        v = np.asarray(ctx.encoder.decode_double(keys.decrypt(ct)))
+        blocks = v[: plan.c * plan.stride].reshape(plan.c, plan.stride)[:, : plan.rows]
+        y[o * plan.rows : (o + 1) * plan.rows] = blocks.sum(axis=0)
+        _count(counter, decrypt=1)
+    _count(counter, bytes_out=len(data))
+    y = y[: plan.d_out]
+    if split:
+        return split_output(plan, y)
+    return y
+
+
+def split_output(plan: MatmulPlan, y: np.ndarray) -> list[np.ndarray]:
+    if not plan.splits:
+        return [y]
+    return np.split(y, np.cumsum(plan.splits)[:-1])
+
+
+# --------------------------------------------------------------------------- server: apply
+
+
+def load_galois_keys(ctx: HEContext, data: bytes, plans: Sequence[MatmulPlan] = ()) -> seal.GaloisKeys:
+    steps = sorted({s for p in plans for s in p.rotation_steps})
+    return serialize.galois_keys_from_bytes(ctx, data, required_steps=steps or None)
+
+
+def apply(
+    enc: EncodedMatrix,
+    ct_bytes: bytes,
+    galois_keys: seal.GaloisKeys | bytes,
+    counter: HEOpCounter | None = None,
+) -> bytes:
+    """Server: Enc(x) -> Enc(W x + b) as ``n_blocks`` rescaled one-prime ciphertexts."""
+    t0 = time.perf_counter()
+    ctx, p = enc.ctx, enc.plan
+    ev = ctx.evaluator
+    if isinstance(galois_keys, (bytes, bytearray, memoryview)):
+        galois_keys = load_galois_keys(ctx, bytes(galois_keys), [p])
+    ct = serialize.ciphertext_from_bytes(ctx, ct_bytes, parms_id=enc.input_parms_id, size=2)
+    n_rot = n_mul = n_add = n_rs = 0
+    baby = [ct]
+    for j in range(1, p.g):
+        r = seal.Ciphertext()
+        ev.rotate_vector(ct, j, galois_keys, r)
+        baby.append(r)
+        n_rot += 1
+    out = []
+    for o in range(p.n_blocks):
+        acc = None
+        for i in range(p.b):
+            inner = None
+            for j in range(p.g):
+                k = i * p.g + j
+                if k >= p.m:
+                    break
+                pt = enc.plaintexts[o][k]
+                if pt is None:
+                    continue
+                t = seal.Ciphertext()
+                ev.multiply_plain(baby[j], pt, t)
+                n_mul += 1
+                if inner is None:
+                    inner = t
+                else:
+                    ev.add_inplace(inner, t)
+                    n_add += 1
+            if inner is None:
+                continue
+            if i > 0:
+                ev.rotate_vector_inplace(inner, i * p.g, galois_keys)
+                n_rot += 1
+            if acc is None:
+                acc = inner
+            else:
+                ev.add_inplace(acc, inner)
+                n_add += 1
+        if acc is None:
+            out.append(b"")
+            continue
+        ev.rescale_to_next_inplace(acc)
+        n_rs += 1
+        out.append(serialize.ciphertext_to_bytes(acc))
+    data = pack_cts(out)
+    _count(
+        counter,
+        rotations=n_rot,
+        multiply_plain=n_mul,
+        add=n_add,
+        rescale=n_rs,
+        server_seconds=time.perf_counter() - t0,
+    )
+    return data
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def measure_costs(ctx: HEContext, keys, reps: int = 20) -> CostModel:
+    """Time rotate / multiply_plain / add / rescale on this machine (client keys needed)."""
+    ev = ctx.evaluator
+    pid = ctx.parms_id_at(len(ctx.coeff_moduli))
+    rng = np.random.default_rng(0)
+    pt = seal.Plaintext()
+    ctx.encoder.encode(rng.standard_normal(ctx.slots).tolist(), pid, 2.0**40, pt)
+    ct = keys.encrypt(pt)
+    gk = keys.galois_keys([1])
+    t = seal.Ciphertext()
+
+    def tm(f):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            f()
+        return (time.perf_counter() - t0) / reps
+
+    rot = tm(lambda: ev.rotate_vector(ct, 1, gk, t))
+    mul = tm(lambda: ev.multiply_plain(ct, pt, t))
+    ev.multiply_plain(ct, pt, t)
+    t2 = seal.Ciphertext()
+    ev.multiply_plain(ct, pt, t2)
+    add = tm(lambda: ev.add_inplace(t2, t))
+
+    u = seal.Ciphertext()
+    rescale = tm(lambda: ev.rescale_to_next(t, u))
+    return CostModel(rotate=rot, multiply_plain=mul, add=add, rescale=rescale)
