@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from cipherlm.he import ClientKeys, HEContext, HEOpCounter, OFFLOAD_CKKS, apply, decrypt_output
-from cipherlm.he import encode_group, encrypt_input, load_galois_keys
-from cipherlm.he.matmul import measure_costs, plan_matmul
+from cipherlm.he import encode_matrix, encrypt_input, load_galois_keys
+from cipherlm.he.matmul import CostModel, measure_costs, plan_matmul
 
 SHAPES = [
     ("q,k,v", [576, 192, 192], 576),
@@ -33,10 +33,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-head", action="store_true")
     ap.add_argument("--calibrate", action="store_true", help="plan with measured op costs")
+    ap.add_argument("--mbps", type=float, default=100.0, help="link speed the planner assumes")
     args = ap.parse_args()
     ctx = HEContext(OFFLOAD_CKKS)
     keys = ClientKeys(ctx)
     cm = measure_costs(ctx, keys)
+    cm = CostModel(cm.rotate, cm.multiply_plain, cm.add, cm.rescale, byte=8.0 / (args.mbps * 1e6))
     print(
         f"params {OFFLOAD_CKKS.name}: N={ctx.n} q={OFFLOAD_CKKS.coeff_modulus_bits} slots={ctx.slots}\n"
         f"measured op costs: rotate {cm.rotate*1e3:.2f} ms, multiply_plain {cm.multiply_plain*1e3:.3f} ms, "
@@ -48,11 +50,9 @@ def main() -> None:
         if args.skip_head and name == "lm_head":
             continue
         Ws = [(rng.standard_normal((o, d_in)) * 0.04).astype(np.float32) for o in outs]
-        kw = {}
-        if args.calibrate:
-            kw["plan"] = plan_matmul(sum(outs), d_in, ctx.slots, splits=outs, cost_model=cm)
+        kw = {"plan": plan_matmul(sum(outs), d_in, ctx.slots, splits=outs, cost_model=cm if args.calibrate else CostModel(byte=cm.byte))}
         t0 = time.perf_counter()
-        enc = encode_group(ctx, Ws, None, **kw)
+        enc = encode_matrix(ctx, np.concatenate(Ws, axis=0), None, **kw)
         t_enc = time.perf_counter() - t0
         p = enc.plan
         gk_bytes = keys.galois_keys_bytes(p.rotation_steps or [1])

@@ -32,7 +32,7 @@ Per request (one token, one matrix group):
     add            n_blocks * (m - 1) (+ giant-step adds, counted)
     rescale        n_blocks
     bytes up       1 seeded ciphertext at 2 primes   (~116 kB, N = 8192)
-    bytes down     n_blocks ciphertexts at 1 prime   (~118 kB each, zstd)
+    bytes down     n_blocks ciphertexts at 1 prime   (~131 kB each)
 
 The plan (c, g, b, n_blocks) is chosen per matrix by ``plan_matmul`` from a
 cost model (measured op times and a per-byte network cost).  Measured numbers
@@ -114,7 +114,7 @@ class CostModel:
     add: float = 0.03e-3
     rescale: float = 0.3e-3
     decrypt_decode: float = 1.0e-3  # client, per output ciphertext
-    byte: float = 8e-9  # 1 Gbit/s
+    byte: float = 80e-9  # 100 Mbit/s: favours fewer down-link ciphertexts (see docs/he_matmul.md)
     galois_key_tiebreak: float = 1e-6  # prefer fewer distinct keys when equal
 
 
