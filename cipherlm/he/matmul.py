@@ -39,8 +39,8 @@ cost model (measured op times and a per-byte network cost).  Measured numbers
 for SmolLM2-135M's projections are in docs/he_matmul.md.
 
 Scales: the client picks Delta_x = 2^45 / max|x| per request; the server picks
-Delta_w = 2^w / max|W| once, with w = min(40, 97 - 45 - ceil(log2(2n))) so that
-|sum| * Delta_x * Delta_w <= 2n * 2^(45+w) < q0*q1/2 never wraps (and after
+Delta_w = 2^w / max|W| once, with w = min(40, 96 - 45 - ceil(log2(2n))) so that
+|sum| * Delta_x * Delta_w <= 2n * 2^(45+w) <= 2^96 < q0*q1/2 never wraps (and after
 the rescale by q1 (~2^40) the result still fits q0 (60 bits)).  The result is
 rescaled before sending so the down-link ciphertext has one prime.
 """
