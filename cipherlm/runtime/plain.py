@@ -735,3 +735,20 @@ def plain_executor(lm, profiler=None, dtype=np.float32):
     """Executor with a PlainLinear backend for a LoadedModel (or anything with .config/.weights)."""
     client, server = split_params(lm.config, lm.weights)
     return make_executor(lm.config, client, PlainLinear(server, dtype=dtype), profiler=profiler)
+
+
+def polarity_classifier(lm=None, profiler=None, retrain: bool = False):
+    """(executor, tokenizer, probe): MiniLM encoder whose server linears include the
+    polarity probe as the "classifier" head (`executor.classify(ids, mask)`)."""
+    from cipherlm.models import load_model
+    from cipherlm.models.probe import get_polarity_probe
+
+    lm = lm or load_model("minilm-l6")
+    client, server = split_params(lm.config, lm.weights)
+    backend = PlainLinear(server)
+    base = EncoderExecutor(lm.config, client, backend)
+    probe = get_polarity_probe(lambda texts: base.embed_texts(lm.tokenizer, texts), model_name=lm.name,
+                               retrain=retrain)
+    server = dict(server) | probe.as_linear()
+    ex = EncoderExecutor(lm.config, client, PlainLinear(server), profiler=profiler)
+    return ex, lm.tokenizer, probe
