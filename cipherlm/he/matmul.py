@@ -252,7 +252,7 @@ def _complex_weights(W: np.ndarray, b: np.ndarray | None) -> np.ndarray:
 def weight_scale_bits(ctx: HEContext, n: int) -> int:
     xbits = ctx.params.input_scale_bits
     total = sum(math.log2(q) for q in ctx.coeff_moduli)
-    return int(min(40, math.floor(total) - 3 - xbits - math.ceil(math.log2(2 * n))))
+    return int(min(ctx.params.weight_scale_bits, math.floor(total) - 3 - xbits - math.ceil(math.log2(2 * n))))
 
 
 def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:

@@ -43,7 +43,7 @@ class HEParams:
     plain_modulus: int | None = None  # BFV/BGV only
     #: default log2 of (scale * max|value|) for client inputs and server weights (CKKS)
     input_scale_bits: int = 45
-    weight_scale_bits: int = 30
+    weight_scale_bits: int = 40  # a cap; matmul lowers it so n*|x||W| never wraps
 
     @property
     def slot_count(self) -> int:
