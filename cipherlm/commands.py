@@ -134,14 +134,16 @@ def cmd_generate(args) -> int:
         streamer = TokenStreamer(tokenizer)
         new_ids, logits = executor.generate(prompt_ids, **_gen_kwargs(args, config, tokenizer), on_token=streamer)
         streamer.finish()
-        report.finish(wall_seconds=time.perf_counter() - t0, extra={"prompt_tokens": len(prompt_ids), "new_tokens": len(new_ids)})
+        report.extra.update(prompt_tokens=len(prompt_ids), new_tokens=len(new_ids))
+        report.finish(wall_seconds=time.perf_counter() - t0)
         print(report.summary_text(), file=sys.stderr)
         _write_outputs(report, args)
         return 0
     if args.server is None:
         raise UserError("--mode offload needs --server HOST:PORT (start one with `cipherlm serve --mode offload`)")
     result = run_offload_generation(args.server, args.model, args.prompt, args, report=report, compare=args.compare)
-    report.finish(wall_seconds=time.perf_counter() - t0, extra=result["extra"])
+    report.extra.update(result["extra"])
+    report.finish(wall_seconds=time.perf_counter() - t0)
     print(report.summary_text(), file=sys.stderr)
     _write_outputs(report, args)
     return 0
@@ -182,9 +184,15 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
         if stream:
             streamer.finish()
         server_stats = client.server_stats()
-        report.add_channel(client.chan, party="client")
-        report.add_server_stats(server_stats)
-        report.add_client_seconds(client.seconds)
+        report.add_channel_stats(client.chan.stats(), party="client")
+        for op_class, seconds in server_stats.get("seconds", {}).items():
+            report.add_seconds(op_class, seconds)
+        report.merge_he_ops(server_stats.get("he_ops", {}))
+        for op_class, seconds in client.seconds.items():
+            report.add_seconds(op_class, seconds)
+        report.merge_he_ops(client.engine.he_ops())
+        report.extra["server_seconds"] = dict(server_stats.get("seconds", {}))
+        report.extra["client_seconds"] = dict(client.seconds)
         extra = {
             "prompt_tokens": len(prompt_ids),
             "new_tokens": len(new_ids),
@@ -284,7 +292,8 @@ def cmd_demo(args) -> int:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-    report.finish(wall_seconds=time.perf_counter() - t0, extra=result["extra"])
+    report.extra.update(result["extra"])
+    report.finish(wall_seconds=time.perf_counter() - t0)
     ex = result["extra"]
     print(f"plaintext executor:   {ex['plain_text']!r}")
     print(f"agreement with plaintext: {ex['agreement']:.3f} (identical prefix {ex['identical_prefix']} tokens), "

@@ -65,7 +65,6 @@ def test_offload_matches_plaintext(server, tiny_llama_dir):
     with OffloadClient(*server.address) as client:
         ex = client.executor()
         logits = ex.forward(np.asarray(ids), ex.new_cache())
-        assert client.bundle_from_cache is False or client.bundle_from_cache is True
     _, ref = plain_logits(tiny_llama_dir, ids)
     err = np.max(np.abs(logits - ref)) / np.max(np.abs(ref))
     assert err < 1e-5, err
@@ -80,7 +79,8 @@ def test_offload_greedy_generation_identical(server, tiny_llama_dir):
     ref_ex, _ = plain_logits(tiny_llama_dir, prompt)
     ref_ids, _ = ref_ex.generate(prompt, max_new_tokens=6, return_logits=True)
     assert list(new_ids) == list(ref_ids)
-    assert stats["he_ops"].get("multiply_plain", 0) > 0
+    assert sum(ops.get("multiply_plain", 0) for ops in stats["he_ops"].values()) > 0
+    assert set(stats["he_ops"]) >= {"attn_qkv", "attn_out", "ffn_in", "ffn_out", "lm_head"}
     assert totals["bytes_sent"] > 0 and totals["bytes_received"] > 0
 
 

@@ -22,6 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from cipherlm.he import HEError
 from cipherlm.net.channel import ChannelClosed, ChannelTimeout, FrameError, TCPChannel, listen
 from cipherlm.runtime import offload_engine
 from cipherlm.runtime.linear_groups import LinearGroup, RecordingLinear, groups_from_calls
@@ -119,7 +120,7 @@ class OffloadServer:
         try:
             Session(self.host, chan).run()
             log.info("session %s closed", sid)
-        except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError) as exc:
+        except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError, HEError) as exc:
             log.warning("session %s ended: %s: %s", sid, type(exc).__name__, exc)
             _try_send_error(chan, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # one broken session must not stop the server

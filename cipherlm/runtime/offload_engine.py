@@ -1,0 +1,152 @@
+"""The HE side of offload mode: projection groups as CKKS ct x pt products.
+
+Binds the projection groups of a model (:mod:`cipherlm.runtime.linear_groups`)
+to the packed encrypted matrix product of :mod:`cipherlm.he.matmul`
+(complex packing, input-chunk blocks, baby-step giant-step; op counts and
+bytes in ``docs/he_matmul.md``):
+
+* :class:`ServerEngine` plans and encodes every group once, at start-up, and
+  evaluates requests with the Galois keys of each session;
+* :class:`ClientEngine` owns the secret key, creates the Galois keys the
+  plans need, encrypts inputs and decrypts results.
+
+Both count HE operations per operator class for the run report.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from cipherlm.he import (
+    OFFLOAD_CKKS,
+    ClientKeys,
+    HEContext,
+    HEError,
+    HEOpCounter,
+    MatmulPlan,
+    apply,
+    decrypt_output,
+    encode_group,
+    encrypt_input,
+    load_galois_keys,
+    params_from_bytes,
+    params_to_bytes,
+    plan_matmul,
+)
+from cipherlm.he.params import check_security
+from cipherlm.runtime.linear_groups import LinearGroup
+
+
+def rotation_steps(plans: Sequence[MatmulPlan]) -> list[int]:
+    """Every rotation step any plan needs (the Galois keys a client creates)."""
+    return sorted({s for p in plans for s in p.rotation_steps})
+
+
+class _Counters:
+    """One HEOpCounter per operator class."""
+
+    def __init__(self):
+        self.by_class: dict[str, HEOpCounter] = defaultdict(HEOpCounter)
+
+    def he_ops(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for op_class, c in self.by_class.items():
+            snap = c.snapshot()
+            snap.pop("server_seconds", None)
+            out[op_class] = {k: int(v) for k, v in snap.items() if v}
+        return out
+
+
+class SessionKeys(_Counters):
+    """A session's public key material on the server, and its op counters."""
+
+    def __init__(self, galois_keys):
+        super().__init__()
+        self.galois_keys = galois_keys
+
+    def counter_dict(self) -> dict[str, dict[str, int]]:
+        return self.he_ops()
+
+
+class ServerEngine:
+    """Plans and encodes every projection group once; evaluates requests."""
+
+    def __init__(self, groups: Sequence[LinearGroup], server_linears: dict, params=OFFLOAD_CKKS, progress=None):
+        self.params = params
+        self.ctx = HEContext(params)
+        self.groups = list(groups)
+        self.plans = []
+        for g in self.groups:
+            has_bias = any(server_linears[n][1] is not None for n in g.names)
+            self.plans.append(plan_matmul(g.d_out, g.d_in, self.ctx.slots, has_bias=has_bias, splits=g.d_outs))
+        total = sum(p.n_blocks * p.m for p in self.plans)
+        offset = 0
+        self.encoded = []
+        for g, plan in zip(self.groups, self.plans):
+            report = None if progress is None else (lambda done, _t, off=offset: progress(off + done, total))
+            self.encoded.append(
+                encode_group(
+                    self.ctx,
+                    [server_linears[n][0] for n in g.names],
+                    [server_linears[n][1] for n in g.names],
+                    plan=plan,
+                    progress=report,
+                )
+            )
+            offset += plan.n_blocks * plan.m
+        self.steps = rotation_steps(self.plans)
+
+    @property
+    def plaintext_bytes(self) -> int:
+        return sum(e.nbytes for e in self.encoded)
+
+    def public_setup(self) -> dict:
+        """What a client needs to talk to this engine (nothing secret: params and plans)."""
+        return {
+            "he_params": params_to_bytes(self.params),
+            "plans": [p.to_dict() for p in self.plans],
+            "rotation_steps": self.steps,
+        }
+
+    def load_client_keys(self, blob) -> SessionKeys:
+        if not isinstance(blob, (bytes, bytearray)):
+            raise HEError("galois_keys must be bytes")
+        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans))
+
+    def apply(self, gid: int, ct: bytes, keys: SessionKeys) -> bytes:
+        if not isinstance(ct, (bytes, bytearray)):
+            raise HEError("a ciphertext must be bytes")
+        counter = keys.by_class[self.groups[gid].op_class]
+        return apply(self.encoded[gid], bytes(ct), keys.galois_keys, counter=counter)
+
+
+class ClientEngine(_Counters):
+    """Client side: keys, encryption of inputs, decryption of results."""
+
+    def __init__(self, welcome: dict, groups: Sequence[LinearGroup]):
+        super().__init__()
+        params = params_from_bytes(welcome["he_params"])
+        check_security(params)  # never use parameters a server proposes below 128 bits
+        self.ctx = HEContext(params)
+        self.keys = ClientKeys(self.ctx)
+        self.groups = list(groups)
+        self.plans = [MatmulPlan.from_dict(d) for d in welcome["plans"]]
+        if len(self.plans) != len(self.groups):
+            raise HEError("the server sent a plan count that does not match its groups")
+        for g, p in zip(self.groups, self.plans):
+            if (p.d_in, p.d_out) != (g.d_in, g.d_out) or p.slots != self.ctx.slots:
+                raise HEError(f"plan for group {g.names} does not match its shape")
+
+    def galois_keys_blob(self) -> bytes:
+        return self.keys.galois_keys_bytes(rotation_steps(self.plans))
+
+    def encrypt(self, gid: int, x: np.ndarray) -> bytes:
+        return encrypt_input(self.keys, x, self.plans[gid], counter=self.by_class[self.groups[gid].op_class])
+
+    def decrypt(self, gid: int, blob: bytes) -> np.ndarray:
+        if not isinstance(blob, (bytes, bytearray)):
+            raise HEError("a result must be bytes")
+        return decrypt_output(self.keys, bytes(blob), self.plans[gid], counter=self.by_class[self.groups[gid].op_class])
