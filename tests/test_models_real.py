@@ -106,3 +106,17 @@ def test_polarity_probe_classifies(tmp_path, monkeypatch):
     pred = ex.classify(ids, mask).argmax(-1)
     assert np.array_equal(pred, probe.predict(ex.sentence_embedding(ids, mask)))
     assert (tmp_path / "probes").exists()
+
+
+@needs_smollm
+@pytest.mark.slow
+def test_gguf_conversion_into_fresh_cache(tmp_path, monkeypatch, capfd, smollm):
+    monkeypatch.setenv("CIPHERLM_CACHE", str(tmp_path))
+    lm = load_model("smollm2-135m")
+    err = capfd.readouterr().err
+    assert "converting" in err and "dequantised" in err
+    assert str(lm.path).startswith(str(tmp_path))
+    for k in ("model.layers.7.self_attn.q_proj.weight", "model.norm.weight"):
+        np.testing.assert_array_equal(lm.weights[k], smollm.weights[k])
+    load_model("smollm2-135m")  # second load reads the cache silently
+    assert "converting" not in capfd.readouterr().err
