@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--mode", choices=MODES, default="plain")
     c.add_argument("--model", default=DEFAULT_ENCODER)
     c.add_argument("--server", type=_server_address)
+    c.add_argument("--limit", type=int, default=0, help="only the first N polarity sentences")
     c.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
     _add_report_args(c)
 

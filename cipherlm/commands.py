@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from cipherlm.runtime.plain import OpTimer
+
 
 class UserError(Exception):
     """An error the user can fix (bad model name, unreachable server, ...): printed without a traceback."""
@@ -161,6 +163,26 @@ def _gen_kwargs(args, config, tokenizer) -> dict:
     )
 
 
+def _add_offload_stats(report, client, timer) -> None:
+    """Traffic, server/client seconds and HE op counts of an offload session, into the report."""
+    server_stats = client.server_stats()
+    report.add_channel_stats(client.chan.stats(), party="client")
+    for op_class, seconds in server_stats.get("seconds", {}).items():
+        report.add_seconds(op_class, seconds)
+    report.merge_he_ops(server_stats.get("he_ops", {}))
+    for op_class, seconds in client.seconds.items():
+        report.add_seconds(op_class, seconds)
+    report.merge_he_ops(client.engine.he_ops())
+    # client compute per operator class; "linear" is the client's wait for the
+    # server (encrypt + network + server HE + decrypt), which the classes above already split
+    for op_class, seconds in timer.seconds.items():
+        if op_class != "linear":
+            report.add_seconds(op_class, seconds)
+    report.extra["client_linear_wait_seconds"] = timer.seconds.get("linear", 0.0)
+    report.extra["server_seconds"] = dict(server_stats.get("seconds", {}))
+    report.extra["client_seconds"] = dict(client.seconds)
+
+
 def run_offload_generation(server, model, prompt, args, report, compare: bool, stream=True) -> dict:
     """Generate through an offload server; optionally compare with the local plaintext executor."""
     from cipherlm.runtime.offload_client import OffloadClient
@@ -171,7 +193,8 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
         tokenizer, config = client.tokenizer, client.config
         prompt_ids = tokenizer.encode(chat_prompt(tokenizer, prompt, getattr(args, "raw", False))).ids
         _err(f"session ready in {client.setup_seconds:.1f} s; {len(prompt_ids)} prompt tokens, generating ...")
-        executor = client.executor(profiler=report.profiler)
+        timer = OpTimer()
+        executor = client.executor(profiler=timer)
         streamer = TokenStreamer(tokenizer) if stream else (lambda t: None)
         token_times: list[float] = []
         t_gen = time.perf_counter()
@@ -183,16 +206,7 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
         new_ids, logits = executor.generate(prompt_ids, **_gen_kwargs(args, config, tokenizer), on_token=on_token)
         if stream:
             streamer.finish()
-        server_stats = client.server_stats()
-        report.add_channel_stats(client.chan.stats(), party="client")
-        for op_class, seconds in server_stats.get("seconds", {}).items():
-            report.add_seconds(op_class, seconds)
-        report.merge_he_ops(server_stats.get("he_ops", {}))
-        for op_class, seconds in client.seconds.items():
-            report.add_seconds(op_class, seconds)
-        report.merge_he_ops(client.engine.he_ops())
-        report.extra["server_seconds"] = dict(server_stats.get("seconds", {}))
-        report.extra["client_seconds"] = dict(client.seconds)
+        _add_offload_stats(report, client, timer)
         extra = {
             "prompt_tokens": len(prompt_ids),
             "new_tokens": len(new_ids),
@@ -227,8 +241,77 @@ def compare_with_plain(model_name, prompt_ids, new_ids, logits, args) -> dict:
     }
 
 
+def _sentences(args) -> list[str]:
+    if args.sentences:
+        return list(args.sentences)
+    from cipherlm.models.data import load_polarity
+
+    pairs = load_polarity()
+    return [t for t, _ in pairs][: args.limit] if args.limit else [t for t, _ in pairs]
+
+
+def classify_texts(executor, tokenizer, texts, progress_label: str | None = None) -> np.ndarray:
+    """Class logits (N, n_classes), one sentence per forward pass (no padding work)."""
+    from cipherlm.progress import Progress
+
+    out = []
+    with Progress(progress_label or "classifying") as bar:
+        for i, text in enumerate(texts):
+            ids, mask = executor.batch_encode(tokenizer, [text])
+            out.append(np.asarray(executor.classify(ids, mask)).reshape(-1))
+            bar.update(i + 1, len(texts))
+    return np.stack(out)
+
+
 def cmd_classify(args) -> int:
-    raise UserError("classify is not wired yet")
+    from cipherlm.report import RunReport
+    from cipherlm.runtime.plain import polarity_classifier
+
+    t0 = time.perf_counter()
+    report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
+    texts = _sentences(args)
+    if args.mode == "plain":
+        from cipherlm.models import load_model
+
+        executor, tokenizer, probe = polarity_classifier(load_model(args.model), profiler=report.profiler)
+        logits = classify_texts(executor, tokenizer, texts)
+        labels = list(probe.labels)
+    else:
+        if args.server is None:
+            raise UserError("--mode offload needs --server HOST:PORT (start one with `cipherlm serve --mode offload --model minilm-l6`)")
+        from cipherlm.runtime.offload_client import OffloadClient
+
+        with OffloadClient(*args.server, model=args.model, progress=_err) as client:
+            if client.labels is None:
+                raise UserError(f"the server's model {client.model!r} has no classifier head")
+            timer = OpTimer()
+            executor = client.executor(profiler=timer)
+            logits = classify_texts(executor, client.tokenizer, texts, "classifying under HE")
+            labels = client.labels
+            _add_offload_stats(report, client, timer)
+    preds = np.argmax(logits, axis=-1)
+    for text, p in zip(texts, preds):
+        print(f"{labels[p]:<9} {text}")
+    report.extra.update(n_sentences=len(texts), predictions=[labels[p] for p in preds])
+    if args.compare or (args.mode == "plain" and not args.sentences):
+        from cipherlm.models import load_model
+        from cipherlm.models.data import load_polarity
+
+        if args.mode != "plain":
+            _err("running the plaintext executor for comparison ...")
+            executor, tokenizer, _ = polarity_classifier(load_model(args.model))
+            ref = classify_texts(executor, tokenizer, texts, "plaintext reference")
+            report.agreement = float(np.mean(np.argmax(ref, axis=-1) == preds))
+            report.extra["max_abs_logit_error"] = float(np.max(np.abs(ref - logits)))
+            print(f"agreement with plaintext: {report.agreement:.4f} ({int(round(report.agreement * len(texts)))}/{len(texts)})")
+        if not args.sentences:
+            gold = [y for _, y in load_polarity()][: len(texts)]
+            report.extra["accuracy_vs_labels"] = float(np.mean(np.asarray(gold) == preds))
+            print(f"accuracy against the polarity labels: {report.extra['accuracy_vs_labels']:.3f}")
+    report.finish(wall_seconds=time.perf_counter() - t0)
+    print(report.summary_text(), file=sys.stderr)
+    _write_outputs(report, args)
+    return 0
 
 
 def cmd_serve(args) -> int:

@@ -108,6 +108,10 @@ class Profiler:
 
     __call__ = timed
 
+    def add_seconds(self, op_class: str, seconds: float) -> None:
+        """The executors' profiler interface (same as `add`)."""
+        self._report.add_seconds(op_class, seconds)
+
     def add(self, op_class: str, seconds: float) -> None:
         self._report.add_seconds(op_class, seconds)
 

@@ -74,6 +74,7 @@ class OffloadClient:
             welcome = expect(self.chan.recv(), "welcome")
         self.model = welcome["model"]
         self.config = welcome["config"]
+        self.labels = welcome.get("labels")
         self.groups = [
             LinearGroup(i, tuple(g["names"]), int(g["d_in"]), tuple(int(d) for d in g["d_outs"]))
             for i, g in enumerate(welcome["groups"])

@@ -60,6 +60,14 @@ class ModelHost:
         self.name = lm.name
         self.config = lm.config
         client_params, server_linears = split_params(lm.config, lm.weights)
+        self.labels = None
+        if lm.config.get("model_type") == "bert" and lm.tokenizer is not None:
+            # the encoder's classifier head (the polarity probe) is served like any projection
+            from cipherlm.runtime.plain import polarity_classifier
+
+            _, _, probe = polarity_classifier(lm)
+            server_linears = dict(server_linears) | probe.as_linear()
+            self.labels = list(probe.labels)
         self.groups = discover_groups(lm.config, client_params, server_linears)
         self.bundle = {
             "type": "bundle",
@@ -83,6 +91,7 @@ class ModelHost:
             "config": self.config,
             "groups": [{"names": list(g.names), "d_in": g.d_in, "d_outs": list(g.d_outs)} for g in self.groups],
             "bundle_digest": self.bundle_digest,
+            "labels": self.labels,
             **self.engine.public_setup(),
         }
 
