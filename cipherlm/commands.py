@@ -387,4 +387,13 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    raise UserError("bench is not wired yet")
+    from cipherlm.bench import offload
+    from cipherlm.report import RunReport
+
+    t0 = time.perf_counter()
+    report = RunReport(mode="offload", model=args.model, command=sys.argv)
+    result = offload.run(args)
+    report.extra.update(result)
+    report.finish(wall_seconds=time.perf_counter() - t0)
+    _write_outputs(report, args)
+    return 0
