@@ -156,11 +156,20 @@ class MatmulPlan:
             "ciphertexts_out": self.n_blocks,
         }
 
-    def cost(self, cm: CostModel = CostModel(), ct_bytes_in: int = 116_000, ct_bytes_out: int = 118_000) -> float:
+    def cost(
+        self, cm: CostModel = CostModel(), ct_bytes_in: int = 116_000, ct_bytes_out: int = 118_000, workers: int = 1
+    ) -> float:
+        """Modelled seconds per request.  ``workers`` > 1: the critical path of the
+        parallel apply (:mod:`cipherlm.he.parallel`), where every worker repeats the
+        g-1 baby steps and does 1/workers of the giant steps and products."""
         o = self.op_counts()
+        rot, mul = o["rotations"], o["multiply_plain"]
+        if workers > 1:
+            rot = (self.g - 1) + (rot - (self.g - 1)) / workers
+            mul = mul / workers
         return (
-            o["rotations"] * cm.rotate
-            + o["multiply_plain"] * (cm.multiply_plain + cm.add)
+            rot * cm.rotate
+            + mul * (cm.multiply_plain + cm.add)
             + o["rescale"] * cm.rescale
             + self.n_blocks * cm.decrypt_decode
             + (ct_bytes_in + self.n_blocks * ct_bytes_out) * cm.byte
@@ -188,8 +197,10 @@ def plan_matmul(
     splits: Sequence[int] = (),
     cost_model: CostModel = CostModel(),
     max_chunks: int | None = None,
+    workers: int = 1,
 ) -> MatmulPlan:
-    """Choose (c, g, b, n_blocks) minimising the cost model."""
+    """Choose (c, g, b, n_blocks) minimising the cost model (per-worker critical path
+    when ``workers`` > 1: fewer baby steps, see :mod:`cipherlm.he.parallel`)."""
     if d_out < 1 or d_in < 1:
         raise HEError(f"bad matrix shape ({d_out}, {d_in})")
     n = (d_in + int(has_bias) + 1) // 2
@@ -208,7 +219,7 @@ def plan_matmul(
             if g > 1 and -(-m // (g - 1)) == b and g > b:
                 continue
             p = MatmulPlan(d_out, d_in, has_bias, slots, n, c, m, rows, n_blocks, g, b, tuple(splits))
-            cost = p.cost(cost_model)
+            cost = p.cost(cost_model, workers=workers)
             if best is None or cost < best[0]:
                 best = (cost, p)
     if best is None:
@@ -288,8 +299,13 @@ def encode_matrix(
     splits: Sequence[int] = (),
     progress: Callable[[int, int], None] | None = None,
     counter: HEOpCounter | None = None,
+    keep: Callable[[int, int], bool] | None = None,
 ) -> EncodedMatrix:
-    """Server, once at start-up: encode every diagonal at the input level (NTT form)."""
+    """Server, once at start-up: encode every diagonal at the input level (NTT form).
+
+    ``keep(block, k)``: encode only the diagonals it accepts (a worker's share in
+    :mod:`cipherlm.he.parallel`); the others are left ``None``.  The weight scale
+    is always that of the whole matrix."""
     W = np.asarray(W)
     if W.ndim != 2:
         raise HEError("W must be (d_out, d_in)")
@@ -311,7 +327,7 @@ def encode_matrix(
         row: list[seal.Plaintext | None] = []
         for k in range(plan.m):
             v = D[o, k]
-            if not np.any(v):
+            if (keep is not None and not keep(o, k)) or not np.any(v):
                 row.append(None)
             else:
                 pt = seal.Plaintext()

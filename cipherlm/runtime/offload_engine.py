@@ -11,6 +11,13 @@ bytes in ``docs/he_matmul.md``):
   plans need, encrypts inputs and decrypts results.
 
 Both count HE operations per operator class for the run report.
+
+``ServerEngine(..., workers=W)`` with W > 1 evaluates through a
+:class:`cipherlm.he.parallel.ApplyPool` of W worker processes (each holds a
+share of every encoded group; plans are made for W workers); W = 1 is the
+in-process path.  A session's keys are released with
+``engine.release(session_keys)`` (or ``session_keys.release()``), the engine
+with ``engine.close()`` (also a context manager).
 """
 
 from __future__ import annotations
@@ -61,11 +68,22 @@ class _Counters:
 
 
 class SessionKeys(_Counters):
-    """A session's public key material on the server, and its op counters."""
+    """A session's public key material on the server, and its op counters.
 
-    def __init__(self, galois_keys):
+    With a worker pool the keys live in the workers and ``pool_session`` is
+    their handle (``galois_keys`` is None)."""
+
+    def __init__(self, galois_keys, pool_session=None):
         super().__init__()
         self.galois_keys = galois_keys
+        self.pool_session = pool_session
+
+    def release(self) -> None:
+        """Drop the key material (in the workers too); idempotent."""
+        self.galois_keys = None
+        ps, self.pool_session = self.pool_session, None
+        if ps is not None:
+            ps.close()
 
     def counter_dict(self) -> dict[str, dict[str, int]]:
         return self.he_ops()
@@ -74,17 +92,47 @@ class SessionKeys(_Counters):
 class ServerEngine:
     """Plans and encodes every projection group once; evaluates requests."""
 
-    def __init__(self, groups: Sequence[LinearGroup], server_linears: dict, params=OFFLOAD_CKKS, progress=None):
+    def __init__(
+        self,
+        groups: Sequence[LinearGroup],
+        server_linears: dict,
+        params=OFFLOAD_CKKS,
+        progress=None,
+        workers: int = 1,
+    ):
         self.params = params
         self.ctx = HEContext(params)
         self.groups = list(groups)
+        self.workers = max(1, int(workers))
+        self.pool = None
         self.plans = []
         for g in self.groups:
             has_bias = any(server_linears[n][1] is not None for n in g.names)
-            self.plans.append(plan_matmul(g.d_out, g.d_in, self.ctx.slots, has_bias=has_bias, splits=g.d_outs))
+            self.plans.append(
+                plan_matmul(
+                    g.d_out, g.d_in, self.ctx.slots, has_bias=has_bias, splits=g.d_outs, workers=self.workers
+                )
+            )
         total = sum(p.n_blocks * p.m for p in self.plans)
         offset = 0
         self.encoded = []
+        if self.workers > 1:
+            from cipherlm.he.parallel import ApplyPool
+
+            self.pool = ApplyPool(params, self.workers)
+            try:
+                for gid, (g, plan) in enumerate(zip(self.groups, self.plans)):
+                    self.pool.add_matrix(
+                        gid, [server_linears[n][0] for n in g.names], [server_linears[n][1] for n in g.names], plan
+                    )
+                    offset += plan.n_blocks * plan.m
+                    if progress is not None:
+                        progress(offset, total)
+            except BaseException:
+                self.pool.close()
+                raise
+            self.steps = rotation_steps(self.plans)
+            return
         for g, plan in zip(self.groups, self.plans):
             report = None if progress is None else (lambda done, _t, off=offset: progress(off + done, total))
             self.encoded.append(
@@ -101,6 +149,8 @@ class ServerEngine:
 
     @property
     def plaintext_bytes(self) -> int:
+        if self.pool is not None:
+            return self.pool.plaintext_bytes
         return sum(e.nbytes for e in self.encoded)
 
     def public_setup(self) -> dict:
@@ -114,13 +164,38 @@ class ServerEngine:
     def load_client_keys(self, blob) -> SessionKeys:
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("galois_keys must be bytes")
+        if self.pool is not None:
+            return SessionKeys(None, self.pool.open_session(bytes(blob)))
         return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans))
 
     def apply(self, gid: int, ct: bytes, keys: SessionKeys) -> bytes:
         if not isinstance(ct, (bytes, bytearray)):
             raise HEError("a ciphertext must be bytes")
+        if not 0 <= gid < len(self.groups):
+            raise HEError(f"unknown group {gid}")
         counter = keys.by_class[self.groups[gid].op_class]
+        if self.pool is not None:
+            if keys.pool_session is None:
+                raise HEError("session keys were released")
+            return self.pool.apply(gid, bytes(ct), keys.pool_session, counter=counter)
+        if keys.galois_keys is None:
+            raise HEError("session keys were released")
         return apply(self.encoded[gid], bytes(ct), keys.galois_keys, counter=counter)
+
+    def release(self, keys: SessionKeys) -> None:
+        """A session ended: drop its Galois keys (in the workers too)."""
+        keys.release()
+
+    def close(self) -> None:
+        """Shut the worker pool down (no-op in process)."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def __enter__(self) -> ServerEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class ClientEngine(_Counters):
