@@ -279,7 +279,12 @@ class ApplyPool:
         *,
         timeout: float = 300.0,
         cost_model: CostModel = CostModel(),
+        serial: bool = False,
     ):
+        """``serial``: measurement only -- ask the workers one after another, so that
+        each share is timed without contention (``last_worker_seconds``) on a
+        machine that lacks W free cores; the projected parallel latency is then
+        wall - sum(worker seconds) + max(worker seconds)."""
         self.n_workers = default_workers() if workers is None else int(workers)
         if self.n_workers < 1:
             raise HEError("workers must be >= 1")
@@ -287,6 +292,7 @@ class ApplyPool:
         self.ctx = HEContext(params)
         self.timeout = timeout
         self.cost_model = cost_model
+        self.serial = serial
         self.groups: dict[int, _Group] = {}
         #: cumulative op counts of each worker
         self.worker_counters = [HEOpCounter() for _ in range(self.n_workers)]
@@ -349,6 +355,11 @@ class ApplyPool:
 
     def _call(self, msgs: dict[int, tuple], timeout: float | None) -> dict[int, object]:
         """Send msgs[w] to each worker w (locks in worker order), collect the answers."""
+        if self.serial and len(msgs) > 1:
+            out: dict[int, object] = {}
+            for w in sorted(msgs):
+                out.update(self._call({w: msgs[w]}, timeout))
+            return out
         self._check()
         order = sorted(msgs)
         drops = self._take_drops()
