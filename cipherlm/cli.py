@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7070, help="0 picks a free port (printed on stdout)")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds a session may stay silent")
+    s.add_argument("--workers", type=int, default=1,
+                   help="HE worker processes (SEAL holds the GIL; use the machine's physical cores)")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
     d.add_argument("--mode", choices=MODES, default="offload")

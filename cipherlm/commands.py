@@ -317,7 +317,7 @@ def cmd_classify(args) -> int:
 def cmd_serve(args) -> int:
     from cipherlm.runtime.offload_server import run_server
 
-    run_server(args.model, args.host, args.port, args.timeout)
+    run_server(args.model, args.host, args.port, args.timeout, workers=args.workers)
     return 0
 
 

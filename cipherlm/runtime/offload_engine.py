@@ -43,6 +43,7 @@ from cipherlm.he import (
     params_to_bytes,
     plan_matmul,
 )
+from cipherlm.he.matmul import pack_cts, unpack_cts
 from cipherlm.he.params import check_security
 from cipherlm.runtime.linear_groups import LinearGroup
 
@@ -85,12 +86,27 @@ class SessionKeys(_Counters):
         if ps is not None:
             ps.close()
 
-    def counter_dict(self) -> dict[str, dict[str, int]]:
-        return self.he_ops()
+
+def input_parts(d_in: int, has_bias: bool, slots: int) -> list[slice]:
+    """Column slices of a matrix whose input is too wide for one ciphertext.
+
+    One ciphertext packs at most ``slots`` complex inputs (two reals each) and
+    the packing needs room for output rows as well, so an input wider than
+    ``slots`` reals (half the slots in complex inputs) is cut into equal parts,
+    each evaluated as its own product; the client adds the parts' results
+    (e.g. LLaMA-7B's down projection, d_in = 11008, is three parts).
+    """
+    n_parts = -(-(d_in + int(has_bias)) // slots)
+    size = -(-d_in // n_parts)
+    return [slice(i, min(d_in, i + size)) for i in range(0, d_in, size)]
 
 
 class ServerEngine:
-    """Plans and encodes every projection group once; evaluates requests."""
+    """Plans and encodes every projection group once; evaluates requests.
+
+    A group is one or more *parts* (column slices, see :func:`input_parts`),
+    each a planned, encoded matrix; the bias goes with the first part.
+    """
 
     def __init__(
         self,
@@ -105,14 +121,24 @@ class ServerEngine:
         self.groups = list(groups)
         self.workers = max(1, int(workers))
         self.pool = None
+        self.parts: list[list[int]] = []  # group -> indices into self.plans / encoded
         self.plans = []
+        part_weights = []
         for g in self.groups:
-            has_bias = any(server_linears[n][1] is not None for n in g.names)
-            self.plans.append(
-                plan_matmul(
-                    g.d_out, g.d_in, self.ctx.slots, has_bias=has_bias, splits=g.d_outs, workers=self.workers
+            Ws = [server_linears[n][0] for n in g.names]
+            bs = [server_linears[n][1] for n in g.names]
+            has_bias = any(b is not None for b in bs)
+            ids = []
+            for k, cols in enumerate(input_parts(g.d_in, has_bias, self.ctx.slots)):
+                part_bs = bs if k == 0 else [None] * len(bs)
+                plan = plan_matmul(
+                    g.d_out, cols.stop - cols.start, self.ctx.slots,
+                    has_bias=k == 0 and has_bias, splits=g.d_outs, workers=self.workers,
                 )
-            )
+                ids.append(len(self.plans))
+                self.plans.append(plan)
+                part_weights.append(([W[:, cols] for W in Ws], part_bs))
+            self.parts.append(ids)
         total = sum(p.n_blocks * p.m for p in self.plans)
         offset = 0
         self.encoded = []
@@ -121,30 +147,19 @@ class ServerEngine:
 
             self.pool = ApplyPool(params, self.workers)
             try:
-                for gid, (g, plan) in enumerate(zip(self.groups, self.plans)):
-                    self.pool.add_matrix(
-                        gid, [server_linears[n][0] for n in g.names], [server_linears[n][1] for n in g.names], plan
-                    )
+                for pid, (plan, (Ws, bs)) in enumerate(zip(self.plans, part_weights)):
+                    self.pool.add_matrix(pid, Ws, bs, plan)
                     offset += plan.n_blocks * plan.m
                     if progress is not None:
                         progress(offset, total)
             except BaseException:
                 self.pool.close()
                 raise
-            self.steps = rotation_steps(self.plans)
-            return
-        for g, plan in zip(self.groups, self.plans):
-            report = None if progress is None else (lambda done, _t, off=offset: progress(off + done, total))
-            self.encoded.append(
-                encode_group(
-                    self.ctx,
-                    [server_linears[n][0] for n in g.names],
-                    [server_linears[n][1] for n in g.names],
-                    plan=plan,
-                    progress=report,
-                )
-            )
-            offset += plan.n_blocks * plan.m
+        else:
+            for plan, (Ws, bs) in zip(self.plans, part_weights):
+                report = None if progress is None else (lambda done, _t, off=offset: progress(off + done, total))
+                self.encoded.append(encode_group(self.ctx, Ws, bs, plan=plan, progress=report))
+                offset += plan.n_blocks * plan.m
         self.steps = rotation_steps(self.plans)
 
     @property
@@ -158,6 +173,7 @@ class ServerEngine:
         return {
             "he_params": params_to_bytes(self.params),
             "plans": [p.to_dict() for p in self.plans],
+            "parts": self.parts,
             "rotation_steps": self.steps,
         }
 
@@ -169,18 +185,25 @@ class ServerEngine:
         return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans))
 
     def apply(self, gid: int, ct: bytes, keys: SessionKeys) -> bytes:
+        """One token row of group ``gid``: one ciphertext per part in, one result per part out."""
         if not isinstance(ct, (bytes, bytearray)):
             raise HEError("a ciphertext must be bytes")
         if not 0 <= gid < len(self.groups):
             raise HEError(f"unknown group {gid}")
         counter = keys.by_class[self.groups[gid].op_class]
+        ids = self.parts[gid]
+        cts = [bytes(ct)] if len(ids) == 1 else unpack_cts(bytes(ct), expected=len(ids))
+        out = [self._apply_part(pid, c, keys, counter) for pid, c in zip(ids, cts)]
+        return out[0] if len(ids) == 1 else pack_cts(out)
+
+    def _apply_part(self, pid: int, ct: bytes, keys: SessionKeys, counter) -> bytes:
         if self.pool is not None:
             if keys.pool_session is None:
                 raise HEError("session keys were released")
-            return self.pool.apply(gid, bytes(ct), keys.pool_session, counter=counter)
+            return self.pool.apply(pid, ct, keys.pool_session, counter=counter)
         if keys.galois_keys is None:
             raise HEError("session keys were released")
-        return apply(self.encoded[gid], bytes(ct), keys.galois_keys, counter=counter)
+        return apply(self.encoded[pid], ct, keys.galois_keys, counter=counter)
 
     def release(self, keys: SessionKeys) -> None:
         """A session ended: drop its Galois keys (in the workers too)."""
@@ -209,19 +232,32 @@ class ClientEngine(_Counters):
         self.keys = ClientKeys(self.ctx)
         self.groups = list(groups)
         self.plans = [MatmulPlan.from_dict(d) for d in welcome["plans"]]
-        if len(self.plans) != len(self.groups):
-            raise HEError("the server sent a plan count that does not match its groups")
-        for g, p in zip(self.groups, self.plans):
-            if (p.d_in, p.d_out) != (g.d_in, g.d_out) or p.slots != self.ctx.slots:
-                raise HEError(f"plan for group {g.names} does not match its shape")
+        self.parts = [list(map(int, ids)) for ids in welcome.get("parts", [[i] for i in range(len(self.plans))])]
+        if len(self.parts) != len(self.groups) or sorted(i for ids in self.parts for i in ids) != list(range(len(self.plans))):
+            raise HEError("the server sent parts that do not match its groups and plans")
+        for g, ids in zip(self.groups, self.parts):
+            plans = [self.plans[i] for i in ids]
+            cols = [c for c in input_parts(g.d_in, plans[0].has_bias, self.ctx.slots)]
+            if len(cols) != len(plans) or any(
+                (p.d_in, p.d_out, p.slots) != (c.stop - c.start, g.d_out, self.ctx.slots) for p, c in zip(plans, cols)
+            ):
+                raise HEError(f"plans for group {g.names} do not match its shape")
+        self.columns = [input_parts(g.d_in, self.plans[ids[0]].has_bias, self.ctx.slots) for g, ids in zip(self.groups, self.parts)]
 
     def galois_keys_blob(self) -> bytes:
         return self.keys.galois_keys_bytes(rotation_steps(self.plans))
 
     def encrypt(self, gid: int, x: np.ndarray) -> bytes:
-        return encrypt_input(self.keys, x, self.plans[gid], counter=self.by_class[self.groups[gid].op_class])
+        counter = self.by_class[self.groups[gid].op_class]
+        x = np.asarray(x, dtype=np.float64).reshape(-1)
+        cts = [encrypt_input(self.keys, x[cols], self.plans[pid], counter=counter)
+               for pid, cols in zip(self.parts[gid], self.columns[gid])]
+        return cts[0] if len(cts) == 1 else pack_cts(cts)
 
     def decrypt(self, gid: int, blob: bytes) -> np.ndarray:
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("a result must be bytes")
-        return decrypt_output(self.keys, bytes(blob), self.plans[gid], counter=self.by_class[self.groups[gid].op_class])
+        counter = self.by_class[self.groups[gid].op_class]
+        ids = self.parts[gid]
+        blobs = [bytes(blob)] if len(ids) == 1 else unpack_cts(bytes(blob), expected=len(ids))
+        return sum(decrypt_output(self.keys, b, self.plans[pid], counter=counter) for pid, b in zip(ids, blobs))

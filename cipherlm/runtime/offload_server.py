@@ -51,7 +51,7 @@ def discover_groups(config: dict, client_params: dict, server_linears: dict) -> 
 class ModelHost:
     """One model, its client bundle and its HE-encoded projections (built once)."""
 
-    def __init__(self, model_name: str, progress=None):
+    def __init__(self, model_name: str, progress=None, workers: int = 1):
         from cipherlm.models import load_model
         from cipherlm.runtime.plain import split_params
 
@@ -80,7 +80,7 @@ class ModelHost:
             digest.update(self.bundle["tensors"][k].tobytes())
         digest.update((self.bundle["tokenizer"] or "").encode())
         self.bundle_digest = digest.hexdigest()
-        self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress)
+        self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers)
         self.startup_seconds = time.perf_counter() - t0
 
     def welcome(self) -> dict:
@@ -126,8 +126,9 @@ class OffloadServer:
         chan = TCPChannel(conn, timeout=self.session_timeout)
         sid = f"{peer[0]}:{peer[1]}"
         log.info("session %s opened", sid)
+        session = Session(self.host, chan)
         try:
-            Session(self.host, chan).run()
+            session.run()
             log.info("session %s closed", sid)
         except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError, HEError) as exc:
             log.warning("session %s ended: %s: %s", sid, type(exc).__name__, exc)
@@ -136,6 +137,7 @@ class OffloadServer:
             log.exception("session %s failed", sid)
             _try_send_error(chan, f"internal error: {type(exc).__name__}")
         finally:
+            session.close()
             self.sessions_served += 1
             chan.close()
 
@@ -155,6 +157,11 @@ class Session:
         self.chan = chan
         self.keys = None
         self.seconds = defaultdict(float)
+
+    def close(self) -> None:
+        """Drop this session's key material."""
+        if self.keys is not None:
+            self.host.engine.release(self.keys)
 
     def run(self) -> None:
         hello = expect(self.chan.recv(), "hello")
@@ -183,6 +190,8 @@ class Session:
 
     def _keys(self, msg: dict) -> None:
         t0 = time.perf_counter()
+        if self.keys is not None:
+            raise ProtocolError("keys were already sent in this session")
         self.keys = self.host.engine.load_client_keys(msg.get("galois_keys"))
         self.seconds["setup"] += time.perf_counter() - t0
         with self.chan.step("setup"):
@@ -205,18 +214,18 @@ class Session:
             self.chan.send({"type": "result", "cts": out})
 
     def _stats(self, msg: dict) -> None:
-        self.chan.send({"type": "stats", "seconds": dict(self.seconds), "he_ops": self.keys.counter_dict() if self.keys else {}})
+        self.chan.send({"type": "stats", "seconds": dict(self.seconds), "he_ops": self.keys.he_ops() if self.keys else {}})
 
     _handlers = {"get_bundle": _get_bundle, "keys": _keys, "linear": _linear, "stats": _stats}
 
 
-def run_server(model: str, host: str, port: int, timeout: float) -> None:
+def run_server(model: str, host: str, port: int, timeout: float, workers: int = 1) -> None:
     """Entry point of ``cipherlm serve --mode offload``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from cipherlm.progress import Progress
 
     with Progress("encoding weights as CKKS plaintexts", stream=sys.stderr) as bar:
-        model_host = ModelHost(model, progress=bar.update)
+        model_host = ModelHost(model, progress=bar.update, workers=workers)
     server = OffloadServer(model_host, host, port, session_timeout=timeout)
     h, p = server.address
     log.info("model %s ready in %.1f s", model_host.name, model_host.startup_seconds)
@@ -227,3 +236,4 @@ def run_server(model: str, host: str, port: int, timeout: float) -> None:
         pass
     finally:
         server.shutdown()
+        model_host.engine.close()
