@@ -169,3 +169,72 @@ def run(args) -> dict:
     result["linear_shapes"] = bench_linear_shapes(sorted(set(smollm2_layer_shapes())),
                                                   progress=lambda s: print(s, file=sys.stderr))
     return result
+
+
+def bench_llama7b_layer(d: int = 4096, ffn: int = 11008, seed: int = 0, progress=print) -> dict:
+    """Bytes and server time of one token through one LLaMA-2-7B-shaped decoder layer's projections.
+
+    Random weights (std 0.02, as Llama's initialiser); q,k,v and gate,up stacked
+    as the server serves them; the down projection's 11008-wide input is three
+    column parts (see offload_engine.input_parts).
+    """
+    from cipherlm.runtime.linear_groups import LinearGroup
+    from cipherlm.runtime.offload_engine import ClientEngine, ServerEngine
+
+    rng = np.random.default_rng(seed)
+
+    def w(rows, cols):
+        return (0.02 * rng.standard_normal((rows, cols), dtype=np.float32)).astype(np.float32)
+
+    shapes = {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "gate": (ffn, d), "up": (ffn, d), "down": (d, ffn)}
+    linears = {n: (w(*s), None) for n, s in shapes.items()}
+    groups = [
+        LinearGroup(0, ("q", "k", "v"), d, (d, d, d)),
+        LinearGroup(1, ("o",), d, (d,)),
+        LinearGroup(2, ("gate", "up"), d, (ffn, ffn)),
+        LinearGroup(3, ("down",), ffn, (d,)),
+    ]
+    t = time.perf_counter()
+    last = [0.0]
+
+    def enc_progress(done, total):
+        if time.perf_counter() - last[0] > 10 or done == total:
+            last[0] = time.perf_counter()
+            progress(f"  encoding 7B layer: {done}/{total} plaintexts")
+
+    server = ServerEngine(groups, linears, progress=enc_progress)
+    encode_s = time.perf_counter() - t
+    client = ClientEngine(server.public_setup(), groups)
+    keys_blob = client.galois_keys_blob()
+    keys = server.load_client_keys(keys_blob)
+    up = down = 0
+    server_s = client_s = 0.0
+    max_rel = 0.0
+    x = rng.standard_normal(d)
+    for g in groups:
+        xin = x if g.d_in == d else rng.standard_normal(g.d_in)
+        t = time.perf_counter()
+        ct = client.encrypt(g.index, xin)
+        t1 = time.perf_counter()
+        res = server.apply(g.index, ct, keys)
+        t2 = time.perf_counter()
+        y = client.decrypt(g.index, res)
+        t3 = time.perf_counter()
+        client_s += (t1 - t) + (t3 - t2)
+        server_s += t2 - t1
+        up, down = up + len(ct), down + len(res)
+        ref = np.concatenate([linears[n][0].astype(np.float64) @ xin for n in g.names])
+        max_rel = max(max_rel, float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))))
+        progress(f"  7B {'+'.join(g.names)}: {(t2 - t1):.2f} s server, {len(ct) / 1e6:.2f} MB up, {len(res) / 1e6:.2f} MB down")
+    return {
+        "shape": {"d": d, "ffn": ffn},
+        "bytes_up": up,
+        "bytes_down": down,
+        "server_seconds": server_s,
+        "client_seconds": client_s,
+        "encode_seconds": encode_s,
+        "plaintext_bytes": server.plaintext_bytes,
+        "galois_key_bytes": len(keys_blob),
+        "max_rel_err": max_rel,
+        "plans": [p.to_dict() for p in server.plans],
+    }
