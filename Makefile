@@ -2,6 +2,8 @@
 #   make demo   install everything into .venv and run the offload demo on the default model
 #   make test   install everything (incl. test oracles) into .venv and run the tests
 PYTHON ?= python3.11
+# maturin builds the Rust core with cargo: make sure rustup's default location is on PATH
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 VENV := .venv
 BIN := $(VENV)/bin
 UV := $(BIN)/uv pip install --python $(BIN)/python
