@@ -165,3 +165,44 @@ def test_stalled_client_times_out_and_server_keeps_serving(server):
     assert reply["type"] == "error" and "Timeout" in reply["message"]
     chan.close()
     _assert_server_still_serves(server)
+
+
+def test_truncated_frame_then_server_keeps_serving(server):
+    from cipherlm.net import framing
+
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(framing.encode_header(framing.KIND_MESSAGE, 1000) + b"x" * 10)  # then vanish
+    _assert_server_still_serves(server)
+
+
+def test_ciphertext_of_other_parameters_is_rejected(server):
+    from cipherlm.he import ClientKeys, HEContext, HEParams
+    from cipherlm.he.matmul import encrypt_input
+
+    client = OffloadClient(*server.address)
+    try:
+        group = client.groups[0]
+        other = HEContext(HEParams("other", "ckks", 8192, (60, 40, 40, 60)))
+        plan = client.engine.plans[client.engine.parts[group.index][0]]
+        foreign = encrypt_input(ClientKeys(other), np.ones(group.d_in), plan)
+        client.chan.send({"type": "linear", "group": group.index, "cts": [foreign]})
+        reply = client.chan.recv()
+        assert reply["type"] == "error" and "HEError" in reply["message"]
+    finally:
+        client.chan.close()
+    _assert_server_still_serves(server)
+
+
+def test_server_logs_no_payloads(server, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    with OffloadClient(*server.address) as client:
+        ex = client.executor()
+        ex.forward(np.asarray([7, 8, 9]), ex.new_cache())
+    time.sleep(0.2)
+    server_records = [r for r in caplog.records if r.name.startswith("cipherlm.serve")]
+    assert server_records, "the server logs session events"
+    for r in server_records:
+        msg = r.getMessage()
+        assert "session" in msg and len(msg) < 200, msg
