@@ -181,6 +181,9 @@ def _add_offload_stats(report, client, timer) -> None:
     report.extra["client_linear_wait_seconds"] = timer.seconds.get("linear", 0.0)
     report.extra["server_seconds"] = dict(server_stats.get("seconds", {}))
     report.extra["client_seconds"] = dict(client.seconds)
+    report.extra["server_compute_seconds"] = sum(server_stats.get("seconds", {}).values())
+    report.extra["client_compute_seconds"] = sum(client.seconds.values()) + sum(
+        v for k, v in timer.seconds.items() if k != "linear")
 
 
 def run_offload_generation(server, model, prompt, args, report, compare: bool, stream=True) -> dict:
@@ -378,7 +381,14 @@ def cmd_demo(args) -> int:
     report.extra.update(result["extra"])
     report.finish(wall_seconds=time.perf_counter() - t0)
     ex = result["extra"]
+    server_s, client_s = report.extra["server_compute_seconds"], report.extra["client_compute_seconds"]
+    print(f"offload (private):    {ex['text']!r}")
     print(f"plaintext executor:   {ex['plain_text']!r}")
+    print(f"bytes up {report.parties['client']['bytes_sent'] / 1e6:.1f} MB, down {report.parties['client']['bytes_received'] / 1e6:.1f} MB "
+          f"(set-up included: client bundle once per model, Galois keys once per session)")
+    print(f"server HE time {server_s:.1f} s, client time {client_s:.1f} s; "
+          f"first token {ex['first_token_seconds']:.1f} s, later tokens {ex['later_token_seconds_mean'] or 0:.1f} s each")
+    print("modelled end to end: " + ", ".join(f"{k} {v:.1f} s" for k, v in report.network().items()))
     print(f"agreement with plaintext: {ex['agreement']:.3f} (identical prefix {ex['identical_prefix']} tokens), "
           f"first-token logits MSE {ex['first_token_logits_mse']:.3e}")
     print(report.summary_text())
