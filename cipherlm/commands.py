@@ -349,6 +349,15 @@ def start_server_process(model: str, timeout: float = 900.0):
     return proc, found["addr"]
 
 
+def stop_process(proc) -> None:
+    """Terminate a child process, killing it if it does not exit within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def cmd_demo(args) -> int:
     from cipherlm.report import RunReport
 
@@ -373,11 +382,7 @@ def cmd_demo(args) -> int:
         print(f"prompt: {args.prompt}")
         result = run_offload_generation(addr, args.model, args.prompt, args, report=report, compare=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
     report.extra.update(result["extra"])
     report.finish(wall_seconds=time.perf_counter() - t0)
     ex = result["extra"]

@@ -15,7 +15,6 @@ Run through ``cipherlm bench offload`` or ``benchmarks/bench_offload.py``.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
@@ -40,7 +39,7 @@ def _peak_memory_bytes(pid: int) -> int | None:
 
 def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_tokens: int = 16, progress=print) -> dict:
     """Server and client as two processes on loopback; per-token latency and bytes."""
-    from cipherlm.commands import start_server_process
+    from cipherlm.commands import start_server_process, stop_process
     from cipherlm.runtime.offload_client import OffloadClient
 
     t0 = time.perf_counter()
@@ -63,11 +62,7 @@ def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_to
             client_seconds = dict(client.seconds)
         peak = _peak_memory_bytes(proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
     times = np.diff([m[0] for m in marks])
     up = np.diff([m[1] for m in marks])
     down = np.diff([m[2] for m in marks])

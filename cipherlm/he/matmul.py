@@ -459,30 +459,32 @@ def load_galois_keys(ctx: HEContext, data: bytes, plans: Sequence[MatmulPlan] = 
     return serialize.galois_keys_from_bytes(ctx, data, required_steps=steps or None)
 
 
-def apply(
+def evaluate_blocks(
     enc: EncodedMatrix,
     ct_bytes: bytes,
-    galois_keys: seal.GaloisKeys | bytes,
-    counter: HEOpCounter | None = None,
-) -> bytes:
-    """Server: Enc(x) -> Enc(W x + b) as ``n_blocks`` rescaled one-prime ciphertexts."""
-    t0 = time.perf_counter()
+    galois_keys: seal.GaloisKeys,
+    blocks: Sequence[tuple[int, Sequence[int]]],
+    g_needed: int,
+) -> tuple[list[tuple[int, bytes]], dict[str, int]]:
+    """The BSGS core: for each (output block o, giant steps ii), the rescaled sum
+    sum_{i in ii} rot(sum_j diag_{ig+j} * rot(x, j), ig), serialised (b"" when all
+    its diagonals are zero), and the op counts. ``g_needed`` baby steps are computed
+    once and shared by all blocks. :func:`apply` runs every block; a worker of
+    :mod:`cipherlm.he.parallel` runs its share."""
     ctx, p = enc.ctx, enc.plan
     ev = ctx.evaluator
-    if isinstance(galois_keys, (bytes, bytearray, memoryview)):
-        galois_keys = load_galois_keys(ctx, bytes(galois_keys), [p])
     ct = serialize.ciphertext_from_bytes(ctx, ct_bytes, parms_id=enc.input_parms_id, size=2)
-    n_rot = n_mul = n_add = n_rs = 0
+    n = {"rotations": 0, "multiply_plain": 0, "add": 0, "rescale": 0}
     baby = [ct]
-    for j in range(1, p.g):
+    for j in range(1, g_needed):
         r = seal.Ciphertext()
         ev.rotate_vector(ct, j, galois_keys, r)
         baby.append(r)
-        n_rot += 1
+        n["rotations"] += 1
     out = []
-    for o in range(p.n_blocks):
+    for o, giant_steps in blocks:
         acc = None
-        for i in range(p.b):
+        for i in giant_steps:
             inner = None
             for j in range(p.g):
                 k = i * p.g + j
@@ -493,38 +495,46 @@ def apply(
                     continue
                 t = seal.Ciphertext()
                 ev.multiply_plain(baby[j], pt, t)
-                n_mul += 1
+                n["multiply_plain"] += 1
                 if inner is None:
                     inner = t
                 else:
                     ev.add_inplace(inner, t)
-                    n_add += 1
+                    n["add"] += 1
             if inner is None:
                 continue
             if i > 0:
                 ev.rotate_vector_inplace(inner, i * p.g, galois_keys)
-                n_rot += 1
+                n["rotations"] += 1
             if acc is None:
                 acc = inner
             else:
                 ev.add_inplace(acc, inner)
-                n_add += 1
+                n["add"] += 1
         if acc is None:
-            out.append(b"")
+            out.append((o, b""))
             continue
         ev.rescale_to_next_inplace(acc)
-        n_rs += 1
-        out.append(serialize.ciphertext_to_bytes(acc))
-    data = pack_cts(out)
-    _count(
-        counter,
-        rotations=n_rot,
-        multiply_plain=n_mul,
-        add=n_add,
-        rescale=n_rs,
-        server_seconds=time.perf_counter() - t0,
-    )
-    return data
+        n["rescale"] += 1
+        out.append((o, serialize.ciphertext_to_bytes(acc)))
+    return out, n
+
+
+def apply(
+    enc: EncodedMatrix,
+    ct_bytes: bytes,
+    galois_keys: seal.GaloisKeys | bytes,
+    counter: HEOpCounter | None = None,
+) -> bytes:
+    """Server: Enc(x) -> Enc(W x + b) as ``n_blocks`` rescaled one-prime ciphertexts."""
+    t0 = time.perf_counter()
+    p = enc.plan
+    if isinstance(galois_keys, (bytes, bytearray, memoryview)):
+        galois_keys = load_galois_keys(enc.ctx, bytes(galois_keys), [p])
+    blocks = [(o, range(p.b)) for o in range(p.n_blocks)]
+    out, n = evaluate_blocks(enc, ct_bytes, galois_keys, blocks, p.g)
+    _count(counter, server_seconds=time.perf_counter() - t0, **n)
+    return pack_cts([blob for _, blob in out])
 
 
 # --------------------------------------------------------------------------- calibration

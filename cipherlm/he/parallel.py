@@ -49,7 +49,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -62,6 +62,7 @@ from .matmul import (
     MatmulPlan,
     _count,
     encode_matrix,
+    evaluate_blocks,
     load_galois_keys,
     pack_cts,
 )
@@ -131,56 +132,9 @@ def _make_share(ctx: HEContext, plan: MatmulPlan, W, b, units) -> _Share:
 
 def _apply_share(ctx: HEContext, share: _Share, ct_bytes: bytes, gk) -> tuple[list[tuple[int, bytes]], dict]:
     """This worker's part of matmul.apply: per touched block, the rescaled partial sum."""
-    import tenseal.sealapi as seal
-
-    enc = share.enc
-    p = enc.plan
-    ev = ctx.evaluator
     t0 = time.perf_counter()
-    ct = serialize.ciphertext_from_bytes(ctx, ct_bytes, parms_id=enc.input_parms_id, size=2)
-    n = dict.fromkeys(_OPS, 0)
-    baby = [ct]
-    for j in range(1, share.g_needed):
-        r = seal.Ciphertext()
-        ev.rotate_vector(ct, j, gk, r)
-        baby.append(r)
-        n["rotations"] += 1
-    out = []
-    for o, iis in share.blocks:
-        acc = None
-        for i in iis:
-            inner = None
-            for j in range(p.g):
-                k = i * p.g + j
-                if k >= p.m:
-                    break
-                pt = enc.plaintexts[o][k]
-                if pt is None:
-                    continue
-                t = seal.Ciphertext()
-                ev.multiply_plain(baby[j], pt, t)
-                n["multiply_plain"] += 1
-                if inner is None:
-                    inner = t
-                else:
-                    ev.add_inplace(inner, t)
-                    n["add"] += 1
-            if inner is None:
-                continue
-            if i > 0:
-                ev.rotate_vector_inplace(inner, i * p.g, gk)
-                n["rotations"] += 1
-            if acc is None:
-                acc = inner
-            else:
-                ev.add_inplace(acc, inner)
-                n["add"] += 1
-        if acc is None:
-            out.append((o, b""))
-            continue
-        ev.rescale_to_next_inplace(acc)
-        n["rescale"] += 1
-        out.append((o, serialize.ciphertext_to_bytes(acc)))
+    out, n = evaluate_blocks(share.enc, ct_bytes, gk, share.blocks, share.g_needed)
+    n = dict.fromkeys(_OPS, 0) | n
     n["seconds"] = time.perf_counter() - t0
     return out, n
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import json
 import math
 import os
 import struct

@@ -15,7 +15,6 @@ position embeddings, tokenizer) come from the server once per model as a
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import defaultdict
