@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from cipherlm.net.channel import TCPChannel
+from cipherlm.progress import Progress
 from cipherlm.runtime import offload_engine
 from cipherlm.runtime.linear_groups import LinearGroup
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, ProtocolError, expect
@@ -125,10 +126,17 @@ class OffloadClient:
 
 
 class RemoteLinear:
-    """LinearBackend whose projections run on the server under CKKS."""
+    """LinearBackend whose projections run on the server under CKKS.
 
-    def __init__(self, client: OffloadClient):
+    A forward pass over several token rows (prompt prefill, an encoder
+    sentence) shows a progress line over the projection groups on stderr.
+    """
+
+    def __init__(self, client: OffloadClient, show_progress: bool = True):
         self.client = client
+        self.show_progress = show_progress
+        self._bar = None
+        self._calls = 0
 
     def linear(self, x: np.ndarray, names: Sequence[str]) -> list[np.ndarray]:
         c = self.client
@@ -148,6 +156,23 @@ class RemoteLinear:
         t0 = time.perf_counter()
         y = np.stack([c.engine.decrypt(group.index, ct) for ct in out_cts])
         c.seconds["decrypt"] += time.perf_counter() - t0
+        self._progress(group, len(rows))
         y = y.reshape(*np.shape(x)[:-1], group.d_out)
         splits = np.cumsum(group.d_outs)[:-1]
         return list(np.split(y, splits, axis=-1))
+
+    def _progress(self, group: LinearGroup, n_rows: int) -> None:
+        if not self.show_progress:
+            return
+        if group.index == 0:
+            self._calls = 0
+            if self._bar is not None:
+                self._bar.__exit__()
+            self._bar = Progress(f"encrypted forward pass, {n_rows} tokens") if n_rows > 1 else None
+        self._calls += 1
+        if self._bar is not None:
+            total = len(self.client.groups)
+            self._bar.update(min(self._calls, total), total)
+            if self._calls >= total:
+                self._bar.__exit__()
+                self._bar = None
