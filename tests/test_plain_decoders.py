@@ -76,6 +76,15 @@ def test_kv_cached_decode_matches_full_forward(case):
     assert rel_err(np.concatenate(parts), _hf_logits(model, ids)) < 1e-4
 
 
+def test_last_only_forward_is_the_last_row(case):
+    name, _, _, ex, _ = case
+    ids = [5, 9, 13, 2, 77]
+    full = ex.forward(ids)
+    last = ex.forward(ids, last_only=True)
+    assert last.shape == (1, full.shape[1])
+    assert rel_err(last, full[-1:]) < 1e-12, name
+
+
 def test_greedy_generate_matches_hf(case):
     name, model, config, ex, _ = case
     prompt = [4, 8, 15, 16, 23]

@@ -417,8 +417,11 @@ class DecoderExecutor(_Profiled):
     def new_cache(self) -> KVCache:
         return KVCache(self.spec.n_layers)
 
-    def forward(self, ids: Sequence[int] | np.ndarray, cache: KVCache | None = None) -> np.ndarray:
-        """Logits (T, vocab) for `ids` appended after what `cache` holds (a fresh cache if None)."""
+    def forward(self, ids: Sequence[int] | np.ndarray, cache: KVCache | None = None, last_only: bool = False) -> np.ndarray:
+        """Logits (T, vocab) for `ids` appended after what `cache` holds (a fresh cache if None).
+
+        With `last_only` the LM head runs on the last position only (logits (1, vocab)):
+        generation needs no more, and in a private mode the head is the costliest projection."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if cache is None:
             cache = self.new_cache()
@@ -443,6 +446,8 @@ class DecoderExecutor(_Profiled):
             else:
                 x = ops.rms_norm(x, self.p["model.norm.weight"], s.eps)
         cache.length = pos0 + T
+        if last_only:
+            x = x[-1:]
         return self._linear(x, ["lm_head"])[0]
 
     def trace_one_token(self, token_id: int = 0) -> np.ndarray:
@@ -482,7 +487,7 @@ class DecoderExecutor(_Profiled):
         if not ids:
             raise ValueError("empty prompt")
         for _ in range(max_new_tokens):
-            logits = self.forward(ids, cache)[-1]
+            logits = self.forward(ids, cache, last_only=True)[-1]
             with self._op("sampling"):
                 tok = sample_next(logits, rng, temperature, top_k, top_p)
             out.append(tok)
