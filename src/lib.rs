@@ -1,11 +1,23 @@
 //! cipherlm._core: the native core of cipherlm.
 //!
-//! It starts small (a CSPRNG-seeded pseudo-random generator that fills
-//! buffers without holding the GIL); the 2PC engine adds OT extension,
-//! AES-based hashing and bit-matrix transposes here.
+//! * `random_bytes`: ChaCha20 seeded by the OS CSPRNG (or a given seed).
+//! * Oblivious transfer (docs/ot.md): Chou-Orlandi base OT over Ristretto
+//!   (`baseot`), IKNP03/KK13 OT extension with the ALSZ13 optimisations
+//!   (`iknp`), the OT flavours built on the extension rows (`otops`),
+//!   AES-CTR PRG and fixed-key AES hashing (`prg`), bit-matrix transposes
+//!   (`transpose`).  Rust computes the messages; Python moves them over the
+//!   channel.  Every heavy function releases the GIL.
 
+mod baseot;
+mod iknp;
+mod otops;
+mod prg;
+mod transpose;
+mod util;
+
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyByteArray, PyBytes};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{OsRng, RngCore, SeedableRng};
 
@@ -40,9 +52,88 @@ fn core_version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// Chou-Orlandi base OT, sender's first step: (secret a, A), 32 bytes each.
+#[pyfunction]
+fn baseot_sender_init<'py>(py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+    let (a, big_a) = py.allow_threads(baseot::sender_init);
+    (PyBytes::new_bound(py, &a), PyBytes::new_bound(py, &big_a))
+}
+
+/// Chou-Orlandi base OT, receiver: (A, choices 0/1 one byte each) -> (B_i (32 bytes each), keys (16 bytes each)).
+#[pyfunction]
+fn baseot_receiver<'py>(
+    py: Python<'py>,
+    a_point: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+    let a = util::view(&a_point)?;
+    let c = util::view(&choices)?;
+    let (bs, keys) = py.allow_threads(|| baseot::receiver(a, c)).map_err(pyo3::exceptions::PyValueError::new_err)?;
+    Ok((PyByteArray::new_bound(py, &bs), PyByteArray::new_bound(py, &keys)))
+}
+
+/// Chou-Orlandi base OT, sender: (a, A, B_i...) -> (k0, k1), 16 bytes per OT each.
+#[pyfunction]
+fn baseot_sender_keys<'py>(
+    py: Python<'py>,
+    secret: PyBuffer<u8>,
+    a_point: PyBuffer<u8>,
+    bs: PyBuffer<u8>,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+    let (s, a, b) = (util::view(&secret)?, util::view(&a_point)?, util::view(&bs)?);
+    let (k0, k1) =
+        py.allow_threads(|| baseot::sender_keys(s, a, b)).map_err(pyo3::exceptions::PyValueError::new_err)?;
+    Ok((PyByteArray::new_bound(py, &k0), PyByteArray::new_bound(py, &k1)))
+}
+
+/// Transpose a bit matrix of `rows` x `cols` bits (row-major, LSB first;
+/// rows % 16 == 0, cols % 8 == 0) into `cols` x `rows`.
+#[pyfunction]
+fn transpose_bits<'py>(py: Python<'py>, data: PyBuffer<u8>, rows: usize, cols: usize) -> PyResult<Bound<'py, PyByteArray>> {
+    let d = util::view(&data)?;
+    if rows % 16 != 0 || cols % 8 != 0 || d.len() != rows * cols / 8 {
+        return util::err("need rows % 16 == 0, cols % 8 == 0 and rows*cols/8 bytes");
+    }
+    let out = py.allow_threads(|| transpose::transpose(d, rows, cols));
+    Ok(PyByteArray::new_bound(py, &out))
+}
+
+/// `n` bytes of AES-128-CTR keystream from a 16-byte seed (the PRG of the OT extension).
+#[pyfunction]
+fn aes_prg<'py>(py: Python<'py>, seed: PyBuffer<u8>, n: usize) -> PyResult<Bound<'py, PyByteArray>> {
+    let s: [u8; 16] = util::view(&seed)?
+        .try_into()
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err("seed must be 16 bytes"))?;
+    let out = py.allow_threads(|| {
+        let mut v = vec![0u8; n];
+        prg::AesPrg::new(&s).fill(&mut v);
+        v
+    });
+    Ok(PyByteArray::new_bound(py, &out))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(random_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(core_version, m)?)?;
+    m.add_function(wrap_pyfunction!(baseot_sender_init, m)?)?;
+    m.add_function(wrap_pyfunction!(baseot_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(baseot_sender_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(transpose_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(aes_prg, m)?)?;
+    m.add_class::<iknp::OtExtSender>()?;
+    m.add_class::<iknp::OtExtReceiver>()?;
+    m.add_function(wrap_pyfunction!(otops::rot_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::rot_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::chosen_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::chosen_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::chosen_bytes_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::chosen_bytes_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::acot_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::acot_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::kk13_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::kk13_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::pack_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::unpack_bits, m)?)?;
     Ok(())
 }

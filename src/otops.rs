@@ -1,0 +1,426 @@
+//! Turning raw extension rows into the OT flavours (IKNP03 section 3, ALSZ13
+//! section 5, KK13 section 4).  All functions are stateless: the caller passes
+//! the rows (`q` for the sender, `t` for the receiver), Delta, and the global
+//! index `tweak` of the first OT (both parties count OTs the same way, so each
+//! OT hashes under a fresh tweak).
+//!
+//! Notation: for OT j, the sender's keys are
+//!   K0_j = H(tweak+j, q_j), K1_j = H(tweak+j, q_j xor Delta)   (1-out-of-2)
+//! and the receiver's key is H(tweak+j, t_j) = K_{c_j, j}.  H is the fixed-key
+//! AES TCCR hash (`prg::Tccr`); values of `bits` <= 64 bits are the low bits
+//! of the 128-bit hash; byte strings longer than 16 bytes stretch the key by
+//! AES-128-CTR.
+//!
+//! * random OT: outputs (K0, K1) / K_c; nothing more is sent.
+//! * chosen OT: S sends y_b = m_b xor K_b (2*bits per OT).
+//! * arithmetic COT over Z_2^l (ALSZ13 section 5.4, "C-OT"): S outputs
+//!   r = K0 and sends d = r + corr - K1 (bits per OT); R outputs
+//!   K_c + c*d = r + c*corr.
+//! * KK13 1-out-of-N: S sends y_x = msg_x xor H'(j, q_j xor (WH(x) AND Delta))
+//!   for x < N (N*bits per OT); H' is SHA-256 (random oracle as in KK13).
+
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::PyByteArray;
+use sha2::{Digest, Sha256};
+
+use crate::iknp::wh_codeword;
+use crate::prg::{AesPrg, Tccr};
+use crate::util::{check_bits, err, pack, packed_len, u64_bytes, u64s, unpack, view};
+
+fn rows128(q: &[u8]) -> PyResult<usize> {
+    if q.len() % 16 != 0 {
+        return err(format!("rows buffer of {} bytes is not a multiple of 16", q.len()));
+    }
+    Ok(q.len() / 16)
+}
+
+fn delta16(d: &[u8]) -> PyResult<[u8; 16]> {
+    d.try_into().map_err(|_| pyo3::exceptions::PyValueError::new_err("Delta must be 16 bytes"))
+}
+
+/// H(tweak + j, rows_j xor xor) for every row, 16 bytes each.
+fn hash_rows(rows: &[u8], xor: Option<&[u8; 16]>, tweak: u64) -> Vec<u8> {
+    let mut h = rows.to_vec();
+    if let Some(d) = xor {
+        for r in h.chunks_exact_mut(16) {
+            for b in 0..16 {
+                r[b] ^= d[b];
+            }
+        }
+    }
+    Tccr::new().hash_in_place(&mut h, tweak);
+    h
+}
+
+fn low64(h: &[u8], m: u64) -> Vec<u64> {
+    h.chunks_exact(16).map(|c| u64::from_le_bytes(c[..8].try_into().unwrap()) & m).collect()
+}
+
+fn ba<'py>(py: Python<'py>, v: &[u8]) -> Bound<'py, PyByteArray> {
+    PyByteArray::new_bound(py, v)
+}
+
+fn check_choices(ch: &[u8], n: usize) -> PyResult<()> {
+    if ch.len() != n {
+        return err(format!("{} choices for {} OTs", ch.len(), n));
+    }
+    if ch.iter().any(|&c| c > 1) {
+        return err("choices must be 0 or 1");
+    }
+    Ok(())
+}
+
+/// Random OT, sender: (x0, x1) as little-endian uint64 bytes, `bits` bits each.
+#[pyfunction]
+pub fn rot_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    bits: u32,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+    let q = view(&q)?;
+    rows128(q)?;
+    let d = delta16(view(&delta)?)?;
+    let m = check_bits(bits)?;
+    let (a, b) = py.allow_threads(|| {
+        (u64_bytes(&low64(&hash_rows(q, None, tweak), m)), u64_bytes(&low64(&hash_rows(q, Some(&d), tweak), m)))
+    });
+    Ok((ba(py, &a), ba(py, &b)))
+}
+
+/// Random OT, receiver: x_c as little-endian uint64 bytes.
+#[pyfunction]
+pub fn rot_receiver<'py>(py: Python<'py>, t: PyBuffer<u8>, tweak: u64, bits: u32) -> PyResult<Bound<'py, PyByteArray>> {
+    let t = view(&t)?;
+    rows128(t)?;
+    let m = check_bits(bits)?;
+    let out = py.allow_threads(|| u64_bytes(&low64(&hash_rows(t, None, tweak), m)));
+    Ok(ba(py, &out))
+}
+
+/// Chosen OT, sender: y = pack([m0_j xor K0_j, m1_j xor K1_j for j], bits).
+#[pyfunction]
+pub fn chosen_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    m0: PyBuffer<u8>,
+    m1: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let q = view(&q)?;
+    let n = rows128(q)?;
+    let d = delta16(view(&delta)?)?;
+    let (m0, m1) = (view(&m0)?, view(&m1)?);
+    if m0.len() != 8 * n || m1.len() != 8 * n {
+        return err(format!("messages must be {} uint64 values each", n));
+    }
+    let mk = check_bits(bits)?;
+    let y = py.allow_threads(|| {
+        let k0 = low64(&hash_rows(q, None, tweak), mk);
+        let k1 = low64(&hash_rows(q, Some(&d), tweak), mk);
+        let (a, b) = (u64s(m0), u64s(m1));
+        let mut v = Vec::with_capacity(2 * n);
+        for j in 0..n {
+            v.push(a[j] ^ k0[j]);
+            v.push(b[j] ^ k1[j]);
+        }
+        pack(&v, bits)
+    });
+    Ok(ba(py, &y))
+}
+
+/// Chosen OT, receiver: m_c as little-endian uint64 bytes.
+#[pyfunction]
+pub fn chosen_receiver<'py>(
+    py: Python<'py>,
+    t: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+    tweak: u64,
+    y: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let t = view(&t)?;
+    let n = rows128(t)?;
+    let ch = view(&choices)?;
+    check_choices(ch, n)?;
+    let y = view(&y)?;
+    let mk = check_bits(bits)?;
+    if y.len() != packed_len(2 * n, bits) {
+        return err(format!("chosen-OT reply has {} bytes, expected {}", y.len(), packed_len(2 * n, bits)));
+    }
+    let out = py.allow_threads(|| {
+        let k = low64(&hash_rows(t, None, tweak), mk);
+        let yv = unpack(y, 2 * n, bits);
+        let o: Vec<u64> = (0..n).map(|j| yv[2 * j + ch[j] as usize] ^ k[j]).collect();
+        u64_bytes(&o)
+    });
+    Ok(ba(py, &out))
+}
+
+/// Arithmetic correlated OT over Z_2^bits, sender: (r, packed d).
+#[pyfunction]
+pub fn acot_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    corr: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+    let q = view(&q)?;
+    let n = rows128(q)?;
+    let d = delta16(view(&delta)?)?;
+    let corr = view(&corr)?;
+    if corr.len() != 8 * n {
+        return err(format!("correlations must be {} uint64 values", n));
+    }
+    let mk = check_bits(bits)?;
+    let (r, dd) = py.allow_threads(|| {
+        let k0 = low64(&hash_rows(q, None, tweak), mk);
+        let k1 = low64(&hash_rows(q, Some(&d), tweak), mk);
+        let c = u64s(corr);
+        let dv: Vec<u64> = (0..n).map(|j| k0[j].wrapping_add(c[j]).wrapping_sub(k1[j]) & mk).collect();
+        (u64_bytes(&k0), pack(&dv, bits))
+    });
+    Ok((ba(py, &r), ba(py, &dd)))
+}
+
+/// Arithmetic correlated OT, receiver: r + c*corr mod 2^bits.
+#[pyfunction]
+pub fn acot_receiver<'py>(
+    py: Python<'py>,
+    t: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+    tweak: u64,
+    d: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let t = view(&t)?;
+    let n = rows128(t)?;
+    let ch = view(&choices)?;
+    check_choices(ch, n)?;
+    let d = view(&d)?;
+    let mk = check_bits(bits)?;
+    if d.len() != packed_len(n, bits) {
+        return err(format!("COT reply has {} bytes, expected {}", d.len(), packed_len(n, bits)));
+    }
+    let out = py.allow_threads(|| {
+        let k = low64(&hash_rows(t, None, tweak), mk);
+        let dv = unpack(d, n, bits);
+        let o: Vec<u64> = (0..n).map(|j| k[j].wrapping_add(dv[j] * ch[j] as u64) & mk).collect();
+        u64_bytes(&o)
+    });
+    Ok(ba(py, &out))
+}
+
+/// Keystream of `len` bytes from a 16-byte hash key (the key itself when len <= 16).
+fn stretch(key: &[u8], len: usize, out: &mut [u8]) {
+    if len <= 16 {
+        out.copy_from_slice(&key[..len]);
+    } else {
+        AesPrg::new(key.try_into().unwrap()).fill(out);
+    }
+}
+
+/// Chosen OT of byte strings of `len` bytes, sender: y = (m0_j xor K0_j, m1_j xor K1_j) per OT.
+#[pyfunction]
+pub fn chosen_bytes_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    m0: PyBuffer<u8>,
+    m1: PyBuffer<u8>,
+    len: usize,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let q = view(&q)?;
+    let n = rows128(q)?;
+    let d = delta16(view(&delta)?)?;
+    let (m0, m1) = (view(&m0)?, view(&m1)?);
+    if m0.len() != n * len || m1.len() != n * len {
+        return err(format!("messages must be {} x {} bytes each", n, len));
+    }
+    let y = py.allow_threads(|| {
+        let k0 = hash_rows(q, None, tweak);
+        let k1 = hash_rows(q, Some(&d), tweak);
+        let mut y = vec![0u8; 2 * n * len];
+        let mut ks = vec![0u8; len];
+        for j in 0..n {
+            for (b, (m, k)) in [(0usize, (m0, &k0)), (1usize, (m1, &k1))] {
+                stretch(&k[16 * j..16 * j + 16], len, &mut ks);
+                let o = &mut y[(2 * j + b) * len..(2 * j + b + 1) * len];
+                for i in 0..len {
+                    o[i] = m[j * len + i] ^ ks[i];
+                }
+            }
+        }
+        y
+    });
+    Ok(ba(py, &y))
+}
+
+/// Chosen OT of byte strings, receiver: m_c (n * len bytes).
+#[pyfunction]
+pub fn chosen_bytes_receiver<'py>(
+    py: Python<'py>,
+    t: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+    tweak: u64,
+    y: PyBuffer<u8>,
+    len: usize,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let t = view(&t)?;
+    let n = rows128(t)?;
+    let ch = view(&choices)?;
+    check_choices(ch, n)?;
+    let y = view(&y)?;
+    if y.len() != 2 * n * len {
+        return err(format!("chosen-OT reply has {} bytes, expected {}", y.len(), 2 * n * len));
+    }
+    let out = py.allow_threads(|| {
+        let k = hash_rows(t, None, tweak);
+        let mut out = vec![0u8; n * len];
+        let mut ks = vec![0u8; len];
+        for j in 0..n {
+            stretch(&k[16 * j..16 * j + 16], len, &mut ks);
+            let src = &y[(2 * j + ch[j] as usize) * len..(2 * j + ch[j] as usize + 1) * len];
+            for i in 0..len {
+                out[j * len + i] = src[i] ^ ks[i];
+            }
+        }
+        out
+    });
+    Ok(ba(py, &out))
+}
+
+fn kk_hash(tweak: u64, row: &[u8; 32]) -> u64 {
+    let mut h = Sha256::new();
+    h.update(b"cipherlm KK13 v1");
+    h.update(tweak.to_le_bytes());
+    h.update(row);
+    let d = h.finalize();
+    u64::from_le_bytes(d[..8].try_into().unwrap())
+}
+
+fn check_n(nn: usize) -> PyResult<()> {
+    if !(2..=256).contains(&nn) {
+        return err(format!("N must be in 2..=256, got {nn}"));
+    }
+    Ok(())
+}
+
+/// KK13 1-out-of-N, sender: q (n rows of 32 bytes), Delta (32 bytes), msgs
+/// (n*N uint64, row-major) -> pack(msgs_{j,x} xor H'(j, q_j xor (WH(x) AND Delta)), bits).
+#[pyfunction]
+pub fn kk13_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    nn: usize,
+    msgs: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    check_n(nn)?;
+    let q = view(&q)?;
+    if q.len() % 32 != 0 {
+        return err("KK13 rows must be 32 bytes each");
+    }
+    let n = q.len() / 32;
+    let d: [u8; 32] = view(&delta)?.try_into().map_err(|_| pyo3::exceptions::PyValueError::new_err("Delta must be 32 bytes"))?;
+    let msgs = view(&msgs)?;
+    if msgs.len() != n * nn * 8 {
+        return err(format!("messages must be {} x {} uint64 values", n, nn));
+    }
+    let mk = check_bits(bits)?;
+    let y = py.allow_threads(|| {
+        let mut cs = vec![[0u8; 32]; nn];
+        for x in 0..nn {
+            let w = wh_codeword(x as u8);
+            for b in 0..32 {
+                cs[x][b] = w[b] & d[b];
+            }
+        }
+        let mv = u64s(msgs);
+        let mut v = vec![0u64; n * nn];
+        let mut row = [0u8; 32];
+        for j in 0..n {
+            let qj = &q[32 * j..32 * j + 32];
+            for x in 0..nn {
+                for b in 0..32 {
+                    row[b] = qj[b] ^ cs[x][b];
+                }
+                v[j * nn + x] = (mv[j * nn + x] ^ kk_hash(tweak.wrapping_add(j as u64), &row)) & mk;
+            }
+        }
+        pack(&v, bits)
+    });
+    Ok(ba(py, &y))
+}
+
+/// KK13 1-out-of-N, receiver: t (n rows of 32 bytes), choices (n bytes < N) -> msgs_{j, c_j}.
+#[pyfunction]
+pub fn kk13_receiver<'py>(
+    py: Python<'py>,
+    t: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+    tweak: u64,
+    nn: usize,
+    y: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    check_n(nn)?;
+    let t = view(&t)?;
+    if t.len() % 32 != 0 {
+        return err("KK13 rows must be 32 bytes each");
+    }
+    let n = t.len() / 32;
+    let ch = view(&choices)?;
+    if ch.len() != n || ch.iter().any(|&c| c as usize >= nn) {
+        return err(format!("need {} choices in [0, {})", n, nn));
+    }
+    let y = view(&y)?;
+    let mk = check_bits(bits)?;
+    if y.len() != packed_len(n * nn, bits) {
+        return err(format!("1-of-N reply has {} bytes, expected {}", y.len(), packed_len(n * nn, bits)));
+    }
+    let out = py.allow_threads(|| {
+        let yv = unpack(y, n * nn, bits);
+        let o: Vec<u64> = (0..n)
+            .map(|j| {
+                let row: [u8; 32] = t[32 * j..32 * j + 32].try_into().unwrap();
+                (yv[j * nn + ch[j] as usize] ^ kk_hash(tweak.wrapping_add(j as u64), &row)) & mk
+            })
+            .collect();
+        u64_bytes(&o)
+    });
+    Ok(ba(py, &out))
+}
+
+/// Pack uint64 values (little-endian bytes) to `bits` bits each.
+#[pyfunction]
+pub fn pack_bits<'py>(py: Python<'py>, vals: PyBuffer<u8>, bits: u32) -> PyResult<Bound<'py, PyByteArray>> {
+    let v = view(&vals)?;
+    if v.len() % 8 != 0 {
+        return err("values must be uint64");
+    }
+    check_bits(bits)?;
+    let out = py.allow_threads(|| pack(&u64s(v), bits));
+    Ok(ba(py, &out))
+}
+
+/// Unpack `n` values of `bits` bits (inverse of `pack_bits`).
+#[pyfunction]
+pub fn unpack_bits<'py>(py: Python<'py>, buf: PyBuffer<u8>, n: usize, bits: u32) -> PyResult<Bound<'py, PyByteArray>> {
+    let b = view(&buf)?;
+    check_bits(bits)?;
+    if b.len() != packed_len(n, bits) {
+        return err(format!("packed buffer has {} bytes, expected {}", b.len(), packed_len(n, bits)));
+    }
+    let out = py.allow_threads(|| u64_bytes(&unpack(b, n, bits)));
+    Ok(ba(py, &out))
+}
