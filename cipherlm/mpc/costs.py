@@ -1,0 +1,89 @@
+"""Measure bytes and rounds per element of every primitive through the channel counters.
+
+`measure(n)` runs each primitive on n random elements in-process (two threads,
+real OT unless another `ot_factory` is given) after a warm-up that performs the
+one-time base OTs, and returns one entry per operation:
+``{"name", "n", "bytes", "bytes_per_elem", "flights", "seconds"}`` where
+``bytes`` counts both directions (frame headers included) and ``flights`` is the
+number of one-way message flights (`Channel` "rounds" of both parties).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .ring import RingConfig, from_signed, mask
+from .runner import run_inprocess
+from .shares import AShare, BShare
+
+Q_DEFAULT = (1 << 59) - 55
+
+
+def _ops(ctx, n: int, q: int):
+    from .protocols import b2a, bool_ops, compare, extend, field, millionaire, mul, mux, trunc
+
+    rng = np.random.default_rng(1234 + ctx.party)  # test data only (not secret)
+    x = AShare(ctx, from_signed(rng.integers(-2**40, 2**40, n), 64), 64)
+    y = AShare(ctx, from_signed(rng.integers(-2**40, 2**40, n), 64), 64)
+    b = BShare(ctx, rng.integers(0, 2, n).astype(np.uint64))
+    c = BShare(ctx, rng.integers(0, 2, n).astype(np.uint64))
+    v = rng.integers(0, 2**63, n).astype(np.uint64)
+    x32 = AShare(ctx, x.data & mask(32), 32)
+    fq = rng.integers(0, q, n).astype(np.uint64)
+    ops = [
+        ("and (bit triples + open)", lambda: b & c),
+        ("b2a l=64", lambda: b2a.b2a(ctx, b)),
+        ("mul l=64", lambda: mul.mul(ctx, x, y)),
+        ("mux l=64", lambda: mux.mux(ctx, b, x)),
+        ("millionaire l=64", lambda: millionaire.millionaire(ctx, v, 64)),
+        ("equality l=64", lambda: millionaire.equality(ctx, v, 64)),
+        ("msb/drelu l=64", lambda: compare.msb(ctx, x)),
+        ("relu l=64", lambda: compare.relu(ctx, x)),
+        ("trunc_faithful l=64 s=16", lambda: trunc.trunc_faithful(ctx, x, 16)),
+        ("trunc_local l=64 s=16", lambda: trunc.trunc_local(ctx, x, 16)),
+        ("sext 32->64", lambda: extend.sext(ctx, x32, 64)),
+        ("zext 32->64", lambda: extend.zext(ctx, x32, 64)),
+        ("trunc_extend l=32 s=12", lambda: trunc.trunc_extend(ctx, x32, 12)),
+        ("field_to_ring q~2^59 l=64", lambda: field.field_to_ring(ctx, fq, q)),
+        ("ring_to_field exact l=64", lambda: field.ring_to_field(ctx, x, q)),
+        ("ring_to_field local l=64", lambda: field.ring_to_field(ctx, x, q, method="local")),
+    ]
+    # warm-up: base OTs of every kind in both directions
+    bool_ops.and_bits(ctx, b.data[:16].astype(np.uint8), c.data[:16].astype(np.uint8))
+    millionaire.millionaire(ctx, v[:16], 8)
+    mux.mux(ctx, b[:16], x[:16])
+    b2a.b2a_mod(ctx, b.data[:16], q)
+    out = []
+    for name, fn in ops:
+        ctx.chan.send({"sync": 1})  # align the parties so each measurement starts clean
+        ctx.chan.recv()
+        ctx.chan.reset_stats()
+        t = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t
+        tot = ctx.chan.totals()
+        nbytes = tot["bytes_sent"] + tot["bytes_received"]
+        out.append({"name": name, "n": n, "bytes": nbytes, "bytes_per_elem": nbytes / n,
+                    "flights": tot["rounds"] + tot["flights_received"], "seconds": dt})
+    return out
+
+
+def measure(n: int = 1 << 14, q: int = Q_DEFAULT, ot_factory=None, timeout: float = 600.0) -> list[dict]:
+    """Bytes/flights/seconds per primitive on n elements (see module docstring)."""
+    res, _ = run_inprocess(_ops, args0=(n, q), args1=(n, q), ring=RingConfig(64, 16), ot_factory=ot_factory,
+                           timeout=timeout)
+    return res
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'operation':30s} {'n':>7s} {'bytes/elem':>11s} {'flights':>7s} {'seconds':>8s}"]
+    for r in rows:
+        lines.append(f"{r['name']:30s} {r['n']:7d} {r['bytes_per_elem']:11.1f} {r['flights']:7d} {r['seconds']:8.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m cipherlm.mpc.costs [n]
+    import sys
+    print(format_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 14)))
