@@ -32,4 +32,5 @@ def test_measured_costs_match_formulas():
         assert exp * 0.98 <= got <= exp * 1.05 + 1.0, (name, got, exp)
     assert rows["trunc_local l=64 s=16"]["flights"] == 0
     assert rows["b2a l=64"]["flights"] == 2 and rows["mux l=64"]["flights"] <= 4
-    assert rows["millionaire l=64"]["flights"] <= 10
+    # 1-of-N (2 flights) + 2 ROT calls (1 each) + 4 tree levels (a simultaneous exchange: 1-2 flights)
+    assert rows["millionaire l=64"]["flights"] <= 12
