@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cot", type=int, default=1_000_000)
     ap.add_argument("--one-of-n", type=int, default=1_000_000)
     ap.add_argument("--chosen", type=int, default=1_000_000)
-    ap.add_argument("--batch", type=int, default=1 << 19)
+    ap.add_argument("--batch", type=int, default=1 << 16)
     args = ap.parse_args(argv)
 
     a, b = inprocess_pair(timeout=600)
@@ -159,7 +159,11 @@ def main(argv=None) -> int:
     b.close()
     report = {
         "benchmark": "ot",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "setting": "in-process, two threads over a socketpair; base OTs excluded from the per-kind rows",
         "results": rows,
     }

@@ -22,7 +22,7 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
-use sha2::{Digest, Sha256};
+use sha2::digest::generic_array::GenericArray;
 
 use crate::iknp::wh_codeword;
 use crate::prg::{AesPrg, Tccr};
@@ -53,8 +53,12 @@ fn hash_rows(rows: &[u8], xor: Option<&[u8; 16]>, tweak: u64) -> Vec<u8> {
     h
 }
 
-fn low64(h: &[u8], m: u64) -> Vec<u64> {
-    h.chunks_exact(16).map(|c| u64::from_le_bytes(c[..8].try_into().unwrap()) & m).collect()
+/// low 64 bits of H(tweak + j, rows_j xor xor), masked.
+fn hash64(rows: &[u8], xor: Option<&[u8; 16]>, tweak: u64, m: u64) -> Vec<u64> {
+    let x = xor.map(|d| u128::from_le_bytes(*d)).unwrap_or(0);
+    let mut out = vec![0u64; rows.len() / 16];
+    Tccr::new().hash_low64(rows, x, tweak, m, &mut out);
+    out
 }
 
 fn ba<'py>(py: Python<'py>, v: &[u8]) -> Bound<'py, PyByteArray> {
@@ -85,7 +89,7 @@ pub fn rot_sender<'py>(
     let d = delta16(view(&delta)?)?;
     let m = check_bits(bits)?;
     let (a, b) = py.allow_threads(|| {
-        (u64_bytes(&low64(&hash_rows(q, None, tweak), m)), u64_bytes(&low64(&hash_rows(q, Some(&d), tweak), m)))
+        (u64_bytes(&hash64(q, None, tweak, m)), u64_bytes(&hash64(q, Some(&d), tweak, m)))
     });
     Ok((ba(py, &a), ba(py, &b)))
 }
@@ -96,7 +100,7 @@ pub fn rot_receiver<'py>(py: Python<'py>, t: PyBuffer<u8>, tweak: u64, bits: u32
     let t = view(&t)?;
     rows128(t)?;
     let m = check_bits(bits)?;
-    let out = py.allow_threads(|| u64_bytes(&low64(&hash_rows(t, None, tweak), m)));
+    let out = py.allow_threads(|| u64_bytes(&hash64(t, None, tweak, m)));
     Ok(ba(py, &out))
 }
 
@@ -120,8 +124,8 @@ pub fn chosen_sender<'py>(
     }
     let mk = check_bits(bits)?;
     let y = py.allow_threads(|| {
-        let k0 = low64(&hash_rows(q, None, tweak), mk);
-        let k1 = low64(&hash_rows(q, Some(&d), tweak), mk);
+        let k0 = hash64(q, None, tweak, mk);
+        let k1 = hash64(q, Some(&d), tweak, mk);
         let (a, b) = (u64s(m0), u64s(m1));
         let mut v = Vec::with_capacity(2 * n);
         for j in 0..n {
@@ -153,7 +157,7 @@ pub fn chosen_receiver<'py>(
         return err(format!("chosen-OT reply has {} bytes, expected {}", y.len(), packed_len(2 * n, bits)));
     }
     let out = py.allow_threads(|| {
-        let k = low64(&hash_rows(t, None, tweak), mk);
+        let k = hash64(t, None, tweak, mk);
         let yv = unpack(y, 2 * n, bits);
         let o: Vec<u64> = (0..n).map(|j| yv[2 * j + ch[j] as usize] ^ k[j]).collect();
         u64_bytes(&o)
@@ -180,8 +184,8 @@ pub fn acot_sender<'py>(
     }
     let mk = check_bits(bits)?;
     let (r, dd) = py.allow_threads(|| {
-        let k0 = low64(&hash_rows(q, None, tweak), mk);
-        let k1 = low64(&hash_rows(q, Some(&d), tweak), mk);
+        let k0 = hash64(q, None, tweak, mk);
+        let k1 = hash64(q, Some(&d), tweak, mk);
         let c = u64s(corr);
         let dv: Vec<u64> = (0..n).map(|j| k0[j].wrapping_add(c[j]).wrapping_sub(k1[j]) & mk).collect();
         (u64_bytes(&k0), pack(&dv, bits))
@@ -209,7 +213,7 @@ pub fn acot_receiver<'py>(
         return err(format!("COT reply has {} bytes, expected {}", d.len(), packed_len(n, bits)));
     }
     let out = py.allow_threads(|| {
-        let k = low64(&hash_rows(t, None, tweak), mk);
+        let k = hash64(t, None, tweak, mk);
         let dv = unpack(d, n, bits);
         let o: Vec<u64> = (0..n).map(|j| k[j].wrapping_add(dv[j] * ch[j] as u64) & mk).collect();
         u64_bytes(&o)
@@ -297,13 +301,22 @@ pub fn chosen_bytes_receiver<'py>(
     Ok(ba(py, &out))
 }
 
+/// H'(j, row) = first 64 bits of SHA-256("cipherlm" || j || row): the 48-byte
+/// message fits one padded block, so this is one call of the compression
+/// function (SHA-NI when the CPU has it) on a block built in place.
 fn kk_hash(tweak: u64, row: &[u8; 32]) -> u64 {
-    let mut h = Sha256::new();
-    h.update(b"cipherlm KK13 v1");
-    h.update(tweak.to_le_bytes());
-    h.update(row);
-    let d = h.finalize();
-    u64::from_le_bytes(d[..8].try_into().unwrap())
+    const IV: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+    ];
+    let mut block = [0u8; 64];
+    block[..8].copy_from_slice(b"cipherlm");
+    block[8..16].copy_from_slice(&tweak.to_le_bytes());
+    block[16..48].copy_from_slice(row);
+    block[48] = 0x80;
+    block[56..64].copy_from_slice(&(48u64 * 8).to_be_bytes());
+    let mut st = IV;
+    sha2::compress256(&mut st, &[*GenericArray::from_slice(&block)]);
+    ((st[0] as u64) << 32) | st[1] as u64
 }
 
 fn check_n(nn: usize) -> PyResult<()> {

@@ -89,3 +89,35 @@ impl Tccr {
         }
     }
 }
+
+impl Tccr {
+    /// out[j] = low 64 bits of H(tweak0 + j, rows[j] xor xor) AND mask, for every
+    /// 16-byte row; no heap allocation (works through L1-sized chunks).
+    pub fn hash_low64(&self, rows: &[u8], xor: u128, tweak0: u64, mask: u64, out: &mut [u64]) {
+        let n = rows.len() / 16;
+        debug_assert_eq!(out.len(), n);
+        let mut y = [0u8; CHUNK * 16];
+        let mut z = [0u8; CHUNK * 16];
+        let mut j0 = 0usize;
+        while j0 < n {
+            let nb = CHUNK.min(n - j0);
+            for k in 0..nb {
+                let x = u128::from_le_bytes(rows[(j0 + k) * 16..(j0 + k) * 16 + 16].try_into().unwrap()) ^ xor;
+                y[k * 16..k * 16 + 16].copy_from_slice(&x.to_le_bytes());
+            }
+            self.pi.encrypt_blocks(as_blocks(&mut y[..nb * 16]));
+            for k in 0..nb {
+                let yy = u128::from_le_bytes(y[k * 16..k * 16 + 16].try_into().unwrap());
+                let tw = (tweak0 as u128).wrapping_add((j0 + k) as u128);
+                z[k * 16..k * 16 + 16].copy_from_slice(&(yy ^ tw).to_le_bytes());
+            }
+            self.pi.encrypt_blocks(as_blocks(&mut z[..nb * 16]));
+            for k in 0..nb {
+                let a = u64::from_le_bytes(y[k * 16..k * 16 + 8].try_into().unwrap());
+                let b = u64::from_le_bytes(z[k * 16..k * 16 + 8].try_into().unwrap());
+                out[j0 + k] = (a ^ b) & mask;
+            }
+            j0 += nb;
+        }
+    }
+}

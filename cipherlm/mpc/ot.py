@@ -76,7 +76,7 @@ __all__ = ["OTSession", "OTError", "bytes_per_ot", "KAPPA"]
 
 KAPPA = 128  # IKNP extension width (computational security parameter)
 KK13_K = 256  # KK13 code length (Walsh-Hadamard, 256 codewords, distance 128)
-DEFAULT_BATCH = 1 << 19  # OTs per extension message (8 MiB IKNP matrix)
+DEFAULT_BATCH = 1 << 16  # OTs per extension message (1 MiB IKNP matrix; L2-friendly)
 
 
 class OTError(ValueError):
