@@ -24,7 +24,7 @@ from ..context import MPCError
 from ..ring import mask
 from ..shares import AShare
 
-__all__ = ["mul", "mul_fixed", "cross_term", "DEFAULT_GROUPS"]
+__all__ = ["mul", "mul_fixed", "square", "cross_term", "DEFAULT_GROUPS"]
 
 DEFAULT_GROUPS = 4
 
@@ -84,3 +84,12 @@ def mul_fixed(ctx, x: AShare, y: AShare, trunc: str = "faithful", groups: int = 
     if trunc == "local":
         return trunc_local(ctx, p, s)
     raise ValueError(f"unknown truncation {trunc!r}")
+
+
+def square(ctx, x: AShare, groups: int = DEFAULT_GROUPS) -> AShare:
+    """x * x with one cross term: x0^2 + x1^2 + 2 x0 x1 (half the OTs of `mul`)."""
+    bits = x.bits
+    xs = x.data.reshape(-1)
+    with ctx.step("square"):
+        out = xs * xs + (cross_term(ctx, xs, bits, sender=0, groups=groups) << np.uint64(1))
+    return AShare(ctx, (out & mask(bits)).reshape(x.shape), bits, 2 * x.frac)

@@ -1,0 +1,17 @@
+"""Nonlinear functions on fixed-point shares (issue 3 item 4), built from the
+OT-based primitives in `cipherlm.mpc.protocols`.
+
+Fixed-point products are rescaled with SecureML local truncation by default
+(``TRUNC``; free, +-1 ulp, failure probability about |v| 2^(2f) / 2^(l-1) per
+product of magnitude |v|): use a ring with headroom (l = 64, f <= 16).
+"""
+
+from .common import TRUNC, compare_public, mulf, sqf
+from .piecewise import gelu, piecewise_poly, silu
+from .exp import exp_neg
+from .recip import reciprocal, rsqrt
+from .softmax import max_last, softmax
+from .norm import layer_norm, rms_norm
+
+__all__ = ["TRUNC", "compare_public", "mulf", "sqf", "piecewise_poly", "gelu", "silu", "exp_neg",
+           "reciprocal", "rsqrt", "max_last", "softmax", "layer_norm", "rms_norm"]

@@ -1,0 +1,51 @@
+"""max along the last axis (comparison tree) and softmax (Bumblebee section 4.2 / BLB appendix B).
+
+max: pairwise max(a, b) = b + MUX(DReLU(a - b), a - b) over a tree of depth
+ceil(log2 n): n - 1 comparisons and MUXes per row.
+softmax(x) = e / sum(e), e = exp_neg(x - max) (exp.py), 1/sum by `reciprocal`
+on [1/2, n + 1] (the row's maximum contributes exp(0) = 1).  A causal / padding
+mask (public, True = keep) sets masked inputs to -2^10 before the max (free)
+and multiplies their exponentials by 0 (free).
+Error: that of exp (<= 0.0011 abs) and of the reciprocal (<= 1.5e-4 rel) plus
+rounding; measured in tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ring import fixed_encode
+from ..shares import AShare, concatenate
+from ..protocols import compare, mux as _mux
+from .common import mulf
+from .exp import exp_neg
+from .recip import reciprocal
+
+MASK_VALUE = -1024.0
+
+
+def max_last(ctx, x: AShare) -> AShare:
+    """Maximum over the last axis, keepdims (shape (..., 1))."""
+    cur = x
+    while cur.shape[-1] > 1:
+        n = cur.shape[-1]
+        h = n // 2
+        a, b = cur[..., :h], cur[..., h:2 * h]
+        d = a - b
+        m = b + _mux.mux(ctx, compare.drelu(ctx, d), d)
+        cur = concatenate([m, cur[..., 2 * h:]], axis=-1) if n % 2 else m
+    return cur
+
+
+def softmax(ctx, x: AShare, mask=None, iters: int = 3) -> AShare:
+    """Softmax over the last axis; mask: public bool array broadcastable to x (True = keep)."""
+    if mask is not None:
+        keep = np.broadcast_to(np.asarray(mask, bool), x.shape)
+        x = x + np.where(keep, 0, fixed_encode(MASK_VALUE, x.frac, x.bits)).astype(np.uint64)
+    m = max_last(ctx, x)
+    e = exp_neg(ctx, x - m.broadcast_to(x.shape))
+    if mask is not None:
+        e = e * keep.astype(np.uint64)
+    s = e.sum(axis=-1, keepdims=True)
+    r = reciprocal(ctx, s, lo=0.5, hi=float(x.shape[-1] + 1), iters=iters)
+    return mulf(ctx, e, r.broadcast_to(e.shape))

@@ -1,0 +1,79 @@
+"""Nonlinear library against numpy, inside each function's documented input range
+and error bound (l = 64, f = 16, real OT when available)."""
+
+from math import erf
+
+import numpy as np
+import pytest
+
+from cipherlm.mpc import nonlinear as nl
+from cipherlm.mpc.runner import run_inprocess
+from cipherlm.mpc.shares import share_input
+from mpc_ot_double import ot_factory
+
+OT = ot_factory()
+RNG = np.random.default_rng(11)
+X = RNG.uniform(-8, 8, (4, 64))
+X[0, :6] = [-8, -5, -1.97, 0, 3, 8]
+NEG = -RNG.uniform(0, 20, 256)
+POS = np.exp(RNG.uniform(np.log(0.07), np.log(4000), 256))
+LN = RNG.normal(0.5, 3, (4, 96))
+CAUSAL = np.tril(np.ones((8, 8), bool))
+
+
+def _gelu(v):
+    return 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _run(ctx):
+    sh = lambda v: share_input(ctx, v if ctx.party == 0 else None, 0)  # noqa: E731
+    x, neg, pos, ln = sh(X), sh(NEG), sh(POS), sh(LN)
+    g, b = np.linspace(0.5, 1.5, 96), np.linspace(-1, 1, 96)
+    return {
+        "gelu": nl.gelu(ctx, x).reveal_float(), "silu": nl.silu(ctx, x).reveal_float(),
+        "exp": nl.exp_neg(ctx, neg).reveal_float(), "recip": nl.reciprocal(ctx, pos).reveal_float(),
+        "rsqrt": nl.rsqrt(ctx, pos).reveal_float(), "max": nl.max_last(ctx, x).reveal_float(),
+        "softmax": nl.softmax(ctx, x).reveal_float(),
+        "causal": nl.softmax(ctx, sh(X[:1, :8].repeat(8, 0)), mask=CAUSAL).reveal_float(),
+        "ln": nl.layer_norm(ctx, ln, g, b).reveal_float(), "rms": nl.rms_norm(ctx, ln, g).reveal_float(),
+    }
+
+
+@pytest.fixture(scope="module")
+def out():
+    a, b = run_inprocess(_run, ot_factory=OT, timeout=120)
+    return a
+
+
+def test_gelu_silu(out):
+    assert np.abs(out["gelu"] - _gelu(X)).max() <= 0.02
+    assert np.abs(out["silu"] - X / (1 + np.exp(-X))).max() <= 0.04
+
+
+def test_exp(out):
+    assert np.abs(out["exp"] - np.exp(NEG)).max() <= 5e-3
+
+
+def test_reciprocal_rsqrt(out):
+    assert (np.abs(out["recip"] - 1 / POS) <= 2e-4 / POS + 4 * 2.0 ** -16).all()
+    assert (np.abs(out["rsqrt"] - 1 / np.sqrt(POS)) <= 1e-4 / np.sqrt(POS) + 4 * 2.0 ** -16).all()
+
+
+def test_max_softmax(out):
+    assert np.abs(out["max"] - X.max(-1, keepdims=True)).max() <= 2.0 ** -16
+    assert np.abs(out["softmax"] - _softmax(X)).max() <= 5e-3
+    ref = _softmax(np.where(CAUSAL, X[:1, :8].repeat(8, 0), -np.inf))
+    assert np.abs(out["causal"] - ref).max() <= 5e-3
+    assert (out["causal"][~CAUSAL] == 0).all()
+
+
+def test_norms(out):
+    g, b = np.linspace(0.5, 1.5, 96), np.linspace(-1, 1, 96)
+    mu, var = LN.mean(-1, keepdims=True), LN.var(-1, keepdims=True)
+    assert np.abs(out["ln"] - ((LN - mu) / np.sqrt(var + 1e-5) * g + b)).max() <= 2e-3
+    assert np.abs(out["rms"] - LN / np.sqrt((LN ** 2).mean(-1, keepdims=True) + 1e-6) * g).max() <= 2e-3
