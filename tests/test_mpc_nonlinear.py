@@ -77,3 +77,21 @@ def test_norms(out):
     mu, var = LN.mean(-1, keepdims=True), LN.var(-1, keepdims=True)
     assert np.abs(out["ln"] - ((LN - mu) / np.sqrt(var + 1e-5) * g + b)).max() <= 2e-3
     assert np.abs(out["rms"] - LN / np.sqrt((LN ** 2).mean(-1, keepdims=True) + 1e-6) * g).max() <= 2e-3
+
+
+def _select(ctx, V, I):
+    x = share_input(ctx, V if ctx.party == 0 else None, 0)
+    i = share_input(ctx, I if ctx.party == 1 else None, 1, frac=0)
+    v, ix = nl.argmax_last(ctx, x)
+    tv, ti = nl.topk_last(ctx, x, 8)
+    return v.reveal_float(), ix.reveal_signed(), nl.one_hot(ctx, i, 40).reveal(), tv.reveal_float(), ti.reveal_signed()
+
+
+def test_argmax_topk_onehot():
+    V = RNG.permutation(np.linspace(-10, 10, 5 * 64)).reshape(5, 64)  # distinct values
+    I = RNG.integers(0, 40, 7)
+    (v, ix, oh, tv, ti), _ = run_inprocess(_select, args0=(V, I), args1=(V, I), ot_factory=OT)
+    assert np.abs(v[:, 0] - V.max(1)).max() <= 2.0 ** -16 and (ix[:, 0] == V.argmax(1)).all()
+    assert (oh == np.eye(40, dtype=int)[I]).all()
+    order = np.argsort(-V, 1)[:, :8]
+    assert (ti == order).all() and np.abs(tv - np.take_along_axis(V, order, 1)).max() <= 2.0 ** -16

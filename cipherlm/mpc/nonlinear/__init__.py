@@ -12,6 +12,8 @@ from .exp import exp_neg
 from .recip import reciprocal, rsqrt
 from .softmax import max_last, softmax
 from .norm import layer_norm, rms_norm
+from .select import argmax_last, one_hot, topk_last
 
 __all__ = ["TRUNC", "compare_public", "mulf", "sqf", "piecewise_poly", "gelu", "silu", "exp_neg",
-           "reciprocal", "rsqrt", "max_last", "softmax", "layer_norm", "rms_norm"]
+           "reciprocal", "rsqrt", "max_last", "softmax", "layer_norm", "rms_norm",
+           "argmax_last", "one_hot", "topk_last"]
