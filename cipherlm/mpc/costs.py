@@ -70,6 +70,68 @@ def _ops(ctx, n: int, q: int):
     return out
 
 
+# (name, measured shape, issue's shape for extrapolation)
+NONLINEAR_SHAPES = [
+    ("exp_neg", (1, 1 << 14), (1, 1 << 16)),
+    ("reciprocal", (1, 1 << 14), (1, 1 << 16)),
+    ("rsqrt", (1, 1 << 14), (1, 1 << 16)),
+    ("softmax", (128, 128), (128, 128)),
+    ("gelu", (8, 3072), (128, 3072)),
+    ("silu", (8, 1536), (128, 1536)),
+    ("layer_norm", (32, 768), (128, 768)),
+    ("rms_norm", (32, 576), (128, 576)),
+    ("top8_of_64", (128, 64), (128, 64)),
+]
+
+
+def _nl_ops(ctx, shapes):
+    from . import nonlinear as nl
+    from .protocols import bool_ops
+
+    rng = np.random.default_rng(99 + ctx.party)  # test data only
+    fns = {
+        "exp_neg": lambda x: nl.exp_neg(ctx, x - np.uint64(1 << 20) if ctx.party == 0 else x),
+        "reciprocal": lambda x: nl.reciprocal(ctx, x),
+        "rsqrt": lambda x: nl.rsqrt(ctx, x),
+        "softmax": lambda x: nl.softmax(ctx, x),
+        "gelu": lambda x: nl.gelu(ctx, x),
+        "silu": lambda x: nl.silu(ctx, x),
+        "layer_norm": lambda x: nl.layer_norm(ctx, x),
+        "rms_norm": lambda x: nl.rms_norm(ctx, x),
+        "top8_of_64": lambda x: nl.topk_last(ctx, x, 8),
+    }
+    b = rng.integers(0, 2, 16).astype(np.uint8)
+    bool_ops.and_bits(ctx, b, b)  # warm-up (base OTs)
+    out = []
+    for name, shape, full in shapes:
+        # shares of small positive values: party 0 holds v + r, party 1 holds -r (r public test noise)
+        r = np.random.default_rng(7).integers(0, 2**63, shape).astype(np.uint64)
+        v = np.random.default_rng(8).integers(1 << 14, 1 << 18, shape).astype(np.uint64)
+        x = AShare(ctx, v + r if ctx.party == 0 else np.uint64(0) - r, 64, 16)
+        ctx.chan.send({"sync": 1})
+        ctx.chan.recv()
+        ctx.chan.reset_stats()
+        t = time.perf_counter()
+        fns[name](x)
+        dt = time.perf_counter() - t
+        tot = ctx.chan.totals()
+        nbytes = tot["bytes_sent"] + tot["bytes_received"]
+        n = int(np.prod(shape))
+        scale = int(np.prod(full)) / n
+        out.append({"name": name, "shape": list(shape), "n": n, "bytes": nbytes, "bytes_per_elem": nbytes / n,
+                    "flights": tot["rounds"] + tot["flights_received"], "seconds": dt,
+                    "issue_shape": list(full), "issue_bytes_est": nbytes * scale, "issue_seconds_est": dt * scale})
+    return out
+
+
+def measure_nonlinear(shapes=NONLINEAR_SHAPES, ot_factory=None, timeout: float = 600.0) -> list[dict]:
+    """Bytes/flights/seconds of each nonlinear function on the given shapes, with a
+    linear extrapolation to the issue's benchmark shapes."""
+    res, _ = run_inprocess(_nl_ops, args0=(shapes,), args1=(shapes,), ring=RingConfig(64, 16),
+                           ot_factory=ot_factory, timeout=timeout)
+    return res
+
+
 def measure(n: int = 1 << 14, q: int = Q_DEFAULT, ot_factory=None, timeout: float = 600.0) -> list[dict]:
     """Bytes/flights/seconds per primitive on n elements (see module docstring)."""
     res, _ = run_inprocess(_ops, args0=(n, q), args1=(n, q), ring=RingConfig(64, 16), ot_factory=ot_factory,
@@ -84,6 +146,20 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m cipherlm.mpc.costs [n]
+def format_nonlinear(rows: list[dict]) -> str:
+    lines = [f"{'function':12s} {'shape':>12s} {'bytes/elem':>11s} {'flights':>7s} {'seconds':>8s}"
+             f" {'issue shape':>12s} {'MB (est)':>9s} {'s (est)':>8s}"]
+    for r in rows:
+        lines.append(f"{r['name']:12s} {'x'.join(map(str, r['shape'])):>12s} {r['bytes_per_elem']:11.0f} {r['flights']:7d}"
+                     f" {r['seconds']:8.2f} {'x'.join(map(str, r['issue_shape'])):>12s} {r['issue_bytes_est'] / 1e6:9.1f}"
+                     f" {r['issue_seconds_est']:8.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m cipherlm.mpc.costs [n] [--nonlinear]
     import sys
-    print(format_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 14)))
+    if "--nonlinear" in sys.argv:
+        print(format_nonlinear(measure_nonlinear()))
+    else:
+        args = [a for a in sys.argv[1:] if not a.startswith("--")]
+        print(format_table(measure(int(args[0]) if args else 1 << 14)))
