@@ -95,3 +95,16 @@ def test_argmax_topk_onehot():
     assert (oh == np.eye(40, dtype=int)[I]).all()
     order = np.argsort(-V, 1)[:, :8]
     assert (ti == order).all() and np.abs(tv - np.take_along_axis(V, order, 1)).max() <= 2.0 ** -16
+
+
+def _softmax_gelu(ctx, V):
+    x = share_input(ctx, V if ctx.party == 0 else None, 0)
+    return nl.softmax(ctx, x).reveal_float(to=0), nl.gelu(ctx, x).reveal_float(to=1)
+
+
+def test_softmax_gelu_two_processes():
+    from cipherlm.mpc.runner import run_processes
+    V = RNG.uniform(-6, 6, (3, 16))
+    (sm, none0), (none1, ge) = run_processes(_softmax_gelu, args0=(V,), args1=(V,), ot_factory=OT, timeout=120)
+    assert none0 is None and none1 is None
+    assert np.abs(sm - _softmax(V)).max() <= 5e-3 and np.abs(ge - _gelu(V)).max() <= 0.02
