@@ -4,9 +4,6 @@ counters, against the cost formulas in the protocol docstrings / docs/mpc.md."""
 import pytest
 
 from cipherlm.mpc.costs import format_table, measure
-from mpc_ot_double import have_real_ot
-
-pytestmark = pytest.mark.skipif(not have_real_ot(), reason="costs are those of the real OT")
 
 N = 4096
 # IKNP: 16 bytes per OT from the receiver; COT adds l bits; KK13 1-of-16: 32 + 16*2/8 bytes.

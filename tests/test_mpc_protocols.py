@@ -8,9 +8,8 @@ from cipherlm.mpc.ring import RingConfig, from_signed, mask, to_signed
 from cipherlm.mpc.runner import run_inprocess, run_processes
 from cipherlm.mpc.shares import AShare, BShare, share_bits_input, share_input
 from cipherlm.mpc.protocols import b2a, bool_ops, compare, extend, field, millionaire, mul, mux, trunc
-from mpc_ot_double import ot_factory
 
-OT = ot_factory()
+OT = None  # Context's default: the real cipherlm.mpc.ot.OTSession
 N = 2000
 
 

@@ -8,9 +8,8 @@ from cipherlm.mpc.ring import (RingConfig, fixed_decode, fixed_encode, from_sign
                                reduce, to_signed, uniform)
 from cipherlm.mpc.runner import PartyFailed, MPCTimeout, run_inprocess, run_processes
 from cipherlm.mpc.shares import AShare, BShare, concatenate, reveal, share_bits_input, share_input, stack
-from mpc_ot_double import ot_factory
 
-OT = ot_factory()
+OT = None  # Context's default: the real cipherlm.mpc.ot.OTSession
 
 
 @pytest.mark.parametrize("bits", [1, 8, 17, 63, 64])

@@ -25,9 +25,7 @@ from cipherlm.mpc.ring import RingConfig
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.mpc.shares import AShare
 from cipherlm.mpc.protocols import compare, millionaire, mul, trunc
-from mpc_ot_double import have_real_ot, ot_factory
-
-pytestmark = pytest.mark.skipif(not have_real_ot(), reason="view tests need the real OT (the double leaks)")
+from cipherlm.mpc.ot import OTSession
 
 P_MIN = 1e-6
 BITS = 8
@@ -74,8 +72,7 @@ class _RecordingOT:
 
 
 def _record(ctx, log):
-    real = ot_factory()
-    ctx._ot = _RecordingOT(real(ctx.chan, ctx.party), log)
+    ctx._ot = _RecordingOT(OTSession(ctx.chan, ctx.party), log)
     recv = ctx.chan.recv
 
     def rec(*a, **k):
