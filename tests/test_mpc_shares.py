@@ -158,3 +158,15 @@ def test_peer_stall_times_out():
 def test_error_in_one_process_surfaces():
     with pytest.raises(PartyFailed, match="party 1 failed: ValueError: boom in party 1"):
         run_processes(_fail_party1, timeout=60)
+
+
+def _die_party1(ctx):
+    if ctx.party == 1:
+        import os
+        os._exit(3)
+    return ctx.recv()
+
+
+def test_process_that_dies_is_reported():
+    with pytest.raises(PartyFailed, match="party 1 failed: process exited with code 3"):
+        run_processes(_die_party1, timeout=60)

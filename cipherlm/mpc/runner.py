@@ -146,16 +146,36 @@ def run_processes(fn0: Callable, fn1: Callable | None = None, args0: tuple = (),
         results: dict[int, Any] = {}
         totals: dict[int, Any] = {}
         failures: list[tuple[int, str, str]] = []
+        dead_since: dict[int, float] = {}
+        first_failure: float | None = None
         while len(results) + len(failures) < 2:
             remaining = deadline - time.monotonic()
-            if failures:  # give the peer a moment to report, then stop it
-                remaining = min(remaining, 3.0)
+            if failures and first_failure is None:
+                first_failure = time.monotonic()
             try:
-                kind, party, a, b = result_q.get(timeout=max(0.05, remaining))
+                kind, party, a, b = result_q.get(timeout=max(0.05, min(remaining, 0.5)))
             except queue.Empty:
-                if failures:
-                    break
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                reported = set(results) | {f[0] for f in failures}
+                # a process that died without reporting (killed, crashed interpreter)
+                for q, p in enumerate(procs):
+                    if p.exitcode is not None and q not in reported:
+                        dead_since.setdefault(q, now)
+                        if now - dead_since[q] > 1.0:
+                            failures.insert(0, (q, f"process exited with code {p.exitcode} without a result",
+                                                "(no traceback: the process died)"))
+                if failures and first_failure is None:
+                    first_failure = now
+                reported = set(results) | {f[0] for f in failures}
+                pending = any(q in dead_since and q not in reported for q in range(len(procs)))
+                if failures and not pending:
+                    if (now >= deadline or now - first_failure > 3.0 or all(p.exitcode is not None for p in procs)
+                            or len(reported) == 2):
+                        break
+                    continue
+                if failures and (now >= deadline or now - first_failure > 3.0):
+                    break  # give the peer a moment to report, then stop it
+                if now >= deadline:
                     raise MPCTimeout(f"two-party run did not finish within {timeout} s") from None
                 continue
             if kind == "ok":
