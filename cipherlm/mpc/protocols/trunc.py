@@ -6,11 +6,13 @@ right shift"): exact floor(x / 2^s) for signed x.  With x_u = x + 2^(l-1)
 
     x_u >> s = u_0 + u_1 + c - 2^(l-s) w,
     c = 1{lo_0 + lo_1 >= 2^s}        (millionaire on s bits),
-    w = 1{x_u,0 + x_u,1 >= 2^l}      (millionaire on l bits),
+    w = 1{x_u,0 + x_u,1 >= 2^l} = lt_H XOR (eq_H AND c), with lt_H / eq_H =
+        1{u_0 + u_1 >= / = 2^(l-s) [- 1]} from one millionaire on the top
+        l - s bits (its eq output) and one AND,
 
 c converted with a COT of l bits, w with a COT of s bits (only 2^(l-s) w
 mod 2^l matters); finally subtract 2^(l-1-s).  Error: none.
-Cost per element: millionaire(l) + millionaire(s) + COT(l) + COT(s).
+Cost per element: millionaire(l - s) + millionaire(s) + AND + COT(l) + COT(s).
 
 `trunc_local` (SecureML section 3.1, BLB appendix C.4): party 0 computes
 x_0 >> s, party 1 computes -((-x_1) >> s); no communication.  The result is
@@ -31,7 +33,9 @@ import numpy as np
 from ..ring import mask
 from ..shares import AShare
 from .b2a import b2a_bits
+from .bool_ops import and_bits
 from .compare import wrap_bits
+from .millionaire import millionaire
 from .extend import sext_bits
 
 __all__ = ["trunc_local", "trunc_faithful", "trunc_extend"]
@@ -70,8 +74,13 @@ def trunc_faithful(ctx, x: AShare, s: int) -> AShare:
     with ctx.step("trunc"):
         xu = (xs + half) & mask(bits) if ctx.party == 0 else xs
         lo = xu & mask(s)
+        hi = xu >> np.uint64(s)
         c = wrap_bits(ctx, lo, s)
-        w = wrap_bits(ctx, xu, bits)
+        # w = 1{hi0 + hi1 >= 2^(l-s)} XOR (c AND 1{hi0 + hi1 = 2^(l-s) - 1}): a millionaire on
+        # the top l - s bits only (with its eq output) and one AND (SiRNN section 3.4)
+        vh = (mask(bits - s) - hi) if ctx.party == 0 else hi
+        lt_h, eq_h = millionaire(ctx, vh, bits - s, want_eq=True)
+        w = lt_h ^ and_bits(ctx, eq_h, c)
         C = b2a_bits(ctx, c, bits)
         W = b2a_bits(ctx, w, s)
         out = (xu >> np.uint64(s)) + C - (W << np.uint64(bits - s))
