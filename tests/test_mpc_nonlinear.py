@@ -107,3 +107,15 @@ def test_softmax_gelu_two_processes():
     (sm, none0), (none1, ge) = run_processes(_softmax_gelu, args0=(V,), args1=(V,), ot_factory=OT, timeout=120)
     assert none0 is None and none1 is None
     assert np.abs(sm - _softmax(V)).max() <= 5e-3 and np.abs(ge - _gelu(V)).max() <= 0.02
+
+
+def _swiglu(ctx, G, U):
+    g = share_input(ctx, G if ctx.party == 0 else None, 0)
+    u = share_input(ctx, U if ctx.party == 1 else None, 1)
+    return nl.swiglu(ctx, g, u).reveal_float()
+
+
+def test_swiglu():
+    G, U = RNG.uniform(-8, 8, 200), RNG.uniform(-4, 4, 200)
+    out, _ = run_inprocess(_swiglu, args0=(G, U), args1=(G, U), ot_factory=OT)
+    assert np.abs(out - G / (1 + np.exp(-G)) * U).max() <= 0.04 * 4 + 1e-3

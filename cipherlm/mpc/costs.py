@@ -156,10 +156,23 @@ def format_nonlinear(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m cipherlm.mpc.costs [n] [--nonlinear]
-    import sys
-    if "--nonlinear" in sys.argv:
-        print(format_nonlinear(measure_nonlinear()))
-    else:
-        args = [a for a in sys.argv[1:] if not a.startswith("--")]
-        print(format_table(measure(int(args[0]) if args else 1 << 14)))
+def main(argv=None) -> int:
+    """python -m cipherlm.mpc.costs [N] [--nonlinear] [--report FILE.json]"""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m cipherlm.mpc.costs", description=__doc__.splitlines()[0])
+    ap.add_argument("n", nargs="?", type=int, default=1 << 14, help="elements per primitive")
+    ap.add_argument("--nonlinear", action="store_true", help="measure the nonlinear library instead")
+    ap.add_argument("--report", help="write the rows as JSON to this file")
+    a = ap.parse_args(argv)
+    rows = measure_nonlinear() if a.nonlinear else measure(a.n)
+    print(format_nonlinear(rows) if a.nonlinear else format_table(rows))
+    if a.report:
+        with open(a.report, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -98,3 +98,9 @@ def gelu(ctx, x: AShare) -> AShare:
 def silu(ctx, x: AShare) -> AShare:
     """SiLU(x) = x sigmoid(x); max abs error ~0.04."""
     return piecewise_poly(ctx, x, SILU_BREAKS, SILU_POLYS)
+
+
+def swiglu(ctx, gate: AShare, up: AShare) -> AShare:
+    """SwiGLU's elementwise part: silu(gate) * up (LLaMA MLP)."""
+    from .common import mulf
+    return mulf(ctx, silu(ctx, gate), up)
