@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload",), help="which benchmark")
+    b.add_argument("what", choices=("offload", "mpc"), help="which benchmark")
+    b.add_argument("--elements", type=int, default=1 << 14, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--model", default=DEFAULT_DECODER)
     b.add_argument("--prompt-tokens", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=16)

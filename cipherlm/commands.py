@@ -402,13 +402,35 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from cipherlm.bench import offload
     from cipherlm.report import RunReport
 
     t0 = time.perf_counter()
-    report = RunReport(mode="offload", model=args.model, command=sys.argv)
-    result = offload.run(args)
-    report.extra.update(result)
+    report = RunReport(mode="2pc" if args.what == "mpc" else "offload", model=args.model, command=sys.argv)
+    if args.what == "mpc":
+        report.extra["operations"] = bench_mpc(args.elements)
+    else:
+        from cipherlm.bench import offload
+
+        report.extra.update(offload.run(args))
     report.finish(wall_seconds=time.perf_counter() - t0)
     _write_outputs(report, args)
     return 0
+
+
+def bench_mpc(n: int) -> list[dict]:
+    """2PC engine primitives (n elements each) and the nonlinear library, with modelled LAN/WAN time."""
+    from cipherlm.mpc import costs
+    from cipherlm.net.netmodel import default_presets
+
+    _err(f"measuring 2PC primitives on {n} elements and the nonlinear library (two parties in process) ...")
+    rows = costs.measure(n)
+    print(costs.format_table(rows))
+    nl = costs.measure_nonlinear()
+    print(costs.format_nonlinear(nl))
+    presets = default_presets()
+    for r in rows + nl:
+        r["network_seconds"] = {k: r["seconds"] + m.seconds(r["bytes"], r["flights"]) for k, m in presets.items()}
+    print("modelled seconds (compute + network) at the measured size:")
+    for r in rows + nl:
+        print(f"  {r['name']:30s} " + "  ".join(f"{k} {v:8.3f}" for k, v in r["network_seconds"].items()))
+    return rows + nl
