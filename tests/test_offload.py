@@ -129,21 +129,21 @@ def test_unknown_model_is_a_clear_error(server):
     _assert_server_still_serves(server)
 
 
+def _error_reply(server, msg: dict) -> str:
+    """Open a session, send ``msg``, return the server's error message."""
+    client = OffloadClient(*server.address)
+    try:
+        client.chan.send(msg)
+        reply = client.chan.recv()
+        assert reply["type"] == "error", reply
+        return reply["message"]
+    finally:
+        client.chan.close()
+
+
 def test_wrong_group_and_wrong_ciphertext(server):
-    client = OffloadClient(*server.address)
-    try:
-        client.chan.send({"type": "linear", "group": 10_000, "cts": [b"x"]})
-        reply = client.chan.recv()
-        assert reply["type"] == "error" and "group" in reply["message"]
-    finally:
-        client.chan.close()
-    client = OffloadClient(*server.address)
-    try:
-        client.chan.send({"type": "linear", "group": 0, "cts": [b"not a ciphertext"]})
-        reply = client.chan.recv()
-        assert reply["type"] == "error"
-    finally:
-        client.chan.close()
+    assert "group" in _error_reply(server, {"type": "linear", "group": 10_000, "cts": [b"x"]})
+    _error_reply(server, {"type": "linear", "group": 0, "cts": [b"not a ciphertext"]})
     _assert_server_still_serves(server)
 
 

@@ -75,14 +75,20 @@ def _tree_sizes(q: int) -> list[int]:
     return sizes
 
 
-def millionaire(ctx, v, bits: int, *, want_eq: bool = False, m: int = M):
-    """Boolean shares (uint8 0/1, shape of v) of 1{x < y}, where party 0 passes x
-    and party 1 passes y (unsigned, ``bits`` wide).  With want_eq also 1{x == y}."""
+def _flat_inputs(v, bits: int):
+    """A party's comparison inputs as a flat uint64 vector reduced to ``bits`` bits, and their shape."""
     v = np.asarray(v, dtype=np.uint64)
     shape = v.shape
     v = v.reshape(-1)
     if bits > 0:
         v = v & mask(bits)
+    return v, shape
+
+
+def millionaire(ctx, v, bits: int, *, want_eq: bool = False, m: int = M):
+    """Boolean shares (uint8 0/1, shape of v) of 1{x < y}, where party 0 passes x
+    and party 1 passes y (unsigned, ``bits`` wide).  With want_eq also 1{x == y}."""
+    v, shape = _flat_inputs(v, bits)
     if bits <= 0:
         z = np.zeros(shape, np.uint8)
         e = np.full(shape, 1 if ctx.party == 0 else 0, np.uint8)
@@ -114,11 +120,7 @@ def millionaire(ctx, v, bits: int, *, want_eq: bool = False, m: int = M):
 
 def equality(ctx, v, bits: int, *, m: int = M):
     """Boolean shares of 1{x == y} (party 0 passes x, party 1 passes y)."""
-    v = np.asarray(v, dtype=np.uint64)
-    shape = v.shape
-    v = v.reshape(-1)
-    if bits > 0:
-        v = v & mask(bits)
+    v, shape = _flat_inputs(v, bits)
     if bits <= 0:
         return np.full(shape, 1 if ctx.party == 0 else 0, np.uint8)
     m = min(m, bits)
