@@ -89,15 +89,18 @@ class TokenStreamer:
         self.stream.flush()
 
 
-def load_plain(model_name: str):
-    """Model, tokenizer and a plaintext executor factory."""
+def run_plain_generation(model_name: str, prompt: str, args, report) -> dict:
+    """Generate with the plaintext executor, streaming tokens; the figures for the report."""
     from cipherlm.models import load_model
-    from cipherlm.runtime.plain import PlainLinear, make_executor, split_params
+    from cipherlm.runtime.plain import plain_executor
 
     lm = load_model(model_name)
-    client_params, server_linears = split_params(lm.config, lm.weights)
-    backend = PlainLinear(server_linears)
-    return lm, (lambda profiler=None: make_executor(lm.config, client_params, backend, profiler=profiler))
+    executor = plain_executor(lm, profiler=report.profiler)
+    prompt_ids = lm.tokenizer.encode(chat_prompt(lm.tokenizer, prompt, getattr(args, "raw", False))).ids
+    streamer = TokenStreamer(lm.tokenizer)
+    new_ids, _ = executor.generate(prompt_ids, **_gen_kwargs(args, lm.config, lm.tokenizer), on_token=streamer)
+    streamer.finish()
+    return {"prompt_tokens": len(prompt_ids), "new_tokens": len(new_ids)}
 
 
 def _write_outputs(report, args) -> None:
@@ -129,14 +132,7 @@ def cmd_generate(args) -> int:
     t0 = time.perf_counter()
     report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
     if args.mode == "plain":
-        lm, make = load_plain(args.model)
-        tokenizer, config = lm.tokenizer, lm.config
-        executor = make(profiler=report.profiler)
-        prompt_ids = tokenizer.encode(chat_prompt(tokenizer, args.prompt, args.raw)).ids
-        streamer = TokenStreamer(tokenizer)
-        new_ids, logits = executor.generate(prompt_ids, **_gen_kwargs(args, config, tokenizer), on_token=streamer)
-        streamer.finish()
-        report.extra.update(prompt_tokens=len(prompt_ids), new_tokens=len(new_ids))
+        report.extra.update(run_plain_generation(args.model, args.prompt, args, report))
         report.finish(wall_seconds=time.perf_counter() - t0)
         print(report.summary_text(), file=sys.stderr)
         _write_outputs(report, args)
@@ -228,8 +224,11 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
 def compare_with_plain(model_name, prompt_ids, new_ids, logits, args) -> dict:
     """Agreement of private greedy tokens with the plaintext executor's, and first-token logit MSE."""
     _err("running the plaintext executor for comparison ...")
-    lm, make = load_plain(model_name)
-    executor = make()
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import plain_executor
+
+    lm = load_model(model_name)
+    executor = plain_executor(lm)
     ref_ids, ref_logits = executor.generate(prompt_ids, **_gen_kwargs(args, lm.config, lm.tokenizer))
     n = max(len(ref_ids), len(new_ids))
     same = sum(1 for a, b in zip(ref_ids, new_ids) if a == b)
@@ -365,13 +364,8 @@ def cmd_demo(args) -> int:
     report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
     args.temperature, args.top_k, args.top_p, args.seed, args.raw = 0.0, 0, 1.0, None, False
     if args.mode == "plain":
-        lm, make = load_plain(args.model)
-        executor = make(profiler=report.profiler)
-        prompt_ids = lm.tokenizer.encode(chat_prompt(lm.tokenizer, args.prompt, False)).ids
         print(f"prompt: {args.prompt}")
-        streamer = TokenStreamer(lm.tokenizer)
-        executor.generate(prompt_ids, **_gen_kwargs(args, lm.config, lm.tokenizer), on_token=streamer)
-        streamer.finish()
+        report.extra.update(run_plain_generation(args.model, args.prompt, args, report))
         report.finish(wall_seconds=time.perf_counter() - t0)
         print(report.summary_text())
         _write_outputs(report, args)

@@ -98,28 +98,27 @@ def _assert_server_still_serves(server):
         assert np.all(np.isfinite(out))
 
 
-def test_garbage_bytes_then_server_keeps_serving(server):
+def _send_raw_and_drain(server, data: bytes) -> None:
+    """Send raw bytes on a fresh connection and read whatever the server answers before closing."""
     with socket.create_connection(server.address, timeout=5) as s:
-        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
+        s.sendall(data)
         s.settimeout(5)
         try:
             s.recv(1 << 16)
         except (ConnectionError, socket.timeout):
             pass
+
+
+def test_garbage_bytes_then_server_keeps_serving(server):
+    _send_raw_and_drain(server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
     _assert_server_still_serves(server)
 
 
 def test_oversized_frame_header_rejected(server):
     from cipherlm.net import framing
 
-    with socket.create_connection(server.address, timeout=5) as s:
-        # a valid header announcing 2^60 bytes: the server must refuse before allocating
-        s.sendall(framing.encode_header(framing.KIND_MESSAGE, 1 << 60))
-        s.settimeout(5)
-        try:
-            s.recv(1 << 16)
-        except (ConnectionError, socket.timeout):
-            pass
+    # a valid header announcing 2^60 bytes: the server must refuse before allocating
+    _send_raw_and_drain(server, framing.encode_header(framing.KIND_MESSAGE, 1 << 60))
     _assert_server_still_serves(server)
 
 
