@@ -28,15 +28,73 @@ use crate::iknp::wh_codeword;
 use crate::prg::{AesPrg, Tccr};
 use crate::util::{check_bits, err, pack, packed_len, u64_bytes, u64s, unpack, view};
 
-fn rows128(q: &[u8]) -> PyResult<usize> {
-    if q.len() % 16 != 0 {
-        return err(format!("rows buffer of {} bytes is not a multiple of 16", q.len()));
-    }
-    Ok(q.len() / 16)
+/// The checked arguments every OT-flavour function starts from.
+struct OtArgs<'a> {
+    /// n rows of `width` bytes (q for the sender, t for the receiver).
+    rows: &'a [u8],
+    n: usize,
+    /// Delta (senders; `width` bytes, the rest zero).
+    delta: [u8; 32],
+    /// n choices below the arity (receivers).
+    choices: &'a [u8],
+    /// mask of the value width `bits` (all ones when no width is given).
+    mask: u64,
 }
 
-fn delta16(d: &[u8]) -> PyResult<[u8; 16]> {
-    d.try_into().map_err(|_| pyo3::exceptions::PyValueError::new_err("Delta must be 16 bytes"))
+impl OtArgs<'_> {
+    fn delta16(&self) -> [u8; 16] {
+        self.delta[..16].try_into().unwrap()
+    }
+}
+
+/// The shared preamble: `rows` must be whole rows of `width` bytes (16 for
+/// 1-out-of-2, 32 for KK13), `delta` (when given) exactly `width` bytes,
+/// `choices` (when given, with the arity N) n values in [0, N), and `bits`
+/// (when given) in 1..=64.
+fn ot_args<'a>(
+    rows: &'a PyBuffer<u8>,
+    width: usize,
+    delta: Option<&PyBuffer<u8>>,
+    choices: Option<(&'a PyBuffer<u8>, usize)>,
+    bits: Option<u32>,
+) -> PyResult<OtArgs<'a>> {
+    let rows = view(rows)?;
+    if rows.len() % width != 0 {
+        return err(format!("rows buffer of {} bytes is not a multiple of {width}", rows.len()));
+    }
+    let n = rows.len() / width;
+    let mut d = [0u8; 32];
+    if let Some(delta) = delta {
+        let dv = view(delta)?;
+        if dv.len() != width {
+            return err(format!("Delta must be {width} bytes, got {}", dv.len()));
+        }
+        d[..width].copy_from_slice(dv);
+    }
+    let mut ch: &[u8] = &[];
+    if let Some((c, arity)) = choices {
+        ch = view(c)?;
+        if ch.len() != n {
+            return err(format!("{} choices for {} OTs", ch.len(), n));
+        }
+        if ch.iter().any(|&c| c as usize >= arity) {
+            return err(if arity == 2 { "choices must be 0 or 1".to_string() } else { format!("choices must be in [0, {arity})") });
+        }
+    }
+    let mask = match bits {
+        Some(b) => check_bits(b)?,
+        None => u64::MAX,
+    };
+    Ok(OtArgs { rows, n, delta: d, choices: ch, mask })
+}
+
+/// A message or reply buffer that must be exactly `want` bytes.
+fn sized<'a>(b: &'a PyBuffer<u8>, want: usize, what: &str) -> PyResult<&'a [u8]> {
+    let v = view(b)?;
+    if v.len() != want {
+        return err(format!("{what} has {} bytes, expected {want}", v.len()));
+    }
+    Ok(v)
 }
 
 /// H(tweak + j, rows_j xor xor) for every row, 16 bytes each.
@@ -65,16 +123,6 @@ fn ba<'py>(py: Python<'py>, v: &[u8]) -> Bound<'py, PyByteArray> {
     PyByteArray::new_bound(py, v)
 }
 
-fn check_choices(ch: &[u8], n: usize) -> PyResult<()> {
-    if ch.len() != n {
-        return err(format!("{} choices for {} OTs", ch.len(), n));
-    }
-    if ch.iter().any(|&c| c > 1) {
-        return err("choices must be 0 or 1");
-    }
-    Ok(())
-}
-
 /// Random OT, sender: (x0, x1) as little-endian uint64 bytes, `bits` bits each.
 #[pyfunction]
 pub fn rot_sender<'py>(
@@ -84,10 +132,8 @@ pub fn rot_sender<'py>(
     tweak: u64,
     bits: u32,
 ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
-    let q = view(&q)?;
-    rows128(q)?;
-    let d = delta16(view(&delta)?)?;
-    let m = check_bits(bits)?;
+    let a = ot_args(&q, 16, Some(&delta), None, Some(bits))?;
+    let (q, d, m) = (a.rows, a.delta16(), a.mask);
     let (a, b) = py.allow_threads(|| {
         (u64_bytes(&hash64(q, None, tweak, m)), u64_bytes(&hash64(q, Some(&d), tweak, m)))
     });
@@ -97,9 +143,8 @@ pub fn rot_sender<'py>(
 /// Random OT, receiver: x_c as little-endian uint64 bytes.
 #[pyfunction]
 pub fn rot_receiver<'py>(py: Python<'py>, t: PyBuffer<u8>, tweak: u64, bits: u32) -> PyResult<Bound<'py, PyByteArray>> {
-    let t = view(&t)?;
-    rows128(t)?;
-    let m = check_bits(bits)?;
+    let a = ot_args(&t, 16, None, None, Some(bits))?;
+    let (t, m) = (a.rows, a.mask);
     let out = py.allow_threads(|| u64_bytes(&hash64(t, None, tweak, m)));
     Ok(ba(py, &out))
 }
@@ -115,14 +160,9 @@ pub fn chosen_sender<'py>(
     m1: PyBuffer<u8>,
     bits: u32,
 ) -> PyResult<Bound<'py, PyByteArray>> {
-    let q = view(&q)?;
-    let n = rows128(q)?;
-    let d = delta16(view(&delta)?)?;
-    let (m0, m1) = (view(&m0)?, view(&m1)?);
-    if m0.len() != 8 * n || m1.len() != 8 * n {
-        return err(format!("messages must be {} uint64 values each", n));
-    }
-    let mk = check_bits(bits)?;
+    let a = ot_args(&q, 16, Some(&delta), None, Some(bits))?;
+    let (q, n, d, mk) = (a.rows, a.n, a.delta16(), a.mask);
+    let (m0, m1) = (sized(&m0, 8 * n, "m0")?, sized(&m1, 8 * n, "m1")?);
     let y = py.allow_threads(|| {
         let k0 = hash64(q, None, tweak, mk);
         let k1 = hash64(q, Some(&d), tweak, mk);
@@ -147,15 +187,9 @@ pub fn chosen_receiver<'py>(
     y: PyBuffer<u8>,
     bits: u32,
 ) -> PyResult<Bound<'py, PyByteArray>> {
-    let t = view(&t)?;
-    let n = rows128(t)?;
-    let ch = view(&choices)?;
-    check_choices(ch, n)?;
-    let y = view(&y)?;
-    let mk = check_bits(bits)?;
-    if y.len() != packed_len(2 * n, bits) {
-        return err(format!("chosen-OT reply has {} bytes, expected {}", y.len(), packed_len(2 * n, bits)));
-    }
+    let a = ot_args(&t, 16, None, Some((&choices, 2)), Some(bits))?;
+    let (t, n, ch, mk) = (a.rows, a.n, a.choices, a.mask);
+    let y = sized(&y, packed_len(2 * n, bits), "chosen-OT reply")?;
     let out = py.allow_threads(|| {
         let k = hash64(t, None, tweak, mk);
         let yv = unpack(y, 2 * n, bits);
@@ -175,14 +209,9 @@ pub fn acot_sender<'py>(
     corr: PyBuffer<u8>,
     bits: u32,
 ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
-    let q = view(&q)?;
-    let n = rows128(q)?;
-    let d = delta16(view(&delta)?)?;
-    let corr = view(&corr)?;
-    if corr.len() != 8 * n {
-        return err(format!("correlations must be {} uint64 values", n));
-    }
-    let mk = check_bits(bits)?;
+    let a = ot_args(&q, 16, Some(&delta), None, Some(bits))?;
+    let (q, n, d, mk) = (a.rows, a.n, a.delta16(), a.mask);
+    let corr = sized(&corr, 8 * n, "correlations")?;
     let (r, dd) = py.allow_threads(|| {
         let k0 = hash64(q, None, tweak, mk);
         let k1 = hash64(q, Some(&d), tweak, mk);
@@ -203,15 +232,9 @@ pub fn acot_receiver<'py>(
     d: PyBuffer<u8>,
     bits: u32,
 ) -> PyResult<Bound<'py, PyByteArray>> {
-    let t = view(&t)?;
-    let n = rows128(t)?;
-    let ch = view(&choices)?;
-    check_choices(ch, n)?;
-    let d = view(&d)?;
-    let mk = check_bits(bits)?;
-    if d.len() != packed_len(n, bits) {
-        return err(format!("COT reply has {} bytes, expected {}", d.len(), packed_len(n, bits)));
-    }
+    let a = ot_args(&t, 16, None, Some((&choices, 2)), Some(bits))?;
+    let (t, n, ch, mk) = (a.rows, a.n, a.choices, a.mask);
+    let d = sized(&d, packed_len(n, bits), "COT reply")?;
     let out = py.allow_threads(|| {
         let k = hash64(t, None, tweak, mk);
         let dv = unpack(d, n, bits);
@@ -241,13 +264,9 @@ pub fn chosen_bytes_sender<'py>(
     m1: PyBuffer<u8>,
     len: usize,
 ) -> PyResult<Bound<'py, PyByteArray>> {
-    let q = view(&q)?;
-    let n = rows128(q)?;
-    let d = delta16(view(&delta)?)?;
-    let (m0, m1) = (view(&m0)?, view(&m1)?);
-    if m0.len() != n * len || m1.len() != n * len {
-        return err(format!("messages must be {} x {} bytes each", n, len));
-    }
+    let a = ot_args(&q, 16, Some(&delta), None, None)?;
+    let (q, n, d) = (a.rows, a.n, a.delta16());
+    let (m0, m1) = (sized(&m0, n * len, "m0")?, sized(&m1, n * len, "m1")?);
     let y = py.allow_threads(|| {
         let k0 = hash_rows(q, None, tweak);
         let k1 = hash_rows(q, Some(&d), tweak);
@@ -277,14 +296,9 @@ pub fn chosen_bytes_receiver<'py>(
     y: PyBuffer<u8>,
     len: usize,
 ) -> PyResult<Bound<'py, PyByteArray>> {
-    let t = view(&t)?;
-    let n = rows128(t)?;
-    let ch = view(&choices)?;
-    check_choices(ch, n)?;
-    let y = view(&y)?;
-    if y.len() != 2 * n * len {
-        return err(format!("chosen-OT reply has {} bytes, expected {}", y.len(), 2 * n * len));
-    }
+    let a = ot_args(&t, 16, None, Some((&choices, 2)), None)?;
+    let (t, n, ch) = (a.rows, a.n, a.choices);
+    let y = sized(&y, 2 * n * len, "chosen-OT reply")?;
     let out = py.allow_threads(|| {
         let k = hash_rows(t, None, tweak);
         let mut out = vec![0u8; n * len];
@@ -339,17 +353,9 @@ pub fn kk13_sender<'py>(
     bits: u32,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     check_n(nn)?;
-    let q = view(&q)?;
-    if q.len() % 32 != 0 {
-        return err("KK13 rows must be 32 bytes each");
-    }
-    let n = q.len() / 32;
-    let d: [u8; 32] = view(&delta)?.try_into().map_err(|_| pyo3::exceptions::PyValueError::new_err("Delta must be 32 bytes"))?;
-    let msgs = view(&msgs)?;
-    if msgs.len() != n * nn * 8 {
-        return err(format!("messages must be {} x {} uint64 values", n, nn));
-    }
-    let mk = check_bits(bits)?;
+    let a = ot_args(&q, 32, Some(&delta), None, Some(bits))?;
+    let (q, n, d, mk) = (a.rows, a.n, a.delta, a.mask);
+    let msgs = sized(&msgs, n * nn * 8, "messages")?;
     let y = py.allow_threads(|| {
         let mut cs = vec![[0u8; 32]; nn];
         for x in 0..nn {
@@ -387,20 +393,9 @@ pub fn kk13_receiver<'py>(
     bits: u32,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     check_n(nn)?;
-    let t = view(&t)?;
-    if t.len() % 32 != 0 {
-        return err("KK13 rows must be 32 bytes each");
-    }
-    let n = t.len() / 32;
-    let ch = view(&choices)?;
-    if ch.len() != n || ch.iter().any(|&c| c as usize >= nn) {
-        return err(format!("need {} choices in [0, {})", n, nn));
-    }
-    let y = view(&y)?;
-    let mk = check_bits(bits)?;
-    if y.len() != packed_len(n * nn, bits) {
-        return err(format!("1-of-N reply has {} bytes, expected {}", y.len(), packed_len(n * nn, bits)));
-    }
+    let a = ot_args(&t, 32, None, Some((&choices, nn)), Some(bits))?;
+    let (t, n, ch, mk) = (a.rows, a.n, a.choices, a.mask);
+    let y = sized(&y, packed_len(n * nn, bits), "1-of-N reply")?;
     let out = py.allow_threads(|| {
         let yv = unpack(y, n * nn, bits);
         let o: Vec<u64> = (0..n)
@@ -429,11 +424,8 @@ pub fn pack_bits<'py>(py: Python<'py>, vals: PyBuffer<u8>, bits: u32) -> PyResul
 /// Unpack `n` values of `bits` bits (inverse of `pack_bits`).
 #[pyfunction]
 pub fn unpack_bits<'py>(py: Python<'py>, buf: PyBuffer<u8>, n: usize, bits: u32) -> PyResult<Bound<'py, PyByteArray>> {
-    let b = view(&buf)?;
     check_bits(bits)?;
-    if b.len() != packed_len(n, bits) {
-        return err(format!("packed buffer has {} bytes, expected {}", b.len(), packed_len(n, bits)));
-    }
+    let b = sized(&buf, packed_len(n, bits), "packed buffer")?;
     let out = py.allow_threads(|| u64_bytes(&unpack(b, n, bits)));
     Ok(ba(py, &out))
 }

@@ -118,6 +118,29 @@ def test_extension_rejects_bad_lengths():
         _core.chosen_receiver(bytes(32), np.array([0, 1], np.uint8), 0, bytes(3), 64)
 
 
+def test_ot_flavours_validate_arguments():
+    two = np.array([0, 1], np.uint8)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        _core.rot_receiver(bytes(17), 0, 64)
+    with pytest.raises(ValueError, match="Delta must be 16"):
+        _core.rot_sender(bytes(32), bytes(15), 0, 64)
+    with pytest.raises(ValueError, match="bits"):
+        _core.rot_sender(bytes(32), bytes(16), 0, 65)
+    with pytest.raises(ValueError, match="correlations has 8 bytes, expected 16"):
+        _core.acot_sender(bytes(32), bytes(16), 0, bytes(8), 64)
+    with pytest.raises(ValueError, match="0 or 1"):
+        _core.acot_receiver(bytes(32), np.array([0, 2], np.uint8), 0, bytes(16), 64)
+    with pytest.raises(ValueError, match="1 choices for 2 OTs"):
+        _core.chosen_bytes_receiver(bytes(32), two[:1], 0, bytes(4 * 4), 4)
+    with pytest.raises(ValueError, match="Delta must be 32"):
+        _core.kk13_sender(bytes(64), bytes(16), 0, 4, bytes(64), 64)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        _core.kk13_receiver(bytes(64), np.array([0, 4], np.uint8), 0, 4, bytes(64), 64)
+    # well-formed arguments still go through
+    y = _core.kk13_sender(bytes(64), bytes(32), 0, 4, bytes(64), 64)
+    assert len(_core.kk13_receiver(bytes(64), np.array([0, 3], np.uint8), 0, 4, y, 64)) == 16
+
+
 # --------------------------------------------------------------- correctness in-process
 
 
