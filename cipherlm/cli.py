@@ -81,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("what", choices=("offload", "mpc"), help="which benchmark")
-    b.add_argument("--elements", type=int, default=1 << 14, help="elements per 2PC primitive (bench mpc)")
+    b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
+    b.add_argument("--rows", type=int, default=128,
+                   help="rows of the nonlinear shapes (bench mpc; softmax 128x128, GeLU 128x3072, ...)")
+    b.add_argument("--only", help="comma-separated operation names (bench mpc; default all)")
+    b.add_argument("--processes", action="store_true",
+                   help="bench mpc: the two parties as two OS processes over TCP (default: two threads)")
     b.add_argument("--model", default=DEFAULT_DECODER)
     b.add_argument("--prompt-tokens", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=16)

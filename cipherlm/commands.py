@@ -401,7 +401,7 @@ def cmd_bench(args) -> int:
     t0 = time.perf_counter()
     report = RunReport(mode="2pc" if args.what == "mpc" else "offload", model=args.model, command=sys.argv)
     if args.what == "mpc":
-        report.extra["operations"] = bench_mpc(args.elements)
+        report.extra["operations"] = bench_mpc(args)
     else:
         from cipherlm.bench import offload
 
@@ -411,20 +411,17 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def bench_mpc(n: int) -> list[dict]:
-    """2PC engine primitives (n elements each) and the nonlinear library, with modelled LAN/WAN time."""
-    from cipherlm.mpc import costs
-    from cipherlm.net.netmodel import default_presets
+def bench_mpc(args) -> list[dict]:
+    """2PC primitives (--elements each) and the nonlinear library on the issue's shapes:
+    bytes, rounds, compute time, modelled LAN/WAN time and max error vs numpy."""
+    from cipherlm.mpc import bench
 
-    _err(f"measuring 2PC primitives on {n} elements and the nonlinear library (two parties in process) ...")
-    rows = costs.measure(n)
-    print(costs.format_table(rows))
-    nl = costs.measure_nonlinear()
-    print(costs.format_nonlinear(nl))
-    presets = default_presets()
-    for r in rows + nl:
-        r["network_seconds"] = {k: r["seconds"] + m.seconds(r["bytes"], r["flights"]) for k, m in presets.items()}
-    print("modelled seconds (compute + network) at the measured size:")
-    for r in rows + nl:
-        print(f"  {r['name']:30s} " + "  ".join(f"{k} {v:8.3f}" for k, v in r["network_seconds"].items()))
-    return rows + nl
+    names = args.only.split(",") if args.only else None
+    where = "two processes over TCP" if args.processes else "two parties in process"
+    _err(f"bench mpc: primitives on {args.elements} elements, nonlinear shapes with {args.rows} rows ({where}) ...")
+    rows = bench.add_network(bench.measure(names, args.elements, args.rows, processes=args.processes))
+    print(bench.format_rows(rows))
+    over = [r["name"] for r in rows if r["max_error"] > r["bound"]]
+    if over:
+        print("max error above the documented bound: " + ", ".join(over))
+    return rows

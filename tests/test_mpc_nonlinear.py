@@ -1,5 +1,6 @@
 """Nonlinear library against numpy, inside each function's documented input range
-and error bound (l = 64, f = 16, real OT when available)."""
+and error bound (l = 64, f = 16, real OT when available): in-process (two
+threads) and, for every function, as two OS processes over TCP."""
 
 from math import erf
 
@@ -96,17 +97,56 @@ def test_argmax_topk_onehot():
     assert (ti == order).all() and np.abs(tv - np.take_along_axis(V, order, 1)).max() <= 2.0 ** -16
 
 
-def _softmax_gelu(ctx, V):
-    x = share_input(ctx, V if ctx.party == 0 else None, 0)
-    return nl.softmax(ctx, x).reveal_float(to=0), nl.gelu(ctx, x).reveal_float(to=1)
+def _two_proc(ctx, V, I, T):
+    """Every nonlinear function once, the parties being two OS processes over TCP."""
+    sh = lambda v: share_input(ctx, v if ctx.party == 0 else None, 0)  # noqa: E731
+    x, neg, pos, ln, t = sh(V), sh(NEG[:32]), sh(POS[:32]), sh(LN[:2]), sh(T)
+    u = share_input(ctx, V[::-1] / 2 if ctx.party == 1 else None, 1)
+    idx = share_input(ctx, I if ctx.party == 1 else None, 1, frac=0)
+    g, b = np.linspace(0.5, 1.5, 96), np.linspace(-1, 1, 96)
+    am, ai = nl.argmax_last(ctx, t)
+    tv, ti = nl.topk_last(ctx, t, 3)
+    return {
+        # reveal to one party only: the other must get None
+        "softmax": nl.softmax(ctx, x).reveal_float(to=0), "gelu": nl.gelu(ctx, x).reveal_float(to=1),
+        "causal": nl.softmax(ctx, sh(X[:1, :8].repeat(8, 0)), mask=CAUSAL).reveal_float(),
+        "silu": nl.silu(ctx, x).reveal_float(), "swiglu": nl.swiglu(ctx, x, u).reveal_float(),
+        "exp": nl.exp_neg(ctx, neg).reveal_float(), "recip": nl.reciprocal(ctx, pos).reveal_float(),
+        "rsqrt": nl.rsqrt(ctx, pos).reveal_float(), "max": nl.max_last(ctx, x).reveal_float(),
+        "argmax": (am.reveal_float(), ai.reveal_signed()), "topk": (tv.reveal_float(), ti.reveal_signed()),
+        "ln": nl.layer_norm(ctx, ln, g, b).reveal_float(), "rms": nl.rms_norm(ctx, ln, g).reveal_float(),
+        "onehot": nl.one_hot(ctx, idx, 12).reveal(),
+    }
 
 
-def test_softmax_gelu_two_processes():
+def test_every_nonlinear_function_two_processes():
     from cipherlm.mpc.runner import run_processes
     V = RNG.uniform(-6, 6, (3, 16))
-    (sm, none0), (none1, ge) = run_processes(_softmax_gelu, args0=(V,), args1=(V,), ot_factory=OT, timeout=120)
-    assert none0 is None and none1 is None
-    assert np.abs(sm - _softmax(V)).max() <= 5e-3 and np.abs(ge - _gelu(V)).max() <= 0.02
+    I = RNG.integers(0, 12, 5)
+    T = RNG.permutation(np.linspace(-10, 10, 2 * 16)).reshape(2, 16)  # distinct values
+    o0, o1 = run_processes(_two_proc, args0=(V, I, T), args1=(V, I, T), ot_factory=OT, timeout=180)
+    assert o0["gelu"] is None and o1["softmax"] is None
+    assert np.abs(o0["softmax"] - _softmax(V)).max() <= 5e-3 and np.abs(o1["gelu"] - _gelu(V)).max() <= 0.02
+    for o in (o0, o1):
+        ref = _softmax(np.where(CAUSAL, X[:1, :8].repeat(8, 0), -np.inf))
+        assert np.abs(o["causal"] - ref).max() <= 5e-3 and (o["causal"][~CAUSAL] == 0).all()
+        sig = V / (1 + np.exp(-V))
+        assert np.abs(o["silu"] - sig).max() <= 0.04
+        assert np.abs(o["swiglu"] - sig * V[::-1] / 2).max() <= 0.04 * 3 + 1e-3
+        assert np.abs(o["exp"] - np.exp(NEG[:32])).max() <= 5e-3
+        p = POS[:32]
+        assert (np.abs(o["recip"] - 1 / p) <= 2e-4 / p + 4 * 2.0 ** -16).all()
+        assert (np.abs(o["rsqrt"] - 1 / np.sqrt(p)) <= 1e-4 / np.sqrt(p) + 4 * 2.0 ** -16).all()
+        assert np.abs(o["max"] - V.max(-1, keepdims=True)).max() <= 2.0 ** -16
+        (mv, mi), (tv, ti) = o["argmax"], o["topk"]
+        assert np.abs(mv[:, 0] - T.max(1)).max() <= 2.0 ** -16 and (mi[:, 0] == T.argmax(1)).all()
+        order = np.argsort(-T, 1)[:, :3]
+        assert (ti == order).all() and np.abs(tv - np.take_along_axis(T, order, 1)).max() <= 2.0 ** -16
+        g, b, L = np.linspace(0.5, 1.5, 96), np.linspace(-1, 1, 96), LN[:2]
+        mu, var = L.mean(-1, keepdims=True), L.var(-1, keepdims=True)
+        assert np.abs(o["ln"] - ((L - mu) / np.sqrt(var + 1e-5) * g + b)).max() <= 2e-3
+        assert np.abs(o["rms"] - L / np.sqrt((L ** 2).mean(-1, keepdims=True) + 1e-6) * g).max() <= 2e-3
+        assert (o["onehot"] == np.eye(12, dtype=int)[I]).all()
 
 
 def _swiglu(ctx, G, U):
