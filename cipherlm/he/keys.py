@@ -48,6 +48,14 @@ class ClientKeys:
         self._keygen.create_galois_keys(self.ctx.galois_elts(steps), gk)
         return gk
 
+    def public_key_bytes(self) -> bytes:
+        """Serialised public key (for a peer that re-randomises results under our key).
+        This tenseal build does not bind SEAL's seeded ``Serializable<PublicKey>``,
+        so it is full size (2 polynomials at the key level)."""
+        pk = seal.PublicKey()
+        self._keygen.create_public_key(pk)
+        return serialize.public_key_to_bytes(pk)
+
     # -- encryption ---------------------------------------------------------------
     def encrypt_seeded(self, pt: seal.Plaintext) -> bytes:
         """Symmetric encryption, serialised with the seed instead of the random half."""

@@ -252,6 +252,17 @@ def plaintext_from_bytes(ctx: HEContext, data: bytes, *, parms_id=None) -> seal.
 
 
 # --------------------------------------------------------------------------- keys / params
+def public_key_to_bytes(pk) -> bytes:
+    """Serialise a PublicKey or the seeded ``Serializable`` from create_public_key."""
+    return _save(pk)
+
+
+def public_key_from_bytes(ctx: HEContext, data: bytes) -> seal.PublicKey:
+    """Load and validate (SEAL's checks) a peer's public key."""
+    parse_header(data)
+    return _load(seal.PublicKey(), data, ctx.seal)
+
+
 def galois_keys_to_bytes(gk) -> bytes:
     """Serialise GaloisKeys or the seeded ``Serializable`` from create_galois_keys."""
     return _save(gk)

@@ -17,6 +17,19 @@ from .ring import RingConfig, new_rng
 _SEND_INLINE = 1 << 15  # messages up to this size are sent before receiving (no thread)
 
 
+def _payload_size(v) -> int:
+    """Approximate bytes of a message value (arrays, bytes, nested containers)."""
+    if isinstance(v, np.ndarray):
+        return v.nbytes
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return len(v)
+    if isinstance(v, dict):
+        return sum(_payload_size(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return sum(_payload_size(x) for x in v)
+    return 8
+
+
 class MPCError(RuntimeError):
     """A two-party protocol failed (bad input, mismatched peer, ...)."""
 
@@ -69,7 +82,7 @@ class Context:
         """Both parties send `msg` and receive the peer's in the same flight.
         Large messages are sent from a helper thread so that two parties sending
         at once cannot block each other on full socket buffers."""
-        size = sum(v.nbytes for v in msg.values() if isinstance(v, np.ndarray))
+        size = _payload_size(msg)
         if size <= _SEND_INLINE:
             self.chan.send(msg)
             return self.chan.recv()

@@ -1,0 +1,423 @@
+"""Linear layers of the 2pc mode: HE matrix products on secret shares.
+
+Shares x = x_0 + x_1 (mod 2^64, fixed point with f fraction bits).  A product
+with the server's private weight W is
+
+    x W = x_0 W  (cross term: the client encrypts x_0, the server multiplies
+                  by W under HE, masks and returns; BLB section 2.3, Cheetah
+                  section 3.1 "HomConv/HomFC")
+        + x_1 W  (the server's local term).
+
+A product of two shared matrices A B (attention: Q K^T, P V) expands into two
+local terms A_0 B_0, A_1 B_1 and two cross terms A_0 B_1, A_1 B_0, each
+evaluated with the same HE cross-term protocol, once in each direction (each
+party encrypts under its own key; the partner holds the other operand in
+plaintext).  The plaintext operand of a cross term is then a uniformly random
+share, so it is split into signed base-2^b digits and the encryptor sends
+encryptions of A 2^(b i), one per digit, keeping every plaintext small so that
+the noise (and so the flooding) stays bounded.  This replaces Bumblebee's
+ct-ct product with ct-pt products of the shares; it needs no relinearisation
+or Galois keys.
+
+Packing: Cheetah's coefficient encoding (Huang et al. 2022, section 3.1).  A
+block of A (m_w x d_w) and of B (d_w x o_w) with m_w d_w o_w <= N are packed as
+
+    a(X) = sum_{t,j} A[t, j] X^(t D + j),           D = d_w o_w
+    b(X) = sum_{j,i} B[j, i] X^(i d_w + d_w - 1 - j)
+
+so that the coefficient t D + i d_w + d_w - 1 of a b (negacyclic) is
+(A B)[t, i]; no rotations.  Only those coefficients of c_0 are sent back,
+plus the whole c_1 (Cheetah section 4: the receiver needs c_1 s at the
+selected positions).  The block shape is chosen per call by a cost model of
+bytes and ct-pt products (`plan_blocks`) and reported in `LinearStats`.
+
+Arithmetic: HE in Z_t, t = 2^40; inputs are locally truncated from f to
+``IN_FRAC`` = 12 fraction bits (SecureML local truncation, free), weights are
+encoded with ``W_FRAC`` = 12 fraction bits (|W| < 8), products carry 24
+fraction bits and must satisfy |y| < 2^15.  The 40-bit result shares are
+signed-extended to 64 bits (SiRNN, `mpc.protocols.extend.sext`) and locally
+truncated back to f bits: BLB appendix C.4's extend-then-truncate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from ..mpc.context import MPCError
+from ..mpc.protocols.extend import sext
+from ..mpc.protocols.trunc import trunc_local
+from ..mpc.ring import fixed_encode, mask
+from ..mpc.shares import AShare
+from .he_session import FRESH_NOISE_MAX, HESession, he_session
+
+IN_FRAC = 12
+W_FRAC = 12
+W_BITS = 16  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound, checked by the weight owner
+DIGIT_BITS = 10  # digits of a shared plaintext operand
+
+#: cost-model constants (seconds on the 2-vCPU reference machine; bytes/s of a 1 Gbps LAN)
+_T_PRODUCT = 1.6e-4
+_T_ENCRYPT = 2.0e-3
+_T_FINISH = 6.0e-3
+_T_ENCODE = 6.0e-4
+_LAN_BYTES_PER_S = 1e9 / 8
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockPlan:
+    """Coefficient-packing blocks for a batch of (m x d) @ (d x o) cross terms."""
+
+    m: int
+    d: int
+    o: int
+    mw: int
+    dw: int
+    ow: int
+    n: int
+    digits: int = 1
+    batch: int = 1
+
+    @property
+    def mb(self) -> int:
+        return -(-self.m // self.mw)
+
+    @property
+    def db(self) -> int:
+        return -(-self.d // self.dw)
+
+    @property
+    def ob(self) -> int:
+        return -(-self.o // self.ow)
+
+    @property
+    def in_cts(self) -> int:
+        return self.batch * self.mb * self.db * self.digits
+
+    @property
+    def out_cts(self) -> int:
+        return self.batch * self.mb * self.ob
+
+    @property
+    def products(self) -> int:
+        return self.batch * self.mb * self.db * self.ob * self.digits
+
+    def positions(self) -> np.ndarray:
+        """Coefficient index of output (t, i) of a block, shape (mw * ow,)."""
+        t = np.arange(self.mw)[:, None]
+        i = np.arange(self.ow)[None, :]
+        return (t * self.dw * self.ow + i * self.dw + self.dw - 1).reshape(-1)
+
+    def bytes_estimate(self, in_ct_bytes: int, prime_bytes: int = 8) -> int:
+        return self.in_cts * in_ct_bytes + self.out_cts * (self.n + self.mw * self.ow) * prime_bytes
+
+    def seconds_estimate(self, in_ct_bytes: int, encode_weights: bool) -> float:
+        s = (self.in_cts * _T_ENCRYPT + self.products * _T_PRODUCT + self.out_cts * _T_FINISH
+             + self.bytes_estimate(in_ct_bytes) / _LAN_BYTES_PER_S)
+        if encode_weights:
+            s += self.batch * self.db * self.ob * self.digits * _T_ENCODE
+        return s
+
+
+def _dw_candidates(d: int, n: int) -> list[int]:
+    c = {min(d, n)}
+    p = 1
+    while p < min(d, n):
+        c.add(p)
+        p *= 2
+    return sorted(c)
+
+
+@lru_cache(maxsize=4096)
+def plan_blocks(m: int, d: int, o: int, n: int, digits: int = 1, batch: int = 1,
+                max_noise_terms: float | None = None, in_ct_bytes: int = 2 * 8192 * 8,
+                encode_weights: bool = True) -> BlockPlan:
+    """The block shape (m_w, d_w, o_w), m_w d_w o_w <= N, with the lowest modelled
+    time (ct-pt products, encryptions, finishing, bytes on a 1 Gbps LAN).
+    ``max_noise_terms`` caps d * o_w * digits (the number of plaintext terms
+    summed into one output coefficient's noise)."""
+    if min(m, d, o, n) < 1:
+        raise MPCError(f"empty matrix product {m}x{d} @ {d}x{o}")
+    best = None
+    for dw in _dw_candidates(d, n):
+        for mw in range(1, min(m, n // dw) + 1):
+            ow = min(o, n // (mw * dw))
+            if ow < 1:
+                continue
+            if max_noise_terms is not None and d * ow * digits > max_noise_terms:
+                ow = int(max_noise_terms // (d * digits))
+                if ow < 1:
+                    continue
+            p = BlockPlan(m, d, o, mw, dw, ow, n, digits, batch)
+            key = (p.seconds_estimate(in_ct_bytes, encode_weights), p.bytes_estimate(in_ct_bytes))
+            if best is None or key < best[0]:
+                best = (key, p)
+    if best is None:
+        raise MPCError(f"no block shape fits {m}x{d} @ {d}x{o} in N={n}")
+    return best[1]
+
+
+@dataclasses.dataclass
+class LinearStats:
+    """What the last cross terms did (for reports): plans and counts."""
+
+    calls: int = 0
+    in_cts: int = 0
+    out_cts: int = 0
+    products: int = 0
+    plans: list = dataclasses.field(default_factory=list)
+
+    def add(self, plan: BlockPlan) -> None:
+        self.calls += 1
+        self.in_cts += plan.in_cts
+        self.out_cts += plan.out_cts
+        self.products += plan.products
+        if len(self.plans) < 64:
+            self.plans.append((plan.m, plan.d, plan.o, plan.mw, plan.dw, plan.ow, plan.digits, plan.batch))
+
+
+def linear_stats(ctx) -> LinearStats:
+    s = getattr(ctx, "_linear_stats", None)
+    if s is None:
+        s = ctx._linear_stats = LinearStats()
+    return s
+
+
+# ----------------------------------------------------------------------------- packing
+def _pack_lhs(plan: BlockPlan, A: np.ndarray) -> np.ndarray:
+    """A (batch, m, d) mod t -> polynomials (batch, mb, db, N)."""
+    bsz = A.shape[0]
+    pad = np.zeros((bsz, plan.mb * plan.mw, plan.db * plan.dw), np.uint64)
+    pad[:, : plan.m, : plan.d] = A
+    blk = pad.reshape(bsz, plan.mb, plan.mw, plan.db, plan.dw).transpose(0, 1, 3, 2, 4)  # b, mb, db, mw, dw
+    polys = np.zeros((bsz, plan.mb, plan.db, plan.mw, plan.dw * plan.ow), np.uint64)
+    polys[..., : plan.dw] = blk
+    out = np.zeros((bsz, plan.mb, plan.db, plan.n), np.uint64)
+    out[..., : plan.mw * plan.dw * plan.ow] = polys.reshape(bsz, plan.mb, plan.db, -1)
+    return out
+
+
+def _pack_rhs(plan: BlockPlan, B: np.ndarray) -> np.ndarray:
+    """B (batch, d, o) signed ints -> polynomials (batch, db, ob, N) (int64)."""
+    bsz = B.shape[0]
+    pad = np.zeros((bsz, plan.db * plan.dw, plan.ob * plan.ow), np.int64)
+    pad[:, : plan.d, : plan.o] = B
+    blk = pad.reshape(bsz, plan.db, plan.dw, plan.ob, plan.ow).transpose(0, 1, 3, 4, 2)  # b, db, ob, ow, dw
+    blk = blk[..., ::-1]  # coefficient i*dw + dw-1-j
+    out = np.zeros((bsz, plan.db, plan.ob, plan.n), np.int64)
+    out[..., : plan.ow * plan.dw] = blk.reshape(bsz, plan.db, plan.ob, -1)
+    return out
+
+
+def _unpack_out(plan: BlockPlan, vals: np.ndarray) -> np.ndarray:
+    """(batch, mb, ob, mw*ow) -> (batch, m, o)."""
+    bsz = vals.shape[0]
+    v = vals.reshape(bsz, plan.mb, plan.ob, plan.mw, plan.ow).transpose(0, 1, 3, 2, 4)
+    return v.reshape(bsz, plan.mb * plan.mw, plan.ob * plan.ow)[:, : plan.m, : plan.o]
+
+
+def signed_digits(v: np.ndarray, bits: int, base_bits: int) -> list[np.ndarray]:
+    """Signed base-2^b digits (each in [-2^(b-1), 2^(b-1))) of v mod 2^bits:
+    sum_i 2^(b i) d_i = v (mod 2^bits)."""
+    count = -(-bits // base_bits)
+    v = np.asarray(v, np.uint64) & mask(bits)
+    half = 1 << (base_bits - 1)
+    out = []
+    for _ in range(count):
+        d = (v & np.uint64((1 << base_bits) - 1)).astype(np.int64)
+        d = np.where(d >= half, d - (1 << base_bits), d)
+        out.append(d)
+        v = (v - d.astype(np.uint64)) >> np.uint64(base_bits)
+    return out
+
+
+# ----------------------------------------------------------------------------- the cross term
+def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None, shape: tuple[int, int, int, int], *,
+                 b_bits: int, digits_of_b: bool = False, cache_key=None) -> np.ndarray:
+    """Additive shares mod t of A @ B, A (batch, m, d) held by ``encryptor``
+    (values mod t), B (batch, d, o) held by the other party: signed integers
+    with |B| < 2^(b_bits - 1), or, with ``digits_of_b``, arbitrary values mod t
+    (decomposed into signed digits).  Returns this party's share (batch, m, o)."""
+    he: HESession = he_session(ctx)
+    n, t, k = he.n, he.t, he.t_bits
+    batch, m, d, o = (int(v) for v in shape)
+    digits = -(-k // DIGIT_BITS) if digits_of_b else 1
+    mag = (1 << (DIGIT_BITS - 1)) if digits_of_b else (1 << (b_bits - 1))
+    # the noise bound must let flooding fit: d * ow * digits * mag * 21.5 * 2^40 < q / 2t
+    budget = 2 ** (he.q_top_bits - k - 4 - 40) / (mag * FRESH_NOISE_MAX) - n * 2 * FRESH_NOISE_MAX / (mag * FRESH_NOISE_MAX)
+    plan = plan_blocks(m, d, o, n, digits, batch, max_noise_terms=float(budget),
+                       encode_weights=cache_key is None)
+    linear_stats(ctx).add(plan)
+    noise_bound = d * plan.ow * digits * mag * FRESH_NOISE_MAX
+    positions = plan.positions()
+    if ctx.party == encryptor:
+        A = np.asarray(A, np.uint64).reshape(batch, m, d) & np.uint64(t - 1)
+        shifted = [(A << np.uint64(DIGIT_BITS * i)) & np.uint64(t - 1) for i in range(digits)]
+        polys = np.stack([_pack_lhs(plan, a) for a in shifted], axis=3)  # b, mb, db, digits, N
+        ctx.send({"cts": he.encrypt_polys(polys.reshape(-1, n))})
+        reply = ctx.recv()
+        c1 = np.asarray(reply["c1"], np.uint64)
+        c0 = np.asarray(reply["c0"], np.uint64)
+        if c1.shape != (plan.out_cts, n) or c0.shape != (plan.out_cts, positions.size):
+            raise MPCError(f"cross term reply has shapes {c1.shape}/{c0.shape}, expected "
+                           f"{(plan.out_cts, n)}/{(plan.out_cts, positions.size)}")
+        vals = np.stack([he.decrypt_compact(c1[i], c0[i], positions) for i in range(plan.out_cts)])
+        return _unpack_out(plan, vals.reshape(batch, plan.mb, plan.ob, -1))
+    # evaluator
+    msg = ctx.recv()
+    blobs = msg.get("cts") if isinstance(msg, dict) else None
+    if not isinstance(blobs, list) or len(blobs) != plan.in_cts:
+        raise MPCError(f"cross term: expected {plan.in_cts} ciphertexts, got "
+                       f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
+    cts = [he.load_input(bytes(b)) for b in blobs]
+    cts = [cts[i:i + plan.digits] for i in range(0, len(cts), plan.digits)]  # per (b, mb, db)
+    pts = _encoded_rhs(he, plan, B, b_bits, digits_of_b, cache_key)  # [b][db][ob][digit]
+    ev = he.he.evaluator
+    import tenseal.sealapi as seal
+
+    c1s, c0s, shares = [], [], []
+    tmp = seal.Ciphertext()
+    for bi in range(batch):
+        for mi in range(plan.mb):
+            for oi in range(plan.ob):
+                acc = None
+                for di in range(plan.db):
+                    group = cts[(bi * plan.mb + mi) * plan.db + di]
+                    for g in range(plan.digits):
+                        pt = pts[bi][di][oi][g]
+                        if pt is None:
+                            continue
+                        if acc is None:
+                            acc = seal.Ciphertext()
+                            ev.multiply_plain(group[g], pt, acc)
+                        else:
+                            ev.multiply_plain(group[g], pt, tmp)
+                            ev.add_inplace(acc, tmp)
+                if acc is None:  # an all-zero weight block: an encryption of zero still hides it
+                    acc = seal.Ciphertext(group[0])
+                    ev.sub_inplace(acc, group[0])
+                c1, c0, sh = he.finish(acc, positions, noise_bound)
+                c1s.append(c1)
+                c0s.append(c0)
+                shares.append(sh)
+    ctx.send({"c1": np.stack(c1s), "c0": np.stack(c0s)})
+    return _unpack_out(plan, np.stack(shares).reshape(batch, plan.mb, plan.ob, -1))
+
+
+def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, digits_of_b: bool, cache_key):
+    key = None if cache_key is None else (cache_key, plan.dw, plan.ow, plan.d, plan.o, plan.batch)
+    if key is not None and key in he.plain_cache:
+        return he.plain_cache[key]
+    if B is None:
+        raise MPCError("the evaluator must hold the plaintext operand")
+    B = np.asarray(B)
+    if B.shape != (plan.batch, plan.d, plan.o):
+        raise MPCError(f"plaintext operand has shape {B.shape}, expected {(plan.batch, plan.d, plan.o)}")
+    if digits_of_b:
+        parts = signed_digits(B, he.t_bits, DIGIT_BITS)
+    else:
+        B = B.astype(np.int64)
+        if np.abs(B).max(initial=0) >= 1 << (b_bits - 1):
+            raise MPCError(f"weights exceed the public bound |W| < 2^{b_bits - 1 - W_FRAC}")
+        parts = [B]
+    polys = [_pack_rhs(plan, p) for p in parts]  # each (b, db, ob, N)
+    out = [[[[(he.encode_plain(polys[g][bi, di, oi]) if polys[g][bi, di, oi].any() else None)
+              for g in range(len(parts))] for oi in range(plan.ob)] for di in range(plan.db)]
+           for bi in range(plan.batch)]
+    if key is not None:
+        he.plain_cache[key] = out
+    return out
+
+
+# ----------------------------------------------------------------------------- share-level API
+def _to_in_frac(ctx, x: AShare) -> AShare:
+    if x.frac > IN_FRAC:
+        return trunc_local(ctx, x, x.frac - IN_FRAC)
+    if x.frac < IN_FRAC:
+        return AShare(ctx, x.data << np.uint64(IN_FRAC - x.frac), x.bits, IN_FRAC)
+    return x
+
+
+def _matmul_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """(a @ b) mod 2^bits for uint64 operands (numpy integer matmul wraps mod 2^64)."""
+    return np.matmul(a.astype(np.uint64), b.astype(np.uint64)) & mask(bits)
+
+
+def _back_to_ring(ctx, y: np.ndarray, bits: int, frac: int, out_frac: int) -> AShare:
+    """Extend-then-truncate (BLB C.4): shares mod 2^bits at scale ``frac`` -> ring shares at ``out_frac``."""
+    ring = ctx.ring
+    with ctx.step("linear-extend"):
+        z = sext(ctx, AShare(ctx, y, bits, frac), ring.bits)
+    return trunc_local(ctx, z, frac - out_frac) if frac > out_frac else z
+
+
+def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = None, *,
+           out_features: int, cache_key=None) -> AShare:
+    """y = x @ weight (+ bias): x AShare (..., d_in); weight (d_in, d_out) float and
+    bias (d_out,) held by party 1 (the server), None at party 0; returns AShare (..., d_out)
+    at the ring's fraction bits.  ``cache_key`` (any hashable naming the weight) keeps
+    the encoded weight blocks for later calls."""
+    if not isinstance(x, AShare):
+        raise TypeError("linear expects an AShare input")
+    ring = ctx.ring
+    d = int(x.shape[-1])
+    o = int(out_features)
+    lead = x.shape[:-1]
+    xs = _to_in_frac(ctx, x)
+    he = he_session(ctx)
+    k = he.t_bits
+    xk = xs.data.reshape(1, -1, d) & mask(k)
+    m = xk.shape[1]
+    Wq = None
+    if ctx.party == 1:
+        if weight is None:
+            raise MPCError("the server must pass the weight")
+        weight = np.asarray(weight)
+        if weight.shape != (d, o):
+            raise MPCError(f"weight has shape {weight.shape}, expected {(d, o)}")
+        Wq = np.round(weight.astype(np.float64) * (1 << W_FRAC)).astype(np.int64)[None]
+    with ctx.step("linear"):
+        y = cross_matmul(ctx, 0, xk if ctx.party == 0 else None, Wq, (1, m, d, o), b_bits=W_BITS,
+                         cache_key=cache_key)[0]
+    if ctx.party == 1:
+        y = (y + _matmul_mod(xk[0], Wq[0].astype(np.uint64), k)) & mask(k)
+    out = _back_to_ring(ctx, y, k, IN_FRAC + W_FRAC, ring.frac)
+    if ctx.party == 1 and bias is not None:
+        bias = np.asarray(bias, np.float64).reshape(-1)
+        if bias.shape != (o,):
+            raise MPCError(f"bias has shape {bias.shape}, expected {(o,)}")
+        out.data = (out.data + fixed_encode(bias, ring.frac, ring.bits)) & mask(ring.bits)
+    return out.reshape(*lead, o)
+
+
+def matmul_shared(ctx, a: AShare, b: AShare) -> AShare:
+    """a (..., m, k) @ b (..., k, n) for two shared fixed-point tensors (leading
+    dimensions are a batch, e.g. attention heads; they must match exactly)."""
+    if not isinstance(a, AShare) or not isinstance(b, AShare):
+        raise TypeError("matmul_shared expects two AShare")
+    if a.ndim < 2 or b.ndim < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        raise MPCError(f"cannot multiply shapes {a.shape} @ {b.shape}")
+    lead = a.shape[:-2]
+    m, kd, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
+    he = he_session(ctx)
+    k = he.t_bits
+    ak = _to_in_frac(ctx, a).data.reshape(batch, m, kd) & mask(k)
+    bk = _to_in_frac(ctx, b).data.reshape(batch, kd, n) & mask(k)
+    shape = (batch, m, kd, n)
+    with ctx.step("matmul-shared"):
+        y = _matmul_mod(ak, bk, k)  # own local term a_p b_p
+        # cross term a_0 b_1: party 0 encrypts a_0, party 1 holds b_1; then a_1 b_0 the other way
+        y = y + cross_matmul(ctx, 0, ak if ctx.party == 0 else None, bk if ctx.party == 1 else None, shape,
+                             b_bits=k, digits_of_b=True)
+        y = y + cross_matmul(ctx, 1, ak if ctx.party == 1 else None, bk if ctx.party == 0 else None, shape,
+                             b_bits=k, digits_of_b=True)
+    out = _back_to_ring(ctx, y & mask(k), k, 2 * IN_FRAC, ctx.ring.frac)
+    return out.reshape(*lead, m, n)
+
+
+__all__ = ["linear", "matmul_shared", "cross_matmul", "plan_blocks", "BlockPlan", "LinearStats", "linear_stats",
+           "signed_digits", "IN_FRAC", "W_FRAC", "W_BITS"]
