@@ -437,11 +437,14 @@ class OTSession:
         if m.ndim != 2 or not 2 <= m.shape[1] <= 256:
             raise ValueError("msgs must be (n, N) with 2 <= N <= 256")
         n, N = m.shape
-        w = _words(m, "msgs").reshape(n, N) & _mask(bits)
+        if not (np.issubdtype(m.dtype, np.integer) or m.dtype == np.bool_):
+            raise ValueError("msgs must be an integer array")
         replies = []
         with self._label(self.step):
             for q, tw, lo, hi in self._send_extend(KK13_K, "1ofN", n, bits=bits, N=N):
-                y = _core.kk13_sender(q, self._as_sender[KK13_K].delta, tw, N, w[lo:hi].reshape(-1).view(np.uint8), bits)
+                # widened to uint64 one batch at a time: callers may pass compact (uint8) tables
+                w = _words(m[lo:hi], "msgs") & _mask(bits)
+                y = _core.kk13_sender(q, self._as_sender[KK13_K].delta, tw, N, w.view(np.uint8), bits)
                 replies.append(_u8(y))
             self._send_replies("1ofN_y", replies)
 

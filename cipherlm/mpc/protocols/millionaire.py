@@ -50,17 +50,19 @@ def _leaves(ctx, v: np.ndarray, bits: int, m: int, want_lt: bool):
     blocks = _blocks(v, bits, m)
     with ctx.step("millionaire_leaves"):
         if ctx.party == 0:
-            lt0 = uniform(ctx.rng, (n, q), 1) if want_lt else np.zeros((n, q), np.uint64)
-            eq0 = uniform(ctx.rng, (n, q), 1)
-            k = np.arange(N, dtype=np.int64)
-            lt_tab = (blocks[:, :, None] < k).astype(np.uint64) ^ lt0[:, :, None]
-            eq_tab = (blocks[:, :, None] == k).astype(np.uint64) ^ eq0[:, :, None]
+            lt0 = uniform(ctx.rng, (n, q), 1).astype(np.uint8) if want_lt else np.zeros((n, q), np.uint8)
+            eq0 = uniform(ctx.rng, (n, q), 1).astype(np.uint8)
+            k = np.arange(N, dtype=np.uint8)
+            b8 = blocks.astype(np.uint8)  # m <= 8 bits per block
+            # tables as uint8 (the OT layer widens them batch by batch): n q N bytes, not 8 n q N
+            eq_tab = (b8[:, :, None] == k).view(np.uint8) ^ eq0[:, :, None]
             if want_lt:
-                msgs = lt_tab | (eq_tab << np.uint64(1))
+                msgs = ((b8[:, :, None] < k).view(np.uint8) ^ lt0[:, :, None]) | (eq_tab << 1)
+                del eq_tab
                 ctx.ot.send_1ofN(msgs.reshape(n * q, N), 2)
             else:
                 ctx.ot.send_1ofN(eq_tab.reshape(n * q, N), 1)
-            return lt0.astype(np.uint8), eq0.astype(np.uint8)
+            return lt0, eq0
         got = np.asarray(ctx.ot.recv_1ofN(blocks.reshape(-1), N, 2 if want_lt else 1), np.uint64).reshape(n, q)
         if want_lt:
             return (got & np.uint64(1)).astype(np.uint8), (got >> np.uint64(1)).astype(np.uint8)
