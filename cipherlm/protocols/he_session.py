@@ -8,18 +8,28 @@ public key (seeded serialisation); the secret key never leaves the party.
 
 Parameter set ``TWOPC_BFV`` (Cheetah-style: BFV with a power-of-two plaintext
 modulus t = 2^k, Huang et al., USENIX Security 2022, section 3; BLB section
-2.3): N = 8192, coefficient modulus 3 x 60 bits = 180 <= 218 (128-bit
-HomomorphicEncryption.org bound), t = 2^40.  Fresh ciphertexts live at the
-two data primes (the third is SEAL's special prime, unused here: there is no
-key switching in the linear protocol).  The evaluator *re-randomises* every
-result (adds a public-key encryption of zero of the encryptor's key, so the
-``c1`` half is fresh), *floods* the noise (adds a uniform integer in
-[-B_f, B_f] to every coefficient of ``c0``, B_f = 2^40 x the proven noise
-bound: statistical distance 2^-40 per coefficient, DESIGN.md's 40-bit
-statistical security), adds the uniform output mask, and *modulus-switches*
-down to one prime before sending (BLB section 3.4 / Cheetah section 4: fewer
-bytes).  SEAL's multiply_plain lifts plaintext coefficients centred
-(|w| <= t/2), so a small signed weight grows the noise by |w|, not by t.
+2.3): N = 8192, coefficient modulus 3 x 60 + 38 bits = 218 (the
+HomomorphicEncryption.org 128-bit bound for N = 8192), t = 2^59.  Fresh
+ciphertexts live at the three 60-bit data primes (the 38-bit prime is SEAL's
+special prime, unused: the linear protocol has no key switching).  The
+evaluator *re-randomises* every result (adds a public-key encryption of zero
+under the encryptor's key, so the ``c1`` half is fresh), *floods* the noise
+(adds a uniform integer in [-B_f, B_f) to every coefficient of ``c0``,
+B_f >= 2^40 x the noise bound: statistical distance about 2^-40 per
+coefficient, DESIGN.md's 40-bit statistical security), adds the uniform
+output mask, and *modulus-switches* down to two primes before sending
+(Cheetah section 4: fewer bytes).  SEAL's multiply_plain lifts plaintext
+coefficients centred (|w| <= t/2), so a signed operand of magnitude M grows
+the noise by M per term, not by t.
+
+Noise bound (`noise_bound`).  One output coefficient's noise is
+sum_i (e_i + eps_i) w_i over n plaintext terms, e_i SEAL's centred binomial
+noise (42 coins: sub-Gaussian with variance proxy 10.5) and eps_i the encoding
+rounding (|eps| <= 1/2, proxy 1/4), all independent.  Hoeffding/sub-Gaussian
+tail: |noise| <= sqrt(2 ln(2^42) 10.75 n) M with probability 1 - 2^-41; that
+bound (plus the re-randomisation noise, independent of the weights) is what
+the flooding hides.  The budget check also covers the worst case of the
+modulus switch rounding, (1 + N) / 2.
 """
 
 from __future__ import annotations
@@ -37,15 +47,25 @@ from ..he.params import HEParams
 from ..mpc.context import MPCError
 from ..mpc.ring import mulmod_scalar, new_rng
 
-PLAIN_BITS = 40
-TWOPC_BFV = HEParams(name="2pc-bfv-n8192-t40", scheme="bfv", poly_modulus_degree=8192,
-                     coeff_modulus_bits=(60, 60, 60), plain_modulus=1 << PLAIN_BITS)
+PLAIN_BITS = 59
+TWOPC_BFV = HEParams(name="2pc-bfv-n8192-t59", scheme="bfv", poly_modulus_degree=8192,
+                     coeff_modulus_bits=(60, 60, 60, 38), plain_modulus=1 << PLAIN_BITS)
+#: primes of the level results are switched down to before sending
+RESULT_PRIMES = 2
 
 #: statistical security of the noise flooding (bits)
 FLOOD_SIGMA = 40
 #: SEAL 4.x samples encryption noise from a centred binomial with 42 coins
 #: (sigma 3.19): |e| <= 21; encoding adds a rounding error <= 1/2.
 FRESH_NOISE_MAX = 21.5
+#: sub-Gaussian variance proxy of e + eps (see the module docstring)
+_NOISE_PROXY = 10.5 + 0.25
+
+
+def noise_bound(terms: int, magnitude: float) -> float:
+    """High-probability (1 - 2^-41) bound on the noise of one output coefficient
+    summing ``terms`` products of fresh noise with plaintext values |w| <= magnitude."""
+    return math.sqrt(2 * math.log(2.0 ** 42) * _NOISE_PROXY * max(1, terms)) * magnitude
 
 
 class HESession:
@@ -62,9 +82,9 @@ class HESession:
         self.keys = ClientKeys(self.he)
         self.rng = new_rng()
         self.top = self.he.parms_id_at(len(self.he.coeff_moduli))
-        self.bottom = self.he.parms_id_at(1)
+        self.bottom = self.he.parms_id_at(RESULT_PRIMES)
         self.q_top_bits = sum(math.log2(q) for q in self.he.coeff_moduli)
-        self.q_bottom = self.he.coeff_moduli[0]
+        self.q_bottom_bits = sum(math.log2(q) for q in self.he.coeff_moduli[:RESULT_PRIMES])
         with ctx.step("he-keys"):
             peer = ctx.exchange({"bfv_params": serialize.params_to_bytes(params),
                                  "public_key": self.keys.public_key_bytes()})
@@ -85,10 +105,10 @@ class HESession:
         if math.log2(2 * (b_f + nb)) >= self.q_top_bits - self.t_bits - 1:
             raise HEError(f"noise bound 2^{math.log2(nb):.1f} too large to flood with {self.params.name}; "
                           "use a smaller block or fewer weight bits")
-        # after switching to one prime: flooded noise / q_rest + rounding (<= (1 + N) / 2)
-        rest = self.q_top_bits - math.log2(self.q_bottom)
+        # after switching down: flooded noise / q_dropped + rounding (<= (1 + N) / 2)
+        rest = self.q_top_bits - self.q_bottom_bits
         after = 2 ** (math.log2(b_f + nb) - rest) + (1 + self.n) / 2
-        if math.log2(2 * after) >= math.log2(self.q_bottom) - self.t_bits - 1:
+        if math.log2(2 * after) >= self.q_bottom_bits - self.t_bits - 1:
             raise HEError("flooded noise does not survive the modulus switch")
         return b_f
 
@@ -100,9 +120,9 @@ class HESession:
     def decrypt_compact(self, c1: np.ndarray, c0_sel: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Decrypt a bottom-level result given its full ``c1`` and ``c0`` at ``positions`` only.
         Returns the plaintext coefficients (mod t) at those positions."""
-        arr = np.zeros((2, 1, self.n), np.uint64)
-        arr[1, 0] = c1
-        arr[0, 0, positions] = c0_sel
+        arr = np.zeros((2, RESULT_PRIMES, self.n), np.uint64)
+        arr[1] = c1
+        arr[0][:, positions] = c0_sel
         ct = serialize.numpy_to_ciphertext(self.he, arr, parms_id=self.bottom, is_ntt_form=False)
         pt = serialize.plaintext_to_numpy(self.keys.decrypt(ct))
         out = np.zeros(self.n, np.uint64)
@@ -127,7 +147,7 @@ class HESession:
         """Turn an NTT-form product into what the encryptor may see.
 
         Adds a uniform mask r (mod t) at ``positions``, re-randomises with a
-        public-key encryption of zero, floods the noise, switches to one prime.
+        public-key encryption of zero, floods the noise, switches to RESULT_PRIMES primes.
         Returns (c1, c0 at positions, -r mod t) — the last is this party's share."""
         ev = self.he.evaluator
         ev.transform_from_ntt_inplace(acc)
@@ -147,20 +167,25 @@ class HESession:
         ev.mod_switch_to_inplace(ct, self.bottom)
         out = serialize.ciphertext_to_numpy(ct)
         share = (np.uint64(self.t) - r) & np.uint64(self.t - 1)
-        return out[1, 0], out[0, 0, positions], share
+        return out[1], out[0][:, positions], share
 
 
     def _flood_residues(self, b_f: int) -> list[np.ndarray]:
-        """A uniform integer vector in [-b_f, b_f) (b_f a power of two, up to 2^78),
-        as residues modulo each data prime: u = hi 2^32 + lo - b_f."""
-        hi_bits = max(0, int(b_f).bit_length() - 32)  # u has log2(b_f) + 1 bits
-        hi = self.rng.integers(0, 1 << hi_bits, size=self.n, dtype=np.uint64)
-        lo = self.rng.integers(0, 1 << 32, size=self.n, dtype=np.uint64)
+        """A uniform integer vector u - b_f, u in [0, 2 b_f) (b_f a power of two),
+        as residues modulo each data prime; u is drawn as 32-bit limbs."""
+        bits = int(b_f).bit_length()  # u has log2(b_f) + 1 bits
+        limbs = []
+        while bits > 0:
+            w = min(32, bits)
+            limbs.append((self.rng.integers(0, 1 << w, size=self.n, dtype=np.uint64), w))
+            bits -= w
         out = []
         for q in self.he.coeff_moduli:
-            v = mulmod_scalar(hi % np.uint64(q), 1 << 32, q) + lo % np.uint64(q)
-            v = (v + np.uint64(q - (b_f % q))) % np.uint64(q)
-            out.append(v)
+            Q = np.uint64(q)
+            acc = np.zeros(self.n, np.uint64)
+            for limb, w in limbs:  # most significant first
+                acc = (mulmod_scalar(acc, 1 << w, q) + limb % Q) % Q
+            out.append((acc + np.uint64(q - (b_f % q))) % Q)
         return out
 
 

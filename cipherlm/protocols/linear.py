@@ -13,11 +13,9 @@ local terms A_0 B_0, A_1 B_1 and two cross terms A_0 B_1, A_1 B_0, each
 evaluated with the same HE cross-term protocol, once in each direction (each
 party encrypts under its own key; the partner holds the other operand in
 plaintext).  The plaintext operand of a cross term is then a uniformly random
-share, so it is split into signed base-2^b digits and the encryptor sends
-encryptions of A 2^(b i), one per digit, keeping every plaintext small so that
-the noise (and so the flooding) stays bounded.  This replaces Bumblebee's
-ct-ct product with ct-pt products of the shares; it needs no relinearisation
-or Galois keys.
+share (|w| < t/2): the 180-bit modulus leaves room to flood that noise.  This
+replaces Bumblebee's ct-ct product with ct-pt products of the shares; it
+needs no relinearisation or Galois keys.
 
 Packing: Cheetah's coefficient encoding (Huang et al. 2022, section 3.1).  A
 block of A (m_w x d_w) and of B (d_w x o_w) with m_w d_w o_w <= N are packed as
@@ -31,12 +29,16 @@ plus the whole c_1 (Cheetah section 4: the receiver needs c_1 s at the
 selected positions).  The block shape is chosen per call by a cost model of
 bytes and ct-pt products (`plan_blocks`) and reported in `LinearStats`.
 
-Arithmetic: HE in Z_t, t = 2^40; inputs are locally truncated from f to
-``IN_FRAC`` = 12 fraction bits (SecureML local truncation, free), weights are
-encoded with ``W_FRAC`` = 12 fraction bits (|W| < 8), products carry 24
-fraction bits and must satisfy |y| < 2^15.  The 40-bit result shares are
-signed-extended to 64 bits (SiRNN, `mpc.protocols.extend.sext`) and locally
-truncated back to f bits: BLB appendix C.4's extend-then-truncate.
+Arithmetic: HE in Z_t, t = 2^59.  Inputs are locally truncated from f to
+``IN_FRAC`` = 14 fraction bits (SecureML local truncation, free), weights are
+encoded with ``W_FRAC`` = 14 fraction bits (public bound |W| < 8), products
+carry 28 fraction bits.  The result shares mod 2^59 are lifted to Z_2^64
+*locally*: each party reads its share as a centred integer (the SecureML
+argument of BLB appendix C.4 applied to a ring extension: the sum is the true
+value except with probability about |y| 2^28 / 2^59), then both truncate
+locally back to f bits.  A 59-bit t is what makes the free lift safe; with a
+small t (Cheetah's 2^37-2^41) a SiRNN extension (`mpc.protocols.extend.sext`,
+~700 bytes per element) would be needed after every layer.
 """
 
 from __future__ import annotations
@@ -48,16 +50,16 @@ from functools import lru_cache
 import numpy as np
 
 from ..mpc.context import MPCError
-from ..mpc.protocols.extend import sext
 from ..mpc.protocols.trunc import trunc_local
 from ..mpc.ring import fixed_encode, mask
 from ..mpc.shares import AShare
-from .he_session import FRESH_NOISE_MAX, HESession, he_session
+import tenseal.sealapi as seal
 
-IN_FRAC = 12
-W_FRAC = 12
-W_BITS = 16  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound, checked by the weight owner
-DIGIT_BITS = 10  # digits of a shared plaintext operand
+from .he_session import FLOOD_SIGMA, FRESH_NOISE_MAX, RESULT_PRIMES, HESession, he_session, noise_bound
+
+IN_FRAC = 14
+W_FRAC = 14
+W_BITS = 18  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound (|W| < 8), checked by the weight owner
 
 #: cost-model constants (seconds on the 2-vCPU reference machine; bytes/s of a 1 Gbps LAN)
 _T_PRODUCT = 1.6e-4
@@ -78,7 +80,6 @@ class BlockPlan:
     dw: int
     ow: int
     n: int
-    digits: int = 1
     batch: int = 1
 
     @property
@@ -95,7 +96,7 @@ class BlockPlan:
 
     @property
     def in_cts(self) -> int:
-        return self.batch * self.mb * self.db * self.digits
+        return self.batch * self.mb * self.db
 
     @property
     def out_cts(self) -> int:
@@ -103,7 +104,7 @@ class BlockPlan:
 
     @property
     def products(self) -> int:
-        return self.batch * self.mb * self.db * self.ob * self.digits
+        return self.batch * self.mb * self.db * self.ob
 
     def positions(self) -> np.ndarray:
         """Coefficient index of output (t, i) of a block, shape (mw * ow,)."""
@@ -111,14 +112,14 @@ class BlockPlan:
         i = np.arange(self.ow)[None, :]
         return (t * self.dw * self.ow + i * self.dw + self.dw - 1).reshape(-1)
 
-    def bytes_estimate(self, in_ct_bytes: int, prime_bytes: int = 8) -> int:
-        return self.in_cts * in_ct_bytes + self.out_cts * (self.n + self.mw * self.ow) * prime_bytes
+    def bytes_estimate(self, in_ct_bytes: int, out_prime_bytes: int = 16) -> int:
+        return self.in_cts * in_ct_bytes + self.out_cts * (self.n + self.mw * self.ow) * out_prime_bytes
 
     def seconds_estimate(self, in_ct_bytes: int, encode_weights: bool) -> float:
         s = (self.in_cts * _T_ENCRYPT + self.products * _T_PRODUCT + self.out_cts * _T_FINISH
              + self.bytes_estimate(in_ct_bytes) / _LAN_BYTES_PER_S)
         if encode_weights:
-            s += self.batch * self.db * self.ob * self.digits * _T_ENCODE
+            s += self.batch * self.db * self.ob * _T_ENCODE
         return s
 
 
@@ -132,13 +133,13 @@ def _dw_candidates(d: int, n: int) -> list[int]:
 
 
 @lru_cache(maxsize=4096)
-def plan_blocks(m: int, d: int, o: int, n: int, digits: int = 1, batch: int = 1,
-                max_noise_terms: float | None = None, in_ct_bytes: int = 2 * 8192 * 8,
+def plan_blocks(m: int, d: int, o: int, n: int, batch: int = 1,
+                max_noise_terms: float | None = None, in_ct_bytes: int = 3 * 8192 * 8,
                 encode_weights: bool = True) -> BlockPlan:
     """The block shape (m_w, d_w, o_w), m_w d_w o_w <= N, with the lowest modelled
     time (ct-pt products, encryptions, finishing, bytes on a 1 Gbps LAN).
-    ``max_noise_terms`` caps d * o_w * digits (the number of plaintext terms
-    summed into one output coefficient's noise)."""
+    ``max_noise_terms`` caps d * o_w (the number of plaintext terms summed into
+    one output coefficient's noise)."""
     if min(m, d, o, n) < 1:
         raise MPCError(f"empty matrix product {m}x{d} @ {d}x{o}")
     best = None
@@ -147,11 +148,11 @@ def plan_blocks(m: int, d: int, o: int, n: int, digits: int = 1, batch: int = 1,
             ow = min(o, n // (mw * dw))
             if ow < 1:
                 continue
-            if max_noise_terms is not None and d * ow * digits > max_noise_terms:
-                ow = int(max_noise_terms // (d * digits))
+            if max_noise_terms is not None and d * ow > max_noise_terms:
+                ow = int(max_noise_terms // d)
                 if ow < 1:
                     continue
-            p = BlockPlan(m, d, o, mw, dw, ow, n, digits, batch)
+            p = BlockPlan(m, d, o, mw, dw, ow, n, batch)
             key = (p.seconds_estimate(in_ct_bytes, encode_weights), p.bytes_estimate(in_ct_bytes))
             if best is None or key < best[0]:
                 best = (key, p)
@@ -176,7 +177,7 @@ class LinearStats:
         self.out_cts += plan.out_cts
         self.products += plan.products
         if len(self.plans) < 64:
-            self.plans.append((plan.m, plan.d, plan.o, plan.mw, plan.dw, plan.ow, plan.digits, plan.batch))
+            self.plans.append((plan.m, plan.d, plan.o, plan.mw, plan.dw, plan.ow, plan.batch))
 
 
 def linear_stats(ctx) -> LinearStats:
@@ -219,51 +220,33 @@ def _unpack_out(plan: BlockPlan, vals: np.ndarray) -> np.ndarray:
     return v.reshape(bsz, plan.mb * plan.mw, plan.ob * plan.ow)[:, : plan.m, : plan.o]
 
 
-def signed_digits(v: np.ndarray, bits: int, base_bits: int) -> list[np.ndarray]:
-    """Signed base-2^b digits (each in [-2^(b-1), 2^(b-1))) of v mod 2^bits:
-    sum_i 2^(b i) d_i = v (mod 2^bits)."""
-    count = -(-bits // base_bits)
-    v = np.asarray(v, np.uint64) & mask(bits)
-    half = 1 << (base_bits - 1)
-    out = []
-    for _ in range(count):
-        d = (v & np.uint64((1 << base_bits) - 1)).astype(np.int64)
-        d = np.where(d >= half, d - (1 << base_bits), d)
-        out.append(d)
-        v = (v - d.astype(np.uint64)) >> np.uint64(base_bits)
-    return out
-
-
 # ----------------------------------------------------------------------------- the cross term
 def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None, shape: tuple[int, int, int, int], *,
-                 b_bits: int, digits_of_b: bool = False, cache_key=None) -> np.ndarray:
-    """Additive shares mod t of A @ B, A (batch, m, d) held by ``encryptor``
-    (values mod t), B (batch, d, o) held by the other party: signed integers
-    with |B| < 2^(b_bits - 1), or, with ``digits_of_b``, arbitrary values mod t
-    (decomposed into signed digits).  Returns this party's share (batch, m, o)."""
+                 b_bits: int, cache_key=None) -> np.ndarray:
+    """Additive shares mod t of A @ B: A (batch, m, d) held by ``encryptor``
+    (values mod t), B (batch, d, o) held by the other party, integers with
+    |B| < 2^(b_bits - 1) (signed, or values mod t when b_bits = log2 t).
+    Returns this party's share (batch, m, o), uint64 mod t."""
     he: HESession = he_session(ctx)
-    n, t, k = he.n, he.t, he.t_bits
+    n, t = he.n, he.t
     batch, m, d, o = (int(v) for v in shape)
-    digits = -(-k // DIGIT_BITS) if digits_of_b else 1
-    mag = (1 << (DIGIT_BITS - 1)) if digits_of_b else (1 << (b_bits - 1))
-    # the noise bound must let flooding fit: d * ow * digits * mag * 21.5 * 2^40 < q / 2t
-    budget = 2 ** (he.q_top_bits - k - 4 - 40) / (mag * FRESH_NOISE_MAX) - n * 2 * FRESH_NOISE_MAX / (mag * FRESH_NOISE_MAX)
-    plan = plan_blocks(m, d, o, n, digits, batch, max_noise_terms=float(budget),
-                       encode_weights=cache_key is None)
+    mag = float(1 << (b_bits - 1))
+    # flooding must fit below q / 2t: noise_bound(d * ow, mag) * 2^41 * 2 < 2^(log q - log t - 1)
+    limit = 2.0 ** (he.q_top_bits - he.t_bits - 4 - FLOOD_SIGMA) - 2 * n * FRESH_NOISE_MAX
+    max_terms = (limit / noise_bound(1, mag)) ** 2
+    plan = plan_blocks(m, d, o, n, batch, max_noise_terms=float(max_terms), encode_weights=cache_key is None)
     linear_stats(ctx).add(plan)
-    noise_bound = d * plan.ow * digits * mag * FRESH_NOISE_MAX
+    bound = noise_bound(d * plan.ow, mag)
     positions = plan.positions()
     if ctx.party == encryptor:
         A = np.asarray(A, np.uint64).reshape(batch, m, d) & np.uint64(t - 1)
-        shifted = [(A << np.uint64(DIGIT_BITS * i)) & np.uint64(t - 1) for i in range(digits)]
-        polys = np.stack([_pack_lhs(plan, a) for a in shifted], axis=3)  # b, mb, db, digits, N
-        ctx.send({"cts": he.encrypt_polys(polys.reshape(-1, n))})
+        ctx.send({"cts": he.encrypt_polys(_pack_lhs(plan, A).reshape(-1, n))})
         reply = ctx.recv()
         c1 = np.asarray(reply["c1"], np.uint64)
         c0 = np.asarray(reply["c0"], np.uint64)
-        if c1.shape != (plan.out_cts, n) or c0.shape != (plan.out_cts, positions.size):
-            raise MPCError(f"cross term reply has shapes {c1.shape}/{c0.shape}, expected "
-                           f"{(plan.out_cts, n)}/{(plan.out_cts, positions.size)}")
+        want1, want0 = (plan.out_cts, RESULT_PRIMES, n), (plan.out_cts, RESULT_PRIMES, positions.size)
+        if c1.shape != want1 or c0.shape != want0:
+            raise MPCError(f"cross term reply has shapes {c1.shape}/{c0.shape}, expected {want1}/{want0}")
         vals = np.stack([he.decrypt_compact(c1[i], c0[i], positions) for i in range(plan.out_cts)])
         return _unpack_out(plan, vals.reshape(batch, plan.mb, plan.ob, -1))
     # evaluator
@@ -272,34 +255,30 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     if not isinstance(blobs, list) or len(blobs) != plan.in_cts:
         raise MPCError(f"cross term: expected {plan.in_cts} ciphertexts, got "
                        f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
-    cts = [he.load_input(bytes(b)) for b in blobs]
-    cts = [cts[i:i + plan.digits] for i in range(0, len(cts), plan.digits)]  # per (b, mb, db)
-    pts = _encoded_rhs(he, plan, B, b_bits, digits_of_b, cache_key)  # [b][db][ob][digit]
+    cts = [he.load_input(bytes(b)) for b in blobs]  # order (batch, mb, db)
+    pts = _encoded_rhs(he, plan, B, b_bits, cache_key)  # [batch][db][ob]
     ev = he.he.evaluator
-    import tenseal.sealapi as seal
-
     c1s, c0s, shares = [], [], []
     tmp = seal.Ciphertext()
     for bi in range(batch):
         for mi in range(plan.mb):
+            row = cts[(bi * plan.mb + mi) * plan.db:(bi * plan.mb + mi + 1) * plan.db]
             for oi in range(plan.ob):
                 acc = None
                 for di in range(plan.db):
-                    group = cts[(bi * plan.mb + mi) * plan.db + di]
-                    for g in range(plan.digits):
-                        pt = pts[bi][di][oi][g]
-                        if pt is None:
-                            continue
-                        if acc is None:
-                            acc = seal.Ciphertext()
-                            ev.multiply_plain(group[g], pt, acc)
-                        else:
-                            ev.multiply_plain(group[g], pt, tmp)
-                            ev.add_inplace(acc, tmp)
-                if acc is None:  # an all-zero weight block: an encryption of zero still hides it
-                    acc = seal.Ciphertext(group[0])
-                    ev.sub_inplace(acc, group[0])
-                c1, c0, sh = he.finish(acc, positions, noise_bound)
+                    pt = pts[bi][di][oi]
+                    if pt is None:
+                        continue
+                    if acc is None:
+                        acc = seal.Ciphertext()
+                        ev.multiply_plain(row[di], pt, acc)
+                    else:
+                        ev.multiply_plain(row[di], pt, tmp)
+                        ev.add_inplace(acc, tmp)
+                if acc is None:  # an all-zero block: a re-randomised encryption of zero still hides it
+                    acc = seal.Ciphertext(row[0])
+                    ev.sub_inplace(acc, row[0])
+                c1, c0, sh = he.finish(acc, positions, bound)
                 c1s.append(c1)
                 c0s.append(c0)
                 shares.append(sh)
@@ -307,7 +286,7 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     return _unpack_out(plan, np.stack(shares).reshape(batch, plan.mb, plan.ob, -1))
 
 
-def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, digits_of_b: bool, cache_key):
+def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, cache_key):
     key = None if cache_key is None else (cache_key, plan.dw, plan.ow, plan.d, plan.o, plan.batch)
     if key is not None and key in he.plain_cache:
         return he.plain_cache[key]
@@ -316,17 +295,16 @@ def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, digits_of_b: bo
     B = np.asarray(B)
     if B.shape != (plan.batch, plan.d, plan.o):
         raise MPCError(f"plaintext operand has shape {B.shape}, expected {(plan.batch, plan.d, plan.o)}")
-    if digits_of_b:
-        parts = signed_digits(B, he.t_bits, DIGIT_BITS)
+    if b_bits >= he.t_bits:  # a share mod t: centre it
+        B = np.asarray(B, np.uint64) & np.uint64(he.t - 1)
+        B = np.where(B >= np.uint64(he.t // 2), B.astype(np.int64) - he.t, B.astype(np.int64))
     else:
         B = B.astype(np.int64)
         if np.abs(B).max(initial=0) >= 1 << (b_bits - 1):
             raise MPCError(f"weights exceed the public bound |W| < 2^{b_bits - 1 - W_FRAC}")
-        parts = [B]
-    polys = [_pack_rhs(plan, p) for p in parts]  # each (b, db, ob, N)
-    out = [[[[(he.encode_plain(polys[g][bi, di, oi]) if polys[g][bi, di, oi].any() else None)
-              for g in range(len(parts))] for oi in range(plan.ob)] for di in range(plan.db)]
-           for bi in range(plan.batch)]
+    polys = _pack_rhs(plan, B)  # (b, db, ob, N)
+    out = [[[(he.encode_plain(polys[bi, di, oi]) if polys[bi, di, oi].any() else None)
+             for oi in range(plan.ob)] for di in range(plan.db)] for bi in range(plan.batch)]
     if key is not None:
         he.plain_cache[key] = out
     return out
@@ -346,11 +324,16 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
     return np.matmul(a.astype(np.uint64), b.astype(np.uint64)) & mask(bits)
 
 
-def _back_to_ring(ctx, y: np.ndarray, bits: int, frac: int, out_frac: int) -> AShare:
-    """Extend-then-truncate (BLB C.4): shares mod 2^bits at scale ``frac`` -> ring shares at ``out_frac``."""
+def lift_local(ctx, y: np.ndarray, bits: int, frac: int, out_frac: int) -> AShare:
+    """Shares mod 2^bits -> ring shares, locally: each party reads its share as a
+    centred integer (correct except with probability about |y| / 2^bits), then
+    SecureML local truncation from ``frac`` to ``out_frac`` fraction bits."""
     ring = ctx.ring
-    with ctx.step("linear-extend"):
-        z = sext(ctx, AShare(ctx, y, bits, frac), ring.bits)
+    y = np.asarray(y, np.uint64) & mask(bits)
+    if bits < ring.bits:
+        neg = y >= np.uint64(1 << (bits - 1))
+        y = np.where(neg, y | (mask(ring.bits) ^ mask(bits)), y)  # sign-extend the share
+    z = AShare(ctx, y & mask(ring.bits), ring.bits, frac)
     return trunc_local(ctx, z, frac - out_frac) if frac > out_frac else z
 
 
@@ -366,10 +349,9 @@ def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = 
     d = int(x.shape[-1])
     o = int(out_features)
     lead = x.shape[:-1]
-    xs = _to_in_frac(ctx, x)
     he = he_session(ctx)
     k = he.t_bits
-    xk = xs.data.reshape(1, -1, d) & mask(k)
+    xk = _to_in_frac(ctx, x).data.reshape(1, -1, d) & mask(k)
     m = xk.shape[1]
     Wq = None
     if ctx.party == 1:
@@ -383,8 +365,8 @@ def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = 
         y = cross_matmul(ctx, 0, xk if ctx.party == 0 else None, Wq, (1, m, d, o), b_bits=W_BITS,
                          cache_key=cache_key)[0]
     if ctx.party == 1:
-        y = (y + _matmul_mod(xk[0], Wq[0].astype(np.uint64), k)) & mask(k)
-    out = _back_to_ring(ctx, y, k, IN_FRAC + W_FRAC, ring.frac)
+        y = y + _matmul_mod(xk[0], Wq[0].astype(np.uint64), k)
+    out = lift_local(ctx, y, k, IN_FRAC + W_FRAC, ring.frac)
     if ctx.party == 1 and bias is not None:
         bias = np.asarray(bias, np.float64).reshape(-1)
         if bias.shape != (o,):
@@ -411,13 +393,11 @@ def matmul_shared(ctx, a: AShare, b: AShare) -> AShare:
     with ctx.step("matmul-shared"):
         y = _matmul_mod(ak, bk, k)  # own local term a_p b_p
         # cross term a_0 b_1: party 0 encrypts a_0, party 1 holds b_1; then a_1 b_0 the other way
-        y = y + cross_matmul(ctx, 0, ak if ctx.party == 0 else None, bk if ctx.party == 1 else None, shape,
-                             b_bits=k, digits_of_b=True)
-        y = y + cross_matmul(ctx, 1, ak if ctx.party == 1 else None, bk if ctx.party == 0 else None, shape,
-                             b_bits=k, digits_of_b=True)
-    out = _back_to_ring(ctx, y & mask(k), k, 2 * IN_FRAC, ctx.ring.frac)
+        y = y + cross_matmul(ctx, 0, ak if ctx.party == 0 else None, bk if ctx.party == 1 else None, shape, b_bits=k)
+        y = y + cross_matmul(ctx, 1, ak if ctx.party == 1 else None, bk if ctx.party == 0 else None, shape, b_bits=k)
+    out = lift_local(ctx, y, k, 2 * IN_FRAC, ctx.ring.frac)
     return out.reshape(*lead, m, n)
 
 
-__all__ = ["linear", "matmul_shared", "cross_matmul", "plan_blocks", "BlockPlan", "LinearStats", "linear_stats",
-           "signed_digits", "IN_FRAC", "W_FRAC", "W_BITS"]
+__all__ = ["linear", "matmul_shared", "cross_matmul", "lift_local", "plan_blocks", "BlockPlan", "LinearStats",
+           "linear_stats", "IN_FRAC", "W_FRAC", "W_BITS"]
