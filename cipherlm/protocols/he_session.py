@@ -143,11 +143,21 @@ class HESession:
         self.he.evaluator.transform_to_ntt_inplace(pt, self.top)
         return pt
 
-    def finish(self, acc: seal.Ciphertext, positions: np.ndarray, noise_bound: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def zero_ntt(self) -> seal.Ciphertext:
+        """A public-key encryption of zero under the peer's key, NTT form (an all-zero block)."""
+        ct = seal.Ciphertext()
+        self._peer_encryptor.encrypt_zero(self.top, ct)
+        self.he.evaluator.transform_to_ntt_inplace(ct)
+        return ct
+
+    def finish(self, acc: seal.Ciphertext, positions: np.ndarray, noise_bound: float, *,
+               send_level=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Turn an NTT-form product into what the encryptor may see.
 
         Adds a uniform mask r (mod t) at ``positions``, re-randomises with a
         public-key encryption of zero, floods the noise, switches to RESULT_PRIMES primes.
+        ``send_level`` (a parms_id; default the two-prime level) is for tests that
+        inspect the noise before the switch.
         Returns (c1, c0 at positions, -r mod t) — the last is this party's share."""
         ev = self.he.evaluator
         ev.transform_from_ntt_inplace(acc)
@@ -164,7 +174,9 @@ class HESession:
             q = np.uint64(self.he.coeff_moduli[j])
             arr[0, j] = (arr[0, j] + residue) % q
         ct = serialize.numpy_to_ciphertext(self.he, arr, parms_id=self.top, is_ntt_form=False)
-        ev.mod_switch_to_inplace(ct, self.bottom)
+        target = self.bottom if send_level is None else send_level
+        if list(target) != list(self.top):
+            ev.mod_switch_to_inplace(ct, target)
         out = serialize.ciphertext_to_numpy(ct)
         share = (np.uint64(self.t) - r) & np.uint64(self.t - 1)
         return out[1], out[0][:, positions], share

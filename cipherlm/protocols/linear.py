@@ -276,8 +276,7 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
                         ev.multiply_plain(row[di], pt, tmp)
                         ev.add_inplace(acc, tmp)
                 if acc is None:  # an all-zero block: a re-randomised encryption of zero still hides it
-                    acc = seal.Ciphertext(row[0])
-                    ev.sub_inplace(acc, row[0])
+                    acc = he.zero_ntt()
                 c1, c0, sh = he.finish(acc, positions, bound)
                 c1s.append(c1)
                 c0s.append(c0)

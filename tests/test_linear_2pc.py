@@ -1,0 +1,198 @@
+"""The 2pc linear protocol (cipherlm.protocols.linear): HE cross terms on shares.
+
+Checked against numpy: the coefficient packing (pure numpy negacyclic
+products), linear layers and shared matrix products; the encryptor's view
+(uniform output shares, independent of the weights; flooded noise); bad input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_mpc_views import P_MIN, p_same, p_uniform
+
+from cipherlm.mpc.context import MPCError
+from cipherlm.mpc.runner import PartyFailed, run_inprocess, run_processes
+from cipherlm.mpc.shares import share_input
+from cipherlm.protocols import linear as L
+from cipherlm.protocols.he_session import he_session
+
+
+def _negacyclic(a: np.ndarray, b: np.ndarray, t: int) -> np.ndarray:
+    n = a.size
+    full = np.zeros(2 * n, dtype=object)
+    for i in np.nonzero(a)[0]:
+        full[i:i + n] += int(a[i]) * b.astype(object)
+    return (full[:n] - full[n:]) % t
+
+
+@pytest.mark.parametrize("m,d,o,n", [(3, 5, 4, 64), (2, 7, 3, 32), (1, 16, 2, 32)])
+def test_coefficient_packing_matches_numpy(m, d, o, n):
+    rng = np.random.default_rng(m + d + o)
+    t = 1 << 20
+    A = rng.integers(0, t, (1, m, d), dtype=np.uint64)
+    B = rng.integers(-50, 50, (1, d, o))
+    plan = L.plan_blocks(m, d, o, n)
+    assert plan.mw * plan.dw * plan.ow <= n
+    pos = plan.positions()
+    assert len(set(pos.tolist())) == pos.size and pos.max() < n
+    pa, pb = L._pack_lhs(plan, A), L._pack_rhs(plan, B)
+    out = np.zeros((1, plan.mb, plan.ob, pos.size), np.uint64)
+    for mi in range(plan.mb):
+        for oi in range(plan.ob):
+            acc = np.zeros(n, dtype=object)
+            for di in range(plan.db):
+                acc = acc + _negacyclic(pa[0, mi, di], pb[0, di, oi], t)
+            out[0, mi, oi] = np.array([int(v) % t for v in acc[pos]], np.uint64)
+    got = L._unpack_out(plan, out)[0]
+    ref = (A[0].astype(object) @ B[0].astype(object)) % t
+    assert np.array_equal(got.astype(object), ref)
+
+
+def _linear_party(ctx, X, W, b, o):
+    x = share_input(ctx, X if ctx.party == 0 else None, owner=0)
+    y = L.linear(ctx, x, W if ctx.party == 1 else None, b if ctx.party == 1 else None, out_features=o,
+                 cache_key="w")
+    y2 = L.linear(ctx, x, W if ctx.party == 1 else None, None, out_features=o, cache_key="w")  # cached blocks
+    return y.reveal_float(), y2.reveal_float()
+
+
+def _tol(d: int, xmax: float, wmax: float) -> float:
+    # input and weight rounding at 2^-(IN_FRAC+1) / 2^-(W_FRAC+1), plus the output truncation
+    return d * (xmax * 2.0 ** -(L.W_FRAC + 1) + wmax * 2.0 ** -(L.IN_FRAC + 1)) + 2.0 ** -14
+
+
+@pytest.mark.parametrize("shape,d,o", [((4,), 24, 10), ((2, 3), 40, 33), ((1,), 300, 5)])
+def test_linear_matches_numpy(shape, d, o):
+    rng = np.random.default_rng(d * o)
+    X = rng.normal(size=shape + (d,))
+    W = rng.normal(size=(d, o)) * 0.3
+    b = rng.normal(size=o)
+    (y, y2), _ = run_inprocess(_linear_party, args0=(X, None, None, o), args1=(None, W, b, o), timeout=300)
+    tol = _tol(d, np.abs(X).max(), np.abs(W).max())
+    assert y.shape == shape + (o,)
+    assert np.abs(y - (X @ W + b)).max() < tol
+    assert np.abs(y2 - X @ W).max() < tol
+
+
+def _matmul_party(ctx, A, B):
+    a = share_input(ctx, A if ctx.party == 0 else None, owner=0)
+    b = share_input(ctx, B if ctx.party == 1 else None, owner=1)
+    ab = L.matmul_shared(ctx, a, b)
+    c = L.matmul_shared(ctx, a + a, b)  # both operands shared by both parties' contributions
+    return ab.reveal_float(), c.reveal_float()
+
+
+def test_matmul_shared_matches_numpy():
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(3, 5, 16))
+    B = rng.normal(size=(3, 16, 7))
+    (ab, c), _ = run_inprocess(_matmul_party, args0=(A, None), args1=(None, B), timeout=300)
+    tol = _tol(16, 2 * np.abs(A).max(), np.abs(B).max())
+    assert np.abs(ab - A @ B).max() < tol
+    assert np.abs(c - 2 * A @ B).max() < 2 * tol
+
+
+def test_linear_two_processes():
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(3, 20))
+    W = rng.normal(size=(20, 6)) * 0.2
+    (y, _), _ = run_processes(_linear_party, args0=(X, None, None, 6), args1=(None, W, None, 6), timeout=300)
+    assert np.abs(y - X @ W).max() < _tol(20, np.abs(X).max(), np.abs(W).max())
+
+
+# ----------------------------------------------------------------------------- views
+def _view_party(ctx, reps, W):
+    """The encryptor's (client's) output shares of x_0 W for a fixed x_0 = 0."""
+    he_session(ctx)
+    out = []
+    for _ in range(reps):
+        A = np.zeros((1, 8, 16), np.uint64) if ctx.party == 0 else None
+        out.append(L.cross_matmul(ctx, 0, A, W, (1, 8, 16, 12), b_bits=L.W_BITS))
+    return np.stack(out) if ctx.party == 0 else None
+
+
+def test_encryptor_output_share_is_uniform_and_independent_of_weights():
+    """With x_0 = 0 the client's decrypted values are A W + r = r: they must be
+    uniform mod t and distributed identically for two very different weights."""
+    rng = np.random.default_rng(5)
+    W1 = np.zeros((1, 16, 12), np.int64)
+    W2 = rng.integers(-(1 << 16), 1 << 16, (1, 16, 12))
+    views = []
+    for W in (W1, W2):
+        v, _ = run_inprocess(_view_party, args0=(6, None), args1=(6, W), timeout=300)
+        views.append(v.reshape(-1))
+    t = 1 << 59
+    top = [(v >> np.uint64(59 - 4)) for v in views]
+    low = [(v & np.uint64(15)) for v in views]
+    for v in top + low:  # uniform top and low bits
+        assert p_uniform(v, 16) > P_MIN
+    assert p_same(top[0], top[1], 16) > P_MIN  # same distribution for W1 and W2
+    assert p_same(low[0], low[1], 16) > P_MIN
+    assert all(v.max() < t for v in views)
+
+
+def _noise_party(ctx, flood):
+    """Encryptor: the remaining noise budget of one result ciphertext (all of c0 sent)."""
+    import tenseal.sealapi as seal
+
+    from cipherlm.he import serialize
+
+    he = he_session(ctx)
+    plan = L.plan_blocks(2, 8, 4, he.n)
+    if ctx.party == 0:
+        A = np.zeros((1, 2, 8), np.uint64)
+        ctx.send({"cts": he.encrypt_polys(L._pack_lhs(plan, A).reshape(-1, he.n))})
+        reply = ctx.recv()
+        arr = np.stack([reply["c0"], reply["c1"]])
+        ct = serialize.numpy_to_ciphertext(he.he, arr, parms_id=he.top, is_ntt_form=False)
+        return he.keys._decryptor.invariant_noise_budget(ct)
+    if not flood:
+        he.flood_bound = lambda bound: 1  # a test-only evaluator that does not flood
+    ct = he.load_input(bytes(ctx.recv()["cts"][0]))
+    acc = seal.Ciphertext()
+    he.he.evaluator.multiply_plain(ct, he.encode_plain(np.arange(he.n) % 7 - 3), acc)
+    c1, c0, _ = he.finish(acc, np.arange(he.n), L.noise_bound(he.n, 3), send_level=he.top)
+    ctx.send({"c1": c1, "c0": c0})
+    return None
+
+
+def test_result_noise_is_flooded():
+    """Before the modulus switch, the noise of a result is >= 2^40 times larger with
+    flooding than without (the remaining noise budget drops by >= 40 bits), and
+    the result still decrypts (budget > 0).  (After the switch to two primes both
+    are below the switch's own rounding noise, which is why this looks earlier.)"""
+    budgets = [run_inprocess(_noise_party, args0=(flood,), args1=(flood,), timeout=120)[0] for flood in (False, True)]
+    assert budgets[0] - budgets[1] >= 40, budgets
+    assert budgets[1] > 0, budgets
+
+
+# ----------------------------------------------------------------------------- bad input
+def _bad_weight_party(ctx, W):
+    x = share_input(ctx, np.ones((2, 4)) if ctx.party == 0 else None, owner=0)
+    return L.linear(ctx, x, W, out_features=3).reveal_float()
+
+
+@pytest.mark.parametrize("W,msg", [(np.ones((5, 3)), "shape"), (np.full((4, 3), 100.0), "bound")])
+def test_bad_weights_are_rejected(W, msg):
+    with pytest.raises(PartyFailed, match=msg):
+        run_inprocess(_bad_weight_party, args0=(None,), args1=(W,), timeout=120)
+
+
+def _short_reply_party(ctx):
+    he = he_session(ctx)
+    if ctx.party == 1:  # a faulty evaluator: too few result ciphertexts
+        ctx.recv()
+        ctx.send({"c1": np.zeros((0, 2, he.n), np.uint64), "c0": np.zeros((0, 2, 1), np.uint64)})
+        return None
+    return L.cross_matmul(ctx, 0, np.zeros((1, 2, 4), np.uint64), None, (1, 2, 4, 3), b_bits=L.W_BITS)
+
+
+def test_malformed_reply_is_an_error():
+    with pytest.raises(PartyFailed, match="reply has shapes"):
+        run_inprocess(_short_reply_party, timeout=120)
+
+
+def test_empty_product_is_an_error():
+    with pytest.raises(MPCError):
+        L.plan_blocks(0, 3, 4, 64)
