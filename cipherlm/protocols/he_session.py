@@ -14,7 +14,8 @@ ciphertexts live at the three 60-bit data primes (the 38-bit prime is SEAL's
 special prime, unused: the linear protocol has no key switching).  The
 evaluator *re-randomises* every result (adds a public-key encryption of zero
 under the encryptor's key, so the ``c1`` half is fresh), *floods* the noise
-(adds a uniform integer in [-B_f, B_f) to every coefficient of ``c0``,
+(adds a uniform integer in [-B_f, B_f) to every coefficient of ``c0`` that
+is sent,
 B_f >= 2^40 x the noise bound: statistical distance about 2^-40 per
 coefficient, DESIGN.md's 40-bit statistical security), adds the uniform
 output mask, and *modulus-switches* down to two primes before sending
@@ -170,9 +171,10 @@ class HESession:
         ev.add_inplace(acc, zero)
         arr = serialize.ciphertext_to_numpy(acc)
         b_f = self.flood_bound(noise_bound)
-        for j, residue in enumerate(self._flood_residues(b_f)):
+        # only the c0 coefficients at `positions` are ever sent: flood those
+        for j, residue in enumerate(self._flood_residues(b_f, positions.size)):
             q = np.uint64(self.he.coeff_moduli[j])
-            arr[0, j] = (arr[0, j] + residue) % q
+            arr[0, j, positions] = (arr[0, j, positions] + residue) % q
         ct = serialize.numpy_to_ciphertext(self.he, arr, parms_id=self.top, is_ntt_form=False)
         target = self.bottom if send_level is None else send_level
         if list(target) != list(self.top):
@@ -182,19 +184,19 @@ class HESession:
         return out[1], out[0][:, positions], share
 
 
-    def _flood_residues(self, b_f: int) -> list[np.ndarray]:
+    def _flood_residues(self, b_f: int, count: int) -> list[np.ndarray]:
         """A uniform integer vector u - b_f, u in [0, 2 b_f) (b_f a power of two),
         as residues modulo each data prime; u is drawn as 32-bit limbs."""
         bits = int(b_f).bit_length()  # u has log2(b_f) + 1 bits
         limbs = []
         while bits > 0:
             w = min(32, bits)
-            limbs.append((self.rng.integers(0, 1 << w, size=self.n, dtype=np.uint64), w))
+            limbs.append((self.rng.integers(0, 1 << w, size=count, dtype=np.uint64), w))
             bits -= w
         out = []
         for q in self.he.coeff_moduli:
             Q = np.uint64(q)
-            acc = np.zeros(self.n, np.uint64)
+            acc = np.zeros(count, np.uint64)
             for limb, w in limbs:  # most significant first
                 acc = (mulmod_scalar(acc, 1 << w, q) + limb % Q) % Q
             out.append((acc + np.uint64(q - (b_f % q))) % Q)
