@@ -31,7 +31,7 @@ bytes and ct-pt products (`plan_blocks`) and reported in `LinearStats`.
 
 Arithmetic: HE in Z_t, t = 2^59.  Inputs are locally truncated from f to
 ``IN_FRAC`` = 14 fraction bits (SecureML local truncation, free), weights are
-encoded with ``W_FRAC`` = 14 fraction bits (public bound |W| < 8), products
+encoded with ``W_FRAC`` = 14 fraction bits (public bound |W| < 32), products
 carry 28 fraction bits.  The result shares mod 2^59 are lifted to Z_2^64
 *locally*: each party reads its share as a centred integer (the SecureML
 argument of BLB appendix C.4 applied to a ring extension: the sum is the true
@@ -59,7 +59,7 @@ from .he_session import FLOOD_SIGMA, FRESH_NOISE_MAX, RESULT_PRIMES, HESession, 
 
 IN_FRAC = 14
 W_FRAC = 14
-W_BITS = 18  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound (|W| < 8), checked by the weight owner
+W_BITS = 20  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound (|W| < 32), checked by the weight owner
 
 #: cost-model constants (seconds on the 2-vCPU reference machine; bytes/s of a 1 Gbps LAN)
 _T_PRODUCT = 1.6e-4
