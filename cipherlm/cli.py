@@ -11,7 +11,7 @@ import sys
 
 from cipherlm import __version__
 
-MODES = ("plain", "offload")
+MODES = ("plain", "offload", "2pc")
 DEFAULT_DECODER = "smollm2-135m"
 DEFAULT_ENCODER = "minilm-l6"
 DEFAULT_PROMPT = "What is the capital of France?"
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--mode", choices=MODES, default="plain")
     g.add_argument("--model", default=DEFAULT_DECODER, help="model name or path (plain mode)")
-    g.add_argument("--server", type=_server_address, help="HOST:PORT of a `cipherlm serve` (offload mode)")
+    g.add_argument("--server", type=_server_address, help="HOST:PORT of a `cipherlm serve` (offload / 2pc mode)")
     g.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
     _add_sampling_args(g)
     _add_report_args(g)
@@ -64,29 +64,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_args(c)
 
     s = sub.add_parser("serve", help="serve a model to private-inference clients")
-    s.add_argument("--mode", choices=("offload",), default="offload")
+    s.add_argument("--mode", choices=("offload", "2pc"), default="offload")
     s.add_argument("--model", default=DEFAULT_DECODER)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7070, help="0 picks a free port (printed on stdout)")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds a session may stay silent")
     s.add_argument("--workers", type=int, default=1,
                    help="HE worker processes (SEAL holds the GIL; use the machine's physical cores)")
+    s.add_argument("--embedding", default="auto",
+                   help="2pc: private embedding lookup (auto = FastQuery protocol with a 12-bit table; "
+                        "onehot-linear, exact, fastquery, cheetah, ...)")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
     d.add_argument("--mode", choices=MODES, default="offload")
     d.add_argument("--model", default=DEFAULT_DECODER)
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
-    d.add_argument("--max-new-tokens", type=int, default=8)
+    d.add_argument("--max-new-tokens", type=int, default=None, help="default 8 (offload), 2 (2pc)")
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload", "mpc"), help="which benchmark")
+    b.add_argument("what", choices=("offload", "mpc", "embedding"), help="which benchmark")
     b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--rows", type=int, default=128,
                    help="rows of the nonlinear shapes (bench mpc; softmax 128x128, GeLU 128x3072, ...)")
     b.add_argument("--only", help="comma-separated operation names (bench mpc; default all)")
     b.add_argument("--processes", action="store_true",
                    help="bench mpc: the two parties as two OS processes over TCP (default: two threads)")
+    b.add_argument("--vocab", type=int, default=32000, help="bench embedding: table rows (LLaMA-7B: 32000)")
+    b.add_argument("--dim", type=int, default=4096, help="bench embedding: table columns (LLaMA-7B: 4096)")
+    b.add_argument("--methods", help="bench embedding: comma-separated rows (default the Table 6 ablation)")
+    b.add_argument("--tokens", type=int, default=1, help="bench embedding: token ids per query")
+    b.add_argument("--flood-bits", default="40", help="bench embedding: flooding bits, e.g. 40 or 40,0")
+    b.add_argument("--seed", type=int, default=0, help="bench embedding: random table / ids seed")
     b.add_argument("--model", default=DEFAULT_DECODER)
     b.add_argument("--prompt-tokens", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=16)

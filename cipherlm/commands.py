@@ -138,8 +138,9 @@ def cmd_generate(args) -> int:
         _write_outputs(report, args)
         return 0
     if args.server is None:
-        raise UserError("--mode offload needs --server HOST:PORT (start one with `cipherlm serve --mode offload`)")
-    result = run_offload_generation(args.server, args.model, args.prompt, args, report=report, compare=args.compare)
+        raise UserError(f"--mode {args.mode} needs --server HOST:PORT (start one with `cipherlm serve --mode {args.mode}`)")
+    run = run_twopc_generation if args.mode == "2pc" else run_offload_generation
+    result = run(args.server, args.model, args.prompt, args, report=report, compare=args.compare)
     report.extra.update(result["extra"])
     report.finish(wall_seconds=time.perf_counter() - t0)
     print(report.summary_text(), file=sys.stderr)
@@ -221,6 +222,57 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
     return {"new_ids": new_ids, "logits": logits, "extra": extra}
 
 
+def run_twopc_generation(server, model, prompt, args, report, compare: bool, stream=True) -> dict:
+    """Greedy generation with a 2pc server (prompt and weights private); optionally compare
+    with the plaintext executor (token agreement; the client has no logits in this mode)."""
+    from cipherlm.net.channel import ChannelClosed, ChannelTimeout
+    from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError
+    from cipherlm.runtime.twopc_session import LayerProgress, TwoPCClient, add_client_stats
+
+    host, port = server
+    _err(f"connecting to {host}:{port} (2pc) ...")
+    try:
+        with TwoPCClient(host, port, model=model, progress=LayerProgress()) as client:
+            tokenizer, config = client.tokenizer, client.config
+            prompt_ids = tokenizer.encode(chat_prompt(tokenizer, prompt, getattr(args, "raw", False))).ids
+            _err(f"{len(prompt_ids)} prompt tokens, generating under 2PC (embedding {client.plan['embedding']}) ...")
+            streamer = TokenStreamer(tokenizer) if stream else (lambda t: None)
+            token_times: list[float] = []
+            t_gen = time.perf_counter()
+
+            def on_token(tid):
+                token_times.append(time.perf_counter() - t_gen)
+                streamer(tid)
+
+            new_ids = client.generate(prompt_ids, args.max_new_tokens, eos_ids(config, tokenizer), on_token)
+            if stream:
+                streamer.finish()
+            add_client_stats(report, client)
+            name = client.model
+    except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout) as exc:
+        raise UserError(f"2pc session failed: {exc}") from exc
+    extra = {
+        "prompt_tokens": len(prompt_ids), "new_tokens": len(new_ids), "new_ids": new_ids,
+        "first_token_seconds": token_times[0] if token_times else None,
+        "later_token_seconds_mean": float(np.mean(np.diff(token_times))) if len(token_times) > 1 else None,
+        "text": tokenizer.decode(new_ids, skip_special_tokens=True),
+    }
+    if compare:
+        from cipherlm.models import load_model
+        from cipherlm.runtime.plain import plain_executor
+
+        _err("running the plaintext executor for comparison ...")
+        lm = load_model(name)
+        ref_ids, _ = plain_executor(lm).generate(prompt_ids, **_gen_kwargs(args, lm.config, lm.tokenizer))
+        n = max(len(ref_ids), len(new_ids))
+        extra["agreement"] = sum(a == b for a, b in zip(ref_ids, new_ids)) / n if n else 1.0
+        extra["identical_prefix"] = next((i for i, (a, b) in enumerate(zip(ref_ids, new_ids)) if a != b),
+                                         min(len(ref_ids), len(new_ids)))
+        extra["plain_text"] = lm.tokenizer.decode(ref_ids, skip_special_tokens=True)
+        report.agreement = extra["agreement"]
+    return {"new_ids": new_ids, "extra": extra}
+
+
 def compare_with_plain(model_name, prompt_ids, new_ids, logits, args) -> dict:
     """Agreement of private greedy tokens with the plaintext executor's, and first-token logit MSE."""
     _err("running the plaintext executor for comparison ...")
@@ -265,6 +317,28 @@ def classify_texts(executor, tokenizer, texts, progress_label: str | None = None
     return np.stack(out)
 
 
+def classify_twopc(server, model, texts, report):
+    """Class logits (N, C) of each sentence from a 2pc server (one forward per sentence)."""
+    from cipherlm.net.channel import ChannelClosed, ChannelTimeout
+    from cipherlm.progress import Progress
+    from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError
+    from cipherlm.runtime.twopc_session import TwoPCClient, add_client_stats
+
+    try:
+        with TwoPCClient(*server, model=model) as client:
+            if not client.labels:
+                raise UserError(f"the server's model {client.model!r} has no classifier head")
+            out = []
+            with Progress("classifying under 2PC") as bar:
+                for i, text in enumerate(texts):
+                    out.append(client.classify(client.tokenizer.encode(text).ids))
+                    bar.update(i + 1, len(texts))
+            add_client_stats(report, client)
+            return np.stack(out), list(client.labels)
+    except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout) as exc:
+        raise UserError(f"2pc session failed: {exc}") from exc
+
+
 def cmd_classify(args) -> int:
     from cipherlm.report import RunReport
     from cipherlm.runtime.plain import polarity_classifier
@@ -278,6 +352,10 @@ def cmd_classify(args) -> int:
         executor, tokenizer, probe = polarity_classifier(load_model(args.model), profiler=report.profiler)
         logits = classify_texts(executor, tokenizer, texts)
         labels = list(probe.labels)
+    elif args.mode == "2pc":
+        if args.server is None:
+            raise UserError("--mode 2pc needs --server HOST:PORT (start one with `cipherlm serve --mode 2pc --model minilm-l6`)")
+        logits, labels = classify_twopc(args.server, args.model, texts, report)
     else:
         if args.server is None:
             raise UserError("--mode offload needs --server HOST:PORT (start one with `cipherlm serve --mode offload --model minilm-l6`)")
@@ -317,15 +395,20 @@ def cmd_classify(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    if args.mode == "2pc":
+        from cipherlm.runtime.twopc_session import run_server as run_2pc
+
+        run_2pc(args.model, args.host, args.port, args.timeout, embedding=getattr(args, "embedding", "auto"))
+        return 0
     from cipherlm.runtime.offload_server import run_server
 
     run_server(args.model, args.host, args.port, args.timeout, workers=args.workers)
     return 0
 
 
-def start_server_process(model: str, timeout: float = 900.0):
+def start_server_process(model: str, timeout: float = 900.0, mode: str = "offload"):
     """Start ``cipherlm serve`` as a separate process on a free loopback port; returns (proc, (host, port))."""
-    cmd = [sys.executable, "-m", "cipherlm", "serve", "--mode", "offload", "--model", model, "--host", "127.0.0.1", "--port", "0"]
+    cmd = [sys.executable, "-m", "cipherlm", "serve", "--mode", mode, "--model", model, "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     found: dict = {}
 
@@ -363,6 +446,10 @@ def cmd_demo(args) -> int:
     t0 = time.perf_counter()
     report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
     args.temperature, args.top_k, args.top_p, args.seed, args.raw = 0.0, 0, 1.0, None, False
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 2 if args.mode == "2pc" else 8
+    if args.mode == "2pc":
+        return demo_twopc(args, report, t0)
     if args.mode == "plain":
         print(f"prompt: {args.prompt}")
         report.extra.update(run_plain_generation(args.model, args.prompt, args, report))
@@ -395,13 +482,37 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def demo_twopc(args, report, t0) -> int:
+    """`cipherlm demo --mode 2pc`: a 2pc server process on loopback and a short greedy generation."""
+    _err(f"starting the 2pc server for {args.model} (a separate process) ...")
+    proc, addr = start_server_process(args.model, mode="2pc")
+    try:
+        print(f"prompt: {args.prompt}")
+        result = run_twopc_generation(addr, args.model, args.prompt, args, report=report, compare=True)
+    finally:
+        stop_process(proc)
+    ex = result["extra"]
+    report.extra.update(ex)
+    report.finish(wall_seconds=time.perf_counter() - t0)
+    print(f"2pc (private):        {ex['text']!r}")
+    print(f"plaintext executor:   {ex['plain_text']!r}")
+    print(f"agreement with plaintext: {ex['agreement']:.3f} (identical prefix {ex['identical_prefix']} tokens)")
+    print(report.summary_text())
+    _write_outputs(report, args)
+    return 0
+
+
 def cmd_bench(args) -> int:
     from cipherlm.report import RunReport
 
     t0 = time.perf_counter()
-    report = RunReport(mode="2pc" if args.what == "mpc" else "offload", model=args.model, command=sys.argv)
+    report = RunReport(mode="offload" if args.what == "offload" else "2pc", model=args.model, command=sys.argv)
     if args.what == "mpc":
         report.extra["operations"] = bench_mpc(args)
+    elif args.what == "embedding":
+        from cipherlm.bench import embedding
+
+        report.extra.update(embedding.run(args))
     else:
         from cipherlm.bench import offload
 

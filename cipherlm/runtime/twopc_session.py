@@ -1,0 +1,436 @@
+"""2pc mode over TCP: `cipherlm serve --mode 2pc` and its client.
+
+The server (party 1) holds the weights; the client (party 0) the prompt and,
+at the end, the output (BLB sections 2-3; CryptoMoE section 2.2's semi-honest
+two-party setting).  One TCP connection per session carries a short control
+dialogue and, for each request, the whole two-party computation of
+`cipherlm.runtime.twopc` on the same framed, accounted channel:
+
+=========  ==============================================  =========================================
+step       client -> server                                server -> client
+=========  ==============================================  =========================================
+hello      ``{type: hello, protocol, mode: "2pc", model}``  ``{type: welcome, protocol, model, config,
+                                                           config_digest, plan, labels, tokenizer,
+                                                           ring, limits}``
+request    ``{type: generate, n_prompt, max_new_tokens}``  ``{type: go}`` then the 2PC run (prefill,
+           or ``{type: classify, n_tokens}``                decode passes with one ``{continue}`` per
+                                                           token from the client)
+stats      ``{type: stats}``                               ``{type: stats, seconds, traffic}``
+bye        ``{type: bye}``                                 (connection closed)
+=========  ==============================================  =========================================
+
+What the server learns: the model name, the number of prompt tokens, the
+generation budget and how many tokens were produced (the shapes of the
+exchange show them anyway).  It opens nothing: the token ids reach it only
+inside the client's HE ciphertexts and shares.  Its log holds session
+open/close and error kinds, never payloads, shares or values.
+
+Faults: every receive has the session timeout; frames are size-checked and
+decoded without pickle (`cipherlm.net.message`); a malformed or unexpected
+message, a bad request, a peer that crashes or stalls ends that session only
+(``{type: error}`` is sent when the channel still works) and the server goes
+on serving others.  Each session runs in its own thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from cipherlm.mpc.context import Context, MPCError
+from cipherlm.net.channel import ChannelClosed, ChannelTimeout, FrameError, TCPChannel, listen
+from cipherlm.runtime import twopc
+from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
+
+log = logging.getLogger("cipherlm.serve2pc")
+
+PROTOCOL_VERSION = 1
+MAX_NEW_TOKENS = 512
+DEFAULT_TIMEOUT = 600.0
+
+
+def config_digest(config: dict) -> str:
+    """sha256 of the canonical JSON of a model config (both sides check it)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class TwoPCHost:
+    """One model as the 2pc server holds it: weights (prepared once), public config and plan."""
+
+    def __init__(self, model_name: str, embedding: str = "auto", lm=None, classifier=None, labels=None):
+        """`lm`: an already loaded model (anything with name, config, weights, tokenizer);
+        `classifier`: (W (C, d), b) for an encoder without the polarity probe."""
+        from cipherlm.models import load_model
+
+        t0 = time.perf_counter()
+        lm = lm if lm is not None else load_model(model_name)
+        self.name = lm.name
+        self.config = lm.config
+        self.labels = list(labels) if labels is not None else None
+        if classifier is not None and self.labels is None:
+            self.labels = [f"class{i}" for i in range(np.asarray(classifier[0]).shape[0])]
+        if classifier is None and lm.config.get("model_type") in twopc.ENCODER_TYPES and lm.tokenizer is not None:
+            from cipherlm.runtime.plain import polarity_classifier
+
+            _, _, probe = polarity_classifier(lm)
+            classifier = probe.as_linear()["classifier"]
+            self.labels = list(probe.labels)
+        self.weights = twopc.server_weights(lm.config, lm.weights, classifier=classifier)
+        self.plan = twopc.public_plan(lm.config, self.weights, embedding)
+        self.tokenizer_json = lm.tokenizer.to_str() if lm.tokenizer is not None else None
+        self.digest = config_digest(self.config)
+        if self.config.get("model_type") in twopc.ENCODER_TYPES:
+            self.max_tokens = int(self.config.get("max_position_embeddings", 512))
+        else:
+            self.max_tokens = int(twopc._decoder_spec(self.config).max_positions)
+        self.startup_seconds = time.perf_counter() - t0
+
+    @property
+    def kind(self) -> str:
+        return "encoder" if self.config.get("model_type") in twopc.ENCODER_TYPES else "decoder"
+
+    def welcome(self) -> dict:
+        from cipherlm.mpc.ring import RingConfig
+
+        ring = RingConfig()
+        return {"type": "welcome", "protocol": PROTOCOL_VERSION, "mode": "2pc", "model": self.name,
+                "config": self.config, "config_digest": self.digest, "plan": self.plan, "labels": self.labels,
+                "tokenizer": self.tokenizer_json, "ring": {"bits": ring.bits, "frac": ring.frac},
+                "limits": {"max_tokens": self.max_tokens, "max_new_tokens": MAX_NEW_TOKENS}}
+
+
+def _int_field(msg: dict, key: str, lo: int, hi: int) -> int:
+    v = msg.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise ProtocolError(f"{key} must be an integer in {lo}..{hi}")
+    return v
+
+
+class ServerSession:
+    """The server side of one 2pc session."""
+
+    def __init__(self, host: TwoPCHost, chan):
+        self.host = host
+        self.chan = chan
+        self.ctx = Context(chan, 1)
+        self.meter = twopc.OpMeter(chan)
+        self.executor = None
+        self.requests = 0
+
+    def _executor(self):
+        if self.executor is None:
+            self.executor = twopc.make_twopc_executor(self.ctx, self.host.config, self.host.weights,
+                                                      self.host.plan, meter=self.meter)
+        return self.executor
+
+    def run(self) -> None:
+        hello = expect(self.chan.recv(), "hello")
+        if hello.get("protocol") != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {hello.get('protocol')!r} not supported "
+                                f"(this server speaks {PROTOCOL_VERSION})")
+        if hello.get("mode", "2pc") != "2pc":
+            raise ProtocolError(f"this server runs the 2pc mode, not {hello.get('mode')!r}")
+        wanted = hello.get("model")
+        if wanted not in (None, self.host.name):
+            raise ProtocolError(f"unknown model {wanted!r}: this server serves {self.host.name!r}")
+        with self.chan.step("handshake"):
+            self.chan.send(self.host.welcome())
+        while True:
+            msg = self.chan.recv()
+            if not isinstance(msg, dict):
+                raise ProtocolError("expected a message dict")
+            kind = msg.get("type")
+            if kind == "bye":
+                return
+            if kind == "stats":
+                self.chan.send({"type": "stats", "seconds": dict(self.meter.seconds), "traffic": self.meter.stats(),
+                                "requests": self.requests})
+            elif kind == "generate":
+                self._generate(msg)
+            elif kind == "classify":
+                self._classify(msg)
+            else:
+                raise ProtocolError(f"unexpected message type {kind!r}")
+
+    def _generate(self, msg: dict) -> None:
+        if self.host.kind != "decoder":
+            raise ProtocolError(f"model {self.host.name!r} is an encoder: use classify")
+        n = _int_field(msg, "n_prompt", 1, self.host.max_tokens)
+        m = _int_field(msg, "max_new_tokens", 1, MAX_NEW_TOKENS)
+        ex = self._executor()
+        with self.chan.step("handshake"):
+            self.chan.send({"type": "go"})
+        self.requests += 1
+        ex.generate(None, n, m)
+
+    def _classify(self, msg: dict) -> None:
+        if self.host.kind != "encoder" or not self.host.plan.get("classes"):
+            raise ProtocolError(f"model {self.host.name!r} has no classifier head")
+        n = _int_field(msg, "n_tokens", 1, self.host.max_tokens)
+        ex = self._executor()
+        with self.chan.step("handshake"):
+            self.chan.send({"type": "go"})
+        self.requests += 1
+        ex.classify(None, n)
+
+
+class TwoPCServer:
+    """Accepts sessions on a TCP port, one thread per session, and serves one `TwoPCHost`."""
+
+    def __init__(self, host: TwoPCHost, address: str = "127.0.0.1", port: int = 0,
+                 session_timeout: float = DEFAULT_TIMEOUT):
+        self.host = host
+        self.session_timeout = session_timeout
+        self.sock = listen(address, port)
+        self.address = self.sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self.sessions_served = 0
+        self.sessions_failed = 0
+        self._lock = threading.Lock()
+
+    def serve_forever(self) -> None:
+        self.sock.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            threading.Thread(target=self._session, args=(conn, peer), daemon=True, name="2pc-session").start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _session(self, conn: socket.socket, peer) -> None:
+        chan = TCPChannel(conn, timeout=self.session_timeout)
+        sid = f"{peer[0]}:{peer[1]}"
+        log.info("session %s opened", sid)
+        ok = False
+        try:
+            ServerSession(self.host, chan).run()
+            ok = True
+            log.info("session %s closed", sid)
+        except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError, MPCError) as exc:
+            # the message names the kind of fault and shapes, never values
+            log.warning("session %s ended: %s: %s", sid, type(exc).__name__, _short(exc))
+            _try_send_error(chan, f"{type(exc).__name__}: {_short(exc)}")
+        except Exception as exc:  # one broken session must not stop the server
+            log.warning("session %s failed: %s", sid, type(exc).__name__)
+            _try_send_error(chan, f"internal error: {type(exc).__name__}")
+        finally:
+            with self._lock:
+                self.sessions_served += 1
+                self.sessions_failed += 0 if ok else 1
+            chan.close()
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text[:limit]
+
+
+def _try_send_error(chan, message: str) -> None:
+    try:
+        chan.send({"type": "error", "message": message})
+    except Exception:
+        pass
+
+
+def _raise_remote_errors(chan) -> None:
+    """Make `chan.recv` raise RemoteError when the server's error report arrives where a
+    protocol message was expected (mid-computation the client is always waiting on it)."""
+    recv = chan.recv
+
+    def checked(timeout=None):
+        msg = recv(timeout)
+        if isinstance(msg, dict) and msg.get("type") == "error" and set(msg) == {"type", "message"}:
+            chan.close()
+            raise RemoteError(f"server: {msg.get('message')}")
+        return msg
+
+    chan.recv = checked
+
+
+class TwoPCClient:
+    """A session with a 2pc server: handshake, then `generate` / `classify` requests."""
+
+    def __init__(self, host: str, port: int, model: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 progress=None):
+        t0 = time.perf_counter()
+        self.progress = progress
+        self.chan = TCPChannel.connect(host, port, timeout=timeout)
+        _raise_remote_errors(self.chan)
+        try:
+            with self.chan.step("handshake"):
+                self.chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "2pc", "model": model})
+                welcome = expect(self.chan.recv(), "welcome")
+            self._check_welcome(welcome)
+        except BaseException:
+            self.chan.close()
+            raise
+        self.model = welcome["model"]
+        self.config = welcome["config"]
+        self.plan = welcome["plan"]
+        self.labels = welcome.get("labels")
+        self.limits = welcome.get("limits") or {}
+        self.tokenizer = None
+        if welcome.get("tokenizer"):
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_str(welcome["tokenizer"])
+        self.ctx = Context(self.chan, 0)
+        self.meter = twopc.OpMeter(self.chan)
+        self._executor = None
+        self.setup_seconds = time.perf_counter() - t0
+
+    @staticmethod
+    def _check_welcome(w: dict) -> None:
+        if w.get("protocol") != PROTOCOL_VERSION:
+            raise ProtocolError(f"server speaks protocol {w.get('protocol')!r}, this client {PROTOCOL_VERSION}")
+        if w.get("mode") != "2pc":
+            raise ProtocolError(f"the server at this address is not a 2pc server (mode {w.get('mode')!r})")
+        cfg = w.get("config")
+        if not isinstance(cfg, dict) or config_digest(cfg) != w.get("config_digest"):
+            raise ProtocolError("the model config does not match its digest")
+        from cipherlm.mpc.ring import RingConfig
+
+        ring = RingConfig()
+        if w.get("ring") != {"bits": ring.bits, "frac": ring.frac}:
+            raise ProtocolError(f"server ring {w.get('ring')!r} differs from this client's")
+        if not isinstance(w.get("plan"), dict):
+            raise ProtocolError("welcome without a plan")
+
+    @property
+    def kind(self) -> str:
+        return "encoder" if self.config.get("model_type") in twopc.ENCODER_TYPES else "decoder"
+
+    def executor(self):
+        if self._executor is None:
+            self._executor = twopc.make_twopc_executor(self.ctx, self.config, None, self.plan, meter=self.meter,
+                                                       progress=self._layer_progress)
+        return self._executor
+
+    def _layer_progress(self, done, total, note=""):
+        if self.progress is not None:
+            self.progress(done, total, note)
+
+    def _request(self, msg: dict) -> None:
+        with self.chan.step("handshake"):
+            self.chan.send(msg)
+            expect(self.chan.recv(), "go")
+
+    def _run(self, fn):
+        """Run the client's half of the 2PC computation; a server error or a vanished
+        server surfaces as RemoteError / ChannelClosed / ChannelTimeout."""
+        try:
+            return fn()
+        except (KeyError, TypeError, ValueError, MPCError) as exc:
+            # the peer sent something other than the protocol message we expected: most
+            # likely its error report; read it if it is there
+            raise RemoteError(f"the server broke off the computation ({type(exc).__name__})") from exc
+
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=(), on_token=None) -> list[int]:
+        if self.kind != "decoder":
+            raise ProtocolError(f"model {self.model!r} is an encoder: use classify")
+        ids = [int(i) for i in prompt_ids]
+        self._request({"type": "generate", "n_prompt": len(ids), "max_new_tokens": int(max_new_tokens)})
+        ex = self.executor()
+        return self._run(lambda: ex.generate(ids, len(ids), max_new_tokens, eos_ids, on_token))
+
+    def classify(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        self._request({"type": "classify", "n_tokens": int(ids.size)})
+        ex = self.executor()
+        return self._run(lambda: ex.classify(ids, ids.size))
+
+    def server_stats(self) -> dict:
+        self.chan.send({"type": "stats"})
+        return expect(self.chan.recv(), "stats")
+
+    def close(self) -> None:
+        try:
+            self.chan.send({"type": "bye"})
+        except Exception:
+            pass
+        self.chan.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def run_server(model: str, host: str, port: int, timeout: float = DEFAULT_TIMEOUT, embedding: str = "auto") -> None:
+    """Entry point of ``cipherlm serve --mode 2pc``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    model_host = TwoPCHost(model, embedding=embedding)
+    server = TwoPCServer(model_host, host, port, session_timeout=timeout)
+    h, p = server.address
+    log.info("model %s ready in %.1f s (2pc, embedding %s)", model_host.name, model_host.startup_seconds,
+             model_host.plan["embedding"])
+    print(f"LISTENING {h}:{p}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+
+
+__all__ = ["TwoPCHost", "TwoPCServer", "TwoPCClient", "ServerSession", "run_server", "config_digest",
+           "PROTOCOL_VERSION"]
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def add_client_stats(report, client: TwoPCClient) -> dict:
+    """Traffic and seconds per operator class of a 2pc session into a `RunReport`
+    (the client's channel counters; the server's compute seconds go to extra)."""
+    report.add_channel_stats(client.meter.stats(), party="client")
+    for op_class, seconds in client.meter.seconds.items():
+        report.add_seconds(op_class, seconds)
+    try:
+        server = client.server_stats()
+    except Exception:  # the session may be gone after an error; the client's figures stand
+        server = {}
+    report.extra["server_seconds"] = dict(server.get("seconds", {}))
+    report.extra["client_seconds"] = dict(client.meter.seconds)
+    report.extra["op_classes"] = client.meter.summary()
+    report.extra["embedding"] = client.plan.get("embedding")
+    report.extra["setup_seconds"] = client.setup_seconds
+    return server
+
+
+class LayerProgress:
+    """Progress lines for the 2pc forward passes (one update per layer)."""
+
+    def __init__(self, label: str = "2pc forward pass", stream=None):
+        from cipherlm.progress import Progress
+
+        self._cls = Progress
+        self.label = label
+        self.stream = stream
+        self.bar = None
+
+    def __call__(self, done: int, total: int, note: str = "") -> None:
+        if self.bar is None:
+            self.bar = self._cls(f"{self.label}, {note}" if note else self.label, stream=self.stream)
+        self.bar.update(done, total)
+        if done >= total:
+            self.bar.__exit__()
+            self.bar = None
