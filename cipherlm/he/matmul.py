@@ -110,6 +110,7 @@ class CostModel:
     """Seconds per op (N = 8192, 2 primes, measured on the dev machine) and per byte."""
 
     rotate: float = 1.4e-3
+    rotate_low: float = 0.73e-3  # a giant-step rotation after the early rescale (1 prime)
     multiply_plain: float = 0.15e-3
     add: float = 0.03e-3
     rescale: float = 0.3e-3
@@ -149,8 +150,9 @@ class MatmulPlan:
         n_giant = len([i for i in range(1, self.b) if i * self.g < self.m])
         return {
             "rotations": (self.g - 1) + self.n_blocks * n_giant,
+            "giant_rotations": self.n_blocks * n_giant,
             "multiply_plain": self.n_blocks * self.m,
-            "rescale": self.n_blocks,
+            "rescale": self.n_blocks * (n_giant + 1),
             "plaintexts": self.n_blocks * self.m,
             "ciphertexts_in": 1,
             "ciphertexts_out": self.n_blocks,
@@ -163,14 +165,14 @@ class MatmulPlan:
         parallel apply (:mod:`cipherlm.he.parallel`), where every worker repeats the
         g-1 baby steps and does 1/workers of the giant steps and products."""
         o = self.op_counts()
-        rot, mul = o["rotations"], o["multiply_plain"]
+        baby, giant, mul, rescale = self.g - 1, o["giant_rotations"], o["multiply_plain"], o["rescale"]
         if workers > 1:
-            rot = (self.g - 1) + (rot - (self.g - 1)) / workers
-            mul = mul / workers
+            giant, mul, rescale = giant / workers, mul / workers, rescale / workers
         return (
-            rot * cm.rotate
+            baby * cm.rotate
+            + giant * cm.rotate_low
             + mul * (cm.multiply_plain + cm.add)
-            + o["rescale"] * cm.rescale
+            + rescale * cm.rescale
             + self.n_blocks * cm.decrypt_decode
             + (ct_bytes_in + self.n_blocks * ct_bytes_out) * cm.byte
             + len(self.rotation_steps) * cm.galois_key_tiebreak
@@ -466,8 +468,8 @@ def evaluate_blocks(
     blocks: Sequence[tuple[int, Sequence[int]]],
     g_needed: int,
 ) -> tuple[list[tuple[int, bytes]], dict[str, int]]:
-    """The BSGS core: for each (output block o, giant steps ii), the rescaled sum
-    sum_{i in ii} rot(sum_j diag_{ig+j} * rot(x, j), ig), serialised (b"" when all
+    """The BSGS core: for each (output block o, giant steps ii), the sum
+    sum_{i in ii} rot(rescale(sum_j diag_{ig+j} * rot(x, j)), ig), serialised (b"" when all
     its diagonals are zero), and the op counts. ``g_needed`` baby steps are computed
     once and shared by all blocks. :func:`apply` runs every block; a worker of
     :mod:`cipherlm.he.parallel` runs its share."""
@@ -503,6 +505,10 @@ def evaluate_blocks(
                     n["add"] += 1
             if inner is None:
                 continue
+            # rescale before the giant step: rotating at one prime costs about half
+            # of rotating at two (key switching is per prime), more than the extra rescale
+            ev.rescale_to_next_inplace(inner)
+            n["rescale"] += 1
             if i > 0:
                 ev.rotate_vector_inplace(inner, i * p.g, galois_keys)
                 n["rotations"] += 1
@@ -514,8 +520,6 @@ def evaluate_blocks(
         if acc is None:
             out.append((o, b""))
             continue
-        ev.rescale_to_next_inplace(acc)
-        n["rescale"] += 1
         out.append((o, serialize.ciphertext_to_bytes(acc)))
     return out, n
 
