@@ -1,0 +1,798 @@
+"""Private embedding-table lookup: FastQuery (``fastquery_002``, section 4) and its Cheetah baseline.
+
+The client (party 0) holds token ids, the server (party 1) holds the table
+(V x d floats).  Everything happens in the online phase (section 4.2):
+
+1. the client encrypts a one-hot query per token with BFV (coefficient
+   packing, Cheetah section 2.4 / Figure 3: block r of the one-hot vector is the
+   polynomial sum_a x[r n_i + a] X^a) and sends it (seeded: one polynomial per
+   ciphertext);
+2. the server multiplies by its quantised, packed table (block (r, c) is the
+   polynomial sum_{a,b} W[r n_i + a, c n_o + b] X^{b n_i + n_i - 1 - a}), so the
+   coefficient b n_i + n_i - 1 of output c is the looked-up packed value;
+3. FastQuery rows: PackLWEs (`cipherlm.he.packlwe`) gathers these
+   coefficients into ceil(n / N) ciphertexts; Cheetah rows send each output
+   ciphertext's c1 and only the useful c0 coefficients (Cheetah's trick);
+4. the server re-randomises (adds a fresh public-key encryption of zero, so
+   c1 is independent of the table), switches the modulus down to the kept
+   primes, subtracts a uniform mask S (mod t) and floods the sent c0
+   coefficients with uniform noise in [-F, F], F = 2^lambda * B' (B' the
+   documented bound on the table-dependent noise, `embedding_he.plan_params`);
+5. the client decrypts u = W - S mod t: (u, S) are additive shares of the
+   packed value W;
+6. bit-width extension (section 4.2 "Bit-width alignment", SiRNN): each field
+   of the packed coefficient keeps one spare (zero) top bit, so the wrap bit of
+   the shares of the low part of W is msb(u) OR msb(S) (SiRNN's extension with a
+   known-zero MSB); one correlated OT per field gives arithmetic shares of the
+   AND, and each channel comes out as a 64-bit fixed-point AShare.
+
+FastQuery's improvements and the rows of the ablation (Table 6):
+``cheetah`` (16-bit fixed-point table, plaintext modulus 2^37: Cheetah's ring),
+``+quant`` (the section 4.3 channel-wise mixed precision: the third of the
+channels with the largest mean |value| at 4 bits, the rest at 3, power-of-two
+scales; same HE parameters), ``+accbits`` (one-hot-aware accumulation width:
+t = 2^max(13, b_w + 1) and a smaller Q), ``+packing`` (three channels, 4+1, 3+1,
+3+1 bits, per 13-bit coefficient, so d / 3 columns), ``fastquery`` (+PackLWEs).
+``exact``: the table at 12 bits per channel (per-channel power-of-two scale),
+one channel per coefficient, PackLWEs: the mode for real models where 3/4-bit
+quantisation costs accuracy.
+
+The quantisation parameters (bit widths, scales, channel order) are public
+(section 4.3: "the quantization parameters, including the scale and bit-width,
+are publicly known"); the server sends them at setup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+
+import numpy as np
+
+from . import embedding_he as H
+from ..mpc.context import MPCError
+from ..mpc.shares import AShare
+
+__all__ = [
+    "Method",
+    "METHODS",
+    "ABLATION",
+    "QTable",
+    "quantize",
+    "Layout",
+    "make_layout",
+    "EmbeddingSetup",
+    "setup",
+    "lookup",
+    "embedding_lookup",
+    "quantized_rows",
+    "channel_bits",
+]
+
+
+# --------------------------------------------------------------------------- methods
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    quant: str  # "fixed16" | "mixed433" | "uniform12"
+    pack: int  # channels per plaintext coefficient (1 or 3)
+    t_bits: int | None  # fixed plaintext modulus (Cheetah: 37) or None: max(13, field bits + 1)
+    packlwe: bool
+
+
+ABLATION = (
+    Method("cheetah", "fixed16", 1, 37, False),
+    Method("+quant", "mixed433", 1, 37, False),
+    Method("+accbits", "mixed433", 1, None, False),
+    Method("+packing", "mixed433", 3, None, False),
+    Method("fastquery", "mixed433", 3, None, True),
+)
+METHODS = {m.name: m for m in ABLATION}
+METHODS["exact"] = Method("exact", "uniform12", 1, None, True)
+ROW_TITLES = {
+    "cheetah": "Baseline Cheetah",
+    "+quant": "+Quant",
+    "+accbits": "+Accumulation bit-width reduction",
+    "+packing": "+Low bit-width aware element packing",
+    "fastquery": "+PackLWEs (FastQuery)",
+    "exact": "exact (12-bit, PackLWEs)",
+}
+
+
+# --------------------------------------------------------------------------- quantisation
+@dataclasses.dataclass
+class QTable:
+    """q[v, c] * 2^exp[c] approximates table[v, c]; q in [-2^(b_c-1), 2^(b_c-1))."""
+
+    q: np.ndarray  # int16 (V, d)
+    bits: np.ndarray  # int (d,)
+    exp: np.ndarray  # int (d,)
+
+    absmean: np.ndarray | None = None  # per-channel mean |value| (for the channel order)
+
+    def dequantize(self) -> np.ndarray:
+        return self.q.astype(np.float64) * np.exp2(self.exp.astype(np.float64))[None, :]
+
+
+def quantize(table: np.ndarray, quant: str, frac: int = 16) -> QTable:
+    """Per-channel symmetric uniform quantiser with power-of-two scales (section 5.1).
+
+    ``mixed433`` (section 4.3): the ceil(d/3) channels with the largest mean |value|
+    get 4 bits, the others 3.  ``fixed16`` / ``uniform12``: 16 / 12 bits everywhere.
+    Scale 2^e_c with e_c = ceil(log2(max_c / (2^(b-1) - 1/2))) (so the largest value
+    rounds inside the range), at least 2^-frac (the fixed-point resolution).
+    Error: |q 2^e - w| <= 2^(e-1) per entry."""
+    w = np.asarray(table)
+    if w.ndim != 2:
+        raise ValueError(f"embedding table must be 2-D (V, d), got shape {w.shape}")
+    if w.dtype.kind != "f":
+        w = w.astype(np.float64)
+    V, d = w.shape
+    rows = max(1, (1 << 24) // max(1, d))  # work in row chunks (big tables)
+    absmean = np.zeros(d, np.float64)
+    mx = np.zeros(d, np.float64)
+    for r in range(0, V, rows):
+        blk = np.abs(w[r : r + rows].astype(np.float64))
+        if not np.all(np.isfinite(blk)):
+            raise ValueError("embedding table has non-finite values")
+        absmean += blk.sum(axis=0)
+        mx = np.maximum(mx, blk.max(axis=0))
+    absmean /= V
+    if quant == "mixed433":
+        bits = np.full(d, 3, np.int64)
+        order = np.argsort(-absmean, kind="stable")
+        bits[order[: -(-d // 3)]] = 4
+    elif quant == "fixed16":
+        bits = np.full(d, 16, np.int64)
+    elif quant == "uniform12":
+        bits = np.full(d, 12, np.int64)
+    else:
+        raise ValueError(f"unknown quantisation {quant!r}")
+    with np.errstate(divide="ignore"):
+        e = np.ceil(np.log2(mx / (2.0 ** (bits - 1) - 0.5)))
+    e = np.where(np.isfinite(e), e, -frac).astype(np.int64)
+    e = np.maximum(e, -frac)
+    q = np.empty((V, d), np.int16)
+    inv = np.exp2(-e.astype(np.float64))[None, :]
+    lo, hi = -(2 ** (bits - 1))[None, :], (2 ** (bits - 1) - 1)[None, :]
+    for r in range(0, V, rows):
+        q[r : r + rows] = np.clip(np.rint(w[r : r + rows].astype(np.float64) * inv), lo, hi)
+    qt = QTable(q, bits, e)
+    qt.absmean = absmean
+    return qt
+
+
+def channel_bits(layout: "Layout", dim: int) -> np.ndarray:
+    """Bit width of every channel, read from the (public) layout."""
+    bits = np.zeros(dim, np.int64)
+    for s in range(layout.chan.shape[1]):
+        ch = layout.chan[:, s]
+        ok = ch >= 0
+        bits[ch[ok]] = layout.width[ok, s]
+    return bits
+
+
+def quantized_rows(rows: np.ndarray, st: "EmbeddingSetup") -> np.ndarray:
+    """What `lookup` returns for these table rows (the quantised values, as floats)."""
+    bits = channel_bits(st.layout, st.dim)
+    e = st.exp.astype(np.float64)
+    q = np.clip(np.rint(np.asarray(rows, np.float64) * np.exp2(-e)[None, :]),
+                -(2.0 ** (bits - 1))[None, :], (2.0 ** (bits - 1) - 1)[None, :])
+    return q * np.exp2(e)[None, :]
+
+
+# --------------------------------------------------------------------------- packing layout
+@dataclasses.dataclass
+class Layout:
+    """Channel -> (coefficient, field) map.  ``chan[j, s]``: channel in field s of
+    coefficient j (-1: empty); ``width[j, s]``: its bit width; field s starts at
+    bit ``off[j, s]`` and is followed by one spare (zero) bit."""
+
+    chan: np.ndarray  # (n_coeff, slots) int64
+    width: np.ndarray  # (n_coeff, slots) int64
+    t_bits: int
+
+    @property
+    def n_coeff(self) -> int:
+        return self.chan.shape[0]
+
+    @property
+    def off(self) -> np.ndarray:
+        w1 = self.width + 1
+        return np.concatenate([np.zeros((self.n_coeff, 1), np.int64), np.cumsum(w1, axis=1)[:, :-1]], axis=1)
+
+    @property
+    def end(self) -> np.ndarray:
+        """Upper end of each field's region (the carry position): next field's offset, or t_bits."""
+        e = self.off + self.width + 1
+        e[:, -1] = self.t_bits
+        return e
+
+    @property
+    def used_bits(self) -> int:
+        """Bits of the largest packed value (top spare bit excluded)."""
+        return int((self.off[:, -1] + self.width[:, -1]).max())
+
+    @property
+    def centre(self) -> int:
+        """Plaintexts are sent as W - centre, so |W - centre| <= centre (noise)."""
+        return 1 << (self.used_bits - 1)
+
+    def pack(self, qt: QTable) -> np.ndarray:
+        """Packed coefficients W (V, n_coeff) int64: sum_s (q + 2^(b-1)) 2^off."""
+        V = qt.q.shape[0]
+        W = np.zeros((V, self.n_coeff), np.int32)
+        off = self.off
+        for s in range(self.chan.shape[1]):
+            c = self.chan[:, s]
+            ok = c >= 0
+            field = qt.q[:, c[ok]].astype(np.int32) + (1 << (self.width[ok, s] - 1)).astype(np.int32)[None, :]
+            W[:, ok] += field << off[ok, s].astype(np.int32)[None, :]
+        return W
+
+    def to_msg(self) -> dict:
+        return {"chan": self.chan, "width": self.width, "t_bits": np.array([self.t_bits])}
+
+    @classmethod
+    def from_msg(cls, m: dict) -> "Layout":
+        return cls(np.asarray(m["chan"], np.int64), np.asarray(m["width"], np.int64), int(m["t_bits"][0]))
+
+
+def make_layout(bits: np.ndarray, absmean: np.ndarray | None, method: Method) -> Layout:
+    """Section 4.3: with 3 fields per coefficient, order the channels so each 13-bit
+    coefficient holds one 4-bit channel (largest mean |value| first) and two 3-bit ones."""
+    d = bits.shape[0]
+    if method.pack == 1:
+        chan = np.arange(d, dtype=np.int64)[:, None]
+        width = bits.astype(np.int64)[:, None]
+    else:
+        four = np.nonzero(bits == 4)[0]
+        three = np.nonzero(bits == 3)[0]
+        if absmean is not None:
+            four = four[np.argsort(-absmean[four], kind="stable")]
+            three = three[np.argsort(-absmean[three], kind="stable")]
+        n = -(-d // 3)
+        if four.size != n or np.any((bits != 3) & (bits != 4)):
+            raise ValueError("element packing expects the 4,3,3 mixed-precision table")
+        chan = -np.ones((n, 3), np.int64)
+        chan[:, 0] = four
+        t3 = np.concatenate([three, -np.ones(2 * n - three.size, np.int64)])
+        chan[:, 1] = t3[0::2]
+        chan[:, 2] = t3[1::2]
+        width = np.array([[4, 3, 3]] * n, np.int64)
+    lay = Layout(chan, width, 0)
+    need = int((lay.off[:, -1] + lay.width[:, -1]).max()) + 1
+    lay.t_bits = method.t_bits if method.t_bits is not None else max(13, need)
+    if lay.t_bits < need:
+        raise ValueError(f"plaintext modulus 2^{lay.t_bits} too small for {need}-bit packed values")
+    return lay
+
+
+# --------------------------------------------------------------------------- matvec shape
+def partition(vocab: int, n_cols: int, n: int, packlwe: bool, plan_fn) -> tuple[int, int]:
+    """Cheetah's block shape (n_i rows x n_o columns per polynomial, n_i n_o <= N):
+    PackLWEs rows use (N, 1); otherwise the shape with the fewest modelled bytes."""
+    if packlwe:
+        return n, 1
+    best = None
+    ni = n
+    while ni >= 1:
+        no = n // ni
+        if no <= max(1, n_cols):
+            b = plan_fn(ni, no)
+            if b is not None and (best is None or b[0] < best[0]):
+                best = (b[0], ni, no)
+        ni //= 2
+    if best is None:
+        raise ValueError("no feasible Cheetah partition")
+    return best[1], best[2]
+
+
+@dataclasses.dataclass
+class Shape:
+    vocab: int
+    n_cols: int
+    n_i: int
+    n_o: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.vocab // self.n_i)
+
+    @property
+    def col_blocks(self) -> int:
+        return -(-self.n_cols // self.n_o)
+
+
+def _plan(method: Method, layout: Layout, vocab: int, n: int, flood_bits: int):
+    n_cols = layout.n_coeff
+    w_abs = layout.centre
+
+    def for_shape(ni, no):
+        sh = Shape(vocab, n_cols, ni, no)
+        if method.packlwe:
+            outc, outn = 2 * n, -(-n_cols // n)
+        else:
+            outc, outn = n + no, sh.col_blocks
+        try:
+            p = H.plan_params(n=n, t_bits=layout.t_bits, w_abs=w_abs, nnz=min(n, ni * no),
+                              blocks=sh.blocks, packlwe=method.packlwe, flood_bits=flood_bits,
+                              in_count=sh.blocks, out_count=outn, out_coeffs=outc)
+        except ValueError:
+            return None
+        size = sh.blocks * n * p.logq + outn * outc * p.out_bits
+        return size, p
+
+    ni, no = partition(vocab, n_cols, n, method.packlwe, for_shape)
+    _size, plan = for_shape(ni, no)
+    return Shape(vocab, n_cols, ni, no), plan
+
+
+def _plan_any_n(method: Method, layout: Layout, vocab: int, n: int | None, flood_bits: int):
+    """N = 4096 (the paper's) when feasible, else 8192 (Cheetah's t = 2^37 with 40-bit
+    flooding needs more than the 109 bits N = 4096 allows)."""
+    if n is not None:
+        return _plan(method, layout, vocab, n, flood_bits)
+    try:
+        return _plan(method, layout, vocab, 4096, flood_bits)
+    except ValueError:
+        return _plan(method, layout, vocab, 8192, flood_bits)
+
+
+# --------------------------------------------------------------------------- setup
+@dataclasses.dataclass
+class EmbeddingSetup:
+    """One party's state after `setup` (public parameters; the client also its keys,
+    the server its packed table)."""
+
+    method: Method
+    layout: Layout
+    exp: np.ndarray  # per-channel scale exponents (public)
+    shape: Shape
+    plan: H.HEPlan
+    rns: H.RNS
+    dim: int
+    frac: int
+    # client
+    s: np.ndarray | None = None
+    s_hat: np.ndarray | None = None
+    # server
+    W: np.ndarray | None = None  # centred packed plaintexts (V, n_coeff) int64
+    pk: tuple | None = None  # (pk0, pk1) residues (k, N)
+    hectx: object = None
+    galois: object = None
+    setup_bytes: int = 0
+
+
+def _check_ids(ids, vocab):
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be a 1-D array of token ids, got shape {ids.shape}")
+    if ids.size == 0:
+        raise ValueError("ids is empty")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"token id out of range [0, {vocab}): min {ids.min()}, max {ids.max()}")
+    return ids.astype(np.int64)
+
+
+def _seal_context(plan: H.HEPlan, rns: H.RNS):
+    """A SEAL BFV context whose data level is exactly our primes (for PackLWEs)."""
+    from ..he.context import HEContext
+    from ..he.params import HEParams
+
+    p = HEParams(f"fastquery-{plan.n}-{plan.logq}", "bfv", plan.n, tuple(plan.in_bits) + (plan.special_bits,),
+                 plain_modulus=1 << plan.t_bits)
+    ctx = HEContext(p)
+    if tuple(ctx.coeff_moduli) != rns.primes:
+        raise MPCError("SEAL chose other primes than the plan's")
+    return ctx
+
+
+def _primes(plan: H.HEPlan) -> tuple[tuple[int, ...], int | None]:
+    primes, special = H.primes_for(list(plan.in_bits), plan.n, with_special=plan.special_bits)
+    return tuple(primes), special
+
+
+def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquery", frac: int | None = None,
+          flood_bits: int = 40, n: int | None = None) -> EmbeddingSetup:
+    """Per-session setup (not counted as online): the server quantises and packs the
+    table and sends the public quantisation metadata; the client creates its keys
+    and sends its public key (for re-randomisation) and, for PackLWEs, Galois keys."""
+    if method not in METHODS:
+        raise ValueError(f"unknown embedding method {method!r}; known: {sorted(METHODS)}")
+    m = METHODS[method]
+    frac = ctx.ring.frac if frac is None else int(frac)
+    if not (0 < vocab_size and 0 < dim):
+        raise ValueError("vocab_size and dim must be positive")
+    if flood_bits < 0 or flood_bits > 60:
+        raise ValueError("flood_bits must be in 0..60")
+    before = ctx.chan.totals()
+    with ctx.step("embedding.setup"):
+        if ctx.party == 1:
+            if table is None:
+                raise ValueError("the server (party 1) must pass the table")
+            table = np.asarray(table)
+            if table.shape != (vocab_size, dim):
+                raise ValueError(f"table has shape {table.shape}, expected (vocab_size, dim) = {(vocab_size, dim)}")
+            qt = quantize(table, m.quant, frac)
+            lay = make_layout(qt.bits, qt.absmean, m)
+            msg = dict(lay.to_msg(), exp=qt.exp.astype(np.int64), method=np.frombuffer(m.name.encode(), np.uint8),
+                       flood=np.array([flood_bits]))
+            ctx.send(msg)
+            W = lay.pack(qt)
+            W -= np.int32(lay.centre)
+            exp = qt.exp
+            del qt
+        else:
+            if table is not None:
+                raise ValueError("the client (party 0) must not pass a table")
+            msg = ctx.recv()
+            lay = Layout.from_msg(msg)
+            exp = np.asarray(msg["exp"], np.int64)
+            if bytes(np.asarray(msg["method"], np.uint8)).decode() != m.name or int(msg["flood"][0]) != flood_bits:
+                raise MPCError("client and server disagree on the embedding method / flooding")
+            if exp.shape != (dim,) or lay.chan.max() >= dim:
+                raise MPCError("server's quantisation metadata does not match dim")
+            W = None
+        shape, plan = _plan_any_n(m, lay, vocab_size, n, flood_bits)
+        primes, _special = _primes(plan)
+        n = plan.n
+        rns = H.RNS(primes, n)
+        st = EmbeddingSetup(m, lay, exp, shape, plan, rns, dim, frac, W=W)
+        seed = b""
+        if ctx.party == 0:
+            rng = H.new_rng()
+            if m.packlwe:
+                import tenseal.sealapi as seal
+
+                from ..he import serialize
+                from ..he.packlwe import galois_elements
+
+                hectx = _seal_context(plan, rns)
+                kg = seal.KeyGenerator(hectx.seal)
+                st.s = _secret_from_seal(hectx, kg, rns, plan)
+                gk_bytes = serialize.galois_keys_to_bytes(kg.create_galois_keys(galois_elements(n)))
+            else:
+                st.s = H.sample_ternary(rng, n)
+                gk_bytes = b""
+            st.s_hat = H.fft_fwd(st.s)
+            seed = secrets.token_bytes(32)
+            a = H.expand_uniform(seed, b"pk", rns, 1)[0]
+            pk0 = rns.add(rns.neg(H.conv_small(a, st.s_hat, rns.q)), rns.from_signed(H.sample_error(rng, n)))
+            ctx.send({"pk_seed": np.frombuffer(seed, np.uint8),
+                      "pk0": np.frombuffer(H.pack_bits(pk0, rns.bits), np.uint8),
+                      "galois": np.frombuffer(gk_bytes, np.uint8)})
+        else:
+            msg = ctx.recv()
+            seed = bytes(np.asarray(msg["pk_seed"], np.uint8))
+            pk0 = H.unpack_bits(bytes(np.asarray(msg["pk0"], np.uint8)), rns.bits, (), n)
+            pk1 = H.expand_uniform(seed, b"pk", rns, 1)[0]
+            st.pk = (pk0, pk1)
+            if m.packlwe:
+                from ..he import serialize
+
+                st.hectx = _seal_context(plan, rns)
+                st.galois = serialize.galois_keys_from_bytes(st.hectx, bytes(np.asarray(msg["galois"], np.uint8)))
+        ctx.ot  # noqa: B018 (create the OT session; its base OTs run on first use)
+    after = ctx.chan.totals()
+    st.setup_bytes = (after["bytes_sent"] + after["bytes_received"]) - (before["bytes_sent"] + before["bytes_received"])
+    return st
+
+
+def _secret_from_seal(hectx, kg, rns: H.RNS, plan: H.HEPlan) -> np.ndarray:
+    """The client's own ternary secret key as int64 coefficients: SEAL decrypts the
+    crafted ciphertext (0, round(Q/t)) to s mod t."""
+    import tenseal.sealapi as seal
+
+    from ..he import serialize
+
+    t = 1 << plan.t_bits
+    delta = rns.Q // t
+    arr = np.zeros((2, rns.k, plan.n), np.uint64)
+    arr[1, :, 0] = rns.from_int(delta)
+    ct = serialize.numpy_to_ciphertext(hectx, arr, is_ntt_form=False)
+    pt = seal.Plaintext()
+    seal.Decryptor(hectx.seal, kg.secret_key()).decrypt(ct, pt)
+    raw = serialize.plaintext_to_numpy(pt).astype(np.int64)
+    s = np.zeros(plan.n, np.int64)
+    s[: raw.size] = raw
+    s = np.where(s > t // 2, s - t, s)
+    if np.any(np.abs(s) > 1):
+        raise MPCError("could not read the ternary secret key back from SEAL")
+    return s
+
+
+# --------------------------------------------------------------------------- online: client
+def _encrypt_queries(st: EmbeddingSetup, ids: np.ndarray, rng) -> tuple[bytes, bytes]:
+    """One-hot queries, block r = sum_a x[r n_i + a] X^a; symmetric BFV, uniform half
+    from a fresh public seed.  Returns (seed, packed c0)."""
+    rns, sh, n = st.rns, st.shape, st.plan.n
+    T, B = ids.size, sh.blocks
+    seed = secrets.token_bytes(32)
+    c1 = H.expand_uniform(seed, b"query", rns, T * B).reshape(T, B, rns.k, n)
+    e = H.sample_error(rng, (T, B, n))
+    body = rns.from_signed(e)  # (T, B, k, N)
+    delta = rns.from_int(round(rns.Q / (1 << st.plan.t_bits)))
+    blk, pos = ids // sh.n_i, ids % sh.n_i
+    tt = np.arange(T)
+    body[tt, blk, :, pos] = (body[tt, blk, :, pos] + delta[None, :]) % rns.q[None, :]
+    c0 = rns.sub_(body, H.conv_small(c1, st.s_hat, rns.q))
+    return seed, H.pack_bits(c0, rns.bits)
+
+
+def _decrypt(st: EmbeddingSetup, msg: dict, T: int) -> np.ndarray:
+    """u = W - S mod t per (token, packed column)."""
+    plan, n, sh = st.plan, st.plan.n, st.shape
+    out = st.rns.sub(plan.out_k)
+    t = 1 << plan.t_bits
+    if st.method.packlwe:
+        G = -(-T * sh.n_cols // n)
+        ct = H.unpack_bits(bytes(np.asarray(msg["ct"], np.uint8)), out.bits, (G, 2), n)
+        phase = out.add(ct[:, 0], H.conv_small(ct[:, 1], st.s_hat, out.q))  # (G, k, N)
+        vals = out.decode_top(phase, t)  # (G, N)
+        flat = np.empty(T * sh.n_cols, np.int64)
+        for g in range(G):
+            cnt = min(n, T * sh.n_cols - g * n)
+            stride = n >> max(0, (cnt - 1).bit_length())
+            flat[g * n : g * n + cnt] = vals[g, : cnt * stride : stride]
+        return flat.reshape(T, sh.n_cols)
+    C = sh.col_blocks
+    c1 = H.unpack_bits(bytes(np.asarray(msg["c1"], np.uint8)), out.bits, (T, C), n)
+    c0 = H.unpack_bits(bytes(np.asarray(msg["c0"], np.uint8)), out.bits, (T, C), sh.n_o)
+    prod = H.conv_small(c1, st.s_hat, out.q)  # (T, C, k, N)
+    pos = np.arange(sh.n_o) * sh.n_i + sh.n_i - 1
+    phase = out.add(c0, prod[..., pos])
+    vals = out.decode_top(phase, t).reshape(T, C * sh.n_o)
+    return vals[:, : sh.n_cols]
+
+
+# --------------------------------------------------------------------------- online: server
+def _limb_plan(blocks: int, nnz: int, w_abs: int, abits: int = 31) -> tuple[int, int]:
+    """(input limb bits, weight limbs) keeping every FFT product sum below 2^46."""
+    room = H.FFT_SAFE_BITS - 1 - math.ceil(math.log2(blocks * nnz))
+    wb = math.ceil(math.log2(w_abs)) + 1
+    if room - wb >= 8:
+        return min(abits, room - wb), 1
+    return 8, 2
+
+
+def _weight_polys(W: np.ndarray, sh: Shape, n: int, c0: int, c1: int) -> np.ndarray:
+    """Weight polynomials for column blocks [c0, c1): (B, c1-c0, N) int64."""
+    V = W.shape[0]
+    B = sh.blocks
+    cols = np.zeros((B * sh.n_i, (c1 - c0) * sh.n_o), np.int64)
+    lo, hi = c0 * sh.n_o, min(sh.n_cols, c1 * sh.n_o)
+    cols[:V, : hi - lo] = W[:, lo:hi]  # int32 -> int64
+    blk = cols.reshape(B, sh.n_i, c1 - c0, sh.n_o)[:, ::-1]  # a -> n_i - 1 - a
+    poly = blk.transpose(0, 2, 3, 1).reshape(B, c1 - c0, sh.n_o * sh.n_i)
+    if poly.shape[-1] < n:
+        poly = np.concatenate([poly, np.zeros((B, c1 - c0, n - poly.shape[-1]), np.int64)], axis=-1)
+    return poly
+
+
+def _products(st: EmbeddingSetup, ct: np.ndarray, chunk_bytes: int = 1 << 28) -> np.ndarray:
+    """sum_r ct_r * w_{r,c} for every column block c: ct (T, B, 2, k, N) -> (T, C, 2, k, N).
+    Exact float-FFT products (limb split) accumulated over the blocks in the frequency domain.
+    PackLWEs rows (n_i = N, n_o = 1) only use coefficient N-1 of the c0 part (the trace
+    removes the others), which is the plain dot product c0 . W[:, c] over the vocabulary:
+    computed exactly in int64 and put there; the other c0 coefficients are left zero."""
+    rns, sh, n = st.rns, st.shape, st.plan.n
+    T, B = ct.shape[:2]
+    C = sh.col_blocks
+    out = np.zeros((T, 2, rns.k, C, n), np.uint64)
+    comps = [0, 1]
+    if st.method.packlwe:
+        comps = [1]
+        c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab].astype(np.int64)
+        for k, q in enumerate(rns.primes):
+            acc = np.zeros((T, C), np.int64)
+            for r0 in range(0, sh.vocab, 1 << 14):  # |c0 W| < 2^31 2^12 2^14 per chunk: no overflow
+                part = c0[:, k, r0 : r0 + (1 << 14)] @ st.W[r0 : r0 + (1 << 14)].astype(np.int64)
+                acc = (acc + part % q) % q
+            out[:, 0, k, :, n - 1] = acc.astype(np.uint64)
+    la, nw = _limb_plan(B, min(n, sh.n_i * sh.n_o), st.layout.centre)
+    a_limbs = H.split_limbs(ct[:, :, comps], 31, la)  # each (T, B, m, k, N)
+    L, m = len(a_limbs), len(comps)
+    A = np.stack(a_limbs, axis=0)  # (L, T, B, m, k, N)
+    A = A.transpose(2, 0, 1, 3, 4, 5).reshape(B, L * T * m * rns.k, n)
+    A_hat = H.fft_fwd(A).transpose(2, 1, 0).copy()  # (N, P, B)
+    P = A_hat.shape[1]
+    per_col = B * n * 16 * nw + P * n * 40
+    cc = max(1, min(C, chunk_bytes // per_col))
+    wl = 14
+    qq = rns.q[:, None, None]
+    for c0_ in range(0, C, cc):
+        c1_ = min(C, c0_ + cc)
+        wp = _weight_polys(st.W, sh, n, c0_, c1_)  # (B, cc, N)
+        wparts = [wp] if nw == 1 else [wp & ((1 << wl) - 1), wp >> wl]
+        acc = np.zeros((T, m, rns.k, c1_ - c0_, n), np.uint64)
+        for wi, part in enumerate(wparts):
+            W_hat = H.fft_fwd(part).transpose(2, 0, 1)  # (N, B, cc)
+            R = np.matmul(A_hat, W_hat)  # (N, P, cc)
+            r = H.fft_inv(R.transpose(1, 2, 0)).reshape(L, T, m, rns.k, c1_ - c0_, n)
+            for li in range(L):
+                shift = la * li + wl * wi
+                mult = np.array([pow(2, shift, q) for q in rns.primes], np.uint64)[:, None, None]
+                v = np.mod(r[li], qq.astype(np.int64)).astype(np.uint64)  # (T, m, k, cc, N)
+                acc += (v * mult) % qq
+                acc %= qq
+        out[:, comps, :, c0_:c1_] = acc
+    return out.transpose(0, 3, 1, 2, 4)
+
+
+def _rerandomise(st: EmbeddingSetup, ct: np.ndarray, rng) -> np.ndarray:
+    """ct (..., 2, k, N) + a fresh public-key encryption of zero (pk0 u + e1, pk1 u + e2)."""
+    rns, n = st.rns, st.plan.n
+    lead = ct.shape[:-3]
+    M = int(np.prod(lead)) if lead else 1
+    u = H.sample_ternary(rng, (M, n))
+    u_hat = H.fft_fwd(u)[:, None, :]  # (M, 1, N)
+    pk0, pk1 = st.pk
+    z0 = H.conv_small(np.broadcast_to(pk0, (M, rns.k, n)), u_hat, rns.q)
+    z1 = H.conv_small(np.broadcast_to(pk1, (M, rns.k, n)), u_hat, rns.q)
+    z0 = rns.add(z0, rns.from_signed(H.sample_error(rng, (M, n))))
+    z1 = rns.add(z1, rns.from_signed(H.sample_error(rng, (M, n))))
+    z = np.stack([z0, z1], axis=1).reshape(lead + (2, rns.k, n))
+    return (ct + z) % rns.q[:, None]
+
+
+def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarray, rng) -> np.ndarray:
+    """c0 (..., k', M) + round(q' (centre - S) / t) + uniform flooding in [-F, F]."""
+    t_bits = st.plan.t_bits
+    qp = out.Q
+    v = (st.layout.centre - S.astype(object)) % (1 << t_bits)
+    enc = (v * qp + (1 << (t_bits - 1))) >> t_bits  # round(q' v / t)
+    res = np.empty(S.shape[:-1] + (out.k, S.shape[-1]), np.uint64)
+    for i, p in enumerate(out.primes):
+        res[..., i, :] = np.array((enc % p).reshape(-1).tolist(), dtype=np.uint64).reshape(S.shape)
+    c0 = out.add(c0, res)
+    F = st.plan.flood
+    if F > 0:
+        if F >= 1 << 62:
+            raise MPCError("flooding bound too large for int64 sampling")
+        fl = rng.integers(-F, F + 1, size=S.shape, dtype=np.int64)
+        c0 = out.add(c0, out.from_signed(fl))
+    return c0
+
+
+def _server_respond(st: EmbeddingSetup, msg: dict, rng) -> tuple[dict, np.ndarray]:
+    rns, sh, plan, n = st.rns, st.shape, st.plan, st.plan.n
+    T = int(np.asarray(msg["n"]).reshape(-1)[0])
+    if T <= 0 or T > 1 << 20:
+        raise MPCError(f"bad number of tokens {T}")
+    B = sh.blocks
+    seed = bytes(np.asarray(msg["seed"], np.uint8))
+    if len(seed) != 32:
+        raise MPCError("query seed must be 32 bytes")
+    c0 = H.unpack_bits(bytes(np.asarray(msg["c0"], np.uint8)), rns.bits, (T, B), n)
+    if np.any(c0 >= rns.q[:, None]):
+        raise MPCError("query coefficient not reduced modulo its prime")
+    c1 = H.expand_uniform(seed, b"query", rns, T * B).reshape(T, B, rns.k, n)
+    ct = np.stack([c0, c1], axis=2)  # (T, B, 2, k, N)
+    prod = _products(st, ct)  # (T, C, 2, k, N)
+    out = rns.sub(plan.out_k)
+    t = 1 << plan.t_bits
+    if st.method.packlwe:
+        from ..he import serialize
+        from ..he.packlwe import pack_lwes
+
+        # move coefficient N-1 to 0 (times -X), scale by N^-1 mod Q (PackLWEs multiplies by N)
+        x = np.roll(prod, 1, axis=-1)
+        x[..., 1:] = rns.neg(x[..., 1:])
+        ninv = pow(n, -1, rns.Q)
+        x = rns.mul_scalar(x.reshape(-1, rns.k, n), ninv).reshape(x.shape)
+        flat = x.reshape(T * sh.n_cols, 2, rns.k, n)
+        G = -(-flat.shape[0] // n)
+        packed = np.empty((G, 2, rns.k, n), np.uint64)
+        for g in range(G):
+            cts = [serialize.numpy_to_ciphertext(st.hectx, flat[j], is_ntt_form=False)
+                   for j in range(g * n, min(flat.shape[0], (g + 1) * n))]
+            packed[g] = serialize.ciphertext_to_numpy(pack_lwes(st.hectx, st.galois, cts))
+        packed = _rerandomise(st, packed, rng)
+        sw = rns.switch_to(packed.reshape(G * 2, rns.k, n), plan.out_k).reshape(G, 2, out.k, n)
+        S = rng.integers(0, t, size=(G, n), dtype=np.int64)
+        sw[:, 0] = _mask_and_flood(st, out, sw[:, 0], S, rng)
+        # server's share per (token, column): S at the packed positions
+        Sflat = np.empty(T * sh.n_cols, np.int64)
+        for g in range(G):
+            cnt = min(n, T * sh.n_cols - g * n)
+            stride = n >> max(0, (cnt - 1).bit_length())
+            Sflat[g * n : g * n + cnt] = S[g, : cnt * stride : stride]
+        resp = {"ct": np.frombuffer(H.pack_bits(sw.reshape(G, 2, out.k, n), out.bits), np.uint8)}
+        return resp, Sflat.reshape(T, sh.n_cols)
+    C = sh.col_blocks
+    prod = _rerandomise(st, prod, rng)
+    sw = rns.switch_to(prod.reshape(T * C * 2, rns.k, n), plan.out_k).reshape(T, C, 2, out.k, n)
+    pos = np.arange(sh.n_o) * sh.n_i + sh.n_i - 1
+    S = rng.integers(0, t, size=(T, C, sh.n_o), dtype=np.int64)
+    c0 = _mask_and_flood(st, out, sw[:, :, 0][..., pos], S, rng)
+    resp = {"c1": np.frombuffer(H.pack_bits(sw[:, :, 1], out.bits), np.uint8),
+            "c0": np.frombuffer(H.pack_bits(c0, out.bits), np.uint8)}
+    return resp, S.reshape(T, C * sh.n_o)[:, : sh.n_cols]
+
+
+# --------------------------------------------------------------------------- extension
+def _extend(ctx, st: EmbeddingSetup, share: np.ndarray) -> np.ndarray:
+    """Shares (u, S) mod t of the packed coefficients -> uint64 fixed-point shares of
+    every channel (T, dim).  Field s of W: w_s = (u mod 2^e >> o) + (S mod 2^e >> o)
+    + c_{s-1} - 2^(e-o) c_s with c_s = msb_{e-1}(u) OR msb_{e-1}(S) (the spare bit
+    of W is zero; SiRNN's extension with known MSB); a AND b from one correlated OT
+    (client = sender with correlation a, server chooses with b)."""
+    lay = st.layout
+    T = share.shape[0]
+    x = share.astype(np.uint64)  # (T, n_coeff)
+    off, end, width = lay.off, lay.end, lay.width
+    slots = lay.chan.shape[1]
+    msb = np.stack([(x >> (end[:, s] - 1).astype(np.uint64)[None, :]) & np.uint64(1) for s in range(slots)], -1)
+    with ctx.step("embedding.extend"):
+        if ctx.party == 0:
+            r = np.asarray(ctx.ot.send_cot(msb.reshape(-1), 64), np.uint64).reshape(msb.shape)
+            prod = np.uint64(0) - r
+        else:
+            prod = np.asarray(ctx.ot.recv_cot(msb.reshape(-1).astype(bool), 64), np.uint64).reshape(msb.shape)
+    carry = msb - prod  # share of c_s = a + b - ab (each party its own bit)
+    out = np.zeros((T, st.dim), np.uint64)
+    prev = np.zeros((T, lay.n_coeff), np.uint64)
+    for s in range(slots):
+        o = off[:, s].astype(np.uint64)[None, :]
+        e = end[:, s].astype(np.uint64)[None, :]
+        local = (x & ((np.uint64(1) << e) - np.uint64(1))) >> o
+        w = local + prev - (carry[..., s] << (e - o))
+        prev = carry[..., s]
+        ch = lay.chan[:, s]
+        ok = ch >= 0
+        if ctx.party == 0:  # remove the field offset 2^(b-1)
+            w = w - (np.uint64(1) << (width[:, s].astype(np.uint64) - np.uint64(1)))[None, :]
+        sc = (st.exp[ch[ok]] + st.frac).astype(np.uint64)
+        out[:, ch[ok]] = w[:, ok] << sc[None, :]
+    return out
+
+
+# --------------------------------------------------------------------------- online
+def lookup(ctx, st: EmbeddingSetup, ids=None, *, n_ids: int | None = None) -> AShare:
+    """Online phase: 64-bit fixed-point AShare (len(ids), dim) of the quantised table[ids]."""
+    rng = H.new_rng()
+    if ctx.party == 0:
+        if ids is None:
+            raise ValueError("the client (party 0) must pass ids")
+        ids = _check_ids(ids, st.shape.vocab)
+        T = ids.size
+        with ctx.step("embedding.query"):
+            seed, c0 = _encrypt_queries(st, ids, rng)
+            ctx.send({"n": np.array([T], np.int64), "seed": np.frombuffer(seed, np.uint8),
+                      "c0": np.frombuffer(c0, np.uint8)})
+        with ctx.step("embedding.response"):
+            msg = ctx.recv()
+        share = _decrypt(st, msg, T)
+    else:
+        if ids is not None:
+            raise ValueError("the server (party 1) must not pass ids")
+        with ctx.step("embedding.query"):
+            msg = ctx.recv()
+        T = int(np.asarray(msg.get("n", [0])).reshape(-1)[0])
+        if n_ids is not None and n_ids != T:
+            raise MPCError(f"client sent {T} ids, expected {n_ids}")
+        resp, share = _server_respond(st, msg, rng)
+        with ctx.step("embedding.response"):
+            ctx.send(resp)
+    data = _extend(ctx, st, share)
+    return AShare(ctx, data, 64, st.frac)
+
+
+def embedding_lookup(ctx, ids: np.ndarray | None, table: np.ndarray | None, *, vocab_size: int, dim: int,
+                     method: str = "fastquery", frac: int | None = None, flood_bits: int = 40,
+                     n_ids: int | None = None) -> AShare:
+    """Private lookup of table[ids] (FastQuery, section 4; or ``method="cheetah"`` /
+    ``"exact"`` and the intermediate ablation rows, see `METHODS`).
+
+    Party 0 passes ``ids`` (1-D ints) and ``table=None``; party 1 passes the float
+    table (vocab_size, dim) and ``ids=None`` (the number of ids travels with the
+    query; ``n_ids`` lets the server check it).  Returns a 64-bit AShare
+    (len(ids), dim) with ``frac`` fraction bits (default ``ctx.ring.frac``) of
+    the *quantised* table rows (`quantize`: error <= half a quantisation step
+    per entry).  ``flood_bits``: statistical circuit privacy (0 disables flooding)."""
+    st = setup(ctx, table, vocab_size=vocab_size, dim=dim, method=method, frac=frac, flood_bits=flood_bits)
+    return lookup(ctx, st, ids, n_ids=n_ids)

@@ -1,0 +1,318 @@
+"""Private embedding lookup (FastQuery, fastquery_002 sections 4.2-4.3; Cheetah baseline).
+
+Small tables, N = 4096, in process (one run as two OS processes).  Every lookup
+is compared with the quantised table in numpy; the ablation's bytes must
+decrease row by row; view tests check that the client's decrypted values are
+uniform and that flooding hides the table-dependent noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cipherlm.mpc.runner import PartyFailed, run_inprocess
+from cipherlm.protocols import embedding as E
+from cipherlm.protocols import embedding_he as H
+
+ROWS = [m.name for m in E.ABLATION] + ["exact"]
+P_MIN = 1e-6
+
+
+def _chi2_sf(x: float, df: int) -> float:
+    """Chi-square upper tail (Wilson-Hilferty normal approximation)."""
+    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _p_uniform(counts) -> float:
+    c = np.asarray(counts, float)
+    e = c.sum() / c.size
+    return _chi2_sf(float(((c - e) ** 2 / e).sum()), c.size - 1)
+
+
+def _p_homogeneous(table) -> float:
+    t = np.asarray(table, float)
+    t = t[:, t.sum(0) > 0]
+    e = t.sum(1, keepdims=True) * t.sum(0, keepdims=True) / t.sum()
+    return _chi2_sf(float(((t - e) ** 2 / e).sum()), (t.shape[0] - 1) * (t.shape[1] - 1))
+
+
+def _p_same_variance(a, b) -> float:
+    """Two-sided p of equal variances (log variance ratio, normal approximation)."""
+    z = math.log(np.var(a, ddof=1) / np.var(b, ddof=1)) / math.sqrt(2 / (a.size - 1) + 2 / (b.size - 1))
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+def _table(V, d, seed=0, scale=0.05):
+    rng = np.random.default_rng(seed)
+    t = rng.normal(0, scale, (V, d))
+    t[:, 0] *= 8  # one channel with much larger values (mixed precision picks it)
+    return t
+
+
+def _run(table, ids, method, flood_bits=0, runner=run_inprocess):
+    V, d = table.shape
+
+    def f(ctx):
+        st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=V, dim=d, method=method,
+                     flood_bits=flood_bits)
+        before = ctx.chan.stats()
+        out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
+        after = ctx.chan.stats()
+        online = sum(after[k]["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0)
+                     for k in ("embedding.query", "embedding.response") if k in after)
+        return out.data, st, online
+
+    (a, st0, on0), (b, st1, on1) = runner(f, timeout=600)
+    val = (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac
+    return val, st1, on0 + on1
+
+
+@pytest.mark.parametrize("method", ROWS)
+def test_lookup_matches_quantised_table(method):
+    table = _table(300, 7)
+    ids = np.array([299, 0, 17, 17, 123])
+    val, st, _ = _run(table, ids, method)
+    ref = E.quantized_rows(table[ids], st)
+    assert np.array_equal(val, ref)
+    # and the quantised rows approximate the table within half a step per channel
+    step = np.exp2(st.exp)
+    assert np.all(np.abs(ref - table[ids]) <= step[None, :] / 2 + 1e-12)
+
+
+def test_fastquery_with_40_bit_flooding_correct():
+    table = _table(5000, 10, seed=3)  # two input blocks
+    ids = np.array([4999, 4096, 4095, 1])
+    val, st, _ = _run(table, ids, "fastquery", flood_bits=40)
+    assert st.plan.flood > 2**40 and st.shape.blocks == 2
+    assert np.array_equal(val, E.quantized_rows(table[ids], st))
+
+
+def test_two_processes_through_the_bench_row():
+    from cipherlm.bench.embedding import run_row
+
+    row = run_row("fastquery", 200, 6, 40, np.array([3, 199]), seed=5, processes=True, timeout=300)
+    assert row["correct"] and row["max_abs_error_vs_quantized"] == 0.0
+    assert row["query_bytes"] > 0 and row["response_bytes"] > 0 and row["extension_bytes"] > 0
+
+
+def test_bytes_decrease_along_the_ablation():
+    table = _table(6000, 96, seed=1)
+    ids = np.array([5])
+    sizes = {m: _run(table, ids, m)[2] for m in (r.name for r in E.ABLATION)}
+    order = [r.name for r in E.ABLATION]
+    assert sizes["+quant"] == sizes["cheetah"]  # quantisation alone changes nothing (Table 6)
+    for a, b in zip(order[1:], order[2:]):
+        assert sizes[b] < sizes[a], (a, b, sizes)
+    assert sizes["fastquery"] * 5 < sizes["cheetah"]
+
+
+def test_mixed_precision_quantiser_and_packing():
+    table = _table(64, 10, seed=2)
+    qt = E.quantize(table, "mixed433")
+    absmean = np.abs(table).mean(axis=0)
+    four = set(np.argsort(-absmean)[:4])  # ceil(10/3) = 4 channels at 4 bits
+    assert {int(c) for c in np.nonzero(qt.bits == 4)[0]} == four
+    assert set(qt.bits.tolist()) == {3, 4}
+    for c in range(10):
+        b = int(qt.bits[c])
+        assert qt.q[:, c].min() >= -(2 ** (b - 1)) and qt.q[:, c].max() <= 2 ** (b - 1) - 1
+    assert np.all(np.abs(qt.dequantize() - table) <= np.exp2(qt.exp)[None, :] / 2 + 1e-12)
+    lay = E.make_layout(qt.bits, qt.absmean, E.METHODS["fastquery"])
+    assert lay.t_bits == 13 and lay.n_coeff == 4
+    assert np.all(lay.width[:, 0] == 4) and list(lay.off[0]) == [0, 5, 9]
+    W = lay.pack(qt)
+    assert W.max() < 2**12  # the top (spare) bit of the 13-bit coefficient stays zero
+    for s in range(3):  # every field reads back, its spare bit zero
+        ch = lay.chan[:, s]
+        ok = ch >= 0
+        field = (W[:, ok] >> lay.off[ok, s][None, :]) & ((1 << (lay.width[ok, s] + 1)) - 1)
+        assert np.array_equal(field - (1 << (lay.width[ok, s] - 1))[None, :], qt.q[:, ch[ok]])
+
+
+def test_parameters_secure_and_noise_bound():
+    from cipherlm.he.params import HES_128_CLASSIC_MAX_LOGQ
+
+    for lam in (0, 40):
+        p = H.plan_params(t_bits=13, w_abs=2**11, nnz=4096, blocks=8, packlwe=True, flood_bits=lam,
+                          in_count=8, out_count=1)
+        assert p.logq + p.special_bits <= HES_128_CLASSIC_MAX_LOGQ[4096]
+        # correctness: bound + flooding below q'/(2t)
+        assert p.bound_out + p.flood < 2.0 ** (p.out_bits - 1 - p.t_bits - 0.2 * p.out_k)
+        if lam:
+            assert p.flood >= 2**lam * p.bound_out
+    with pytest.raises(ValueError, match="no 109-bit modulus"):
+        H.plan_params(t_bits=37, w_abs=2**15, nnz=4096, blocks=250, packlwe=False, flood_bits=40)
+
+
+def test_rns_helpers():
+    primes, _ = H.primes_for([20, 25, 28], 4096)
+    rns = H.RNS(primes, 4096)
+    rng = np.random.default_rng(0)
+    x = [int(v) for v in rng.integers(0, 2**62, 16)]
+    x = [v * 977 % rns.Q for v in x]
+    res = np.array([[v % p for v in x] for p in rns.primes], np.uint64)
+    down = rns.drop_last(res)
+    for j, v in enumerate(x):
+        want = (v + primes[-1] // 2) // primes[-1]
+        got = [int(down[i, j]) for i in range(2)]
+        assert all(g % p == want % p for g, p in zip(got, primes[:2])) or \
+            all(g % p == (want - 1) % p for g, p in zip(got, primes[:2]))
+    t = 1 << 13
+    dec = rns.decode_top(res, t)
+    assert np.array_equal(dec, np.array([round(t * v / rns.Q) % t for v in x]))
+    packed = H.pack_bits(res[None], rns.bits)
+    assert len(packed) == sum((16 * b + 7) // 8 for b in rns.bits)
+    assert np.array_equal(H.unpack_bits(packed, rns.bits, (1,), 16)[0], res)
+    # exact FFT product against the schoolbook one
+    a = rng.integers(0, primes[0], 4096).astype(np.uint64)
+    s = rng.integers(-1, 2, 4096)
+    got = H.conv_small(a[None, :], H.fft_fwd(s), np.array(primes[:1], np.uint64))[0]
+    assert np.array_equal(got.astype(np.int64), np.mod(H.negacyclic(a.astype(np.int64), s), primes[0]))
+
+
+# --------------------------------------------------------------------------- views
+def _capture_client(monkeypatch):
+    """Record what the client decrypts: (setup, response message, u) per run."""
+    seen = []
+    orig = E._decrypt
+
+    def spy(st, msg, T):
+        u = orig(st, msg, T)
+        seen.append((st, msg, T, u))
+        return u
+
+    monkeypatch.setattr(E, "_decrypt", spy)
+    return seen
+
+
+def _client_noise(st, msg, T):
+    """phase - round(q' u / t) at the packed positions: the noise the client sees."""
+    plan, n = st.plan, st.plan.n
+    out = st.rns.sub(plan.out_k)
+    G = -(-T * st.shape.n_cols // n)
+    ct = H.unpack_bits(bytes(np.asarray(msg["ct"], np.uint8)), out.bits, (G, 2), n)
+    phase = out.add(ct[:, 0], H.conv_small(ct[:, 1], st.s_hat, out.q))
+    u = out.decode_top(phase, 1 << plan.t_bits)
+    Qp = out.Q
+    vals = np.zeros(phase.shape[0] * n, dtype=object)
+    for i, p in enumerate(out.primes):
+        Mi = Qp // p
+        inv = pow(Mi, -1, p)
+        vals += phase[:, i, :].reshape(-1).astype(object) * (inv * Mi)
+    vals %= Qp
+    enc = (u.reshape(-1).astype(object) * Qp + (1 << (plan.t_bits - 1))) >> plan.t_bits
+    e = (vals - enc) % Qp
+    e = np.where(e > Qp // 2, e - Qp, e)
+    cnt = T * st.shape.n_cols
+    stride = n >> max(0, (cnt - 1).bit_length())
+    return np.array([int(v) for v in e.reshape(G, n)[0, : cnt * stride : stride]], dtype=np.float64)
+
+
+def test_view_client_values_uniform(monkeypatch):
+    """u = W - S mod t is uniform whatever the table: two constant tables give the same
+    (uniform) distribution of the client's decrypted values (chi-square, 16 bins by the
+    top 4 bits and 16 by the low 4 bits)."""
+    seen = _capture_client(monkeypatch)
+    d, T = 3 * 700, 4
+    ids = np.arange(T)
+    us = []
+    for const in (0.0, 0.9):
+        table = np.full((8, d), const)
+        table[:, ::7] = -0.45  # fix the scales
+        _run(table, ids, "+packing")  # same masking as the PackLWEs row, without its run time
+        us.append(seen[-1][3].reshape(-1))
+    for u in us:
+        for bins in (u >> 9, u & 15):
+            counts = np.bincount(bins, minlength=16)
+            assert _p_uniform(counts) > P_MIN
+    for sh in (9, 0):
+        f = [np.bincount((u >> sh) & 15, minlength=16) for u in us]
+        assert _p_homogeneous(f) > P_MIN
+
+
+def test_view_flooding_hides_table_noise(monkeypatch):
+    """With flooding the client's decryption noise is ~uniform on [-F, F] and its
+    distribution does not depend on the table; without flooding (flood_bits = 0) the
+    same test tells the two tables apart (the table-dependent noise shows)."""
+    seen = _capture_client(monkeypatch)
+    V, d, T = 4096, 3 * 700, 1
+    ids = np.array([4095])
+    small = np.zeros((V, d))  # packed W - centre = 136 in every column
+    big = -np.ones((V, d))  # packed W - centre = -956: 7x the table-dependent noise
+
+    def noise(tab, lam):
+        _run(tab, ids, "fastquery", flood_bits=lam)
+        st, msg, TT, _u = seen[-1]
+        return _client_noise(st, msg, TT), st.plan
+
+    flooded = [noise(small, 12), noise(big, 12)]  # 12 bits: small parameters, same formula as 40
+    lim = max(p.flood + p.bound_out for _e, p in flooded)
+    for e, plan in flooded:
+        assert e.size == T * 700
+        assert np.abs(e).max() <= plan.flood + plan.bound_out
+        assert np.abs(e).max() > plan.flood / 2  # the flooding is present
+        assert abs(np.std(e) - plan.flood / math.sqrt(3)) < 0.1 * plan.flood
+    bins = [np.histogram(e, bins=16, range=(-lim, lim))[0] for e, _p in flooded]
+    assert _p_homogeneous(bins) > P_MIN
+    assert _p_same_variance(flooded[0][0], flooded[1][0]) > P_MIN
+    # the statistics have power at this sample size: a 30% larger noise level is flagged
+    assert _p_same_variance(flooded[0][0], 1.3 * flooded[1][0]) < P_MIN
+    e0, plan0 = noise(big, 0)
+    assert np.abs(e0).max() <= plan0.bound_out  # the documented bound holds
+    assert np.abs(e0).max() < plan0.bound_out / 2 ** 2  # and no flooding-sized noise
+
+
+# --------------------------------------------------------------------------- bad input
+def _expect_failure(fn, match):
+    with pytest.raises(PartyFailed, match=match):
+        run_inprocess(fn, timeout=60)
+
+
+@pytest.mark.parametrize("ids, match", [
+    (np.array([0, 300]), "out of range"),
+    (np.array([-1]), "out of range"),
+    (np.array([[1, 2]]), "1-D"),
+    (np.array([1.5]), "integers"),
+    (np.array([], np.int64), "empty"),
+])
+def test_bad_ids(ids, match):
+    table = _table(300, 4)
+
+    def f(ctx):
+        st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=300, dim=4, method="+packing", flood_bits=0)
+        return E.lookup(ctx, st, ids if ctx.party == 0 else None)
+
+    _expect_failure(f, match)
+
+
+def test_bad_table_and_method():
+    def wrong_shape(ctx):
+        return E.embedding_lookup(ctx, np.array([1]) if ctx.party == 0 else None,
+                                  np.zeros((10, 5)) if ctx.party == 1 else None, vocab_size=10, dim=4)
+
+    _expect_failure(wrong_shape, "expected \\(vocab_size, dim\\)")
+
+    def nan_table(ctx):
+        t = np.zeros((10, 4))
+        t[3, 1] = np.nan
+        return E.embedding_lookup(ctx, np.array([1]) if ctx.party == 0 else None, t if ctx.party == 1 else None,
+                                  vocab_size=10, dim=4)
+
+    _expect_failure(nan_table, "non-finite")
+
+    def unknown(ctx):
+        return E.embedding_lookup(ctx, np.array([1]) if ctx.party == 0 else None,
+                                  np.zeros((10, 4)) if ctx.party == 1 else None, vocab_size=10, dim=4, method="x")
+
+    _expect_failure(unknown, "unknown embedding method")
+
+    def mismatch(ctx):  # client and server ask for different methods
+        return E.embedding_lookup(ctx, np.array([1]) if ctx.party == 0 else None,
+                                  np.ones((10, 4)) if ctx.party == 1 else None, vocab_size=10, dim=4,
+                                  method="fastquery" if ctx.party == 0 else "+packing", flood_bits=0)
+
+    _expect_failure(mismatch, "disagree")
