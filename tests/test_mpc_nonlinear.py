@@ -40,6 +40,7 @@ def _run(ctx):
         "rsqrt": nl.rsqrt(ctx, pos).reveal_float(), "max": nl.max_last(ctx, x).reveal_float(),
         "softmax": nl.softmax(ctx, x).reveal_float(),
         "causal": nl.softmax(ctx, sh(X[:1, :8].repeat(8, 0)), mask=CAUSAL).reveal_float(),
+        "parts": [p.reveal_float() for p in nl.softmax_parts(ctx, x)],
         "ln": nl.layer_norm(ctx, ln, g, b).reveal_float(), "rms": nl.rms_norm(ctx, ln, g).reveal_float(),
     }
 
@@ -70,6 +71,11 @@ def test_max_softmax(out):
     ref = _softmax(np.where(CAUSAL, X[:1, :8].repeat(8, 0), -np.inf))
     assert np.abs(out["causal"] - ref).max() <= 5e-3
     assert (out["causal"][~CAUSAL] == 0).all()
+    e, r = out["parts"]  # unnormalised exponentials and the row reciprocal
+    ex = np.exp(X - X.max(-1, keepdims=True))
+    assert e.shape == X.shape and r.shape == (X.shape[0], 1)
+    assert np.abs(e - ex).max() <= 5e-3  # exp_neg's bound
+    assert np.abs(r * ex.sum(-1, keepdims=True) - 1).max() <= 2e-3
 
 
 def test_norms(out):
@@ -110,6 +116,7 @@ def _two_proc(ctx, V, I, T):
         # reveal to one party only: the other must get None
         "softmax": nl.softmax(ctx, x).reveal_float(to=0), "gelu": nl.gelu(ctx, x).reveal_float(to=1),
         "causal": nl.softmax(ctx, sh(X[:1, :8].repeat(8, 0)), mask=CAUSAL).reveal_float(),
+        "parts": [p.reveal_float() for p in nl.softmax_parts(ctx, x)],
         "silu": nl.silu(ctx, x).reveal_float(), "swiglu": nl.swiglu(ctx, x, u).reveal_float(),
         "exp": nl.exp_neg(ctx, neg).reveal_float(), "recip": nl.reciprocal(ctx, pos).reveal_float(),
         "rsqrt": nl.rsqrt(ctx, pos).reveal_float(), "max": nl.max_last(ctx, x).reveal_float(),

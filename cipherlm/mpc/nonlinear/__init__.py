@@ -10,10 +10,10 @@ from .common import TRUNC, compare_public, mulf, sqf
 from .piecewise import gelu, piecewise_poly, silu, swiglu
 from .exp import exp_neg
 from .recip import reciprocal, rsqrt
-from .softmax import max_last, softmax
+from .softmax import max_last, softmax, softmax_parts
 from .norm import layer_norm, rms_norm
 from .select import argmax_last, one_hot, topk_last
 
 __all__ = ["TRUNC", "compare_public", "mulf", "sqf", "piecewise_poly", "gelu", "silu", "swiglu", "exp_neg",
-           "reciprocal", "rsqrt", "max_last", "softmax", "layer_norm", "rms_norm",
+           "reciprocal", "rsqrt", "max_last", "softmax", "softmax_parts", "layer_norm", "rms_norm",
            "argmax_last", "one_hot", "topk_last"]

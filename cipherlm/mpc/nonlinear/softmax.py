@@ -37,8 +37,10 @@ def max_last(ctx, x: AShare) -> AShare:
     return cur
 
 
-def softmax(ctx, x: AShare, mask=None, iters: int = 3) -> AShare:
-    """Softmax over the last axis; mask: public bool array broadcastable to x (True = keep)."""
+def softmax_parts(ctx, x: AShare, mask=None, iters: int = 3) -> tuple[AShare, AShare]:
+    """(e, r): e = exp(x - max) (masked entries 0) and r = 1 / sum(e) per row (shape (..., 1)),
+    so that softmax(x) = e * r.  Attention can multiply e @ V first and scale the
+    (..., head_dim) result by r: fewer products than normalising (..., S) scores when S > head_dim."""
     if mask is not None:
         keep = np.broadcast_to(np.asarray(mask, bool), x.shape)
         x = x + np.where(keep, 0, fixed_encode(MASK_VALUE, x.frac, x.bits)).astype(np.uint64)
@@ -48,4 +50,10 @@ def softmax(ctx, x: AShare, mask=None, iters: int = 3) -> AShare:
         e = e * keep.astype(np.uint64)
     s = e.sum(axis=-1, keepdims=True)
     r = reciprocal(ctx, s, lo=0.5, hi=float(x.shape[-1] + 1), iters=iters)
+    return e, r
+
+
+def softmax(ctx, x: AShare, mask=None, iters: int = 3) -> AShare:
+    """Softmax over the last axis; mask: public bool array broadcastable to x (True = keep)."""
+    e, r = softmax_parts(ctx, x, mask, iters)
     return mulf(ctx, e, r.broadcast_to(e.shape))
