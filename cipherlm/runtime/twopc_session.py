@@ -73,7 +73,8 @@ class TwoPCHost:
         t0 = time.perf_counter()
         lm = lm if lm is not None else load_model(model_name)
         self.name = lm.name
-        self.config = lm.config
+        # as config.json has it (str keys: HF's to_dict() has int-keyed id2label)
+        self.config = json.loads(json.dumps(lm.config, default=str))
         self.labels = list(labels) if labels is not None else None
         if classifier is not None and self.labels is None:
             self.labels = [f"class{i}" for i in range(np.asarray(classifier[0]).shape[0])]
@@ -229,6 +230,7 @@ class TwoPCServer:
             _try_send_error(chan, f"{type(exc).__name__}: {_short(exc)}")
         except Exception as exc:  # one broken session must not stop the server
             log.warning("session %s failed: %s", sid, type(exc).__name__)
+            log.debug("session %s traceback", sid, exc_info=True)
             _try_send_error(chan, f"internal error: {type(exc).__name__}")
         finally:
             with self._lock:

@@ -1,0 +1,188 @@
+"""Accuracy of the 2pc mode against the plaintext executor on the real models (issue 4 acceptance).
+
+* MiniLM polarity (the 200 Rotten Tomatoes sentences, linear probe): 2PC class predictions
+  vs the plaintext executor's; ``--every N`` runs every N-th sentence.
+* SmolLM2 teacher forcing: for each prompt (first ``--prompt-tokens`` tokens of a fixed
+  text), the plaintext greedy continuation of ``--new-tokens`` tokens, then ONE 2PC
+  forward pass over prompt + continuation; the argmax at each position that predicts a
+  continuation token is compared with it (the report's ``agreement``), plus logit error
+  statistics.  For the statistics the logits are opened to the client (a diagnostic: the
+  served mode opens only the argmax).  ``--free-running`` also runs 2PC greedy generation
+  (prefill + KV-cached decode, argmax on shares) and reports the identical-prefix length.
+
+Both parties run in this process (two threads, `run_inprocess`), sharing its cores.
+
+    python benchmarks/twopc_accuracy.py polarity --every 20 --out reports/twopc_polarity.json
+    python benchmarks/twopc_accuracy.py smollm --prompts 5 --out reports/twopc_smollm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cipherlm.mpc.runner import run_inprocess
+from cipherlm.runtime import twopc
+
+PROMPTS = [
+    "The capital of France is Paris, a city known for",
+    "Once upon a time, in a small village by the sea, there lived",
+    "Photosynthesis is the process by which green plants convert",
+    "The first step in writing a good essay is to choose",
+    "Water boils at one hundred degrees Celsius when the pressure",
+]
+
+
+def _write(path, obj) -> None:
+    if path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def polarity(args) -> dict:
+    from cipherlm.models import load_model
+    from cipherlm.models.data import load_polarity
+    from cipherlm.runtime.plain import polarity_classifier
+
+    lm = load_model("minilm-l6")
+    ex, tok, probe = polarity_classifier(lm)
+    pairs = load_polarity()
+    sel = list(range(0, len(pairs), args.every))[: args.limit or None]
+    sw = twopc.server_weights(lm.config, lm.weights, classifier=probe.as_linear()["classifier"])
+    plan = twopc.public_plan(lm.config, sw, embedding=args.embedding)
+    ids_list = [tok.encode(pairs[i][0]).ids for i in sel]
+    ref = [np.asarray(ex.classify(*ex.batch_encode(tok, [pairs[i][0]]))).reshape(-1) for i in sel]
+    rows: list[dict] = []
+    out = {"task": "polarity", "model": lm.name, "every": args.every, "embedding": plan["embedding"],
+           "command": " ".join(sys.argv), "rows": rows}
+
+    def party(ctx):
+        meter = twopc.OpMeter(ctx.chan)
+        enc = twopc.TwoPCEncoder(ctx, lm.config, sw if ctx.party == 1 else None, plan, meter=meter)
+        for j, ids in enumerate(ids_list):
+            t0 = time.perf_counter()
+            logits = enc.classify(np.asarray(ids) if ctx.party == 0 else None, len(ids))
+            if ctx.party == 0:
+                r = ref[j]
+                rows.append({"index": sel[j], "tokens": len(ids), "logits": logits.tolist(), "plain": r.tolist(),
+                             "same": bool(np.argmax(logits) == np.argmax(r)),
+                             "max_abs_err": float(np.max(np.abs(logits - r))), "seconds": time.perf_counter() - t0,
+                             "bytes_so_far": sum(v["bytes"] for v in meter.summary().values())})
+                _summarise_polarity(out, meter)
+                _write(args.out, out)
+                print(f"[{j + 1}/{len(ids_list)}] sentence {sel[j]}: {len(ids)} tokens, same={rows[-1]['same']}, "
+                      f"err {rows[-1]['max_abs_err']:.4f}, {rows[-1]['seconds']:.1f} s", flush=True)
+        return meter.summary()
+
+    run_inprocess(party, timeout=args.timeout)
+    return out
+
+
+def _summarise_polarity(out, meter) -> None:
+    rows = out["rows"]
+    out["n"] = len(rows)
+    out["identical"] = sum(r["same"] for r in rows)
+    out["max_abs_logit_err"] = max(r["max_abs_err"] for r in rows)
+    out["mean_seconds_per_sentence"] = float(np.mean([r["seconds"] for r in rows]))
+    out["mean_tokens"] = float(np.mean([r["tokens"] for r in rows]))
+    out["op_classes"] = meter.summary()
+
+
+def smollm(args) -> dict:
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import plain_executor
+
+    lm = load_model("smollm2-135m")
+    ex = plain_executor(lm)
+    sw = twopc.server_weights(lm.config, lm.weights)
+    plan = twopc.public_plan(lm.config, sw, embedding=args.embedding)
+    P, K = args.prompt_tokens, args.new_tokens
+    cases = []
+    for text in PROMPTS[: args.prompts]:
+        prompt = lm.tokenizer.encode(text).ids[:P]
+        cont = ex.generate(prompt, max_new_tokens=K, eos_token_ids=[])
+        seq = prompt + list(cont)
+        ref_logits = ex.forward(seq)  # (P+K, V)
+        cases.append((prompt, list(cont), seq, ref_logits))
+    rows: list[dict] = []
+    out = {"task": "smollm-teacher-forced", "model": lm.name, "prompt_tokens": P, "new_tokens": K,
+           "embedding": plan["embedding"], "fold_norms": plan["fold_norms"], "command": " ".join(sys.argv),
+           "rows": rows}
+
+    def party(ctx):
+        meter = twopc.OpMeter(ctx.chan)
+        dec = twopc.TwoPCDecoder(ctx, lm.config, sw if ctx.party == 1 else None, plan, meter=meter,
+                                 progress=(lambda d, t, n="": print(f"  layer {d}/{t} {n}", flush=True))
+                                 if ctx.party == 0 and args.verbose else None)
+        for j, (prompt, cont, seq, ref_logits) in enumerate(cases):
+            t0 = time.perf_counter()
+            lg = dec.logits_to_client(dec.forward(np.asarray(seq) if ctx.party == 0 else None, len(seq)))
+            row = None
+            if ctx.party == 0:
+                pos = np.arange(P - 1, P + K - 1)  # positions whose next token is a continuation token
+                pred = np.argmax(lg[pos], axis=-1)
+                err = np.abs(lg[pos] - ref_logits[pos])
+                row = {"prompt": prompt, "plain_continuation": cont, "twopc_argmax": pred.tolist(),
+                       "agree": int(np.sum(pred == np.asarray(cont))), "positions": int(K),
+                       "max_abs_logit_err": float(err.max()), "mean_abs_logit_err": float(err.mean()),
+                       "logit_mse": float(np.mean(err ** 2)), "plain_logit_absmax": float(np.abs(ref_logits[pos]).max()),
+                       "teacher_forced_seconds": time.perf_counter() - t0}
+                rows.append(row)
+                print(f"[{j + 1}/{len(cases)}] teacher forced: {row['agree']}/{K} agree, max err "
+                      f"{row['max_abs_logit_err']:.3f}, {row['teacher_forced_seconds']:.0f} s", flush=True)
+            if args.free_running:
+                t1 = time.perf_counter()
+                gen = dec.generate(np.asarray(prompt) if ctx.party == 0 else None, P, K)
+                if ctx.party == 0:
+                    same = next((i for i, (a, b) in enumerate(zip(gen, cont)) if a != b), min(len(gen), len(cont)))
+                    row.update(free_running=gen, identical_prefix=int(same),
+                               free_running_seconds=time.perf_counter() - t1)
+                    print(f"    free running: identical prefix {same}/{K}, {row['free_running_seconds']:.0f} s",
+                          flush=True)
+            if ctx.party == 0:
+                _summarise_smollm(out, meter)
+                _write(args.out, out)
+        return None
+
+    run_inprocess(party, timeout=args.timeout)
+    return out
+
+
+def _summarise_smollm(out, meter) -> None:
+    rows = out["rows"]
+    out["agreement"] = sum(r["agree"] for r in rows) / sum(r["positions"] for r in rows)
+    out["max_abs_logit_err"] = max(r["max_abs_logit_err"] for r in rows)
+    out["mean_abs_logit_err"] = float(np.mean([r["mean_abs_logit_err"] for r in rows]))
+    if any("identical_prefix" in r for r in rows):
+        out["identical_prefix"] = [r.get("identical_prefix") for r in rows]
+    out["op_classes"] = meter.summary()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("task", choices=("polarity", "smollm"))
+    ap.add_argument("--every", type=int, default=1, help="polarity: every N-th sentence")
+    ap.add_argument("--limit", type=int, default=0, help="polarity: at most this many sentences")
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--free-running", action="store_true", help="smollm: also 2PC greedy generation")
+    ap.add_argument("--embedding", default="auto", choices=twopc.EMBEDDING_METHODS)
+    ap.add_argument("--timeout", type=float, default=36000.0)
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--out", help="JSON results (rewritten after every item)")
+    args = ap.parse_args(argv)
+    out = polarity(args) if args.task == "polarity" else smollm(args)
+    summary = {k: v for k, v in out.items() if k not in ("rows", "op_classes")}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
