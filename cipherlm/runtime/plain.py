@@ -304,7 +304,10 @@ class DecoderSpec:
             spec.n_experts = cfg.get("num_local_experts", 8)
             spec.top_k = cfg.get("num_experts_per_tok", 2)
             spec.norm_topk_prob = True
-            spec.moe_layers = frozenset(range(spec.n_layers))
+            # `mlp_only_layers` (Qwen2-MoE's key; absent from HF Mixtral configs) keeps dense
+            # FFNs in those layers: used by the sparse-upcycled fixture (cipherlm.moe.upcycle)
+            only = set(cfg.get("mlp_only_layers") or [])
+            spec.moe_layers = frozenset(i for i in range(spec.n_layers) if i not in only)
         return spec
 
 
@@ -395,9 +398,14 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator | None, temperature
 class DecoderExecutor(_Profiled):
     """Causal LMs: Llama/Mistral/Qwen2 (SmolLM2), GPT-2, Qwen2-MoE, OLMoE, Mixtral."""
 
-    def __init__(self, config: dict, client_params: dict, backend: LinearBackend, profiler=None):
+    def __init__(self, config: dict, client_params: dict, backend: LinearBackend, profiler=None,
+                 moe_routing=None):
         self.config = config
         self.spec = DecoderSpec.from_config(config)
+        # None: the model's own top-k routing; a `cipherlm.moe.routing.BalancedRouting`: CryptoMoE
+        # balanced routing (each expert takes exactly t tokens per forward call)
+        self.moe_routing = moe_routing
+        self.last_moe_dispatch: dict = {}  # layer -> routing.Dispatch of the last forward (balanced only)
         self.backend = backend
         self._set_profiler(profiler)
         self.p = {k: np.asarray(v, dtype=np.float64) if v.ndim == 1 else v for k, v in client_params.items()}
@@ -545,7 +553,6 @@ class DecoderExecutor(_Profiled):
 
     def _moe(self, p, h):
         s = self.spec
-        T = h.shape[0]
         logits = self._linear(h, [f"{p}.gate"])[0]
         with self._op("moe_routing"):
             probs = ops.softmax(logits, axis=-1)
@@ -554,12 +561,15 @@ class DecoderExecutor(_Profiled):
             if s.norm_topk_prob:
                 w = w / w.sum(axis=-1, keepdims=True)
         self.last_routing[int(p.split(".")[2])] = top
-        out = np.zeros_like(h)
-        for e in np.unique(top):
-            rows, slot = np.nonzero(top == e)
-            y = self._mlp(f"{p}.experts.{int(e)}", h[rows])
-            with self._op("moe_routing"):
-                np.add.at(out, rows, w[rows, slot][:, None] * y)
+        if self.moe_routing is not None:
+            out = self._moe_balanced(p, h, top, w)
+        else:
+            out = np.zeros_like(h)
+            for e in np.unique(top):
+                rows, slot = np.nonzero(top == e)
+                y = self._mlp(f"{p}.experts.{int(e)}", h[rows])
+                with self._op("moe_routing"):
+                    np.add.at(out, rows, w[rows, slot][:, None] * y)
         if s.shared_expert:
             g, u, sg = self._linear(h, [f"{p}.shared_expert.gate_proj", f"{p}.shared_expert.up_proj",
                                         f"{p}.shared_expert_gate"])
@@ -568,7 +578,28 @@ class DecoderExecutor(_Profiled):
             y = self._linear(a, [f"{p}.shared_expert.down_proj"])[0]
             with self._op("activation"):
                 out = out + ops.sigmoid(sg) * y
-        del T
+        return out
+
+    def _moe_balanced(self, p, h, top, w):
+        """CryptoMoE balanced routing (cipherlm.moe.routing): each expert takes exactly
+        t = ceil(c T k / n) of this call's T tokens (dummies padded, the rest dropped)."""
+        from cipherlm.moe.routing import balanced_dispatch
+
+        s, r = self.spec, self.moe_routing
+        T, layer = h.shape[0], int(p.split(".")[2])
+        with self._op("moe_routing"):
+            rng = np.random.default_rng([r.seed, layer, T]) if r.selection == "random" else None
+            disp = balanced_dispatch(top, w, s.n_experts, r.capacity(T, s.top_k, s.n_experts), r.selection, rng)
+        self.last_moe_dispatch[layer] = disp
+        out = np.zeros_like(h)
+        for e in range(s.n_experts):
+            sel = disp.valid[e]
+            if not sel.any():
+                continue
+            rows = disp.token[e, sel]
+            y = self._mlp(f"{p}.experts.{e}", h[rows])
+            with self._op("moe_routing"):
+                np.add.at(out, rows, disp.score[e, sel][:, None] * y)
         return out
 
     def _gpt2_block(self, i, x, cache, pos0):
