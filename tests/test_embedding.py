@@ -190,26 +190,20 @@ def _capture_client(monkeypatch):
 
 
 def _client_noise(st, msg, T):
-    """phase - round(q' u / t) at the packed positions: the noise the client sees."""
+    """The decryption noise the client sees at the packed positions, in units of q'
+    (the modulus the server flooded at), and the bound R of the final switch's rounding."""
     plan, n = st.plan, st.plan.n
     out = st.rns.sub(plan.out_k)
-    G = -(-T * st.shape.n_cols // n)
-    ct = H.unpack_bits(bytes(np.asarray(msg["ct"], np.uint8)), out.bits, (G, 2), n)
-    phase = out.add(ct[:, 0], H.conv_small(ct[:, 1], st.s_hat, out.q))
-    u = out.decode_top(phase, 1 << plan.t_bits)
-    Qp = out.Q
-    vals = np.zeros(phase.shape[0] * n, dtype=object)
-    for i, p in enumerate(out.primes):
-        Mi = Qp // p
-        inv = pow(Mi, -1, p)
-        vals += phase[:, i, :].reshape(-1).astype(object) * (inv * Mi)
-    vals %= Qp
-    enc = (u.reshape(-1).astype(object) * Qp + (1 << (plan.t_bits - 1))) >> plan.t_bits
-    e = (vals - enc) % Qp
-    e = np.where(e > Qp // 2, e - Qp, e)
-    cnt = T * st.shape.n_cols
-    stride = n >> max(0, (cnt - 1).bit_length())
-    return np.array([int(v) for v in e.reshape(G, n)[0, : cnt * stride : stride]], dtype=np.float64)
+    groups = E._packed_positions(T * st.shape.n_cols, n)
+    c0, c1s = E._response_parts(st, msg, (len(groups),), n)
+    k0, k1, tb = plan.k0_bits, plan.k1_bits, plan.t_bits
+    ph = (((c0 << np.uint64(k1 - k0)) + c1s) & np.uint64((1 << k1) - 1)).astype(np.int64)
+    u = H.decode_pow2(c0, c1s, k0, k1, tb)
+    e = np.mod(ph - (u << (k1 - tb)), 1 << k1)
+    e = np.where(e >= 1 << (k1 - 1), e - (1 << k1), e).astype(np.float64) * (out.Q / 2.0**k1)
+    g, cnt, stride = groups[0]
+    R = out.Q * (2.0 ** (-k0 - 1) + H.TAIL * math.sqrt(n / 12) * 2.0 ** (-k1))
+    return e[g, : cnt * stride : stride], R
 
 
 def test_view_client_values_uniform(monkeypatch):
@@ -247,23 +241,24 @@ def test_view_flooding_hides_table_noise(monkeypatch):
     def noise(tab, lam):
         _run(tab, ids, "fastquery", flood_bits=lam)
         st, msg, TT, _u = seen[-1]
-        return _client_noise(st, msg, TT), st.plan
+        e, R = _client_noise(st, msg, TT)
+        return e, st.plan, R
 
     flooded = [noise(small, 12), noise(big, 12)]  # 12 bits: small parameters, same formula as 40
-    lim = max(p.flood + p.bound_out for _e, p in flooded)
-    for e, plan in flooded:
+    lim = max(p.flood + p.bound_out + R for _e, p, R in flooded)
+    for e, plan, R in flooded:
         assert e.size == T * 700
-        assert np.abs(e).max() <= plan.flood + plan.bound_out
+        assert np.abs(e).max() <= plan.flood + plan.bound_out + R
         assert np.abs(e).max() > plan.flood / 2  # the flooding is present
-        assert abs(np.std(e) - plan.flood / math.sqrt(3)) < 0.1 * plan.flood
-    bins = [np.histogram(e, bins=16, range=(-lim, lim))[0] for e, _p in flooded]
+        assert np.std(e) > 0.9 * plan.flood / math.sqrt(3)
+    bins = [np.histogram(e, bins=16, range=(-lim, lim))[0] for e, _p, _R in flooded]
     assert _p_homogeneous(bins) > P_MIN
     assert _p_same_variance(flooded[0][0], flooded[1][0]) > P_MIN
     # the statistics have power at this sample size: a 30% larger noise level is flagged
     assert _p_same_variance(flooded[0][0], 1.3 * flooded[1][0]) < P_MIN
-    e0, plan0 = noise(big, 0)
-    assert np.abs(e0).max() <= plan0.bound_out  # the documented bound holds
-    assert np.abs(e0).max() < plan0.bound_out / 2 ** 2  # and no flooding-sized noise
+    e0, plan0, R0 = noise(big, 0)
+    assert np.abs(e0).max() <= plan0.bound_out + R0  # the documented bound holds
+    assert plan0.flood == 0
 
 
 # --------------------------------------------------------------------------- bad input
@@ -316,3 +311,33 @@ def test_bad_table_and_method():
                                   method="fastquery" if ctx.party == 0 else "+packing", flood_bits=0)
 
     _expect_failure(mismatch, "disagree")
+
+
+def test_pow2_switch_and_wide_flooding():
+    primes, _ = H.primes_for([30, 30, 30], 4096)
+    rns = H.RNS(primes, 4096)
+    rng = np.random.default_rng(4)
+    x = [int(v) * int(w) % rns.Q for v, w in zip(rng.integers(1, 2**62, 64), rng.integers(1, 2**40, 64))]
+    res = np.array([[v % p for v in x] for p in primes], np.uint64)
+    for K in (16, 25, 49):
+        got = rns.to_pow2(res, K)
+        want = np.array([((v << K) + rns.Q // 2) // rns.Q % (1 << K) for v in x], np.uint64)
+        assert np.all((got == want) | (got == (want + np.uint64(1)) % np.uint64(1 << K))
+                      | (got == (want - np.uint64(1)) % np.uint64(1 << K)))
+        assert np.mean(got == want) > 0.9
+    # flooding wider than int64: values uniform on about [-F, F]
+    F = 1 << 70
+
+    class _St:  # the two fields _mask_and_flood reads
+        plan = type("P", (), {"flood": F, "t_bits": 13})()
+        layout = type("L", (), {"centre": 0})()
+
+    zero = np.zeros((3, 4096), np.uint64)
+    S = np.zeros(4096, np.int64)
+    c0 = E._mask_and_flood(_St, rns, zero, S, rng)
+    vals = np.array([int(sum(int(c0[i, j]) * (rns.Q // p) * pow(rns.Q // p, -1, p) for i, p in enumerate(primes))
+                         % rns.Q) for j in range(4096)], dtype=object)
+    vals = np.array([v - rns.Q if v > rns.Q // 2 else v for v in vals], dtype=object)
+    assert max(abs(v) for v in vals) <= F + (1 << 32)
+    assert max(vals) > F // 2 and min(vals) < -F // 2
+    assert _p_uniform(np.histogram(np.array(vals, float), bins=16, range=(-float(F), float(F)))[0]) > P_MIN

@@ -312,16 +312,16 @@ def _plan(method: Method, layout: Layout, vocab: int, n: int, flood_bits: int):
     def for_shape(ni, no):
         sh = Shape(vocab, n_cols, ni, no)
         if method.packlwe:
-            outc, outn = 2 * n, -(-n_cols // n)
+            out_c0, outn = n, -(-n_cols // n)
         else:
-            outc, outn = n + no, sh.col_blocks
+            out_c0, outn = no, sh.col_blocks
         try:
             p = H.plan_params(n=n, t_bits=layout.t_bits, w_abs=w_abs, nnz=min(n, ni * no),
                               blocks=sh.blocks, packlwe=method.packlwe, flood_bits=flood_bits,
-                              in_count=sh.blocks, out_count=outn, out_coeffs=outc)
+                              in_count=sh.blocks, out_count=outn, out_c0=out_c0)
         except ValueError:
             return None
-        size = sh.blocks * n * p.logq + outn * outc * p.out_bits
+        size = sh.blocks * n * p.logq + outn * (n * p.k1_bits + out_c0 * p.k0_bits)
         return size, p
 
     ni, no = partition(vocab, n_cols, n, method.packlwe, for_shape)
@@ -523,29 +523,38 @@ def _encrypt_queries(st: EmbeddingSetup, ids: np.ndarray, rng) -> tuple[bytes, b
     return seed, H.pack_bits(c0, rns.bits)
 
 
+def _response_parts(st: EmbeddingSetup, msg: dict, lead: tuple, m0: int) -> tuple[np.ndarray, np.ndarray]:
+    """(c0 mod 2^k0 (lead + (m0,)), c1 * s mod 2^k1 (lead + (N,))) from the response."""
+    plan, n = st.plan, st.plan.n
+    c0 = H.unpack_bits(bytes(np.asarray(msg["c0"], np.uint8)), [plan.k0_bits], lead, m0)[..., 0, :]
+    c1 = H.unpack_bits(bytes(np.asarray(msg["c1"], np.uint8)), [plan.k1_bits], lead, n)[..., 0, :]
+    if np.any(c0 >> np.uint64(plan.k0_bits)) or np.any(c1 >> np.uint64(plan.k1_bits)):
+        raise MPCError("response coefficient out of range")
+    return c0, H.conv_pow2(c1, st.s_hat, plan.k1_bits)
+
+
+def _packed_positions(total: int, n: int) -> list[tuple[int, int, int]]:
+    """(group, count, stride): PackLWEs group g holds its count values at multiples of stride."""
+    out = []
+    for g in range(-(-total // n)):
+        cnt = min(n, total - g * n)
+        out.append((g, cnt, n >> max(0, (cnt - 1).bit_length())))
+    return out
+
+
 def _decrypt(st: EmbeddingSetup, msg: dict, T: int) -> np.ndarray:
     """u = W - S mod t per (token, packed column)."""
     plan, n, sh = st.plan, st.plan.n, st.shape
-    out = st.rns.sub(plan.out_k)
-    t = 1 << plan.t_bits
     if st.method.packlwe:
-        G = -(-T * sh.n_cols // n)
-        ct = H.unpack_bits(bytes(np.asarray(msg["ct"], np.uint8)), out.bits, (G, 2), n)
-        phase = out.add(ct[:, 0], H.conv_small(ct[:, 1], st.s_hat, out.q))  # (G, k, N)
-        vals = out.decode_top(phase, t)  # (G, N)
-        flat = np.empty(T * sh.n_cols, np.int64)
-        for g in range(G):
-            cnt = min(n, T * sh.n_cols - g * n)
-            stride = n >> max(0, (cnt - 1).bit_length())
-            flat[g * n : g * n + cnt] = vals[g, : cnt * stride : stride]
+        groups = _packed_positions(T * sh.n_cols, n)
+        c0, c1s = _response_parts(st, msg, (len(groups),), n)
+        vals = H.decode_pow2(c0, c1s, plan.k0_bits, plan.k1_bits, plan.t_bits)  # (G, N)
+        flat = np.concatenate([vals[g, : cnt * stride : stride] for g, cnt, stride in groups])
         return flat.reshape(T, sh.n_cols)
     C = sh.col_blocks
-    c1 = H.unpack_bits(bytes(np.asarray(msg["c1"], np.uint8)), out.bits, (T, C), n)
-    c0 = H.unpack_bits(bytes(np.asarray(msg["c0"], np.uint8)), out.bits, (T, C), sh.n_o)
-    prod = H.conv_small(c1, st.s_hat, out.q)  # (T, C, k, N)
+    c0, c1s = _response_parts(st, msg, (T, C), sh.n_o)
     pos = np.arange(sh.n_o) * sh.n_i + sh.n_i - 1
-    phase = out.add(c0, prod[..., pos])
-    vals = out.decode_top(phase, t).reshape(T, C * sh.n_o)
+    vals = H.decode_pow2(c0, c1s[..., pos], plan.k0_bits, plan.k1_bits, plan.t_bits).reshape(T, C * sh.n_o)
     return vals[:, : sh.n_cols]
 
 
@@ -650,11 +659,22 @@ def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarra
         res[..., i, :] = np.array((enc % p).reshape(-1).tolist(), dtype=np.uint64).reshape(S.shape)
     c0 = out.add(c0, res)
     F = st.plan.flood
-    if F > 0:
-        if F >= 1 << 62:
-            raise MPCError("flooding bound too large for int64 sampling")
+    if 0 < F < 1 << 62:
         fl = rng.integers(-F, F + 1, size=S.shape, dtype=np.int64)
         c0 = out.add(c0, out.from_signed(fl))
+    elif F > 0:
+        # uniform on [-F', F') with F' = M 2^31 >= F, M = ceil((2F + 1) / 2^32): hi 2^32 + lo - F'
+        # (F' - F < 2^32: the plan's correctness margin covers it, F' / F - 1 < 2^-30)
+        M = -(-(2 * F + 1) >> 32)
+        if M >= 1 << 62:
+            raise MPCError("flooding bound too large")
+        hi = rng.integers(0, M, size=S.shape, dtype=np.int64).astype(np.uint64)
+        lo = rng.integers(0, 1 << 32, size=S.shape, dtype=np.int64).astype(np.uint64)
+        Fp = M << 31
+        for i, p in enumerate(out.primes):
+            q = np.uint64(p)
+            v = ((hi % q) * np.uint64((1 << 32) % p) + lo % q + np.uint64((-Fp) % p)) % q
+            c0[..., i, :] = (c0[..., i, :] + v) % q
     return c0
 
 
@@ -694,24 +714,26 @@ def _server_respond(st: EmbeddingSetup, msg: dict, rng) -> tuple[dict, np.ndarra
         packed = _rerandomise(st, packed, rng)
         sw = rns.switch_to(packed.reshape(G * 2, rns.k, n), plan.out_k).reshape(G, 2, out.k, n)
         S = rng.integers(0, t, size=(G, n), dtype=np.int64)
-        sw[:, 0] = _mask_and_flood(st, out, sw[:, 0], S, rng)
+        c0 = _mask_and_flood(st, out, sw[:, 0], S, rng)
         # server's share per (token, column): S at the packed positions
-        Sflat = np.empty(T * sh.n_cols, np.int64)
-        for g in range(G):
-            cnt = min(n, T * sh.n_cols - g * n)
-            stride = n >> max(0, (cnt - 1).bit_length())
-            Sflat[g * n : g * n + cnt] = S[g, : cnt * stride : stride]
-        resp = {"ct": np.frombuffer(H.pack_bits(sw.reshape(G, 2, out.k, n), out.bits), np.uint8)}
-        return resp, Sflat.reshape(T, sh.n_cols)
+        Sflat = np.concatenate([S[g, : cnt * stride : stride]
+                                for g, cnt, stride in _packed_positions(T * sh.n_cols, n)])
+        return _response(plan, out, c0, sw[:, 1]), Sflat.reshape(T, sh.n_cols)
     C = sh.col_blocks
     prod = _rerandomise(st, prod, rng)
     sw = rns.switch_to(prod.reshape(T * C * 2, rns.k, n), plan.out_k).reshape(T, C, 2, out.k, n)
     pos = np.arange(sh.n_o) * sh.n_i + sh.n_i - 1
     S = rng.integers(0, t, size=(T, C, sh.n_o), dtype=np.int64)
     c0 = _mask_and_flood(st, out, sw[:, :, 0][..., pos], S, rng)
-    resp = {"c1": np.frombuffer(H.pack_bits(sw[:, :, 1], out.bits), np.uint8),
-            "c0": np.frombuffer(H.pack_bits(c0, out.bits), np.uint8)}
-    return resp, S.reshape(T, C * sh.n_o)[:, : sh.n_cols]
+    return _response(plan, out, c0, sw[:, :, 1]), S.reshape(T, C * sh.n_o)[:, : sh.n_cols]
+
+
+def _response(plan: H.HEPlan, out: H.RNS, c0: np.ndarray, c1: np.ndarray) -> dict:
+    """After flooding: switch c0 to 2^k0 and c1 to 2^k1 (only what decoding needs) and pack."""
+    r0 = out.to_pow2(c0, plan.k0_bits)[..., None, :]
+    r1 = out.to_pow2(c1, plan.k1_bits)[..., None, :]
+    return {"c0": np.frombuffer(H.pack_bits(r0, [plan.k0_bits]), np.uint8),
+            "c1": np.frombuffer(H.pack_bits(r1, [plan.k1_bits]), np.uint8)}
 
 
 # --------------------------------------------------------------------------- extension

@@ -119,6 +119,24 @@ def conv_small(a: np.ndarray, s_hat: np.ndarray, q: np.ndarray, abits: int = 31)
     return acc
 
 
+def conv_pow2(a: np.ndarray, s_hat: np.ndarray, K: int) -> np.ndarray:
+    """(a * s) mod 2^K for a (..., N) uint64 < 2^K and a ternary s given as fft_fwd(s)."""
+    n = a.shape[-1]
+    limb = FFT_SAFE_BITS - int(math.log2(n)) - 3
+    acc = np.zeros(a.shape, np.uint64)
+    for i, x in enumerate(split_limbs(a, K, limb)):
+        r = fft_inv(fft_fwd(x) * s_hat).astype(np.uint64)  # two's complement wrap is fine mod 2^K
+        acc += r << np.uint64(limb * i)
+    return acc & np.uint64((1 << K) - 1)
+
+
+def decode_pow2(c0: np.ndarray, c1s: np.ndarray, k0: int, k1: int, t_bits: int) -> np.ndarray:
+    """u = round(t (c0 / 2^k0 + c1 s / 2^k1)) mod t, with c1s = c1 * s mod 2^k1 (k1 >= k0)."""
+    ph = ((c0 << np.uint64(k1 - k0)) + c1s) & np.uint64((1 << k1) - 1)
+    sh = k1 - t_bits
+    return (((ph + np.uint64(1 << (sh - 1))) >> np.uint64(sh)) & np.uint64((1 << t_bits) - 1)).astype(np.int64)
+
+
 # --------------------------------------------------------------------------- RNS base
 @dataclasses.dataclass
 class RNS:
@@ -193,6 +211,21 @@ class RNS:
             a = cur.drop_last(a)
             cur = cur.sub(cur.k - 1)
         return a
+
+    def to_pow2(self, a: np.ndarray, K: int) -> np.ndarray:
+        """Modulus switch to 2^K: round(x 2^K / Q) mod 2^K (uint64) for x given by its
+        residues (..., k, M).  x/Q = frac(sum_i y_i / q_i), y_i = x_i (Q/q_i)^-1 mod q_i,
+        in extended precision (64-bit mantissa: error ~ k 2^(K-64) units, K <= 50)."""
+        if not 1 <= K <= 50:
+            raise ValueError("power-of-two response modulus must be 2^1..2^50")
+        acc = np.zeros(a.shape[:-2] + a.shape[-1:], np.longdouble)
+        for i, qi in enumerate(self.primes):
+            inv = pow((self.Q // qi) % qi, -1, qi)
+            y = (a[..., i, :] * np.uint64(inv)) % np.uint64(qi)
+            acc += y.astype(np.longdouble) / np.longdouble(qi)
+        acc -= np.floor(acc)
+        v = np.rint(acc * np.longdouble(2.0**K)).astype(np.uint64)
+        return v & np.uint64((1 << K) - 1)
 
     # ----------------------------------------------------------------- decoding
     def decode_top(self, phase: np.ndarray, t: int) -> np.ndarray:
@@ -289,6 +322,8 @@ class HEPlan:
     bound_pre: float  # documented bound on |noise| at Q before flooding (prob. 2^-40 per coeff.)
     bound_out: float  # bound on the weight-dependent noise at q' (B')
     ks_var: float  # variance of the PackLWEs key-switching noise at Q (0 without PackLWEs)
+    k0_bits: int = 0  # the response's c0 is sent mod 2^k0_bits (switched down from q' after flooding)
+    k1_bits: int = 0  # ... and its c1 mod 2^k1_bits
 
     @property
     def logq(self) -> int:
@@ -332,22 +367,34 @@ def _noise(n, t_bits, w_abs, nnz, blocks, packlwe, in_bits, special_bits, out_k)
     return v_q, v_ks, TAIL * math.sqrt(v_q), TAIL * math.sqrt(v_out) + det + 1
 
 
+def response_bits(n: int, t_bits: int) -> tuple[int, int]:
+    """(k0, k1): after flooding at q' the server switches c0 to 2^k0 and c1 to 2^k1.
+    The client decodes round(t (c0/2^k0 + c1 s/2^k1)); the extra rounding is
+    t 2^-(k0+1) <= 1/16 for c0 and t 7.5 sqrt(N/12) 2^-k1 <= 1/16 for c1 (s ternary),
+    and the plan keeps (B' + F) / q' < 1/(4t): 1/4 + 1/16 + 1/16 < 1/2.  Post-processing
+    of the flooded ciphertext, so the flooding argument is unchanged."""
+    k0 = t_bits + 3
+    k1 = t_bits + 4 + math.ceil(math.log2(TAIL * math.sqrt(n / 12)))
+    return k0, k1
+
+
 def plan_params(*, n: int = 4096, t_bits: int, w_abs: int, nnz: int, blocks: int, packlwe: bool,
                 flood_bits: int = 40, max_logq: int | None = None, in_count: int = 1,
-                out_count: int = 1, out_coeffs: int | None = None) -> HEPlan:
+                out_count: int = 1, out_c0: int | None = None) -> HEPlan:
     """Smallest (in bytes) parameters meeting correctness and the flooding requirement.
 
     Search over the query modulus size log Q (split into primes of <= 30 bits; with
     PackLWEs a special prime P fills the security budget, log Q + log P <= 109 at
     N = 4096) and the kept primes q'.  Requirements, with B' the bound on the
     weight-dependent noise after switching and F = 2^lambda B' the flooding bound:
-    B' + F < q' / (2t).  Bytes: in_count query polynomials at log Q bits per
-    coefficient + out_count response ciphertexts of out_coeffs coefficients at
-    log q' bits."""
+    B' + F < q' / (4t) (`response_bits` uses the other quarter).  Bytes: in_count
+    query polynomials at log Q bits per coefficient + out_count responses of N c1
+    coefficients at k1 bits and out_c0 c0 coefficients at k0 bits."""
     from ..he.params import HES_128_CLASSIC_MAX_LOGQ
 
     maxq = max_logq or HES_128_CLASSIC_MAX_LOGQ[n]
-    out_coeffs = out_coeffs if out_coeffs is not None else 2 * n
+    out_c0 = out_c0 if out_c0 is not None else n
+    k0, k1 = response_bits(n, t_bits)
 
     def split(total):  # primes of at most 30 bits, as even as possible
         k = -(-total // 30)
@@ -359,14 +406,14 @@ def plan_params(*, n: int = 4096, t_bits: int, w_abs: int, nnz: int, blocks: int
         outp = split(qout)
         if min(outp) < 17:
             continue
-        for ldrop in range(17, maxq - qout + 1):
+        for ldrop in [0] + list(range(17, maxq - qout + 1)):  # 0: no prime dropped (q' = Q)
             logq = qout + ldrop
             special = None
             if packlwe:
                 special = min(60, maxq - logq)
                 if special < 20:
                     break
-            cand = tuple(outp + split(ldrop))
+            cand = tuple(outp + (split(ldrop) if ldrop else []))
             if min(cand) < 17:
                 continue
             v_q, v_ks, pre, bout = _noise(n, t_bits, w_abs, nnz, blocks, packlwe, cand, special, len(outp))
@@ -374,11 +421,11 @@ def plan_params(*, n: int = 4096, t_bits: int, w_abs: int, nnz: int, blocks: int
             if pre >= 2.0 ** (logq - t_bits - 1 - 0.2 * len(cand)):
                 continue
             # primes are a little below 2^bits: keep 0.2 bit per prime of margin
-            if bout + F >= 2.0 ** (qout - 1 - t_bits - 0.2 * len(outp)):
+            if bout + F >= 2.0 ** (qout - 2 - t_bits - 0.2 * len(outp)):
                 continue
-            size = in_count * logq * n + out_count * out_coeffs * qout
-            if best is None or size < best[0]:
-                best = (size, HEPlan(n, t_bits, cand, len(outp), special, flood_bits, F, pre, bout, v_ks))
+            size = in_count * logq * n + out_count * (n * k1 + out_c0 * k0)
+            if best is None or size < best[0] or (size == best[0] and qout < best[1].out_bits):
+                best = (size, HEPlan(n, t_bits, cand, len(outp), special, flood_bits, F, pre, bout, v_ks, k0, k1))
             break  # a larger drop only costs more
     if best is None:
         raise ValueError(
