@@ -22,6 +22,7 @@ SHAPES = {
     "olmoe": MoEShape(d=16, n=8, k=4, f=8, norm_topk_prob=False),
     "mixtral": MoEShape(d=16, n=4, k=2, f=8, norm_topk_prob=True),
 }
+ROUTER_SCALE = {"qwen2_moe": 3.0, "olmoe": 1.0, "mixtral": 3.0}  # confident, but no vanishing top-k scores
 M = 8
 C = 1.0  # tight capacity: drops and dummies both occur
 
@@ -44,7 +45,10 @@ def _margins_ok(X, w, shape, c):
         routed = np.sort(_routed_scores(X, w, shape, i))[::-1]
         if routed.size > disp.t and routed[disp.t - 1] - routed[disp.t] < 0.03:
             return False
-    return disp.dropped > 0 and bool((~disp.valid).any())
+    full, _ = plain_layer(X, w, shape, c=None)
+    ref, _ = plain_layer(X, w, shape, c=c)
+    # drops must matter (so that a wrong selection is visible) and dummies must occur
+    return np.abs(full - ref).max() > 0.1 and bool((~disp.valid).any())
 
 
 def _routed_scores(X, w, shape, i):
@@ -62,7 +66,7 @@ def _instance(name, seed0=0):
     for seed in range(seed0, seed0 + 200):
         rng = np.random.default_rng(seed)
         w = MoEWeights.random(shape, rng)
-        w.router *= 3.0
+        w.router *= ROUTER_SCALE[name]
         X = rng.standard_normal((M, shape.d))
         if _margins_ok(X, w, shape, C):
             return shape, w, X
@@ -126,7 +130,7 @@ def test_secure_layer_matches_plain_balanced_routing(name):
     assert err < _tol(X, w, shape), (err, _tol(X, w, shape))
     # the unbalanced layer differs (drops happened), so the comparison can fail
     full, _ = plain_layer(X, w, shape, c=None)
-    assert np.abs(full - ref).max() > 5 * err
+    assert np.abs(full - ref).max() > 3 * err
     assert set(phases) >= {"gate", "dispatch", "experts", "combine"}
 
 

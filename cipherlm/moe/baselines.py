@@ -33,18 +33,20 @@ from ..mpc.shares import AShare, BShare, concatenate
 from ..protocols.linear import linear
 
 
-def run(variant, ctx, x, K, W, w, shape, t, meter, trace, *, key=None):
-    """(t or the largest expert load, y) for a baseline (called by `layer.moe_layer`)."""
+def run(variant, ctx, x, K, W, w, shape, t, meter, trace, *, key=None, sample=None):
+    """(t or the largest expert load, y) for a baseline (called by `layer.moe_layer`;
+    ``sample``: its benchmark-only ``expert_sample``)."""
     fn = {"insecure": insecure, "dense": dense, "cipherprune": cipherprune}[variant]
-    return fn(ctx, x, K, W, w, shape, t, meter, trace, key=key)
+    return fn(ctx, x, K, W, w, shape, t, meter, trace, key=key, sample=sample)
 
 
 def _ck(key, *parts):
     return None if key is None else (key, *parts)
 
 
-def insecure(ctx, x, K, W, w, shape, t, meter, trace, *, key=None):
+def insecure(ctx, x, K, W, w, shape, t, meter, trace, *, key=None, sample=None):
     n, f, d = shape.n, shape.f, shape.d
+    ne = n if sample is None else sample
     m = x.shape[0]
     with meter.phase("dispatch"):
         Kp = K.reveal().astype(np.int64)     # INSECURE: the routing is opened
@@ -53,7 +55,7 @@ def insecure(ctx, x, K, W, w, shape, t, meter, trace, *, key=None):
     y = AShare(ctx, np.zeros((m, d), np.uint64), x.bits, x.frac)
     load = 0
     with meter.phase("experts"):
-        for e in range(n):
+        for e in range(ne):
             rows, slots = np.nonzero(Kp == e)
             if rows.size == 0:
                 continue
@@ -67,22 +69,23 @@ def insecure(ctx, x, K, W, w, shape, t, meter, trace, *, key=None):
     return load, y
 
 
-def dense(ctx, x, K, W, w, shape, t, meter, trace, *, key=None):
+def dense(ctx, x, K, W, w, shape, t, meter, trace, *, key=None, sample=None):
     n, f, d, k = shape.n, shape.f, shape.d, shape.k
     m = x.shape[0]
+    ne = n if sample is None else sample
     with meter.phase("dispatch"):
         oh = one_hot(ctx, K.reshape(m * k), n)                          # (mk, n) bits
         S = mux(ctx, oh, W.reshape(m * k, 1).broadcast_to((m * k, n)))  # masked scores per slot
         S = S.reshape(m, k, n).sum(axis=1)                               # (m, n)
     trace.update(dense_scores=S)
     with meter.phase("experts"):
-        gu = None if w is None else np.concatenate([w.gate, w.up], axis=2).transpose(1, 0, 2).reshape(d, n * 2 * f)
-        H = linear(ctx, x, gu, out_features=n * 2 * f, cache_key=_ck(key, "dense_gu")).reshape(m, n, 2 * f)
+        gu = None if w is None else np.concatenate([w.gate, w.up], axis=2).transpose(1, 0, 2).reshape(d, ne * 2 * f)
+        H = linear(ctx, x, gu, out_features=ne * 2 * f, cache_key=_ck(key, "dense_gu")).reshape(m, ne, 2 * f)
         A = swiglu(ctx, H[..., :f], H[..., f:])
     with meter.phase("combine"):
-        A = mulf(ctx, A, S.reshape(m, n, 1).broadcast_to((m, n, f)))
+        A = mulf(ctx, A, S[:, :ne].reshape(m, ne, 1).broadcast_to((m, ne, f)))
     with meter.phase("experts"):
-        y = linear(ctx, A.reshape(m, n * f), None if w is None else w.down.reshape(n * f, d), out_features=d,
+        y = linear(ctx, A.reshape(m, ne * f), None if w is None else w.down.reshape(ne * f, d), out_features=d,
                    cache_key=_ck(key, "dense_down"))
     return m, y
 
@@ -93,16 +96,17 @@ def _cswap(ctx, bit: BShare, a: AShare, b: AShare):
     return a + dlt, b - dlt
 
 
-def cipherprune(ctx, x, K, W, w, shape, t, meter, trace, *, key=None):
+def cipherprune(ctx, x, K, W, w, shape, t, meter, trace, *, key=None, sample=None):
     from .layer import experts_swiglu
 
-    n, d, k = shape.n, shape.d, shape.k
+    d, k = shape.d, shape.k
+    n = shape.n if sample is None else sample   # sample: the swap network for the first experts only
     m = x.shape[0]
     km = m * k
     with meter.phase("dispatch"):
-        M = one_hot(ctx, K.reshape(km), n)
+        M = one_hot(ctx, K.reshape(km), shape.n)
         Mt = BShare(ctx, np.ascontiguousarray(M.data.T), 1)
-        S = mux(ctx, Mt, W.reshape(1, km).broadcast_to((n, km)))          # (n, km) priority scores
+        S = mux(ctx, Mt[:n], W.reshape(1, km).broadcast_to((n, km)))      # (n, km) priority scores
         # candidate rows: score bound to the embedding of its token, (n, km, 1 + d)
         E = concatenate([S.reshape(n, km, 1), x.reshape(m, 1, d).broadcast_to((m, k, d)).reshape(1, km, d)
                          .broadcast_to((n, km, d))], axis=2)

@@ -98,9 +98,12 @@ class MoEWeights:
     shared_down: np.ndarray | None = None
     shared_router: np.ndarray | None = None
 
-    def check(self, shape: MoEShape) -> None:
+    def check(self, shape: MoEShape, experts: int | None = None) -> None:
+        """Shapes against ``shape``; ``experts``: how many experts' FFN weights are held
+        (default all n; fewer only for `moe_layer`'s benchmark-only ``expert_sample``)."""
         d, n, f = shape.d, shape.n, shape.f
-        want = {"router": (d, n), "gate": (n, d, f), "up": (n, d, f), "down": (n, f, d)}
+        ne = n if experts is None else experts
+        want = {"router": (d, n), "gate": (ne, d, f), "up": (ne, d, f), "down": (ne, f, d)}
         if shape.shared_f:
             fs = shape.shared_f
             want |= {"shared_gate": (d, fs), "shared_up": (d, fs), "shared_down": (fs, d), "shared_router": (d, 1)}
@@ -110,11 +113,14 @@ class MoEWeights:
                 raise MPCError(f"MoE weight {name} has shape {None if a is None else np.shape(a)}, expected {shp}")
 
     @classmethod
-    def random(cls, shape: MoEShape, rng: np.random.Generator, scale: float = 1.0) -> "MoEWeights":
-        """Random weights (std scale / sqrt(fan_in)); for tests and the benchmark."""
+    def random(cls, shape: MoEShape, rng: np.random.Generator, scale: float = 1.0,
+               experts: int | None = None) -> "MoEWeights":
+        """Random weights (std scale / sqrt(fan_in)); for tests and the benchmark
+        (``experts``: FFN weights of only that many experts, for ``expert_sample``)."""
         d, n, f, fs = shape.d, shape.n, shape.f, shape.shared_f
-        g = lambda *s: (rng.standard_normal(s) * scale / np.sqrt(s[-2])).astype(np.float32)
-        w = cls(router=g(d, n), gate=g(n, d, f), up=g(n, d, f), down=g(n, f, d))
+        ne = n if experts is None else experts
+        g = lambda *s: (rng.standard_normal(s, dtype=np.float32) * np.float32(scale / np.sqrt(s[-2])))
+        w = cls(router=g(d, n), gate=g(ne, d, f), up=g(ne, d, f), down=g(ne, f, d))
         if fs:
             w.shared_gate, w.shared_up, w.shared_down, w.shared_router = g(d, fs), g(d, fs), g(fs, d), g(d, 1)
         return w
@@ -280,19 +286,27 @@ class MoEResult:
 
 
 def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, variant: str = "cryptomoe",
-              c: float = 2.0, fused_combine: bool = True, key=None) -> MoEResult:
+              c: float = 2.0, fused_combine: bool = True, key=None, expert_sample: int | None = None) -> MoEResult:
     """One MoE layer on shares x (m, d).  ``weights`` at party 1 (the server), None at
     party 0.  ``variant``: "cryptomoe" (this module), "insecure" / "dense" /
     "cipherprune" (`baselines`).  ``c``: capacity factor (t = ceil(c m k / n)).
-    ``key``: a name for caching the encoded weights across calls."""
+    ``key``: a name for caching the encoded weights across calls.
+
+    ``expert_sample`` (benchmark only, the output is then *not* the layer's): evaluate
+    the expert FFNs of the first s experts only (the others output zeros; for
+    "cipherprune" the swap network also runs for those s experts only), so that
+    the per-expert costs of a shape too large for this machine can be measured
+    and extrapolated by n / s (`cipherlm.bench.moe`)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if not isinstance(x, AShare) or x.ndim != 2 or x.shape[1] != shape.d:
         raise MPCError(f"moe_layer expects shares of shape (m, {shape.d}), got {getattr(x, 'shape', None)}")
+    if expert_sample is not None and not 1 <= expert_sample <= shape.n:
+        raise ValueError(f"expert_sample must lie in [1, {shape.n}]")
     if ctx.party == 1:
         if weights is None:
             raise MPCError("the server must pass the MoE weights")
-        weights.check(shape)
+        weights.check(shape, expert_sample)
     w = weights if ctx.party == 1 else None
     m = x.shape[0]
     meter = PhaseMeter(ctx)
@@ -307,13 +321,18 @@ def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, va
             disp = dispatch(ctx, x, K, W, shape.n, t)
         trace.update(cand=disp.cand, token=disp.token, scores=disp.scores)
         with meter.phase("experts"):
-            Y = experts_swiglu(ctx, disp.X, w, shape, key=key)
+            if expert_sample is None:
+                Y = experts_swiglu(ctx, disp.X, w, shape, key=key)
+            else:
+                Ys = experts_swiglu(ctx, disp.X[:expert_sample], w, shape, key=key)
+                Y = concatenate([Ys, AShare(ctx, np.zeros((shape.n - expert_sample,) + Ys.shape[1:], np.uint64),
+                                            Ys.bits, Ys.frac)], axis=0)
         with meter.phase("combine"):
             y = combine(ctx, Y, disp.scores, disp.onehot, fused=fused_combine)
     else:
         from . import baselines
 
-        t, y = baselines.run(variant, ctx, x, K, W, w, shape, t, meter, trace, key=key)
+        t, y = baselines.run(variant, ctx, x, K, W, w, shape, t, meter, trace, key=key, sample=expert_sample)
     if shape.shared_f:
         with meter.phase("shared"):
             y = y + shared_expert(ctx, x, w, shape, key=key)
