@@ -101,8 +101,8 @@ def _share_field(ctx, X):
     r = np.random.default_rng(SEED + 1).integers(0, Q, X.shape, dtype=np.uint64)
     xq = np.mod(X, Q).astype(np.uint64)
     if ctx.party == 0:
-        return ((xq.astype(object) + r.astype(object)) % Q).astype(np.uint64)
-    return ((Q - r.astype(object)) % Q).astype(np.uint64)
+        return (xq + r) % np.uint64(Q)  # < 2^60: no overflow
+    return (np.uint64(Q) - r) % np.uint64(Q)
 
 
 def _eq_shares(ctx, x, y):
@@ -179,7 +179,7 @@ def _build_ops() -> list[Op]:
            lambda ctx, s: trunc.trunc_extend(ctx, s["x32"], 12), lambda ctx, o: o.reveal_signed(),
            lambda i: i["x"] >> 12, 1),
         Op("field_to_ring q~2^59", P, 0, lambda r, sh: {"x": _ints(r, sh, 40)},
-           lambda ctx, s: field.field_to_ring(ctx, _share_field(ctx, s["xv"]), Q), lambda ctx, o: o.reveal_signed(),
+           lambda ctx, s: field.field_to_ring(ctx, s["xq"], Q), lambda ctx, o: o.reveal_signed(),
            lambda i: i["x"], 0),
         Op("ring_to_field exact", P, 0, ints_xy, lambda ctx, s: field.ring_to_field(ctx, s["x"], Q), _open_field,
            lambda i: i["x"], 0),
@@ -272,7 +272,7 @@ def _share(ctx, o: Op, raw: dict) -> dict:
             s[k] = share_input(ctx, from_signed(v, 64) if ctx.party == owner else None, owner, frac=0)
             if k == "x":
                 s["x32"] = share_input(ctx, from_signed(v, 32) if ctx.party == owner else None, owner, bits=32, frac=0)
-                s["xv"] = v
+                s["xq"] = _share_field(ctx, v)  # Z_q shares, for field_to_ring
     return s
 
 
