@@ -5,10 +5,11 @@
 //!   (`baseot`), IKNP03/KK13 OT extension with the ALSZ13 optimisations
 //!   (`iknp`), the OT flavours built on the extension rows (`otops`),
 //!   AES-CTR PRG and fixed-key AES hashing (`prg`), bit-matrix transposes
-//!   (`transpose`).  Rust computes the messages; Python moves them over the
+//!   (`transpose`), Ferret silent COT (`ferret`).  Rust computes the messages; Python moves them over the
 //!   channel.  Every heavy function releases the GIL.
 
 mod baseot;
+mod ferret;
 mod iknp;
 mod otops;
 mod prg;
@@ -135,5 +136,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(otops::kk13_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::pack_bits, m)?)?;
     m.add_function(wrap_pyfunction!(otops::unpack_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(ferret::ferret_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(ferret::ferret_receiver, m)?)?;
     Ok(())
 }
