@@ -595,13 +595,21 @@ def _products(st: EmbeddingSetup, ct: np.ndarray, chunk_bytes: int = 1 << 28) ->
     comps = [0, 1]
     if st.method.packlwe:
         comps = [1]
-        c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab].astype(np.int64)
-        for k, q in enumerate(rns.primes):
-            acc = np.zeros((T, C), np.int64)
-            for r0 in range(0, sh.vocab, 1 << 14):  # |c0 W| < 2^31 2^12 2^14 per chunk: no overflow
-                part = c0[:, k, r0 : r0 + (1 << 14)] @ st.W[r0 : r0 + (1 << 14)].astype(np.int64)
-                acc = (acc + part % q) % q
-            out[:, 0, k, :, n - 1] = acc.astype(np.uint64)
+        c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab]
+        # float64 BLAS with 16-bit limbs: |limb W| sums < 2^16 2^16 2^14 = 2^46 per chunk: exact
+        limbs = np.stack([(c0 & np.uint64(0xFFFF)), (c0 >> np.uint64(16))], axis=0).astype(np.float64)
+        limbs = limbs.reshape(2 * T * rns.k, -1)
+        acc = np.zeros((2, T, rns.k, C), np.int64)
+        wmax = int(np.abs(st.W).max()) if st.W.size else 0
+        rows = 1 << max(0, min(14, 46 - 16 - max(1, wmax.bit_length())))
+        for r0 in range(0, sh.vocab, rows):
+            part = limbs[:, r0 : r0 + rows] @ st.W[r0 : r0 + rows].astype(np.float64)
+            part = np.rint(part).astype(np.int64).reshape(2, T, rns.k, C)
+            acc = np.mod(acc + np.mod(part, rns.q.astype(np.int64)[None, None, :, None]),
+                         rns.q.astype(np.int64)[None, None, :, None])
+        qk = rns.q[None, :, None]
+        sh16 = (np.uint64(1 << 16) % rns.q)[None, :, None]
+        out[:, 0, :, :, n - 1] = (acc[0].astype(np.uint64) + (acc[1].astype(np.uint64) * sh16) % qk) % qk
     la, nw = _limb_plan(B, min(n, sh.n_i * sh.n_o), st.layout.centre)
     a_limbs = H.split_limbs(ct[:, :, comps], 31, la)  # each (T, B, m, k, N)
     L, m = len(a_limbs), len(comps)
