@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload", "mpc", "embedding"), help="which benchmark")
+    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe"), help="which benchmark")
     b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--rows", type=int, default=128,
                    help="rows of the nonlinear shapes (bench mpc; softmax 128x128, GeLU 128x3072, ...)")
@@ -95,7 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", help="bench embedding: comma-separated rows (default the Table 6 ablation)")
     b.add_argument("--tokens", type=int, default=1, help="bench embedding: token ids per query")
     b.add_argument("--flood-bits", default="40", help="bench embedding: flooding bits, e.g. 40 or 40,0")
-    b.add_argument("--seed", type=int, default=0, help="bench embedding: random table / ids seed")
+    b.add_argument("--seed", type=int, default=0, help="bench embedding / moe: random table / weights seed")
+    b.add_argument("--shape", default="reduced", choices=("reduced", "olmoe", "qwen"),
+                   help="bench moe: one MoE layer at a reduced shape (default, ~5-10 min) or OLMoE / Qwen1.5-MoE's")
+    b.add_argument("--variants", help="bench moe: comma-separated rows (insecure,dense,cipherprune,cryptomoe; "
+                                      "default all five)")
+    b.add_argument("--expert-sample", type=int, default=None,
+                   help="bench moe: run the expert FFNs of this many experts and extrapolate by n/s "
+                        "(default: all for reduced, 2 for the full shapes; 0 = all)")
+    b.add_argument("--tokens-moe", type=int, default=None, help="bench moe: tokens m (default 32 reduced, 64 full)")
+    b.add_argument("--ablation", action="store_true",
+                   help="bench moe: also the routing ablation (agreement with the unbalanced MoE) on the "
+                        "sparse-upcycled SmolLM2-MoE over Wikipedia prompts (plaintext)")
     b.add_argument("--model", default=DEFAULT_DECODER)
     b.add_argument("--prompt-tokens", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=16)

@@ -513,6 +513,10 @@ def cmd_bench(args) -> int:
         from cipherlm.bench import embedding
 
         report.extra.update(embedding.run(args))
+    elif args.what == "moe":
+        from cipherlm.bench import moe
+
+        report.extra.update(moe.run(args))
     else:
         from cipherlm.bench import offload
 

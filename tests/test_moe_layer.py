@@ -229,3 +229,27 @@ def test_bad_input_is_rejected():
 
 def _div_party_fixed(ctx):
     return div_public(ctx, share_input(ctx, np.ones(3) if ctx.party == 0 else None, owner=0), 3, 8)
+
+
+def _sample_party(ctx, X, w, shape, sample, batched):
+    x = share_input(ctx, X if ctx.party == 0 else None, owner=0)
+    _warm(ctx, x, w)
+    r = moe_layer(ctx, x, w, shape, c=C, expert_sample=sample, batch_experts=batched)
+    return r.y.reveal_float(), r.phases
+
+
+def test_per_expert_calls_and_expert_sample():
+    shape, w, X = _instance("mixtral")
+    ref, _ = plain_layer(X, w, shape, c=C)
+    (y, ph), _ = run_inprocess(_sample_party, args0=(X, None, shape, None, False), args1=(None, w, shape, None, False),
+                               timeout=300)
+    assert np.abs(y - ref).max() < _tol(X, w, shape)   # unbatched experts: same function
+    w1 = MoEWeights(router=w.router, gate=w.gate[:1], up=w.up[:1], down=w.down[:1])
+    (_, ph1), _ = run_inprocess(_sample_party, args0=(X, None, shape, 1, True), args1=(None, w1, shape, 1, True),
+                                timeout=300)
+    (_, phb), _ = run_inprocess(_sample_party, args0=(X, None, shape, None, True), args1=(None, w, shape, None, True),
+                                timeout=300)
+    # one expert's FFN costs less than all four; per-expert calls cost more flights than one batch
+    assert ph1["experts"]["bytes_sent"] < phb["experts"]["bytes_sent"]
+    assert ph["experts"]["rounds"] > phb["experts"]["rounds"]
+    assert ph1["dispatch"]["bytes_sent"] == phb["dispatch"]["bytes_sent"]

@@ -212,9 +212,21 @@ def gate_routing(ctx, x: AShare, router: np.ndarray | None, shape: MoEShape, *, 
     return K, mulf(ctx, e[:, n:], r.broadcast_to((m, k)))
 
 
-def experts_swiglu(ctx, X: AShare, w: MoEWeights | None, shape: MoEShape, *, key=None) -> AShare:
-    """SwiGLU of every expert on its rows: X (n, r, d) -> (n, r, d)."""
+def experts_swiglu(ctx, X: AShare, w: MoEWeights | None, shape: MoEShape, *, key=None,
+                   batched: bool = True) -> AShare:
+    """SwiGLU of every expert on its rows: X (n, r, d) -> (n, r, d).  ``batched=False``
+    runs one `linear` call per expert and projection (the per-expert packing of the
+    ablation: n times the flights, the same ciphertexts)."""
     f = shape.f
+    if not batched:
+        outs = []
+        for e in range(X.shape[0]):
+            gu = None if w is None else np.concatenate([w.gate[e], w.up[e]], axis=1)
+            H = linear(ctx, X[e], gu, out_features=2 * f, cache_key=None if key is None else (key, "gu", e))
+            A = swiglu(ctx, H[:, :f], H[:, f:])
+            outs.append(linear(ctx, A, None if w is None else w.down[e], out_features=shape.d,
+                               cache_key=None if key is None else (key, "down", e)))
+        return AShare(ctx, np.stack([o.data for o in outs]), outs[0].bits, outs[0].frac)
     gu = None if w is None else np.concatenate([w.gate, w.up], axis=2)
     GU = expert_linear(ctx, X, gu, out_features=2 * f, cache_key=None if key is None else (key, "gu"))
     A = swiglu(ctx, GU[..., :f], GU[..., f:])
@@ -286,11 +298,14 @@ class MoEResult:
 
 
 def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, variant: str = "cryptomoe",
-              c: float = 2.0, fused_combine: bool = True, key=None, expert_sample: int | None = None) -> MoEResult:
+              c: float = 2.0, fused_combine: bool = True, key=None, expert_sample: int | None = None,
+              batch_experts: bool = True) -> MoEResult:
     """One MoE layer on shares x (m, d).  ``weights`` at party 1 (the server), None at
     party 0.  ``variant``: "cryptomoe" (this module), "insecure" / "dense" /
     "cipherprune" (`baselines`).  ``c``: capacity factor (t = ceil(c m k / n)).
-    ``key``: a name for caching the encoded weights across calls.
+    ``key``: a name for caching the encoded weights across calls.  ``batch_experts``:
+    all experts' products in one batched HE call per projection (default) or one call
+    per expert (the ablation's per-expert packing).
 
     ``expert_sample`` (benchmark only, the output is then *not* the layer's): evaluate
     the expert FFNs of the first s experts only (the others output zeros; for
@@ -322,9 +337,9 @@ def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, va
         trace.update(cand=disp.cand, token=disp.token, scores=disp.scores)
         with meter.phase("experts"):
             if expert_sample is None:
-                Y = experts_swiglu(ctx, disp.X, w, shape, key=key)
+                Y = experts_swiglu(ctx, disp.X, w, shape, key=key, batched=batch_experts)
             else:
-                Ys = experts_swiglu(ctx, disp.X[:expert_sample], w, shape, key=key)
+                Ys = experts_swiglu(ctx, disp.X[:expert_sample], w, shape, key=key, batched=batch_experts)
                 Y = concatenate([Ys, AShare(ctx, np.zeros((shape.n - expert_sample,) + Ys.shape[1:], np.uint64),
                                             Ys.bits, Ys.frac)], axis=0)
         with meter.phase("combine"):
