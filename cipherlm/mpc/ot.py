@@ -60,6 +60,13 @@ same random COTs with sublinear communication; replacing `_Extension` (the
 choice-bit corrections c_j xor b_j (1 bit per OT, Beaver derandomisation)
 instead of the IKNP matrix keeps every public method and its outputs unchanged.
 See docs/ot.md.
+
+This is implemented: ``OTSession(..., ferret=True)`` (or the environment
+variable ``CIPHERLM_OT=ferret``) serves every 1-out-of-2 OT kind from a
+Ferret pool (`cipherlm.mpc.ferret`, Yang et al. CCS 2020, semi-honest,
+bootstrapped once from IKNP): the receiver sends e = c xor u (1 bit per OT),
+the sender sets v <- v xor e*Delta, and the hashing / corrections below are
+unchanged.  KK13 1-out-of-N stays on IKNP (k = 256).  Default: IKNP.
 """
 
 from __future__ import annotations
@@ -83,10 +90,14 @@ class OTError(ValueError):
     """A malformed, truncated or out-of-step OT message, or mismatched calls."""
 
 
-def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0) -> float:
+def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret: bool = False) -> float:
     """Payload bytes per OT on the wire, both directions, excluding base OTs,
     headers and padding.  `kind`: random | bool_cot | cot | chosen |
-    chosen_bytes (`length` bytes) | 1ofN."""
+    chosen_bytes (`length` bytes) | 1ofN.  With ``ferret`` the 128-bit IKNP
+    row becomes the 1-bit derandomisation (the Ferret refills, amortised
+    ~0.45 bit per OT with the main parameter set, are not included)."""
+    if ferret and kind != "1ofN":
+        return bytes_per_ot(kind, bits, N, length) - (KAPPA - 1) / 8
     if kind in ("random", "bool_cot"):
         return KAPPA / 8
     if kind == "cot":
@@ -163,7 +174,8 @@ class OTSession:
     ``batch``: OTs per extension message (bounds memory and frame size).
     """
 
-    def __init__(self, chan, party: int, *, batch: int = DEFAULT_BATCH, step: str | None = None):
+    def __init__(self, chan, party: int, *, batch: int = DEFAULT_BATCH, step: str | None = None,
+                 ferret: bool | None = None):
         if party not in (0, 1):
             raise ValueError("party must be 0 or 1")
         if batch < 16:
@@ -174,6 +186,14 @@ class OTSession:
         self.step = step
         self._as_sender: dict[int, _Extension] = {}
         self._as_receiver: dict[int, _Extension] = {}
+        if ferret is None:
+            env = os.environ.get("CIPHERLM_OT", "iknp").strip().lower()
+            if env not in ("iknp", "ferret"):
+                raise ValueError(f"CIPHERLM_OT must be 'iknp' or 'ferret', got {env!r}")
+            ferret = env == "ferret"
+        self.ferret = bool(ferret)
+        self._ferret_send = None  # cipherlm.mpc.ferret.FerretSender (this party holds Delta)
+        self._ferret_recv = None  # cipherlm.mpc.ferret.FerretReceiver
 
     # ------------------------------------------------------------ plumbing
 
@@ -243,7 +263,55 @@ class OTSession:
                 else:
                     self._receiver_ext(k)
 
-    def _recv_extend(self, k: int, op: str, choices: np.ndarray, **fields) -> list[tuple[bytearray, int, int, int]]:
+    def _recv_extend(self, k: int, op: str, choices: np.ndarray, **fields) -> list:
+        """Receiver: correlated OTs for `choices` (uint8) in batches, from IKNP
+        or (k = 128 with ``ferret``) the Ferret pool.  Returns [(t, tweak, lo, hi)]."""
+        if k == KAPPA and self.ferret:
+            return self._ferret_recv_extend(op, choices, **fields)
+        return self._iknp_recv_extend(k, op, choices, **fields)
+
+    def _send_extend(self, k: int, op: str, n: int, **fields) -> Iterator:
+        """Sender: the matching rows q (t = q xor c*Delta), yielded per batch as (q, tweak, lo, hi)."""
+        if k == KAPPA and self.ferret:
+            return self._ferret_send_extend(op, n, **fields)
+        return self._iknp_send_extend(k, op, n, **fields)
+
+    def _ferret_recv_extend(self, op: str, choices: np.ndarray, **fields) -> list:
+        """Beaver derandomisation of Ferret random COTs (u, w): send e = c xor u."""
+        from .ferret import FerretReceiver
+
+        if self._ferret_recv is None:
+            self._ferret_recv = FerretReceiver(self)
+        pool = self._ferret_recv
+        n = choices.size
+        out = []
+        for lo in range(0, n, self.batch) if n else ():
+            hi = min(n, lo + self.batch)
+            u, w = pool.take(hi - lo)
+            tw = pool.tweak() - (hi - lo)
+            e = np.packbits(choices[lo:hi] ^ u, bitorder="little")
+            self.chan.send({"op": op, "k": KAPPA, "n": hi - lo, "at": tw, **fields, "e": e})
+            out.append((w.view(np.uint8).reshape(-1), tw, lo, hi))
+        return out
+
+    def _ferret_send_extend(self, op: str, n: int, **fields) -> Iterator:
+        from .ferret import FerretSender
+
+        if self._ferret_send is None:
+            self._ferret_send = FerretSender(self)
+        pool = self._ferret_send
+        lo = 0
+        while lo < n:
+            m = min(n - lo, self.batch)
+            v = pool.take(m)  # may refill (messages to the peer) before we read its corrections
+            tw = pool.tweak() - m
+            msg = self._expect(op, {"e": (m + 7) // 8}, k=KAPPA, n=m, at=tw, **fields)
+            e = np.unpackbits(msg["e"], count=m, bitorder="little").astype(np.uint64)
+            v ^= pool.delta64 * e[:, None]
+            yield v.view(np.uint8).reshape(-1), tw, lo, lo + m
+            lo += m
+
+    def _iknp_recv_extend(self, k: int, op: str, choices: np.ndarray, **fields) -> list[tuple[bytearray, int, int, int]]:
         """Receiver: extend for `choices` (uint8), send the matrices in batches.
         Returns [(t, tweak, lo, hi)] per batch."""
         st = self._receiver_ext(k)
@@ -257,7 +325,7 @@ class OTSession:
             st.count += hi - lo
         return out
 
-    def _send_extend(self, k: int, op: str, n: int, **fields) -> Iterator[tuple[bytearray, int, int, int]]:
+    def _iknp_send_extend(self, k: int, op: str, n: int, **fields) -> Iterator[tuple[bytearray, int, int, int]]:
         """Sender: receive the receiver's batches; yield (q, tweak, lo, hi)."""
         st = self._sender_ext(k)
         lo = 0

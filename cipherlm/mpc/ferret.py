@@ -1,0 +1,257 @@
+"""Ferret silent correlated OT: a pool of random COTs behind `OTSession`.
+
+Yang, Weng, Lan, Zhang, Wang, "Ferret: Fast Extension for coRRElated oT with
+small communication", CCS 2020 (ePrint 2020/924), semi-honest protocol
+(sec. 4, primal LPN with regular noise; sec. 5 bootstrapping).
+
+One direction of an `OTSession` (a Delta holder, the *sender*, and a choice-bit
+holder, the *receiver*) keeps a pool of random COTs
+(sender v_i; receiver u_i, w_i = v_i xor u_i * Delta) with the Delta of the
+session's IKNP extension in that direction.  The pool is refilled by Ferret
+iterations computed in the Rust core (`_core.ferret_sender` /
+`_core.ferret_receiver`, see src/ferret.rs): each iteration consumes
+k + t*h base COTs and produces n = t * 2^h new ones, of which the first
+k + t*h are kept as the base of the next iteration (Ferret sec. 5, "bootstrapping")
+and the rest are served.  The very first base comes from IKNP (raw correlated
+OT, `OTSession._iknp_send_extend` / `_iknp_recv_extend`).  One iteration costs
+one message from the sender: t (h * 256 + 128) bits (masked GGM level sums and
+the leaf-sum correction) plus a 16-byte public LPN seed.
+
+Derandomisation (Beaver 1995) is done by `OTSession` (ot.py): the receiver
+sends e = c xor u (1 bit per OT), the sender replaces v by v xor e * Delta;
+everything after that (CCR hashing, chosen / arithmetic corrections) is the
+IKNP code path unchanged.
+
+Parameters: only the Ferret paper's LPN parameter sets for primal LPN with
+regular noise (see `FERRET_MAIN`, `FERRET_SETUP`).  The first iterations of a
+session use the small set; the session switches to the main set once it has
+served more than `MAIN_AFTER` COTs in that direction (or a single request
+needs more than one small iteration gives), because a main iteration costs
+~1-3 s of compute and ~600 MB of memory for the two parties, which only pays
+off for large workloads.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+from cipherlm import _core
+
+__all__ = ["LPNParams", "FERRET_MAIN", "FERRET_SETUP", "FerretSender", "FerretReceiver", "GGM_TWEAK", "SERVE_TWEAK"]
+
+
+@dataclass(frozen=True)
+class LPNParams:
+    """One Ferret iteration: n = t * 2^h outputs from k + t*h base COTs."""
+
+    n: int
+    k: int
+    t: int
+    h: int
+
+    def __post_init__(self):
+        if self.n != self.t << self.h:
+            raise ValueError(f"n = {self.n} is not t * 2^h = {self.t} * 2^{self.h}")
+
+    @property
+    def base(self) -> int:
+        return self.k + self.t * self.h
+
+    @property
+    def usable(self) -> int:
+        return self.n - self.base
+
+    @property
+    def msg_len(self) -> int:
+        return self.t * (32 * self.h + 16)
+
+
+# Ferret (CCS 2020 / ePrint 2020/924), LPN parameters for primal LPN with
+# regular noise and a local linear code of row weight d = 10, 128-bit security
+# (the paper's parameter table; the same sets as the authors' reference
+# implementation emp-ot at the paper's release, emp-ot/ferret/constants.h,
+# commit 66567cf, Sept. 2020: N_REG/K_REG/T_REG/BIN_SZ_REG and
+# N_PRE_REG/K_PRE_REG/T_PRE_REG/BIN_SZ_PRE_REG):
+#
+#   set     n            k          t       leaves/tree   base = k + t*h
+#   main    10,805,248   589,760    1,319   2^13          606,907
+#   setup      649,728    36,288    1,269   2^9            47,709
+#
+# (emp-ot later moved to other sets, e.g. n = 10,608,640, k = 589,824,
+# t = 1,295, and in 2022 to n = 10,485,760, k = 452,000, t = 1,280; we keep the
+# published ones.)
+FERRET_MAIN = LPNParams(10_805_248, 589_760, 1_319, 13)
+FERRET_SETUP = LPNParams(649_728, 36_288, 1_269, 9)
+
+# After this many COTs served in one direction, refills use FERRET_MAIN.
+MAIN_AFTER = 2 * FERRET_SETUP.usable
+
+# Tweak domains of the CCR hash (IKNP uses 0, 1, 2, ... per OT): GGM level
+# masks and OTs served from the Ferret pool never share a tweak with IKNP or
+# with each other.
+GGM_TWEAK = 1 << 62
+SERVE_TWEAK = 1 << 63
+
+
+class _FerretSide:
+    """State shared by both roles: reserve (base of the next iteration), pool
+    of served COTs, counters.  Both parties make the same sequence of `take`
+    calls, so their refills happen at the same points."""
+
+    def __init__(self, ot, main_after: int = MAIN_AFTER):
+        self.ot = ot
+        self.main_after = int(main_after)
+        self.served = 0  # COTs handed out (tweak counter of the served OTs)
+        self.iterations = 0
+        self.ggm_tweak = GGM_TWEAK
+        self.main = False
+
+    # subclass API: _reserve_len(), _bootstrap(m), _iterate(P) -> None, _avail()
+
+    def tweak(self) -> int:
+        """CCR-hash tweak of the next served COT."""
+        return SERVE_TWEAK + self.served
+
+    def _refill(self, m: int) -> None:
+        """One refill step (both parties make the same ones); its traffic is
+        labelled "ot.ferret" in the channel accounting (like "ot.base")."""
+        with self.ot.chan.step("ot.ferret"):
+            self._refill_step(m)
+
+    def _refill_step(self, m: int) -> None:
+        if not self.main and (self.served + m > self.main_after or m - self._avail() > FERRET_SETUP.usable):
+            self.main = True
+        P = FERRET_MAIN if self.main else FERRET_SETUP
+        if self._reserve_len() < FERRET_SETUP.base:
+            self._bootstrap(FERRET_SETUP.base - self._reserve_len())
+        if self._reserve_len() < P.base:
+            # main set without enough base: one small iteration feeds the reserve only
+            self._iterate(FERRET_SETUP, serve=False)
+            return
+        self._iterate(P, serve=True)
+
+    def _next_iteration(self, P: LPNParams) -> tuple[int, int]:
+        it, tw = self.iterations, self.ggm_tweak
+        self.iterations += 1
+        self.ggm_tweak += P.t * P.h
+        return it, tw
+
+
+class FerretSender(_FerretSide):
+    """The Delta holder of one direction (the IKNP extension sender)."""
+
+    def __init__(self, ot, main_after: int = MAIN_AFTER):
+        super().__init__(ot, main_after)
+        self.ext = ot._sender_ext(128)  # IKNP sender: same Delta
+        self.delta = bytes(self.ext.delta)
+        self.delta64 = np.frombuffer(self.delta, np.uint64).copy()
+        self.reserve = np.empty((0, 2), np.uint64)
+        self.pool = np.empty((0, 2), np.uint64)
+        self.pos = 0
+
+    def _avail(self) -> int:
+        return self.pool.shape[0] - self.pos
+
+    def _reserve_len(self) -> int:
+        return self.reserve.shape[0]
+
+    def _bootstrap(self, m: int) -> None:
+        rows = [np.frombuffer(q, np.uint64).reshape(-1, 2) for q, _tw, _lo, _hi in
+                self.ot._iknp_send_extend(128, "ferret_boot", m)]
+        self.reserve = np.concatenate([self.reserve, *rows])
+
+    def _iterate(self, P: LPNParams, serve: bool) -> None:
+        it, tw = self._next_iteration(P)
+        seed = secrets.token_bytes(16)  # public LPN matrix seed, fresh per iteration
+        base = np.ascontiguousarray(self.reserve[:P.base])
+        msg, v = _core.ferret_sender(self.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, tw)
+        self.ot.chan.send({"op": "ferret", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8),
+                           "msg": np.frombuffer(msg, np.uint8)})
+        self._absorb(P, np.frombuffer(v, np.uint64).reshape(-1, 2), serve)
+
+    def _absorb(self, P: LPNParams, out: np.ndarray, serve: bool) -> None:
+        rest = self.reserve[P.base:]
+        if not serve:
+            self.reserve = np.concatenate([rest, out])
+            return
+        need = max(0, P.base - rest.shape[0])
+        self.reserve = np.concatenate([rest, out[:need]])
+        self.pool = np.concatenate([self.pool[self.pos:], out[need:]])
+        self.pos = 0
+
+    def take(self, m: int) -> np.ndarray:
+        """m random COTs v (m, 2) uint64 (a fresh array); refills as needed
+        (which sends Ferret messages to the peer)."""
+        while self._avail() < m:
+            self._refill(m)
+        v = self.pool[self.pos:self.pos + m].copy()
+        self.pos += m
+        self.served += m
+        return v
+
+
+class FerretReceiver(_FerretSide):
+    """The choice-bit holder of one direction (the IKNP extension receiver)."""
+
+    def __init__(self, ot, main_after: int = MAIN_AFTER):
+        super().__init__(ot, main_after)
+        ot._receiver_ext(128)
+        self.reserve_u = np.empty(0, np.uint8)
+        self.reserve_w = np.empty((0, 2), np.uint64)
+        self.pool_u = np.empty(0, np.uint8)
+        self.pool_w = np.empty((0, 2), np.uint64)
+        self.pos = 0
+
+    def _avail(self) -> int:
+        return self.pool_u.shape[0] - self.pos
+
+    def _reserve_len(self) -> int:
+        return self.reserve_u.shape[0]
+
+    def _bootstrap(self, m: int) -> None:
+        from .ot import random_choices
+
+        c = random_choices(m).astype(np.uint8)
+        rows = [np.frombuffer(t, np.uint64).reshape(-1, 2) for t, _tw, _lo, _hi in
+                self.ot._iknp_recv_extend(128, "ferret_boot", c)]
+        self.reserve_u = np.concatenate([self.reserve_u, c])
+        self.reserve_w = np.concatenate([self.reserve_w, *rows])
+
+    def _iterate(self, P: LPNParams, serve: bool) -> None:
+        from .ot import OTError
+
+        it, tw = self._next_iteration(P)
+        msg = self.ot._expect("ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
+        bu = np.ascontiguousarray(self.reserve_u[:P.base])
+        bw = np.ascontiguousarray(self.reserve_w[:P.base])
+        try:
+            u, w = _core.ferret_receiver(bu, bw.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h,
+                                         msg["seed"], tw, msg["msg"])
+        except ValueError as e:
+            raise OTError(f"Ferret: {e}") from e
+        u = np.frombuffer(u, np.uint8)
+        w = np.frombuffer(w, np.uint64).reshape(-1, 2)
+        rest_u, rest_w = self.reserve_u[P.base:], self.reserve_w[P.base:]
+        if not serve:
+            self.reserve_u = np.concatenate([rest_u, u])
+            self.reserve_w = np.concatenate([rest_w, w])
+            return
+        need = max(0, P.base - rest_u.shape[0])
+        self.reserve_u = np.concatenate([rest_u, u[:need]])
+        self.reserve_w = np.concatenate([rest_w, w[:need]])
+        self.pool_u = np.concatenate([self.pool_u[self.pos:], u[need:]])
+        self.pool_w = np.concatenate([self.pool_w[self.pos:], w[need:]])
+        self.pos = 0
+
+    def take(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """m random COTs: (u (m,) uint8 0/1, w (m, 2) uint64), fresh arrays."""
+        while self._avail() < m:
+            self._refill(m)
+        u = self.pool_u[self.pos:self.pos + m].copy()
+        w = self.pool_w[self.pos:self.pos + m].copy()
+        self.pos += m
+        self.served += m
+        return u, w
