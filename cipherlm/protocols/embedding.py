@@ -615,9 +615,9 @@ def _products(st: EmbeddingSetup, ct: np.ndarray, chunk_bytes: int = 1 << 28) ->
     L, m = len(a_limbs), len(comps)
     A = np.stack(a_limbs, axis=0)  # (L, T, B, m, k, N)
     A = A.transpose(2, 0, 1, 3, 4, 5).reshape(B, L * T * m * rns.k, n)
-    A_hat = H.fft_fwd(A).transpose(2, 1, 0).copy()  # (N, P, B)
+    A_hat = H.fft_fwd(A).transpose(2, 1, 0).copy()  # (N/2, P, B)
     P = A_hat.shape[1]
-    per_col = B * n * 16 * nw + P * n * 40
+    per_col = B * n * 8 * nw + P * n * 24
     cc = max(1, min(C, chunk_bytes // per_col))
     wl = 14
     qq = rns.q[:, None, None]
@@ -627,8 +627,8 @@ def _products(st: EmbeddingSetup, ct: np.ndarray, chunk_bytes: int = 1 << 28) ->
         wparts = [wp] if nw == 1 else [wp & ((1 << wl) - 1), wp >> wl]
         acc = np.zeros((T, m, rns.k, c1_ - c0_, n), np.uint64)
         for wi, part in enumerate(wparts):
-            W_hat = H.fft_fwd(part).transpose(2, 0, 1)  # (N, B, cc)
-            R = np.matmul(A_hat, W_hat)  # (N, P, cc)
+            W_hat = H.fft_fwd(part).transpose(2, 0, 1)  # (N/2, B, cc)
+            R = np.matmul(A_hat, W_hat)  # (N/2, P, cc)
             r = H.fft_inv(R.transpose(1, 2, 0)).reshape(L, T, m, rns.k, c1_ - c0_, n)
             for li in range(L):
                 shift = la * li + wl * wi
@@ -646,7 +646,7 @@ def _rerandomise(st: EmbeddingSetup, ct: np.ndarray, rng) -> np.ndarray:
     lead = ct.shape[:-3]
     M = int(np.prod(lead)) if lead else 1
     u = H.sample_ternary(rng, (M, n))
-    u_hat = H.fft_fwd(u)[:, None, :]  # (M, 1, N)
+    u_hat = H.fft_fwd(u)[:, None, :]  # (M, 1, N/2)
     pk0, pk1 = st.pk
     z0 = H.conv_small(np.broadcast_to(pk0, (M, rns.k, n)), u_hat, rns.q)
     z1 = H.conv_small(np.broadcast_to(pk1, (M, rns.k, n)), u_hat, rns.q)

@@ -65,25 +65,32 @@ _TWIST: dict[int, np.ndarray] = {}
 def _twist(n: int) -> np.ndarray:
     w = _TWIST.get(n)
     if w is None:
-        w = np.exp(1j * np.pi * np.arange(n) / n)
+        w = np.exp(1j * np.pi * np.arange(n // 2) / n)
         _TWIST[n] = w
     return w
 
 
 def fft_fwd(a: np.ndarray) -> np.ndarray:
-    """Forward negacyclic transform of integer polynomials (..., N) -> complex (..., N)."""
-    n = a.shape[-1]
-    return np.fft.fft(a.astype(np.float64) * _twist(n), axis=-1)
+    """Negacyclic transform of real polynomials (..., N) -> complex (..., N/2): fold
+    a mod (X^(N/2) - i) = a_lo + i a_hi, then evaluate at the N/2 roots of X^(N/2) = i,
+    omega xi^k with omega = e^(i pi / N) (the conjugate roots carry no more information
+    for real polynomials)."""
+    h = a.shape[-1] // 2
+    z = a[..., :h].astype(np.float64) + 1j * a[..., h:].astype(np.float64)
+    z *= _twist(a.shape[-1])
+    return np.fft.fft(z, axis=-1)
 
 
 def fft_inv(A: np.ndarray) -> np.ndarray:
-    """Inverse transform, rounded to int64 (exact while |result| < 2^46)."""
-    n = A.shape[-1]
-    out = np.fft.ifft(A, axis=-1)
-    w = _twist(n)
-    re = out.real * w.real
-    re += out.imag * w.imag  # Re(out * conj(w))
-    return np.rint(re, out=re).astype(np.int64)
+    """Inverse of `fft_fwd` (after pointwise products), rounded to int64 (exact while
+    every coefficient stays below 2^46)."""
+    h = A.shape[-1]
+    z = np.fft.ifft(A, axis=-1)
+    z *= _twist(2 * h).conj()
+    out = np.empty(A.shape[:-1] + (2 * h,), np.float64)
+    np.rint(z.real, out=out[..., :h])
+    np.rint(z.imag, out=out[..., h:])
+    return out.astype(np.int64)
 
 
 def split_limbs(x: np.ndarray, nbits: int, limb: int) -> list[np.ndarray]:
