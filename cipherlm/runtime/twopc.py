@@ -443,6 +443,11 @@ class _SharesExecutor:
 
     #: (linear, matmul_shared) implementation; None = `cipherlm.protocols.linear`
     linear_impl = None
+    #: which products keep their HE-encoded weights between calls (`linear`'s cache_key):
+    #: "decode" = single-row passes only (per-token decode reuses them; a multi-row pass
+    #: packs fewer weights per plaintext, ~2 GB per SmolLM2 layer at 24 rows, so it encodes
+    #: afresh), "all", or "none"
+    cache_weights = "decode"
 
     def __init__(self, ctx, config: dict, server: dict | None, plan: dict, meter=None, progress=None):
         if (ctx.party == 1) != (server is not None):
@@ -457,11 +462,18 @@ class _SharesExecutor:
         self._emb_setup = None
 
     # -- operators
+    def _cache_key(self, key: str, rows: int):
+        # both parties decide alike (the plan depends on whether the weights are cached)
+        if self.cache_weights == "all" or (self.cache_weights == "decode" and rows == 1):
+            return key
+        return None
+
     def linear(self, x: AShare, proj: Proj | None, d_out: int, key: str, op_class: str = "linear") -> AShare:
         with self.meter(op_class):
             w = None if proj is None else proj.w
             b = None if proj is None else proj.b
-            return self._linear(self.ctx, x, w, b, out_features=d_out, cache_key=key)
+            rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+            return self._linear(self.ctx, x, w, b, out_features=d_out, cache_key=self._cache_key(key, rows))
 
     def matmul(self, a: AShare, b: AShare) -> AShare:
         with self.meter("attention_matmul"):
@@ -479,7 +491,7 @@ class _SharesExecutor:
                     self._emb_setup = E.setup(self.ctx, table, vocab_size=vocab, dim=dim, method=method)
                 return E.lookup(self.ctx, self._emb_setup, ids if self.ctx.party == 0 else None, n_ids=n)
             x = client_one_hot(self.ctx, ids, n, vocab)
-            return self._linear(self.ctx, x, table, None, out_features=dim, cache_key="embed")
+            return self._linear(self.ctx, x, table, None, out_features=dim, cache_key=self._cache_key("embed", n))
 
     def _tick(self, done: int, total: int, note: str = "") -> None:
         if self.progress is not None:
