@@ -206,3 +206,22 @@ def test_executor_balanced_option():
     dense = _executor(cfg, w).forward(ids)
     close = _executor(*upcycle(cfg, w, n_experts=4, top_k=2, layers=[0, 1, 2], noise=0.0, seed=1)).forward(ids)
     assert np.allclose(close, dense, atol=1e-9)
+
+
+def test_calibrated_router_is_centred_and_scaled():
+    from cipherlm.moe.upcycle import router_inputs
+
+    cfg, w = _tiny_llama(seed=3)
+    ids = np.random.default_rng(4).integers(0, 61, 40)
+    calib = router_inputs(cfg, w, ids, [0, 2])
+    assert set(calib) == {0, 2} and calib[0].shape == (40, 32)
+    ucfg, uw = upcycle(cfg, w, n_experts=4, layers=[0, 2], router_scale=1.5, calib=calib)
+    assert ucfg["cipherlm_upcycle"]["calibrated"]
+    for i in (0, 2):
+        R = uw[f"model.layers.{i}.mlp.gate.weight"]
+        mu = calib[i].mean(0)
+        assert np.allclose(R @ mu, 0, atol=1e-4 * np.linalg.norm(mu) * np.abs(R).max())
+        assert np.allclose((calib[i] @ R.T).std(0), 1.5, rtol=1e-4)
+    # without calibration data the router falls back to the norm-weight scaling (different rows)
+    _, uw2 = upcycle(cfg, w, n_experts=4, layers=[0, 2], router_scale=1.5)
+    assert not np.allclose(uw2["model.layers.0.mlp.gate.weight"], uw["model.layers.0.mlp.gate.weight"])

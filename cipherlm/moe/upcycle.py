@@ -15,11 +15,18 @@ Construction (`upcycle`, deterministic for a given seed; all randomness from
    experts (default 8).  Expert e's copy of a weight matrix W is
    W + noise * std(W) * G, G standard normal drawn independently per expert and
    per matrix (default noise = 0.01, i.e. 1 % of the matrix's own spread).
-3. The router of layer L is an (n, d) matrix with rows
-   router_scale * g_e / ||g_e|| / rms(gamma_L), g_e standard normal and gamma_L
-   the layer's post-attention RMSNorm weight (the router's input is that norm's
-   output, so the logits have a standard deviation of about router_scale;
-   default 2.0).
+3. The router of layer L is an (n, d) matrix of random directions g_e (standard
+   normal).  With calibration hidden states H_L (the router's input, i.e. the
+   post-attention RMSNorm output of layer L, recorded by running the *dense*
+   model on a calibration text; `upcycled_smollm2` uses the first 256 tokens of
+   gensim's news corpus ``lee_background.cor``, disjoint from the Wikipedia
+   evaluation prompts), each g_e is first made orthogonal to the mean of H_L
+   (otherwise the common direction of all hidden states sends most tokens to
+   the same experts) and scaled so that the logits g_e . h have standard
+   deviation router_scale over the calibration tokens.  Without calibration
+   data: rows router_scale * g_e / ||g_e|| / rms(gamma_L), gamma_L the norm's
+   weight (logit std about router_scale for isotropic inputs).  Default
+   router_scale = 2.0.
 4. The config becomes ``model_type = "mixtral"`` (softmax over n, top-k, the k
    weights renormalised to sum to one; default k = 2) with ``mlp_only_layers``
    listing the dense layers (honoured by cipherlm's plaintext executor), and
@@ -49,10 +56,12 @@ DEFAULTS = dict(n_experts=8, top_k=2, every=3, noise=0.01, router_scale=2.0, see
 
 
 def upcycle(config: dict, weights: dict, *, n_experts: int = 8, top_k: int = 2, layers=None, every: int = 3,
-            noise: float = 0.01, router_scale: float = 2.0, seed: int = 0) -> tuple[dict, dict]:
+            noise: float = 0.01, router_scale: float = 2.0, seed: int = 0,
+            calib: dict | None = None) -> tuple[dict, dict]:
     """(config, weights) of the upcycled Mixtral-type model (module docstring).
 
-    ``layers``: the MoE layer indices (default every ``every``-th layer from 0)."""
+    ``layers``: the MoE layer indices (default every ``every``-th layer from 0);
+    ``calib``: {layer: (T, d) router inputs of the dense model} for the router scaling."""
     if config.get("model_type") not in ("llama", "mistral"):
         raise ValueError(f"upcycling expects a Llama/Mistral model, got model_type {config.get('model_type')!r}")
     L = int(config["num_hidden_layers"])
@@ -75,9 +84,18 @@ def upcycle(config: dict, weights: dict, *, n_experts: int = 8, top_k: int = 2, 
                 G = rng.standard_normal(W.shape, dtype=np.float32)
                 out[f"{p}.experts.{e}.{proj}.weight"] = W + np.float32(noise * W.std()) * G
         g = rng.standard_normal((n_experts, d))
-        gamma = np.asarray(weights[f"model.layers.{i}.post_attention_layernorm.weight"], np.float64)
-        rms = float(np.sqrt(np.mean(gamma ** 2))) or 1.0
-        out[f"{p}.gate.weight"] = (router_scale * g / np.linalg.norm(g, axis=1, keepdims=True) / rms).astype(np.float32)
+        if calib is not None and i in calib:
+            H = np.asarray(calib[i], np.float64)
+            mu = H.mean(axis=0)
+            u = mu / (np.linalg.norm(mu) or 1.0)
+            g = g - np.outer(g @ u, u)                      # orthogonal to the mean hidden state
+            std = (H @ g.T).std(axis=0)
+            router = router_scale * g / np.where(std > 0, std, 1.0)[:, None]
+        else:
+            gamma = np.asarray(weights[f"model.layers.{i}.post_attention_layernorm.weight"], np.float64)
+            rms = float(np.sqrt(np.mean(gamma ** 2))) or 1.0
+            router = router_scale * g / np.linalg.norm(g, axis=1, keepdims=True) / rms
+        out[f"{p}.gate.weight"] = router.astype(np.float32)
     cfg = dict(config)
     cfg.update(model_type="mixtral", num_local_experts=int(n_experts), num_experts_per_tok=int(top_k),
                mlp_only_layers=[i for i in range(L) if i not in moe], sliding_window=None,
@@ -85,18 +103,52 @@ def upcycle(config: dict, weights: dict, *, n_experts: int = 8, top_k: int = 2, 
                architectures=["MixtralForCausalLM"],
                cipherlm_upcycle=dict(source=config.get("_name_or_path") or config.get("model_type"),
                                      n_experts=int(n_experts), top_k=int(top_k), moe_layers=moe,
-                                     noise=float(noise), router_scale=float(router_scale), seed=int(seed)))
+                                     noise=float(noise), router_scale=float(router_scale), seed=int(seed),
+                                     calibrated=calib is not None))
     return cfg, out
 
 
-def upcycled_smollm2(**kw):
+def router_inputs(config: dict, weights: dict, ids, layers) -> dict:
+    """{layer: (T, d)} inputs of the FFNs of ``layers`` (the post-attention RMSNorm
+    outputs) when the dense model runs on ``ids``: the routers' calibration data."""
+    from ..runtime.plain import DecoderExecutor, PlainLinear, split_params
+
+    client, server = split_params(config, weights)
+    plain = PlainLinear(server)
+    want = {f"model.layers.{i}.mlp.gate_proj": i for i in layers}
+    seen: dict = {}
+
+    class _Recorder:
+        def linear(self, x, names):
+            if names and names[0] in want:
+                seen[want[names[0]]] = np.array(x, np.float64)
+            return plain.linear(x, names)
+
+    DecoderExecutor(config, client, _Recorder()).forward(ids)
+    return seen
+
+
+def calibration_ids(tokenizer, tokens: int = 256) -> list[int]:
+    """The first ``tokens`` tokens of gensim's news corpus lee_background.cor."""
+    path = _wiki_path().parent / "lee_background.cor"
+    text = path.read_text(encoding="latin-1")[: 8 * tokens]
+    return tokenizer.encode(text).ids[:tokens]
+
+
+def upcycled_smollm2(calibrate: bool = True, **kw):
     """`cipherlm.models.LoadedModel`-like object of the upcycled SmolLM2-135M (tokenizer kept)."""
     from types import SimpleNamespace
 
     from ..models import load_model
 
     lm = load_model("smollm2-135m")
-    cfg, w = upcycle(lm.config, lm.weights, **{**DEFAULTS, **kw})
+    opts = {**DEFAULTS, **kw}
+    calib = None
+    if calibrate:
+        L = lm.config["num_hidden_layers"]
+        layers = opts.get("layers") or range(0, L, opts["every"])
+        calib = router_inputs(lm.config, lm.weights, calibration_ids(lm.tokenizer), layers)
+    cfg, w = upcycle(lm.config, lm.weights, calib=calib, **opts)
     return SimpleNamespace(name="smollm2-135m-upcycled", config=cfg, weights=w, tokenizer=lm.tokenizer)
 
 
@@ -141,4 +193,4 @@ def wiki_prompts(count: int = 16, chars: int = 400) -> list[str]:
     return out
 
 
-__all__ = ["upcycle", "upcycled_smollm2", "wiki_prompts", "DEFAULTS"]
+__all__ = ["upcycle", "upcycled_smollm2", "router_inputs", "calibration_ids", "wiki_prompts", "DEFAULTS"]
