@@ -32,7 +32,7 @@ import tenseal.sealapi as seal
 from . import serialize
 from .errors import HEError
 
-__all__ = ["galois_elements", "pack_lwes", "monomial"]
+__all__ = ["galois_elements", "pack_lwes", "pack_lwes_stream", "bitrev", "monomial"]
 
 
 def galois_elements(n: int) -> list[int]:
@@ -89,25 +89,37 @@ def _combine(hectx, gk, ev, ce, co, level: int):
     return s
 
 
-def _pack(hectx, gk, ev, cts: list, level: int):
-    if len(cts) == 1:
-        return cts[0]
-    ce = _pack(hectx, gk, ev, cts[0::2], level - 1)
-    co = _pack(hectx, gk, ev, cts[1::2], level - 1)
-    return _combine(hectx, gk, ev, ce, co, level)
+def bitrev(n_leaves: int) -> list[int]:
+    """Slots in the order the PackLWEs tree consumes its leaves (bit-reversed indices):
+    the recursion splits on the lowest index bit first, so leaves j and j + n/2 meet
+    at the bottom."""
+    logn = max(0, (n_leaves - 1).bit_length())
+    return [int(format(r, f"0{logn}b")[::-1], 2) if logn else 0 for r in range(1 << logn)]
 
 
-def pack_lwes(hectx, gk: seal.GaloisKeys, cts: list) -> seal.Ciphertext:
-    """Pack len(cts) <= N ciphertexts (None = an encryption of zero) into one whose
-    coefficient j * N / n' holds N times the constant coefficient of cts[j]
-    (n' = len(cts) rounded up to a power of two)."""
+def pack_lwes_stream(hectx, gk: seal.GaloisKeys, n_leaves: int, leaves) -> seal.Ciphertext:
+    """PackLWEs over ``n_leaves`` (<= N) slots with leaves supplied lazily, in `bitrev`
+    order (``leaves`` yields a Ciphertext or None per slot of ``bitrev(n_leaves)``), so at
+    most log2 n partial results are alive at once (memory O(log n) ciphertexts).
+    Same result as the recursion of CDKS Algorithm 1 followed by the field trace."""
     n = hectx.n
-    if not cts or len(cts) > n:
-        raise HEError(f"PackLWEs packs 1..{n} ciphertexts, got {len(cts)}")
-    logn = max(0, (len(cts) - 1).bit_length())
-    cts = list(cts) + [None] * ((1 << logn) - len(cts))
+    if n_leaves < 1 or n_leaves > n:
+        raise HEError(f"PackLWEs packs 1..{n} ciphertexts, got {n_leaves}")
+    logn = max(0, (n_leaves - 1).bit_length())
     ev = hectx.evaluator
-    ct = _pack(hectx, gk, ev, cts, logn)
+    stack: list[tuple[int, object]] = []
+    count = 0
+    for leaf in leaves:
+        count += 1
+        h, cur = 0, leaf
+        while stack and stack[-1][0] == h:
+            _h, ce = stack.pop()
+            cur = _combine(hectx, gk, ev, ce, cur, h + 1)
+            h += 1
+        stack.append((h, cur))
+    if count != 1 << logn or len(stack) != 1:
+        raise HEError(f"PackLWEs got {count} leaves, expected {1 << logn}")
+    ct = stack[0][1]
     if ct is None:
         raise HEError("PackLWEs of zero ciphertexts only")
     for k in range(int(n).bit_length() - 1, logn, -1):  # field trace Tr_{K/K_n}
@@ -115,3 +127,13 @@ def pack_lwes(hectx, gk: seal.GaloisKeys, cts: list) -> seal.Ciphertext:
         ev.apply_galois(ct, (1 << k) + 1, gk, tmp)
         ev.add_inplace(ct, tmp)
     return ct
+
+
+def pack_lwes(hectx, gk: seal.GaloisKeys, cts: list) -> seal.Ciphertext:
+    """Pack len(cts) <= N ciphertexts (None = an encryption of zero) into one whose
+    coefficient j * N / n' holds N times the constant coefficient of cts[j]
+    (n' = len(cts) rounded up to a power of two)."""
+    if not cts:
+        raise HEError("PackLWEs of an empty list")
+    order = bitrev(len(cts))
+    return pack_lwes_stream(hectx, gk, len(cts), (cts[j] if j < len(cts) else None for j in order))

@@ -568,42 +568,47 @@ def _limb_plan(blocks: int, nnz: int, w_abs: int, abits: int = 31) -> tuple[int,
     return 8, 2
 
 
-def _weight_polys(W: np.ndarray, sh: Shape, n: int, c0: int, c1: int) -> np.ndarray:
-    """Weight polynomials for column blocks [c0, c1): (B, c1-c0, N) int64."""
+def _weight_polys(W: np.ndarray, sh: Shape, n: int, cblocks: np.ndarray) -> np.ndarray:
+    """Weight polynomials for the given column blocks: (B, len(cblocks), N) int64."""
     V = W.shape[0]
     B = sh.blocks
-    cols = np.zeros((B * sh.n_i, (c1 - c0) * sh.n_o), np.int64)
-    lo, hi = c0 * sh.n_o, min(sh.n_cols, c1 * sh.n_o)
-    cols[:V, : hi - lo] = W[:, lo:hi]  # int32 -> int64
-    blk = cols.reshape(B, sh.n_i, c1 - c0, sh.n_o)[:, ::-1]  # a -> n_i - 1 - a
-    poly = blk.transpose(0, 2, 3, 1).reshape(B, c1 - c0, sh.n_o * sh.n_i)
+    cc = len(cblocks)
+    idx = (np.asarray(cblocks, np.int64)[:, None] * sh.n_o + np.arange(sh.n_o)[None, :]).reshape(-1)
+    ok = idx < sh.n_cols
+    cols = np.zeros((B * sh.n_i, cc * sh.n_o), np.int64)
+    cols[:V, ok] = W[:, idx[ok]]  # int32 -> int64
+    blk = cols.reshape(B, sh.n_i, cc, sh.n_o)[:, ::-1]  # a -> n_i - 1 - a
+    poly = blk.transpose(0, 2, 3, 1).reshape(B, cc, sh.n_o * sh.n_i)
     if poly.shape[-1] < n:
-        poly = np.concatenate([poly, np.zeros((B, c1 - c0, n - poly.shape[-1]), np.int64)], axis=-1)
+        poly = np.concatenate([poly, np.zeros((B, cc, n - poly.shape[-1]), np.int64)], axis=-1)
     return poly
 
 
-def _products(st: EmbeddingSetup, ct: np.ndarray, chunk_bytes: int = 1 << 28) -> np.ndarray:
-    """sum_r ct_r * w_{r,c} for every column block c: ct (T, B, 2, k, N) -> (T, C, 2, k, N).
+def _products(st: EmbeddingSetup, ct: np.ndarray, cblocks=None, chunk_bytes: int = 1 << 27) -> np.ndarray:
+    """sum_r ct_r * w_{r,c} for the column blocks c in ``cblocks`` (default all):
+    ct (T, B, 2, k, N) -> (T, len(cblocks), 2, k, N).
     Exact float-FFT products (limb split) accumulated over the blocks in the frequency domain.
     PackLWEs rows (n_i = N, n_o = 1) only use coefficient N-1 of the c0 part (the trace
     removes the others), which is the plain dot product c0 . W[:, c] over the vocabulary:
     computed exactly in int64 and put there; the other c0 coefficients are left zero."""
     rns, sh, n = st.rns, st.shape, st.plan.n
     T, B = ct.shape[:2]
-    C = sh.col_blocks
+    cblocks = np.arange(sh.col_blocks) if cblocks is None else np.asarray(cblocks, np.int64)
+    C = len(cblocks)
     out = np.zeros((T, 2, rns.k, C, n), np.uint64)
     comps = [0, 1]
     if st.method.packlwe:
         comps = [1]
+        Wsel = st.W[:, cblocks]  # n_o = 1: column block = column
         c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab]
         # float64 BLAS with 16-bit limbs: |limb W| sums < 2^16 2^16 2^14 = 2^46 per chunk: exact
         limbs = np.stack([(c0 & np.uint64(0xFFFF)), (c0 >> np.uint64(16))], axis=0).astype(np.float64)
         limbs = limbs.reshape(2 * T * rns.k, -1)
         acc = np.zeros((2, T, rns.k, C), np.int64)
-        wmax = int(np.abs(st.W).max()) if st.W.size else 0
+        wmax = st.layout.centre
         rows = 1 << max(0, min(14, 46 - 16 - max(1, wmax.bit_length())))
         for r0 in range(0, sh.vocab, rows):
-            part = limbs[:, r0 : r0 + rows] @ st.W[r0 : r0 + rows].astype(np.float64)
+            part = limbs[:, r0 : r0 + rows] @ Wsel[r0 : r0 + rows].astype(np.float64)
             part = np.rint(part).astype(np.int64).reshape(2, T, rns.k, C)
             acc = np.mod(acc + np.mod(part, rns.q.astype(np.int64)[None, None, :, None]),
                          rns.q.astype(np.int64)[None, None, :, None])
@@ -623,7 +628,7 @@ def _products(st: EmbeddingSetup, ct: np.ndarray, chunk_bytes: int = 1 << 28) ->
     qq = rns.q[:, None, None]
     for c0_ in range(0, C, cc):
         c1_ = min(C, c0_ + cc)
-        wp = _weight_polys(st.W, sh, n, c0_, c1_)  # (B, cc, N)
+        wp = _weight_polys(st.W, sh, n, cblocks[c0_:c1_])  # (B, cc, N)
         wparts = [wp] if nw == 1 else [wp & ((1 << wl) - 1), wp >> wl]
         acc = np.zeros((T, m, rns.k, c1_ - c0_, n), np.uint64)
         for wi, part in enumerate(wparts):
@@ -686,6 +691,41 @@ def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarra
     return c0
 
 
+def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> np.ndarray:
+    """PackLWEs rows: the T * n_cols product ciphertexts, computed chunk by chunk in the
+    order the PackLWEs tree consumes them (so memory stays at one chunk plus log2 N
+    partial results), packed into ceil(T n_cols / N) ciphertexts (G, 2, k, N)."""
+    from ..he import serialize
+    from ..he.packlwe import bitrev, pack_lwes_stream
+
+    rns, sh, n = st.rns, st.shape, st.plan.n
+    ninv = pow(n, -1, rns.Q)
+    groups = _packed_positions(T * sh.n_cols, n)
+    packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
+    for g, cnt, _stride in groups:
+        order = np.array(bitrev(cnt), np.int64)
+
+        def leaves():
+            for r0 in range(0, order.size, chunk):
+                js = order[r0 : r0 + chunk]
+                f = g * n + js
+                valid = js < cnt
+                leaf = np.zeros((js.size, 2, rns.k, n), np.uint64)
+                toks, cols = f // sh.n_cols, f % sh.n_cols
+                for tok in np.unique(toks[valid]):
+                    sel = valid & (toks == tok)
+                    leaf[sel] = _products(st, ct[tok : tok + 1], cols[sel])[0]
+                # move coefficient N-1 to 0 (times -X); scale by N^-1 mod Q (PackLWEs multiplies by N)
+                x = np.roll(leaf, 1, axis=-1)
+                x[..., 1:] = rns.neg(x[..., 1:])
+                x = rns.mul_scalar(x.reshape(-1, rns.k, n), ninv).reshape(x.shape)
+                for i in range(js.size):
+                    yield serialize.numpy_to_ciphertext(st.hectx, x[i], is_ntt_form=False) if valid[i] else None
+
+        packed[g] = serialize.ciphertext_to_numpy(pack_lwes_stream(st.hectx, st.galois, cnt, leaves()))
+    return packed
+
+
 def _server_respond(st: EmbeddingSetup, msg: dict, rng) -> tuple[dict, np.ndarray]:
     rns, sh, plan, n = st.rns, st.shape, st.plan, st.plan.n
     T = int(np.asarray(msg["n"]).reshape(-1)[0])
@@ -700,25 +740,11 @@ def _server_respond(st: EmbeddingSetup, msg: dict, rng) -> tuple[dict, np.ndarra
         raise MPCError("query coefficient not reduced modulo its prime")
     c1 = H.expand_uniform(seed, b"query", rns, T * B).reshape(T, B, rns.k, n)
     ct = np.stack([c0, c1], axis=2)  # (T, B, 2, k, N)
-    prod = _products(st, ct)  # (T, C, 2, k, N)
     out = rns.sub(plan.out_k)
     t = 1 << plan.t_bits
     if st.method.packlwe:
-        from ..he import serialize
-        from ..he.packlwe import pack_lwes
-
-        # move coefficient N-1 to 0 (times -X), scale by N^-1 mod Q (PackLWEs multiplies by N)
-        x = np.roll(prod, 1, axis=-1)
-        x[..., 1:] = rns.neg(x[..., 1:])
-        ninv = pow(n, -1, rns.Q)
-        x = rns.mul_scalar(x.reshape(-1, rns.k, n), ninv).reshape(x.shape)
-        flat = x.reshape(T * sh.n_cols, 2, rns.k, n)
-        G = -(-flat.shape[0] // n)
-        packed = np.empty((G, 2, rns.k, n), np.uint64)
-        for g in range(G):
-            cts = [serialize.numpy_to_ciphertext(st.hectx, flat[j], is_ntt_form=False)
-                   for j in range(g * n, min(flat.shape[0], (g + 1) * n))]
-            packed[g] = serialize.ciphertext_to_numpy(pack_lwes(st.hectx, st.galois, cts))
+        packed = _pack_all(st, ct, T)
+        G = packed.shape[0]
         packed = _rerandomise(st, packed, rng)
         sw = rns.switch_to(packed.reshape(G * 2, rns.k, n), plan.out_k).reshape(G, 2, out.k, n)
         S = rng.integers(0, t, size=(G, n), dtype=np.int64)
@@ -728,7 +754,7 @@ def _server_respond(st: EmbeddingSetup, msg: dict, rng) -> tuple[dict, np.ndarra
                                 for g, cnt, stride in _packed_positions(T * sh.n_cols, n)])
         return _response(plan, out, c0, sw[:, 1]), Sflat.reshape(T, sh.n_cols)
     C = sh.col_blocks
-    prod = _rerandomise(st, prod, rng)
+    prod = _rerandomise(st, _products(st, ct), rng)  # (T, C, 2, k, N)
     sw = rns.switch_to(prod.reshape(T * C * 2, rns.k, n), plan.out_k).reshape(T, C, 2, out.k, n)
     pos = np.arange(sh.n_o) * sh.n_i + sh.n_i - 1
     S = rng.integers(0, t, size=(T, C, sh.n_o), dtype=np.int64)
