@@ -91,6 +91,15 @@ def test_fastquery_with_40_bit_flooding_correct():
     assert np.array_equal(val, E.quantized_rows(table[ids], st))
 
 
+def test_packlwes_over_several_ciphertexts():
+    """5 tokens x 820 columns = 4100 values: two PackLWEs output ciphertexts."""
+    table = _table(40, 820, seed=7)
+    ids = np.array([39, 0, 5, 5, 20])
+    val, st, _ = _run(table, ids, "exact")
+    assert -(-len(ids) * st.shape.n_cols // st.plan.n) == 2
+    assert np.array_equal(val, E.quantized_rows(table[ids], st))
+
+
 def test_two_processes_through_the_bench_row():
     from cipherlm.bench.embedding import run_row
 

@@ -542,6 +542,28 @@ def _packed_positions(total: int, n: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _slot_items(T: int, n_cols: int, n: int) -> list[tuple[int, int, int, np.ndarray]]:
+    """Where each (token, column) value lands in the PackLWEs output.  Items are numbered
+    column-major, item = col * T + tok (so consecutive leaves share a column and the
+    server computes each column's weight transform once for all tokens); group g takes
+    items g N .. g N + cnt - 1 and gives its k-th item the k-th valid slot in the tree's
+    (bit-reversed) consumption order.  Returns (g, cnt, stride, slots) per group, slots
+    (cnt,) in item order; the value sits at coefficient slots[k] * stride."""
+    from ..he.packlwe import bitrev
+
+    out = []
+    for g, cnt, stride in _packed_positions(T * n_cols, n):
+        br = np.array(bitrev(cnt), np.int64)
+        out.append((g, cnt, stride, br[br < cnt]))
+    return out
+
+
+def _gather_items(vals: np.ndarray, T: int, n_cols: int, n: int) -> np.ndarray:
+    """(G, N) packed coefficients -> (T, n_cols) per (token, column) (see `_slot_items`)."""
+    flat = np.concatenate([vals[g, slots * stride] for g, _cnt, stride, slots in _slot_items(T, n_cols, n)])
+    return flat.reshape(n_cols, T).T.copy()
+
+
 def _decrypt(st: EmbeddingSetup, msg: dict, T: int) -> np.ndarray:
     """u = W - S mod t per (token, packed column)."""
     plan, n, sh = st.plan, st.plan.n, st.shape
@@ -549,8 +571,7 @@ def _decrypt(st: EmbeddingSetup, msg: dict, T: int) -> np.ndarray:
         groups = _packed_positions(T * sh.n_cols, n)
         c0, c1s = _response_parts(st, msg, (len(groups),), n)
         vals = H.decode_pow2(c0, c1s, plan.k0_bits, plan.k1_bits, plan.t_bits)  # (G, N)
-        flat = np.concatenate([vals[g, : cnt * stride : stride] for g, cnt, stride in groups])
-        return flat.reshape(T, sh.n_cols)
+        return _gather_items(vals, T, sh.n_cols, n)
     C = sh.col_blocks
     c0, c1s = _response_parts(st, msg, (T, C), sh.n_o)
     pos = np.arange(sh.n_o) * sh.n_i + sh.n_i - 1
@@ -694,7 +715,8 @@ def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarra
 def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> np.ndarray:
     """PackLWEs rows: the T * n_cols product ciphertexts, computed chunk by chunk in the
     order the PackLWEs tree consumes them (so memory stays at one chunk plus log2 N
-    partial results), packed into ceil(T n_cols / N) ciphertexts (G, 2, k, N)."""
+    partial results; items column-major, `_slot_items`), packed into ceil(T n_cols / N)
+    ciphertexts (G, 2, k, N)."""
     from ..he import serialize
     from ..he.packlwe import bitrev, pack_lwes_stream
 
@@ -703,18 +725,21 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
     groups = _packed_positions(T * sh.n_cols, n)
     packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
     for g, cnt, _stride in groups:
-        order = np.array(bitrev(cnt), np.int64)
+        br = np.array(bitrev(cnt), np.int64)
 
         def leaves():
-            for r0 in range(0, order.size, chunk):
-                js = order[r0 : r0 + chunk]
-                f = g * n + js
+            k = g * n  # next item (column-major: item = col * T + tok)
+            for p0 in range(0, br.size, chunk):
+                js = br[p0 : p0 + chunk]
                 valid = js < cnt
+                items = k + np.arange(int(valid.sum()))
+                k += items.size
+                cols, toks = np.divmod(items, T)
+                ucols, cidx = np.unique(cols, return_inverse=True)
                 leaf = np.zeros((js.size, 2, rns.k, n), np.uint64)
-                toks, cols = f // sh.n_cols, f % sh.n_cols
-                for tok in np.unique(toks[valid]):
-                    sel = valid & (toks == tok)
-                    leaf[sel] = _products(st, ct[tok : tok + 1], cols[sel])[0]
+                if items.size:
+                    prod = _products(st, ct, ucols)  # (T, len(ucols), 2, k, N)
+                    leaf[valid] = prod[toks, cidx]
                 # move coefficient N-1 to 0 (times -X); scale by N^-1 mod Q (PackLWEs multiplies by N)
                 x = np.roll(leaf, 1, axis=-1)
                 x[..., 1:] = rns.neg(x[..., 1:])
@@ -750,9 +775,7 @@ def _server_respond(st: EmbeddingSetup, msg: dict, rng) -> tuple[dict, np.ndarra
         S = rng.integers(0, t, size=(G, n), dtype=np.int64)
         c0 = _mask_and_flood(st, out, sw[:, 0], S, rng)
         # server's share per (token, column): S at the packed positions
-        Sflat = np.concatenate([S[g, : cnt * stride : stride]
-                                for g, cnt, stride in _packed_positions(T * sh.n_cols, n)])
-        return _response(plan, out, c0, sw[:, 1]), Sflat.reshape(T, sh.n_cols)
+        return _response(plan, out, c0, sw[:, 1]), _gather_items(S, T, sh.n_cols, n)
     C = sh.col_blocks
     prod = _rerandomise(st, _products(st, ct), rng)  # (T, C, 2, k, N)
     sw = rns.switch_to(prod.reshape(T * C * 2, rns.k, n), plan.out_k).reshape(T, C, 2, out.k, n)
