@@ -135,10 +135,16 @@ def run_processes(fn0: Callable, fn1: Callable | None = None, args0: tuple = (),
                           daemon=True, name="mpc-party0")
         p0.start()
         procs.append(p0)
-        try:
-            port = port_q.get(timeout=max(1.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise MPCTimeout("party 0 did not start listening in time") from None
+        port = None
+        while port is None:  # a party 0 that dies while starting must not leave us waiting
+            try:
+                port = port_q.get(timeout=0.5)
+            except queue.Empty:
+                if p0.exitcode is not None:
+                    raise PartyFailed(0, f"process exited with code {p0.exitcode} before listening",
+                                      "(no traceback: the process died while starting)") from None
+                if time.monotonic() >= deadline:
+                    raise MPCTimeout("party 0 did not start listening in time") from None
         p1 = mctx.Process(target=_proc_main, args=(1, fns[1], tuple(args1), ring, ot_factory, timeout, port_q, result_q, port),
                           daemon=True, name="mpc-party1")
         p1.start()
