@@ -83,17 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe"), help="which benchmark")
+    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc"), help="which benchmark")
     b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--rows", type=int, default=128,
                    help="rows of the nonlinear shapes (bench mpc; softmax 128x128, GeLU 128x3072, ...)")
     b.add_argument("--only", help="comma-separated operation names (bench mpc; default all)")
     b.add_argument("--processes", action="store_true",
                    help="bench mpc: the two parties as two OS processes over TCP (default: two threads)")
+    b.add_argument("--workloads", default="minilm,smollm-block,bert-base",
+                   help="bench 2pc: comma-separated (minilm: MiniLM's encoder layers; smollm-block: one SmolLM2 "
+                        "block; bert-base: BERT-base shape, random weights, extrapolated from --layers)")
+    b.add_argument("--layers", type=int, default=None,
+                   help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12)")
     b.add_argument("--vocab", type=int, default=32000, help="bench embedding: table rows (LLaMA-7B: 32000)")
     b.add_argument("--dim", type=int, default=4096, help="bench embedding: table columns (LLaMA-7B: 4096)")
     b.add_argument("--methods", help="bench embedding: comma-separated rows (default the Table 6 ablation)")
-    b.add_argument("--tokens", type=int, default=1, help="bench embedding: token ids per query")
+    b.add_argument("--tokens", type=int, default=None,
+                   help="bench embedding: token ids per query (default 1); bench 2pc: tokens (default 128, "
+                        "smollm-block 64)")
     b.add_argument("--flood-bits", default="40", help="bench embedding: flooding bits, e.g. 40 or 40,0")
     b.add_argument("--seed", type=int, default=0, help="bench embedding / moe: random table / weights seed")
     b.add_argument("--shape", default="reduced", choices=("reduced", "olmoe", "qwen"),

@@ -484,6 +484,10 @@ def cmd_demo(args) -> int:
 
 def demo_twopc(args, report, t0) -> int:
     """`cipherlm demo --mode 2pc`: a 2pc server process on loopback and a short greedy generation."""
+    from cipherlm.cli import DEFAULT_PROMPT
+
+    if args.prompt == DEFAULT_PROMPT:  # keep the demo short: a 5-token raw prompt (no chat template)
+        args.prompt, args.raw = "The capital of France is", True
     _err(f"starting the 2pc server for {args.model} (a separate process) ...")
     proc, addr = start_server_process(args.model, mode="2pc")
     try:
@@ -517,6 +521,10 @@ def cmd_bench(args) -> int:
         from cipherlm.bench import moe
 
         report.extra.update(moe.run(args))
+    elif args.what == "2pc":
+        from cipherlm.bench import twopc
+
+        report.extra["workloads"] = twopc.run(args)
     else:
         from cipherlm.bench import offload
 

@@ -144,7 +144,7 @@ def run(args) -> dict:
         raise SystemExit(f"unknown embedding methods {unknown}; known: {sorted(METHODS)}")
     floods = sorted({int(x) for x in str(args.flood_bits).split(",")}, reverse=True)
     rng = np.random.default_rng(args.seed)
-    ids = rng.integers(0, vocab, size=args.tokens)
+    ids = rng.integers(0, vocab, size=args.tokens or 1)
     ids[0] = vocab - 1  # the last id (last, partly filled block) always among the tested ones
     rows = []
     for fb in floods:
