@@ -54,7 +54,7 @@ def _functions():
         return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
 
     # name -> (function of the secret inputs, secret input keys, public input keys)
-    return {
+    fns = {
         "mux l=64": (lambda x, b: jnp.where(b, x, 0), ("x", "b"), ()),
         "equality l=64": (lambda x, y: x == y, ("x", "y"), ()),
         "less_than l=64": (lambda x, y: x < y, ("x", "y"), ()),
@@ -70,6 +70,10 @@ def _functions():
         "silu": (jax.nn.silu, ("x",), ()),
         "top8_of_64": (lambda x: jax.lax.top_k(x, 8), ("x",), ()),
     }
+    import spu_models  # the Transformer layers of bench_2pc_spu.py (same directory)
+
+    fns.update(spu_models.functions())
+    return fns
 
 
 def _config(profile: bool):

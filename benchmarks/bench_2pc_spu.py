@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""cipherlm 2pc vs SecretFlow-SPU 0.9.5 (CHEETAH, FM64) on the same Transformer layers, in one run.
+
+    bash benchmarks/setup_peers.sh spu                       # once: the SPU venv in .peers/spu
+    .venv/bin/python benchmarks/bench_2pc_spu.py [--workloads minilm,smollm-block,bert-base]
+        [--tokens T] [--layers L] [--report reports/bench_2pc_spu.json]
+
+Issue 4's benchmark: MiniLM at 128 tokens (its 6 encoder layers: one inference
+without the embedding lookup) and one SmolLM2 decoder block at 64 tokens, plus
+a BERT-base-shaped layer (random weights; x12 extrapolated) next to the
+published figures.  Both systems start from the same secret-shared hidden
+states and run the same layers (cipherlm.bench.twopc / benchmarks/spu_models.py),
+each as two OS processes over loopback TCP; bytes are both directions (SPU:
+the sum of both parties' "total send bytes" from its profile log), seconds the
+client's wall time, errors max |output - plaintext executor| on the same input.
+LAN/WAN: compute + bytes / bandwidth + flights x latency (CryptoMoE presets;
+SPU's flights = its send actions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SPU_PY = ROOT / ".peers" / "spu" / "bin" / "python"
+
+
+def spu_inputs(prep: dict) -> tuple[str, dict]:
+    """(SPU function name, its npz inputs) for a prepared cipherlm.bench.twopc workload."""
+    from cipherlm.runtime import ops
+
+    W, cfg, x = prep["weights"], prep["config"], prep["x"]
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    if prep["workload"] in ("minilm", "bert-base"):
+        names = {"wq": "attention.self.query", "wk": "attention.self.key", "wv": "attention.self.value",
+                 "wo": "attention.output.dense", "wi": "intermediate.dense", "wo2": "output.dense"}
+        lns = {"1": "attention.output.LayerNorm", "2": "output.LayerNorm"}
+        d = {"x": f32(x), "heads": f32(cfg["num_attention_heads"]), "eps": f32(cfg.get("layer_norm_eps", 1e-12))}
+        L = prep["layers"]
+        for k, n in names.items():
+            d[k] = f32([W[f"encoder.layer.{i}.{n}.weight"].T for i in range(L)])
+            d["b" + k[1:]] = f32([W[f"encoder.layer.{i}.{n}.bias"] for i in range(L)])
+        for j, n in lns.items():
+            d["g" + j] = f32([W[f"encoder.layer.{i}.{n}.weight"] for i in range(L)])
+            d["b" + j] = f32([W[f"encoder.layer.{i}.{n}.bias"] for i in range(L)])
+        return "bert_layers", d
+    p = "model.layers.0"
+    H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg["hidden_size"] // H
+    T = x.shape[0]
+    inv = ops.rope_inv_freq(hd, cfg.get("rope_theta", 10000.0))
+    ang = np.arange(T)[:, None] * inv[None]
+    ang = np.concatenate([ang, ang], axis=-1)[None]  # (1, T, hd), rotate-half layout
+    mask = np.where(np.tril(np.ones((T, T), bool)), 0.0, -100.0)[None]
+    d = {"x": f32(x), "cos": f32(np.cos(ang)), "sin": f32(np.sin(ang)), "mask": f32(mask), "heads": f32(H),
+         "kv_heads": f32(Hkv), "eps": f32(cfg.get("rms_norm_eps", 1e-6)),
+         "wq": f32(W[f"{p}.self_attn.q_proj.weight"].T), "wk": f32(W[f"{p}.self_attn.k_proj.weight"].T),
+         "wv": f32(W[f"{p}.self_attn.v_proj.weight"].T), "wo": f32(W[f"{p}.self_attn.o_proj.weight"].T),
+         "g1": f32(W[f"{p}.input_layernorm.weight"]), "g2": f32(W[f"{p}.post_attention_layernorm.weight"]),
+         "wg": f32(W[f"{p}.mlp.gate_proj.weight"].T), "wu": f32(W[f"{p}.mlp.up_proj.weight"].T),
+         "wd": f32(W[f"{p}.mlp.down_proj.weight"].T)}
+    return "llama_block", d
+
+
+def run_spu(prep: dict) -> dict:
+    from cipherlm.net.netmodel import PRESETS
+
+    name, data = spu_inputs(prep)
+    with tempfile.TemporaryDirectory(prefix="cipherlm-spu-") as tmp:
+        ind, outd = Path(tmp) / "in", Path(tmp) / "out"
+        ind.mkdir()
+        np.savez(ind / f"{name}.npz", **data)
+        r = subprocess.run([str(SPU_PY), str(ROOT / "benchmarks" / "spu_peer.py"), str(ind), str(outd), name],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"SPU peer failed: {r.stderr[-3000:]}")
+        rows = json.loads((outd / "results.json").read_text())
+        row = [x for x in rows if x["name"] == name][0]
+        out = np.load(outd / f"{name}.out.npz")["out0"]
+    res = {"bytes": row["bytes"], "flights": row["send_actions"], "seconds": row["seconds"],
+           "max_abs_error": float(np.abs(out - prep["ref"]).max())}
+    for net in ("LAN", "WAN"):
+        res[f"{net}_seconds"] = res["seconds"] + PRESETS[net].seconds(res["bytes"], res["flights"])
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="minilm,smollm-block,bert-base")
+    ap.add_argument("--tokens", type=int, default=None, help="default 128 (smollm-block 64)")
+    ap.add_argument("--layers", type=int, default=None, help="default: minilm 6, bert-base 1")
+    ap.add_argument("--report", type=Path, default=ROOT / "reports" / "bench_2pc_spu.json")
+    args = ap.parse_args()
+    if not SPU_PY.exists():
+        print(f"no SPU venv at {SPU_PY}: run `bash benchmarks/setup_peers.sh spu` first", file=sys.stderr)
+        return 2
+    from cipherlm.bench import twopc as B
+
+    results = []
+    for w in args.workloads.split(","):
+        prep = B.prepare(w.strip(), args.tokens, args.layers)
+        print(f"{w}: {prep['tokens']} tokens, {prep['layers']} layer(s): cipherlm ...", file=sys.stderr, flush=True)
+        ours = B.run_workload(w.strip(), prepared=prep)
+        print(f"{w}: SecretFlow-SPU ...", file=sys.stderr, flush=True)
+        spu = run_spu(prep)
+        results.append({"workload": w, "tokens": prep["tokens"], "layers": prep["layers"], "cipherlm": ours,
+                        "spu": spu})
+        print(B.format_rows([ours]))
+        print(f"{'':4}SPU: {spu['bytes'] / 1e9:.3f} GB, {spu['flights']} send actions, {spu['seconds']:.1f} s, "
+              f"LAN {spu['LAN_seconds']:.1f} s, WAN {spu['WAN_seconds']:.1f} s, max err {spu['max_abs_error']:.2e}")
+        print(f"{'':4}ratio cipherlm / SPU: bytes {ours['bytes'] / spu['bytes']:.2f}x, "
+              f"time {ours['seconds'] / spu['seconds']:.2f}x, LAN {ours['LAN_seconds'] / spu['LAN_seconds']:.2f}x, "
+              f"WAN {ours['WAN_seconds'] / spu['WAN_seconds']:.2f}x", flush=True)
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps({"machine": {"cpu_count": os.cpu_count()}, "command": sys.argv,
+                                           "results": results}, indent=1, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
