@@ -89,14 +89,12 @@ def dispatch(ctx, x: AShare, K: AShare, W: AShare, n: int, t: int) -> SecureDisp
     km = m * k
     if not 1 <= t <= km:
         raise MPCError(f"capacity t={t} must lie in [1, m k = {km}]")
-    with ctx.step("moe.equal"):
-        M = one_hot(ctx, K.reshape(km), n)                     # (km, n): M[j, i] = 1{K[j] == i}
+    M = one_hot(ctx, K.reshape(km), n)                         # (km, n): M[j, i] = 1{K[j] == i}
     Mt = BShare(ctx, np.ascontiguousarray(M.data.T), 1)        # (n, km): row i = M_i
     S = mux(ctx, Mt, W.reshape(1, km).broadcast_to((n, km)))   # S_i[j] = M_i[j] W[j]
     Sp, Ki = topk_last(ctx, S, t)                              # (n, t) each
     Kp = div_public(ctx, Ki, k, km)                            # token index K_i // k
-    with ctx.step("moe.onehot"):
-        OH = one_hot(ctx, Kp.reshape(n * t), m)                # (n t, m) bits
+    OH = one_hot(ctx, Kp.reshape(n * t), m)                    # (n t, m) bits
     OHa = b2a(ctx, OH)                                         # arithmetic 0/1, frac 0
     X = matmul_shared(ctx, OHa, x).reshape(n, t, d)            # gather by Pi_matmul
     return SecureDispatch(X=X, scores=Sp, onehot=OH.reshape(n, t, m), cand=Ki, token=Kp)

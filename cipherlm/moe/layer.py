@@ -166,10 +166,6 @@ class PhaseMeter:
             row["seconds"] += time.perf_counter() - t0
 
 
-def _null_meter(ctx):
-    return PhaseMeter(ctx)
-
-
 # ----------------------------------------------------------------------------- building blocks
 
 def expert_linear(ctx, X: AShare, weight: np.ndarray | None, *, out_features: int, cache_key=None) -> AShare:
