@@ -253,3 +253,13 @@ def test_per_expert_calls_and_expert_sample():
     assert ph1["experts"]["bytes_sent"] < phb["experts"]["bytes_sent"]
     assert ph["experts"]["rounds"] > phb["experts"]["rounds"]
     assert ph1["dispatch"]["bytes_sent"] == phb["dispatch"]["bytes_sent"]
+
+
+def test_secure_layer_as_two_processes():
+    from cipherlm.mpc.runner import run_processes
+
+    shape, w, X = _instance("mixtral")
+    ref, _ = plain_layer(X, w, shape, c=C)
+    (y, *_), _ = run_processes(_party, args0=(X, None, shape, "cryptomoe", C), args1=(None, w, shape, "cryptomoe", C),
+                               timeout=300)
+    assert np.abs(y - ref).max() < _tol(X, w, shape)
