@@ -225,3 +225,25 @@ def test_calibrated_router_is_centred_and_scaled():
     # without calibration data the router falls back to the norm-weight scaling (different rows)
     _, uw2 = upcycle(cfg, w, n_experts=4, layers=[0, 2], router_scale=1.5)
     assert not np.allclose(uw2["model.layers.0.mlp.gate.weight"], uw["model.layers.0.mlp.gate.weight"])
+
+
+def test_secure_layer_weights_and_reference_match_the_executor():
+    """`MoEWeights.from_server_linears` + `layer.plain_layer` (the secure layer's reference)
+    compute the executor's own MoE block, unbalanced and balanced."""
+    from cipherlm.moe.layer import MoEShape, MoEWeights, plain_layer
+
+    cfg, w = _tiny_llama(seed=5)
+    ucfg, uw = upcycle(cfg, w, n_experts=4, top_k=2, layers=[1], noise=0.3, router_scale=3.0, seed=2)
+    shape = MoEShape.from_config(ucfg)
+    assert (shape.d, shape.n, shape.k, shape.f, shape.norm_topk_prob) == (32, 4, 2, 48, True)
+    client, server = split_params(ucfg, uw)
+    mw = MoEWeights.from_server_linears(server, "model.layers.1.mlp", shape)
+    mw.check(shape)
+    h = np.random.default_rng(6).standard_normal((10, 32))
+    for routing, c in ((None, None), (BalancedRouting(c=1.0), 1.0)):
+        ex = _executor(ucfg, uw, routing)
+        got = ex._moe("model.layers.1.mlp", h)
+        ref, disp = plain_layer(h, mw, shape, c=c)
+        assert np.allclose(got, ref, atol=1e-5)
+        if c is not None:
+            assert np.array_equal(disp.cand, ex.last_moe_dispatch[1].cand) and disp.dropped > 0
