@@ -263,3 +263,22 @@ def test_secure_layer_as_two_processes():
     (y, *_), _ = run_processes(_party, args0=(X, None, shape, "cryptomoe", C), args1=(None, w, shape, "cryptomoe", C),
                                timeout=300)
     assert np.abs(y - ref).max() < _tol(X, w, shape)
+
+
+def _one_token_party(ctx, X, w, shape):
+    x = share_input(ctx, X if ctx.party == 0 else None, owner=0)
+    r = moe_layer(ctx, x, w, shape, c=2.0)
+    return r.y.reveal_float(), r.t
+
+
+def test_decode_step_one_token():
+    """m = 1 (KV-cached decoding): t = 1, every expert processes one (possibly dummy) row,
+    nothing is dropped, so the output is the unbalanced layer's."""
+    shape = SHAPES["qwen2_moe"]
+    rng = np.random.default_rng(9)
+    w = MoEWeights.random(shape, rng)
+    X = rng.standard_normal((1, shape.d))
+    (y, t), _ = run_inprocess(_one_token_party, args0=(X, None, shape), args1=(None, w, shape), timeout=300)
+    ref, _ = plain_layer(X, w, shape, c=None)
+    assert t == 1
+    assert np.abs(y - ref).max() < _tol(X, w, shape)
