@@ -204,7 +204,7 @@ def run(args) -> dict:
               "; ".join(f"{k} {v[0]}/{v[1]}/{v[2]}" for k, v in PAPER_TABLE2[name].items()))
     out = {"shape": name, "config": shp, "rows": rows, "targets": tg, "paper_table2": PAPER_TABLE2.get(name)}
     if getattr(args, "ablation", False):
-        print(f"bench moe: cryptomoe t=2.0 with one HE call per expert (ablation) ...", file=sys.stderr, flush=True)
+        print("bench moe: cryptomoe t=2.0 with one HE call per expert (ablation) ...", file=sys.stderr, flush=True)
         rows.append(run_row(shp, "cryptomoe", 2.0, seed=getattr(args, "seed", 0) or 0, batched=False,
                             processes=getattr(args, "processes", False)))
         print(format_rows(rows[-1:]))
