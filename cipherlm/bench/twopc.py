@@ -88,12 +88,8 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
         ex = plain_executor(lm, dtype=np.float64)
         ids = _text_ids(lm.tokenizer, T)
         x0 = _encoder_input(ex, ids)
-        ref = x0
-        neg = np.zeros((1, 1, 1, T))
-        for i in range(L):
-            ref = ex._layer(i, ref, 1, T, neg)
-        return {"workload": workload, "config": cfg, "weights": weights, "x": x0, "ref": ref, "layers": L,
-                "tokens": T, "extrapolate": 1.0}
+        return {"workload": workload, "config": cfg, "weights": weights, "x": x0, "ref": _encoder_layers(ex, x0, L),
+                "layers": L, "tokens": T, "extrapolate": 1.0}
     if workload == "bert-base":
         cfg = dict(BERT_BASE_CONFIG)
         T = tokens or 128
@@ -104,12 +100,9 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
         ex = make_executor(cfg_run, client, PlainLinear(server, dtype=np.float64))
         ids = np.random.default_rng(1).integers(1000, 30000, T)
         x0 = _encoder_input(ex, ids)
-        ref = x0
-        neg = np.zeros((1, 1, 1, T))
-        for i in range(L):
-            ref = ex._layer(i, ref, 1, T, neg)
-        return {"workload": workload, "config": cfg_run, "weights": weights, "x": x0, "ref": ref, "layers": L,
-                "tokens": T, "extrapolate": cfg["num_hidden_layers"] / L}
+        return {"workload": workload, "config": cfg_run, "weights": weights, "x": x0,
+                "ref": _encoder_layers(ex, x0, L), "layers": L, "tokens": T,
+                "extrapolate": cfg["num_hidden_layers"] / L}
     if workload == "smollm-block":
         lm = load_model("smollm2-135m")
         cfg, weights = dict(lm.config), lm.weights
@@ -122,6 +115,14 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
         return {"workload": workload, "config": cfg, "weights": weights, "x": x0, "ref": ref, "layers": 1,
                 "tokens": T, "extrapolate": 1.0}
     raise ValueError(f"unknown workload {workload!r} (minilm, smollm-block, bert-base)")
+
+
+def _encoder_layers(ex, x: np.ndarray, layers: int) -> np.ndarray:
+    """The plaintext executor's first ``layers`` encoder layers on hidden states x (T, d)."""
+    neg = np.zeros((1, 1, 1, x.shape[0]))
+    for i in range(layers):
+        x = ex._layer(i, x, 1, x.shape[0], neg)
+    return x
 
 
 def _encoder_input(ex, ids: np.ndarray) -> np.ndarray:
