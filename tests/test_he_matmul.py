@@ -20,7 +20,11 @@ from cipherlm.he import (
 from cipherlm.he.matmul import split_output
 from cipherlm.he.serialize import params_from_bytes, params_to_bytes
 
-TOL = 1e-7  # max |y - Wx| relative to max(max_r sum_j |W_rj x_j|, max|W| max|x|)
+# max |y - Wx| relative to max(max_r sum_j |W_rj x_j|, max|W| max|x|).  The giant-step
+# rotations run at one prime after the early rescale (docs/he_matmul.md), so each adds
+# key-switching noise of about 2^-25 of the output scale; with a large bias lowering the
+# weight scale (the 5000x64 case) the error reaches ~1.6e-7, so the bound is 1e-6.
+TOL = 1e-6
 
 
 @pytest.fixture(scope="module")

@@ -403,7 +403,11 @@ __all__ = ["TwoPCHost", "TwoPCServer", "TwoPCClient", "ServerSession", "run_serv
 def add_client_stats(report, client: TwoPCClient) -> dict:
     """Traffic and seconds per operator class of a 2pc session into a `RunReport`
     (the client's channel counters; the server's compute seconds go to extra)."""
-    report.add_channel_stats(client.meter.stats(), party="client")
+    stats = client.meter.stats()
+    hs = client.chan.stats().get("handshake")
+    if hs:  # hello/welcome (config, tokenizer) and the request messages
+        stats["handshake"] = hs
+    report.add_channel_stats(stats, party="client")
     for op_class, seconds in client.meter.seconds.items():
         report.add_seconds(op_class, seconds)
     try:
