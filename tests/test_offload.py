@@ -128,6 +128,19 @@ def test_unknown_model_is_a_clear_error(server):
     _assert_server_still_serves(server)
 
 
+def test_client_of_another_mode_is_a_clear_error(server):
+    from cipherlm.net.channel import TCPChannel
+
+    chan = TCPChannel.connect(*server.address, timeout=5)
+    try:
+        chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "2pc", "model": None})
+        reply = chan.recv()
+    finally:
+        chan.close()
+    assert reply["type"] == "error" and "offload mode, not '2pc'" in reply["message"], reply
+    _assert_server_still_serves(server)
+
+
 def _error_reply(server, msg: dict) -> str:
     """Open a session, send ``msg``, return the server's error message."""
     client = OffloadClient(*server.address)

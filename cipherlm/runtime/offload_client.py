@@ -28,6 +28,7 @@ from cipherlm.progress import Progress
 from cipherlm.runtime import offload_engine
 from cipherlm.runtime.linear_groups import LinearGroup
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, ProtocolError, expect
+from cipherlm.runtime.session_server import SessionClient
 
 
 def _bundle_dir(digest: str) -> Path:
@@ -62,7 +63,7 @@ def _store_bundle(digest: str, tensors: dict, tokenizer_json: str | None) -> Non
     tmp.replace(d / "tensors.safetensors")
 
 
-class OffloadClient:
+class OffloadClient(SessionClient):
     """A session with an offload server: set-up, then a LinearBackend for the executor."""
 
     def __init__(self, host: str, port: int, model: str | None = None, timeout: float = 300.0, progress=None):
@@ -70,7 +71,7 @@ class OffloadClient:
         self.chan = TCPChannel.connect(host, port, timeout=timeout)
         self.seconds = defaultdict(float)  # client compute per operator class
         with self.chan.step("setup"):
-            self.chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "model": model})
+            self.chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "model": model})
             welcome = expect(self.chan.recv(), "welcome")
         self.model = welcome["model"]
         self.config = welcome["config"]
@@ -107,22 +108,6 @@ class OffloadClient:
 
         return make_executor(self.config, self.client_params, self.backend, profiler=profiler)
 
-    def server_stats(self) -> dict:
-        self.chan.send({"type": "stats"})
-        return expect(self.chan.recv(), "stats")
-
-    def close(self) -> None:
-        try:
-            self.chan.send({"type": "bye"})
-        except Exception:
-            pass
-        self.chan.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class RemoteLinear:

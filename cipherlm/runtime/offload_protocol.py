@@ -8,7 +8,7 @@ ciphertexts of the activations.  One session on one channel:
 =========  ===========================================  ======================================
 step       client -> server                             server -> client
 =========  ===========================================  ======================================
-hello      ``{type: hello, protocol, model}``           ``{type: welcome, model, config, groups,
+hello      ``{type: hello, protocol, mode, model}``     ``{type: welcome, model, config, groups,
                                                          he_params, plans, rotation_steps,
                                                          bundle_digest}``
 bundle     ``{type: get_bundle}`` (only if not cached)  ``{type: bundle, tensors, tokenizer}``

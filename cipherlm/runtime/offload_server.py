@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import socket
 import sys
-import threading
 import time
 from collections import defaultdict
 
 import numpy as np
 
 from cipherlm.he import HEError
-from cipherlm.net.channel import ChannelClosed, ChannelTimeout, FrameError, TCPChannel, listen
 from cipherlm.runtime import offload_engine
 from cipherlm.runtime.linear_groups import LinearGroup, RecordingLinear, groups_from_calls
-from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, PROTOCOL_VERSION, ProtocolError, expect
+from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, PROTOCOL_VERSION, ProtocolError
+from cipherlm.runtime.session_server import MessageSession, SessionServer
 
 log = logging.getLogger("cipherlm.serve")
 
@@ -96,61 +94,24 @@ class ModelHost:
         }
 
 
-class OffloadServer:
+class OffloadServer(SessionServer):
     """Accepts sessions on a TCP port and serves one :class:`ModelHost`."""
 
+    expected_errors = SessionServer.expected_errors + (HEError,)
+    thread_name = "offload-session"
+
     def __init__(self, host: ModelHost, address: str = "127.0.0.1", port: int = 0, session_timeout: float = 300.0):
-        self.host = host
-        self.session_timeout = session_timeout
-        self.sock = listen(address, port)
-        self.address = self.sock.getsockname()[:2]
-        self._stop = threading.Event()
-        self.sessions_served = 0
+        super().__init__(host, address, port, session_timeout, log=log)
 
-    def serve_forever(self) -> None:
-        self.sock.settimeout(0.5)
-        while not self._stop.is_set():
-            try:
-                conn, peer = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            threading.Thread(target=self._session, args=(conn, peer), daemon=True).start()
-
-    def shutdown(self) -> None:
-        self._stop.set()
-        self.sock.close()
-
-    def _session(self, conn: socket.socket, peer) -> None:
-        chan = TCPChannel(conn, timeout=self.session_timeout)
-        sid = f"{peer[0]}:{peer[1]}"
-        log.info("session %s opened", sid)
-        session = Session(self.host, chan)
-        try:
-            session.run()
-            log.info("session %s closed", sid)
-        except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError, HEError) as exc:
-            log.warning("session %s ended: %s: %s", sid, type(exc).__name__, exc)
-            _try_send_error(chan, f"{type(exc).__name__}: {exc}")
-        except Exception as exc:  # one broken session must not stop the server
-            log.exception("session %s failed", sid)
-            _try_send_error(chan, f"internal error: {type(exc).__name__}")
-        finally:
-            session.close()
-            self.sessions_served += 1
-            chan.close()
+    def new_session(self, chan) -> "Session":
+        return Session(self.host, chan)
 
 
-def _try_send_error(chan, message: str) -> None:
-    try:
-        chan.send({"type": "error", "message": message})
-    except Exception:
-        pass
-
-
-class Session:
+class Session(MessageSession):
     """Server side of one client session (see offload_protocol for the message flow)."""
+
+    mode = "offload"
+    protocol_version = PROTOCOL_VERSION
 
     def __init__(self, host: ModelHost, chan):
         self.host = host
@@ -162,27 +123,6 @@ class Session:
         """Drop this session's key material."""
         if self.keys is not None:
             self.host.engine.release(self.keys)
-
-    def run(self) -> None:
-        hello = expect(self.chan.recv(), "hello")
-        if hello.get("protocol") != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {hello.get('protocol')!r} not supported (server speaks {PROTOCOL_VERSION})")
-        wanted = hello.get("model")
-        if wanted not in (None, self.host.name):
-            raise ProtocolError(f"unknown model {wanted!r}: this server serves {self.host.name!r}")
-        with self.chan.step("setup"):
-            self.chan.send(self.host.welcome())
-        while True:
-            msg = self.chan.recv()
-            if not isinstance(msg, dict):
-                raise ProtocolError("expected a message dict")
-            kind = msg.get("type")
-            if kind == "bye":
-                return
-            handler = self._handlers.get(kind)
-            if handler is None:
-                raise ProtocolError(f"unexpected message type {kind!r}")
-            handler(self, msg)
 
     def _get_bundle(self, msg: dict) -> None:
         with self.chan.step("setup"):
@@ -216,7 +156,7 @@ class Session:
     def _stats(self, msg: dict) -> None:
         self.chan.send({"type": "stats", "seconds": dict(self.seconds), "he_ops": self.keys.he_ops() if self.keys else {}})
 
-    _handlers = {"get_bundle": _get_bundle, "keys": _keys, "linear": _linear, "stats": _stats}
+    handlers = {"get_bundle": _get_bundle, "keys": _keys, "linear": _linear, "stats": _stats}
 
 
 def run_server(model: str, host: str, port: int, timeout: float, workers: int = 1) -> None:

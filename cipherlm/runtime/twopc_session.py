@@ -37,18 +37,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import socket
 import sys
-import threading
 import time
-from collections import defaultdict
 
 import numpy as np
 
 from cipherlm.mpc.context import Context, MPCError
-from cipherlm.net.channel import ChannelClosed, ChannelTimeout, FrameError, TCPChannel, listen
+from cipherlm.net.channel import TCPChannel
 from cipherlm.runtime import twopc
 from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
+from cipherlm.runtime.session_server import MessageSession, SessionClient, SessionServer
 
 log = logging.getLogger("cipherlm.serve2pc")
 
@@ -115,8 +113,12 @@ def _int_field(msg: dict, key: str, lo: int, hi: int) -> int:
     return v
 
 
-class ServerSession:
+class ServerSession(MessageSession):
     """The server side of one 2pc session."""
+
+    mode = "2pc"
+    protocol_version = PROTOCOL_VERSION
+    handshake_step = "handshake"
 
     def __init__(self, host: TwoPCHost, chan):
         self.host = host
@@ -132,123 +134,46 @@ class ServerSession:
                                                       self.host.plan, meter=self.meter)
         return self.executor
 
-    def run(self) -> None:
-        hello = expect(self.chan.recv(), "hello")
-        if hello.get("protocol") != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {hello.get('protocol')!r} not supported "
-                                f"(this server speaks {PROTOCOL_VERSION})")
-        if hello.get("mode", "2pc") != "2pc":
-            raise ProtocolError(f"this server runs the 2pc mode, not {hello.get('mode')!r}")
-        wanted = hello.get("model")
-        if wanted not in (None, self.host.name):
-            raise ProtocolError(f"unknown model {wanted!r}: this server serves {self.host.name!r}")
+    def _go(self):
+        """Accept a checked request: the executor, after telling the client to start."""
+        ex = self._executor()
         with self.chan.step("handshake"):
-            self.chan.send(self.host.welcome())
-        while True:
-            msg = self.chan.recv()
-            if not isinstance(msg, dict):
-                raise ProtocolError("expected a message dict")
-            kind = msg.get("type")
-            if kind == "bye":
-                return
-            if kind == "stats":
-                self.chan.send({"type": "stats", "seconds": dict(self.meter.seconds), "traffic": self.meter.stats(),
-                                "requests": self.requests})
-            elif kind == "generate":
-                self._generate(msg)
-            elif kind == "classify":
-                self._classify(msg)
-            else:
-                raise ProtocolError(f"unexpected message type {kind!r}")
+            self.chan.send({"type": "go"})
+        self.requests += 1
+        return ex
+
+    def _stats(self, msg: dict) -> None:
+        self.chan.send({"type": "stats", "seconds": dict(self.meter.seconds), "traffic": self.meter.stats(),
+                        "requests": self.requests})
 
     def _generate(self, msg: dict) -> None:
         if self.host.kind != "decoder":
             raise ProtocolError(f"model {self.host.name!r} is an encoder: use classify")
         n = _int_field(msg, "n_prompt", 1, self.host.max_tokens)
         m = _int_field(msg, "max_new_tokens", 1, MAX_NEW_TOKENS)
-        ex = self._executor()
-        with self.chan.step("handshake"):
-            self.chan.send({"type": "go"})
-        self.requests += 1
-        ex.generate(None, n, m)
+        self._go().generate(None, n, m)
 
     def _classify(self, msg: dict) -> None:
         if self.host.kind != "encoder" or not self.host.plan.get("classes"):
             raise ProtocolError(f"model {self.host.name!r} has no classifier head")
         n = _int_field(msg, "n_tokens", 1, self.host.max_tokens)
-        ex = self._executor()
-        with self.chan.step("handshake"):
-            self.chan.send({"type": "go"})
-        self.requests += 1
-        ex.classify(None, n)
+        self._go().classify(None, n)
+
+    handlers = {"stats": _stats, "generate": _generate, "classify": _classify}
 
 
-class TwoPCServer:
+class TwoPCServer(SessionServer):
     """Accepts sessions on a TCP port, one thread per session, and serves one `TwoPCHost`."""
+
+    expected_errors = SessionServer.expected_errors + (MPCError,)
+    thread_name = "2pc-session"
 
     def __init__(self, host: TwoPCHost, address: str = "127.0.0.1", port: int = 0,
                  session_timeout: float = DEFAULT_TIMEOUT):
-        self.host = host
-        self.session_timeout = session_timeout
-        self.sock = listen(address, port)
-        self.address = self.sock.getsockname()[:2]
-        self._stop = threading.Event()
-        self.sessions_served = 0
-        self.sessions_failed = 0
-        self._lock = threading.Lock()
+        super().__init__(host, address, port, session_timeout, log=log)
 
-    def serve_forever(self) -> None:
-        self.sock.settimeout(0.5)
-        while not self._stop.is_set():
-            try:
-                conn, peer = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            threading.Thread(target=self._session, args=(conn, peer), daemon=True, name="2pc-session").start()
-
-    def shutdown(self) -> None:
-        self._stop.set()
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def _session(self, conn: socket.socket, peer) -> None:
-        chan = TCPChannel(conn, timeout=self.session_timeout)
-        sid = f"{peer[0]}:{peer[1]}"
-        log.info("session %s opened", sid)
-        ok = False
-        try:
-            ServerSession(self.host, chan).run()
-            ok = True
-            log.info("session %s closed", sid)
-        except (ChannelClosed, ChannelTimeout, FrameError, ProtocolError, MPCError) as exc:
-            # the message names the kind of fault and shapes, never values
-            log.warning("session %s ended: %s: %s", sid, type(exc).__name__, _short(exc))
-            _try_send_error(chan, f"{type(exc).__name__}: {_short(exc)}")
-        except Exception as exc:  # one broken session must not stop the server
-            log.warning("session %s failed: %s", sid, type(exc).__name__)
-            log.debug("session %s traceback", sid, exc_info=True)
-            _try_send_error(chan, f"internal error: {type(exc).__name__}")
-        finally:
-            with self._lock:
-                self.sessions_served += 1
-                self.sessions_failed += 0 if ok else 1
-            chan.close()
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return text[:limit]
-
-
-def _try_send_error(chan, message: str) -> None:
-    try:
-        chan.send({"type": "error", "message": message})
-    except Exception:
-        pass
+    def new_session(self, chan) -> ServerSession:
+        return ServerSession(self.host, chan)
 
 
 def _raise_remote_errors(chan) -> None:
@@ -266,7 +191,7 @@ def _raise_remote_errors(chan) -> None:
     chan.recv = checked
 
 
-class TwoPCClient:
+class TwoPCClient(SessionClient):
     """A session with a 2pc server: handshake, then `generate` / `classify` requests."""
 
     def __init__(self, host: str, port: int, model: str | None = None, timeout: float = DEFAULT_TIMEOUT,
@@ -358,22 +283,6 @@ class TwoPCClient:
         ex = self.executor()
         return self._run(lambda: ex.classify(ids, ids.size))
 
-    def server_stats(self) -> dict:
-        self.chan.send({"type": "stats"})
-        return expect(self.chan.recv(), "stats")
-
-    def close(self) -> None:
-        try:
-            self.chan.send({"type": "bye"})
-        except Exception:
-            pass
-        self.chan.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def run_server(model: str, host: str, port: int, timeout: float = DEFAULT_TIMEOUT, embedding: str = "auto") -> None:
