@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--embedding", default="auto",
                    help="2pc: private embedding lookup (auto = FastQuery protocol with a 12-bit table; "
                         "onehot-linear, exact, fastquery, cheetah, ...)")
+    s.add_argument("--moe-capacity", type=float, default=2.0,
+                   help="2pc, MoE models: CryptoMoE capacity factor c (each expert takes "
+                        "ceil(c m k / n) of a pass's m tokens; public)")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
     d.add_argument("--mode", choices=MODES, default="offload")

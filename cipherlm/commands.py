@@ -398,7 +398,8 @@ def cmd_serve(args) -> int:
     if args.mode == "2pc":
         from cipherlm.runtime.twopc_session import run_server as run_2pc
 
-        run_2pc(args.model, args.host, args.port, args.timeout, embedding=getattr(args, "embedding", "auto"))
+        run_2pc(args.model, args.host, args.port, args.timeout, embedding=getattr(args, "embedding", "auto"),
+                moe_capacity=getattr(args, "moe_capacity", 2.0))
         return 0
     from cipherlm.runtime.offload_server import run_server
 

@@ -31,6 +31,14 @@ Who does what (BLB section 2.3, Figure 2):
   CrypTFlow2 section 4.1) and beta is added to the server's share.
 * **softmax** (public causal / padding mask), **activation** (GeLU, SwiGLU):
   `cipherlm.mpc.nonlinear`.
+* **MoE** (Qwen2-MoE, OLMoE, Mixtral; dense layers and shared experts as their
+  configs say): CryptoMoE (``cryptomoe_000`` sections 4.1-4.3) through
+  `cipherlm.moe.layer.moe_layer`: gate routing on shares, balanced routing with
+  a public capacity factor c from the plan (each expert takes exactly
+  t = ceil(c m k / n) of a pass's m tokens, so no count per expert is revealed),
+  secure dispatch / expert SwiGLU / combine.  With c = n / k nothing is dropped
+  and the layer computes the model's own top-k function.  OLMoE's q/k RMSNorm
+  runs on shares with the server's gamma as a private product.
 * **argmax**: comparison tree on the logit shares; only the index is opened,
   and only to the client (``reveal(to=0)``).  The server never opens anything.
 
@@ -53,6 +61,7 @@ conversion); first-use set-up (base OTs, BFV public keys) is ``setup``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -67,10 +76,11 @@ from cipherlm.mpc.protocols.mul import cross_term, square
 from cipherlm.mpc.protocols.trunc import trunc_faithful, trunc_local
 from cipherlm.mpc.ring import fixed_encode, mask
 from cipherlm.mpc.shares import AShare, concatenate
+from cipherlm.moe.layer import MoEShape, MoEWeights
 from cipherlm.runtime import ops
 from cipherlm.runtime.plain import ENCODER_TYPES, DecoderSpec, split_params
 
-OP_CLASSES = ("embedding", "linear", "attention_matmul", "softmax", "activation", "norm", "rope", "argmax",
+OP_CLASSES = ("embedding", "linear", "attention_matmul", "softmax", "activation", "norm", "rope", "moe", "argmax",
               "conversions", "setup", "control")
 
 #: channel steps that carry the HE products themselves (everything else inside a
@@ -83,7 +93,11 @@ _LINEAR_CLASSES = frozenset({"linear", "attention_matmul"})
 #: the others are `cipherlm.protocols.embedding.METHODS` (FastQuery and its ablation rows;
 #: "exact" = 12-bit table with PackLWEs, the one that keeps real models' accuracy)
 EMBEDDING_METHODS = ("auto", "onehot-linear", "exact", "fastquery", "cheetah", "+quant", "+accbits", "+packing")
-SUPPORTED_DECODERS = ("llama", "mistral", "qwen2")
+SUPPORTED_DECODERS = ("llama", "mistral", "qwen2", "qwen2_moe", "olmoe", "mixtral")
+#: MoE layers (Qwen2-MoE, OLMoE, Mixtral) run CryptoMoE (`cipherlm.moe.layer.moe_layer`)
+#: with balanced routing; the capacity factor c is public (t = ceil(c m k / n) tokens
+#: per expert per pass, `cipherlm.moe.routing.capacity`)
+DEFAULT_MOE_CAPACITY = 2.0
 
 #: fraction bits of the RMSNorm statistics (row mean of squares and its 1/sqrt):
 #: more than the ring's 16 so that 1/sqrt of LLaMA's massive-activation rows
@@ -386,13 +400,21 @@ def server_weights(config: dict, weights: dict[str, np.ndarray], classifier: tup
         a = f"{p}.self_attn"
         g1 = np.asarray(client[f"{p}.input_layernorm.weight"], np.float64) * rc
         g2 = np.asarray(client[f"{p}.post_attention_layernorm.weight"], np.float64) * rc
-        layers.append({
-            "g1": g1, "g2": g2,
-            "qkv": _stack(server, [f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"], scale_out=[scale, 1.0, 1.0]),
-            "o": _stack(server, [f"{a}.o_proj"]),
-            "gu": _stack(server, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"]),
-            "down": _stack(server, [f"{p}.mlp.down_proj"]),
-        })
+        L = {"g1": g1, "g2": g2, "o": _stack(server, [f"{a}.o_proj"])}
+        if spec.qk_norm:
+            # OLMoE: RMSNorm over the whole q (and k) row after the projection; its gamma
+            # (and, for q, the attention scale) is a server-private product after it
+            L["qkv"] = _stack(server, [f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"])
+            L["qn"] = np.asarray(client[f"{a}.q_norm.weight"], np.float64) * math.sqrt(_rms_factor(spec.n_heads * spec.head_dim)[1]) * scale
+            L["kn"] = np.asarray(client[f"{a}.k_norm.weight"], np.float64) * math.sqrt(_rms_factor(spec.n_kv_heads * spec.head_dim)[1])
+        else:
+            L["qkv"] = _stack(server, [f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"], scale_out=[scale, 1.0, 1.0])
+        if i in spec.moe_layers:
+            L["moe"] = MoEWeights.from_server_linears(server, f"{p}.mlp", MoEShape.from_config(config))
+        else:
+            L["gu"] = _stack(server, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"])
+            L["down"] = _stack(server, [f"{p}.mlp.down_proj"])
+        layers.append(L)
     gf = np.asarray(client["model.norm.weight"], np.float64) * rc
     head = _stack(server, ["lm_head"])
     bound = weight_bound()
@@ -400,12 +422,18 @@ def server_weights(config: dict, weights: dict[str, np.ndarray], classifier: tup
     def fits(g, proj):
         return float(np.max(np.abs(proj.w * g[:, None]))) <= bound
 
+    def ffn_fits(L):
+        return fits(L["g2"], L["gu"]) if "gu" in L else _moe_max_folded(L["moe"], L["g2"]) <= bound
+
     if fold_norms is None:
-        fold_norms = all(fits(L["g1"], L["qkv"]) and fits(L["g2"], L["gu"]) for L in layers) and fits(gf, head)
+        fold_norms = all(fits(L["g1"], L["qkv"]) and ffn_fits(L) for L in layers) and fits(gf, head)
     if fold_norms:
         for L in layers:
             L["qkv"] = Proj(L["qkv"].w * L["g1"][:, None], L["qkv"].b)
-            L["gu"] = Proj(L["gu"].w * L["g2"][:, None], L["gu"].b)
+            if "gu" in L:
+                L["gu"] = Proj(L["gu"].w * L["g2"][:, None], L["gu"].b)
+            else:
+                L["moe"] = _moe_fold_input(L["moe"], L["g2"])
             L["g1"] = L["g2"] = None
         head = Proj(head.w * gf[:, None], head.b)
         gf = None
@@ -413,20 +441,48 @@ def server_weights(config: dict, weights: dict[str, np.ndarray], classifier: tup
             "head": head, "gf": gf, "fold_norms": bool(fold_norms)}
 
 
+#: MoE weights whose input side an RMSNorm gamma scales (rows of the (d_in, d_out) arrays)
+_MOE_INPUT_SIDE = ("router", "gate", "up", "shared_gate", "shared_up", "shared_router")
+
+
+def _moe_max_folded(w: MoEWeights, g: np.ndarray) -> float:
+    return max(float(np.max(np.abs(np.asarray(a, np.float64) * g[:, None])))
+               for a in (getattr(w, n) for n in _MOE_INPUT_SIDE) if a is not None)
+
+
+def _moe_fold_input(w: MoEWeights, g: np.ndarray) -> MoEWeights:
+    """gamma folded into every input-side MoE weight (router, experts' gate/up, shared expert)."""
+    out = dataclasses.replace(w)
+    for n in _MOE_INPUT_SIDE:
+        a = getattr(w, n)
+        if a is not None:
+            setattr(out, n, (np.asarray(a, np.float64) * g[:, None]).astype(np.float32))
+    return out
+
+
 def _decoder_spec(config: dict) -> DecoderSpec:
     spec = DecoderSpec.from_config(config)
-    if spec.family not in SUPPORTED_DECODERS or spec.n_experts or spec.qk_norm or spec.clip_qkv is not None:
-        raise TwoPCError(f"the 2pc executor runs Llama-family dense decoders ({', '.join(SUPPORTED_DECODERS)}); "
+    if spec.family not in SUPPORTED_DECODERS:
+        raise TwoPCError(f"the 2pc executor runs Llama-family decoders ({', '.join(SUPPORTED_DECODERS)}); "
                          f"got {config.get('model_type')!r}")
+    if spec.clip_qkv is not None:
+        raise TwoPCError("clip_qkv is not supported by the 2pc executor (OLMoE configs with clip_qkv: null are)")
     if spec.act not in ("silu", "swish"):
         raise TwoPCError(f"unsupported decoder activation {spec.act!r} (SwiGLU only)")
     return spec
 
 
-def public_plan(config: dict, server: dict | None = None, embedding: str = "auto") -> dict:
+def public_plan(config: dict, server: dict | None = None, embedding: str = "auto",
+                moe_capacity: float = DEFAULT_MOE_CAPACITY) -> dict:
     """What both parties must agree on beyond the config: the structure choices that
-    depend on the server's weights (folded norms, classifier width). JSON-able."""
+    depend on the server's weights (folded norms, classifier width) and the MoE
+    capacity factor. JSON-able."""
     plan = {"embedding": embedding_backend(embedding)}
+    if config.get("model_type") not in ENCODER_TYPES and _decoder_spec(config).moe_layers:
+        c = float(moe_capacity)
+        if not (math.isfinite(c) and c > 0):
+            raise TwoPCError(f"MoE capacity factor must be a positive number, got {moe_capacity!r}")
+        plan["moe"] = {"variant": "cryptomoe", "capacity": c}
     if config.get("model_type") in ENCODER_TYPES:
         cls = None if server is None else server.get("classifier")
         plan["classes"] = None if cls is None else cls.d_out
@@ -527,6 +583,12 @@ class TwoPCDecoder(_SharesExecutor):
         super().__init__(ctx, config, server, plan, meter, progress)
         self.inv_freq = ops.rope_inv_freq(self.spec.head_dim, self.spec.rope_theta)
         self.max_positions = int(self.spec.max_positions)
+        self.moe_shape = MoEShape.from_config(config) if self.spec.moe_layers else None
+        if self.moe_shape is not None and not isinstance(self.plan.get("moe"), dict):
+            raise TwoPCError("an MoE model's plan must carry the MoE settings (public_plan on the server)")
+        #: per MoE layer: the routing capacity t and the bytes/seconds of each CryptoMoE phase
+        #: (gate, dispatch, experts, combine, shared) of the last pass
+        self.moe_phases: dict[int, dict] = {}
 
     def new_cache(self) -> ShareKVCache:
         return ShareKVCache(self.spec.n_layers)
@@ -572,6 +634,8 @@ class TwoPCDecoder(_SharesExecutor):
         q = qkv[:, : H * hd].reshape(T, H, hd).transpose(1, 0, 2)
         k = qkv[:, H * hd:(H + Hkv) * hd].reshape(T, Hkv, hd).transpose(1, 0, 2)
         v = qkv[:, (H + Hkv) * hd:].reshape(T, Hkv, hd).transpose(1, 0, 2)
+        if s.qk_norm:
+            q, k = self._qk_norm(i, q, k)
         with self.meter("rope"):
             q = rope_shares(self.ctx, q, positions, self.inv_freq)
             k = rope_shares(self.ctx, k, positions, self.inv_freq)
@@ -590,12 +654,37 @@ class TwoPCDecoder(_SharesExecutor):
         ctx_ = self.matmul(p.reshape(Hkv, rep * T, S), v_all).reshape(H, T, hd).transpose(1, 0, 2).reshape(T, H * hd)
         x = x + self.linear(ctx_, self._W(i, "o"), s.d_model, f"L{i}.o")
         h = self._norm(x, (i, "g2"))
+        if i in s.moe_layers:
+            return x + self._moe(i, h)
         inter = (self.server["layers"][i]["gu"].d_out if self.server is not None else 2 * self.config["intermediate_size"])
         gu = self.linear(h, self._W(i, "gu"), inter, f"L{i}.gu")
         half = inter // 2
         with self.meter("activation"):
             a = nl.swiglu(self.ctx, gu[:, :half], gu[:, half:])
         return x + self.linear(a, self._W(i, "down"), s.d_model, f"L{i}.down")
+
+    def _qk_norm(self, i, q: AShare, k: AShare) -> tuple[AShare, AShare]:
+        """OLMoE's RMSNorm over each token's whole q (H hd) and k (Hkv hd), gammas
+        server-private; q, k as (heads, T, hd)."""
+        out = []
+        for t, name in ((q, "qn"), (k, "kn")):
+            heads, T, hd = t.shape
+            row = t.transpose(1, 0, 2).reshape(T, heads * hd)
+            with self.meter("norm"):
+                y = scale_private(self.ctx, rms_statistic(self.ctx, row, self.spec.eps), self._W(i, name))
+            out.append(y.reshape(T, heads, hd).transpose(1, 0, 2))
+        return out[0], out[1]
+
+    def _moe(self, i, h: AShare) -> AShare:
+        """CryptoMoE layer (balanced routing, secure dispatch / combine; `cipherlm.moe`)."""
+        from cipherlm.moe.layer import moe_layer
+
+        moe = self.plan["moe"]
+        with self.meter("moe"):
+            r = moe_layer(self.ctx, h, self._W(i, "moe"), self.moe_shape, variant=moe["variant"],
+                          c=float(moe["capacity"]), key=self._cache_key(f"L{i}.moe", h.shape[0]))
+        self.moe_phases[i] = {"t": r.t, "phases": r.phases}
+        return r.y
 
     # -- outputs
     def argmax_to_client(self, logits: AShare) -> np.ndarray | None:
