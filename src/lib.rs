@@ -134,6 +134,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(otops::acot_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::kk13_sender, m)?)?;
     m.add_function(wrap_pyfunction!(otops::kk13_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::np1ofn_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::np1ofn_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::pack_bits, m)?)?;
     m.add_function(wrap_pyfunction!(otops::unpack_bits, m)?)?;
     m.add_function(wrap_pyfunction!(ferret::ferret_sender, m)?)?;

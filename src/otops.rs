@@ -429,3 +429,123 @@ pub fn unpack_bits<'py>(py: Python<'py>, buf: PyBuffer<u8>, n: usize, bits: u32)
     let out = py.allow_threads(|| u64_bytes(&unpack(b, n, bits)));
     Ok(ba(py, &out))
 }
+
+/// H''(j, k_1 .. k_m) = first 64 bits of SHA-256("cipherlm" || j || k_1 || .. || k_m),
+/// m <= 8 keys of 16 bytes (at most 144 bytes: three blocks after padding).
+fn np_hash(tweak: u64, keys: &[[u8; 16]]) -> u64 {
+    const IV: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+    ];
+    let len = 16 + 16 * keys.len();
+    let nblocks = (len + 9 + 63) / 64;
+    let mut buf = [0u8; 192];
+    buf[..8].copy_from_slice(b"cipherlm");
+    buf[8..16].copy_from_slice(&tweak.to_le_bytes());
+    for (i, k) in keys.iter().enumerate() {
+        buf[16 + 16 * i..32 + 16 * i].copy_from_slice(k);
+    }
+    buf[len] = 0x80;
+    buf[64 * nblocks - 8..64 * nblocks].copy_from_slice(&((len as u64) * 8).to_be_bytes());
+    let mut st = IV;
+    for b in 0..nblocks {
+        sha2::compress256(&mut st, &[*GenericArray::from_slice(&buf[64 * b..64 * b + 64])]);
+    }
+    ((st[0] as u64) << 32) | st[1] as u64
+}
+
+fn check_np(nn: usize) -> PyResult<usize> {
+    if !(2..=256).contains(&nn) || !nn.is_power_of_two() {
+        return err(format!("N must be a power of two in 2..=256, got {nn}"));
+    }
+    Ok(nn.trailing_zeros() as usize)
+}
+
+/// 1-out-of-N from log2 N correlated OTs with a global Delta (Naor-Pinkas 1999's
+/// construction on random OTs; the Ferret path of `OTSession.send_1ofN`), sender:
+/// q (n * m rows of 16 bytes, instance j owns rows j m .. j m + m - 1, row i for
+/// bit i of the index), Delta (16 bytes), msgs (n*N uint64) ->
+/// pack(msgs_{j,x} xor H''(tweak + j, q_{j,i} xor x_i Delta for i < m), bits).
+#[pyfunction]
+pub fn np1ofn_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    nn: usize,
+    msgs: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let m = check_np(nn)?;
+    let a = ot_args(&q, 16, Some(&delta), None, Some(bits))?;
+    if a.n % m != 0 {
+        return err(format!("{} correlated OTs is not a multiple of log2 N = {m}", a.n));
+    }
+    let (q, n, d, mk) = (a.rows, a.n / m, a.delta16(), a.mask);
+    let msgs = sized(&msgs, n * nn * 8, "messages")?;
+    let y = py.allow_threads(|| {
+        let mv = u64s(msgs);
+        let mut v = vec![0u64; n * nn];
+        let mut pairs = vec![[[0u8; 16]; 2]; m];
+        let mut keys = vec![[0u8; 16]; m];
+        for j in 0..n {
+            for i in 0..m {
+                let r: [u8; 16] = q[16 * (j * m + i)..16 * (j * m + i) + 16].try_into().unwrap();
+                pairs[i][0] = r;
+                for b in 0..16 {
+                    pairs[i][1][b] = r[b] ^ d[b];
+                }
+            }
+            for x in 0..nn {
+                for i in 0..m {
+                    keys[i] = pairs[i][(x >> i) & 1];
+                }
+                v[j * nn + x] = (mv[j * nn + x] ^ np_hash(tweak.wrapping_add(j as u64), &keys)) & mk;
+            }
+        }
+        pack(&v, bits)
+    });
+    Ok(ba(py, &y))
+}
+
+/// The receiver of `np1ofn_sender`: t (n * m rows of 16 bytes, t = q xor c_i Delta for
+/// the bits c_i of its choice), choices (n bytes < N) -> msgs_{j, c_j}.
+#[pyfunction]
+pub fn np1ofn_receiver<'py>(
+    py: Python<'py>,
+    t: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+    tweak: u64,
+    nn: usize,
+    y: PyBuffer<u8>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let m = check_np(nn)?;
+    let rows = view(&t)?;
+    if rows.len() % (16 * m) != 0 {
+        return err(format!("rows buffer of {} bytes is not a multiple of {}", rows.len(), 16 * m));
+    }
+    let n = rows.len() / (16 * m);
+    let ch = view(&choices)?;
+    if ch.len() != n {
+        return err(format!("{} choices for {} OTs", ch.len(), n));
+    }
+    if ch.iter().any(|&c| c as usize >= nn) {
+        return err(format!("choices must be in [0, {nn})"));
+    }
+    let mk = check_bits(bits)?;
+    let y = sized(&y, packed_len(n * nn, bits), "1-of-N reply")?;
+    let out = py.allow_threads(|| {
+        let yv = unpack(y, n * nn, bits);
+        let mut keys = vec![[0u8; 16]; m];
+        let o: Vec<u64> = (0..n)
+            .map(|j| {
+                for i in 0..m {
+                    keys[i] = rows[16 * (j * m + i)..16 * (j * m + i) + 16].try_into().unwrap();
+                }
+                (yv[j * nn + ch[j] as usize] ^ np_hash(tweak.wrapping_add(j as u64), &keys)) & mk
+            })
+            .collect();
+        u64_bytes(&o)
+    });
+    Ok(ba(py, &out))
+}

@@ -1,32 +1,49 @@
 """Bytes and flights per element of each primitive, measured through the channel
 counters, against the cost formulas in the protocol docstrings / docs/mpc.md."""
 
+import functools
+
 import pytest
 
 from cipherlm.mpc.costs import format_table, measure
+from cipherlm.mpc.ot import OTSession
 
 N = 4096
-# IKNP: 16 bytes per OT from the receiver; COT adds l bits; KK13 1-of-16: 32 + 16*2/8 bytes.
-KK16 = 32 + 4
-TRIPLE = 2 * 16
-EXPECTED = {
-    "and (bit triples + open)": TRIPLE + 2 * 2 / 8,
-    "b2a l=64": 16 + 8,
-    "mux l=64": 2 * (16 + 8),
-    "mul l=64": 2 * (64 * 16 + sum(64 - lo for lo in (0, 16, 32, 48)) * 16 / 8),
-    "millionaire l=64": 16 * KK16 + 15 * (TRIPLE + 2 * 3 / 8),
-    "msb/drelu l=64": 16 * KK16 + 15 * (TRIPLE + 2 * 3 / 8),  # l-1 = 63 bits: 16 blocks
-    "trunc_local l=64 s=16": 0,
-    "ring_to_field local l=64": 0,
-}
 
 
-def test_measured_costs_match_formulas():
-    rows = {r["name"]: r for r in measure(N)}
+def expected(ot_bytes: float, kk16: float) -> dict:
+    """Bytes per element: ot_bytes per 1-out-of-2 OT from the receiver (IKNP 16, Ferret
+    1/8); a COT adds l bits; 1-out-of-16 of 2-bit messages costs kk16 (KK13: 32 + 4;
+    Ferret: 4 correlated OTs + 4 bytes)."""
+    triple = 2 * ot_bytes
+    return {
+        "and (bit triples + open)": triple + 2 * 2 / 8,
+        "b2a l=64": ot_bytes + 8,
+        "mux l=64": 2 * (ot_bytes + 8),
+        "mul l=64": 2 * (64 * ot_bytes + sum(64 - lo for lo in (0, 16, 32, 48)) * 16 / 8),
+        "millionaire l=64": 16 * kk16 + 15 * (triple + 2 * 3 / 8),
+        "msb/drelu l=64": 16 * kk16 + 15 * (triple + 2 * 3 / 8),  # l-1 = 63 bits: 16 blocks
+        "trunc_local l=64 s=16": 0,
+        "ring_to_field local l=64": 0,
+    }
+
+
+def _session(chan, party, ferret):
+    return OTSession(chan, party, ferret=ferret)
+
+
+@pytest.mark.parametrize("ferret,ot_bytes,kk16,slack", [(False, 16, 32 + 4, 1.0), (True, 1 / 8, 4 / 8 + 4, 2.0)],
+                         ids=["iknp", "ferret"])
+def test_measured_costs_match_formulas(ferret, ot_bytes, kk16, slack):
+    rows = {r["name"]: r for r in measure(N, ot_factory=functools.partial(_session, ferret=ferret))}
     print(format_table(list(rows.values())))
-    for name, exp in EXPECTED.items():
-        got = rows[name]["bytes_per_elem"]
-        assert exp * 0.98 <= got <= exp * 1.05 + 1.0, (name, got, exp)
+    for name, exp in expected(ot_bytes, kk16).items():
+        # a Ferret refill lands inside whichever operation drains the pool: its bytes are
+        # counted there and reported separately; the formula is for the online part
+        got = (rows[name]["bytes"] - rows[name]["ferret_refill_bytes"]) / N
+        assert exp * 0.98 <= got <= exp * 1.05 + slack, (name, got, exp)
+    refills = sum(r["ferret_refill_bytes"] for r in rows.values())
+    assert (refills > 0) == ferret
     assert rows["trunc_local l=64 s=16"]["flights"] == 0
     assert rows["b2a l=64"]["flights"] == 2 and rows["mux l=64"]["flights"] <= 4
     # 1-of-N (2 flights) + 2 ROT calls (1 each) + 4 tree levels (a simultaneous exchange: 1-2 flights)

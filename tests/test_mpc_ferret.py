@@ -18,6 +18,7 @@ from cipherlm.mpc import ferret
 from cipherlm.mpc.ferret import FERRET_MAIN, FERRET_SETUP, LPNParams
 from cipherlm.mpc.ot import OTError, OTSession, bytes_per_ot
 from cipherlm.net.channel import inprocess_pair
+from test_mpc_ot_views import P_MIN, p_independent
 
 RNG = np.random.default_rng(4321)  # test inputs only
 
@@ -86,8 +87,19 @@ def test_parameters_are_the_papers():
     assert FERRET_SETUP.n >= FERRET_MAIN.base
 
 
-def run_both(f0, f1, *, ferret_on=True, batch=1 << 16, timeout=60.0, **kw):
+def run_both(f0, f1, *, ferret_on=True, batch=1 << 16, timeout=60.0, record: list | None = None, **kw):
+    """f0 / f1 on OT sessions of parties 0 / 1; ``record``: a list that receives every
+    message party 0 receives (its view)."""
     a, b = inprocess_pair(timeout=timeout)
+    if record is not None:
+        recv = a.recv
+
+        def logged(timeout=None):
+            m = recv(timeout)
+            record.append(m)
+            return m
+
+        a.recv = logged
     s = (OTSession(a, 0, batch=batch, ferret=ferret_on, **kw), OTSession(b, 1, batch=batch, ferret=ferret_on, **kw))
     res, errs = [None, None], [None, None]
 
@@ -208,11 +220,48 @@ def test_bytes_per_ot_formula():
     assert bytes_per_ot("random", ferret=True) == 1 / 8
     assert bytes_per_ot("cot", 64, ferret=True) == (1 + 64) / 8
     assert bytes_per_ot("chosen", 64, ferret=True) == (1 + 128) / 8
-    assert bytes_per_ot("1ofN", 2, 16, ferret=True) == bytes_per_ot("1ofN", 2, 16)
+    assert bytes_per_ot("1ofN", 2, 16, ferret=True) == (4 + 16 * 2) / 8
+    assert bytes_per_ot("1ofN", 2, 16) == (256 + 16 * 2) / 8
+    assert bytes_per_ot("1ofN", 2, 10, ferret=True) == bytes_per_ot("1ofN", 2, 10)  # not 2^m: KK13
+
+
+@pytest.mark.parametrize("N,batch", [(2, 1 << 16), (8, 16), (16, 1 << 16), (256, 64)])
+def test_1ofN_from_correlated_ots(N, batch):
+    """Naor-Pinkas 1-out-of-N from log2 N Ferret COTs: the chosen message arrives, batches
+    split only between instances, and the wire carries m + N l bits per OT."""
+    n, bits = 2000, 5
+    msgs = RNG.integers(0, 2**63, (n, N), dtype=np.uint64)
+    ch = RNG.integers(0, N, n)
+    (_, got), (a, _), _ = run_both(lambda ot: ot.send_1ofN(msgs, bits), lambda ot: ot.recv_1ofN(ch, N, bits),
+                                   batch=batch, step="ot")
+    np.testing.assert_array_equal(got, msgs[np.arange(n), ch] & np.uint64(31))
+    step = a.stats()["ot"]
+    m = N.bit_length() - 1
+    payload = step["bytes_sent"] + step["bytes_received"]
+    assert payload >= n * (m + N * bits) / 8
+    assert payload <= n * (m + N * bits) / 8 + 600 * step["messages_sent"] + 600 * step["messages_received"]
+
+
+def test_1ofN_sender_view_independent_of_choices():
+    """What the 1-out-of-N sender receives online (e = c xor u per correlated OT) is
+    uniform and independent of the receiver's choice."""
+    n, N = 1 << 13, 16
+    ch = RNG.integers(0, N, n)
+    log = []
+    (_, _), _, _ = run_both(lambda ot: ot.send_1ofN(np.zeros((n, N), np.uint64), 2),
+                            lambda ot: ot.recv_1ofN(ch, N, 2), record=log)
+    e = np.concatenate([m["e"] for m in log if isinstance(m, dict) and m.get("op") == "1ofN"])
+    bits = np.unpackbits(e, bitorder="little")[: 4 * n].reshape(n, 4)
+    nibble = bits @ (1 << np.arange(4))
+    assert p_independent(ch, nibble, N, N) > P_MIN
+    # power: the choices' own bits fail the same test
+    assert p_independent(ch, ch, N, N) < P_MIN
 
 
 def test_env_selects_ferret(monkeypatch):
     a, _b = inprocess_pair(timeout=5)
+    monkeypatch.delenv("CIPHERLM_OT", raising=False)
+    assert OTSession(a, 0).ferret  # the default
     monkeypatch.setenv("CIPHERLM_OT", "ferret")
     assert OTSession(a, 0).ferret
     monkeypatch.setenv("CIPHERLM_OT", "iknp")

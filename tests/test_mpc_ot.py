@@ -27,7 +27,8 @@ def run_both(f0, f1, *, timeout: float = 30.0, batch: int = 1 << 19, join: float
     """Run f0(session of party 0) and f1(session of party 1) in two threads over
     an in-process channel; return (results, errors, (chan0, chan1))."""
     a, b = inprocess_pair(timeout=timeout)
-    sessions = (OTSession(a, 0, batch=batch), OTSession(b, 1, batch=batch))
+    # IKNP (with KK13): these tests check its wire format; Ferret: tests/test_mpc_ferret.py
+    sessions = (OTSession(a, 0, batch=batch, ferret=False), OTSession(b, 1, batch=batch, ferret=False))
     res: list = [None, None]
     errs: list = [None, None]
 

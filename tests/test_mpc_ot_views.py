@@ -72,7 +72,7 @@ def run(f0, f1, record: int):
     rec = Recorder((a, b)[record])
     chans = [a, b]
     chans[record] = rec
-    s = [OTSession(chans[0], 0), OTSession(chans[1], 1)]
+    s = [OTSession(chans[0], 0, ferret=False), OTSession(chans[1], 1, ferret=False)]  # IKNP views (Ferret: test_mpc_ferret.py)
     res = [None, None]
     errs = []
 

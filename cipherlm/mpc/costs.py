@@ -65,7 +65,11 @@ def _ops(ctx, n: int, q: int):
         dt = time.perf_counter() - t
         tot = ctx.chan.totals()
         nbytes = tot["bytes_sent"] + tot["bytes_received"]
-        out.append({"name": name, "n": n, "bytes": nbytes, "bytes_per_elem": nbytes / n,
+        # Ferret pool refills (and its IKNP bootstrap) that happened to fall inside this
+        # operation: included in "bytes", also reported on their own
+        ref = ctx.chan.stats().get("ot.ferret", {})
+        refill = ref.get("bytes_sent", 0) + ref.get("bytes_received", 0)
+        out.append({"name": name, "n": n, "bytes": nbytes, "bytes_per_elem": nbytes / n, "ferret_refill_bytes": refill,
                     "flights": tot["rounds"] + tot["flights_received"], "seconds": dt})
     return out
 

@@ -66,11 +66,17 @@ variable ``CIPHERLM_OT=ferret``) serves every 1-out-of-2 OT kind from a
 Ferret pool (`cipherlm.mpc.ferret`, Yang et al. CCS 2020, semi-honest,
 bootstrapped once from IKNP): the receiver sends e = c xor u (1 bit per OT),
 the sender sets v <- v xor e*Delta, and the hashing / corrections below are
-unchanged.  KK13 1-out-of-N stays on IKNP (k = 256).  Default: IKNP.
+unchanged.  1-out-of-N for N = 2^m then comes from m of those correlated
+OTs (Naor-Pinkas 1999 on random OTs: message x is masked with
+SHA-256(tweak, q_1 xor x_1 Delta, ..., q_m xor x_m Delta), of which the
+receiver knows exactly the one for its choice): m + N l bits per OT instead
+of KK13's 256 + N l (other N stay on KK13).  Default: Ferret (``CIPHERLM_OT=iknp`` or
+``ferret=False`` selects IKNP alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from typing import Iterator
@@ -95,7 +101,10 @@ def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret:
     headers and padding.  `kind`: random | bool_cot | cot | chosen |
     chosen_bytes (`length` bytes) | 1ofN.  With ``ferret`` the 128-bit IKNP
     row becomes the 1-bit derandomisation (the Ferret refills, amortised
-    ~0.45 bit per OT with the main parameter set, are not included)."""
+    ~0.45 bit per OT with the main parameter set, are not included), and
+    1-out-of-N for N = 2^m takes m such OTs instead of KK13's 256-bit row."""
+    if ferret and kind == "1ofN" and N & (N - 1) == 0:
+        return ((N.bit_length() - 1) + N * bits) / 8
     if ferret and kind != "1ofN":
         return bytes_per_ot(kind, bits, N, length) - (KAPPA - 1) / 8
     if kind in ("random", "bool_cot"):
@@ -187,7 +196,7 @@ class OTSession:
         self._as_sender: dict[int, _Extension] = {}
         self._as_receiver: dict[int, _Extension] = {}
         if ferret is None:
-            env = os.environ.get("CIPHERLM_OT", "iknp").strip().lower()
+            env = os.environ.get("CIPHERLM_OT", "ferret").strip().lower()
             if env not in ("iknp", "ferret"):
                 raise ValueError(f"CIPHERLM_OT must be 'iknp' or 'ferret', got {env!r}")
             ferret = env == "ferret"
@@ -497,6 +506,22 @@ class OTSession:
 
     # ------------------------------------------------------------ 1-out-of-N (KK13)
 
+    def _np_1ofN(self, N: int) -> bool:
+        """With Ferret, 1-out-of-N for N = 2^m comes from m correlated OTs (Naor-Pinkas
+        1999 on random OTs: m + N l bits per OT on the wire instead of KK13's 256 + N l);
+        the batches hold whole instances (`_whole_instances`)."""
+        return self.ferret and N & (N - 1) == 0
+
+    @contextlib.contextmanager
+    def _whole_instances(self, m_bits: int):
+        """Batches of correlated OTs that hold whole 1-out-of-N instances (m_bits OTs each)."""
+        saved = self.batch
+        self.batch = max(m_bits, saved - saved % m_bits)
+        try:
+            yield
+        finally:
+            self.batch = saved
+
     def send_1ofN(self, msgs, bits: int = 64) -> None:
         """1-out-of-N OT (KK13), sender: msgs is (n, N) of `bits`-bit words, 2 <= N <= 256.
         Wire: 256 + N*bits bits per OT."""
@@ -508,6 +533,15 @@ class OTSession:
         if not (np.issubdtype(m.dtype, np.integer) or m.dtype == np.bool_):
             raise ValueError("msgs must be an integer array")
         replies = []
+        if self._np_1ofN(N):
+            m_bits = N.bit_length() - 1
+            with self._label(self.step), self._whole_instances(m_bits):
+                for q, tw, lo, hi in self._send_extend(KAPPA, "1ofN", n * m_bits, bits=bits, N=N):
+                    w = _words(m[lo // m_bits:hi // m_bits], "msgs") & _mask(bits)
+                    y = _core.np1ofn_sender(q, self._ferret_send.delta, tw, N, w.view(np.uint8), bits)
+                    replies.append(_u8(y))
+                self._send_replies("1ofN_y", replies)
+            return
         with self._label(self.step):
             for q, tw, lo, hi in self._send_extend(KK13_K, "1ofN", n, bits=bits, N=N):
                 # widened to uint64 one batch at a time: callers may pass compact (uint8) tables
@@ -528,6 +562,16 @@ class OTSession:
             raise ValueError(f"choices must be integers in [0, {N})")
         c = np.ascontiguousarray(ch.reshape(-1), dtype=np.uint8)
         out = np.empty(c.size, np.uint64)
+        if self._np_1ofN(N):
+            m_bits = N.bit_length() - 1
+            # bit i of choice j is the choice of correlated OT j m + i
+            cbits = ((c[:, None] >> np.arange(m_bits, dtype=np.uint8)) & 1).astype(np.uint8).reshape(-1)
+            with self._label(self.step), self._whole_instances(m_bits):
+                for t, tw, lo, hi in self._recv_extend(KAPPA, "1ofN", cbits, bits=bits, N=N):
+                    j0, j1 = lo // m_bits, hi // m_bits
+                    y = self._recv_reply("1ofN_y", ((j1 - j0) * N * bits + 7) // 8)
+                    out[j0:j1] = _u64(_core.np1ofn_receiver(t, c[j0:j1], tw, N, y, bits))
+            return out.reshape(shape)
         with self._label(self.step):
             for t, tw, lo, hi in self._recv_extend(KK13_K, "1ofN", c, bits=bits, N=N):
                 y = self._recv_reply("1ofN_y", ((hi - lo) * N * bits + 7) // 8)
