@@ -261,7 +261,7 @@ def test_1ofN_sender_view_independent_of_choices():
 def test_env_selects_ferret(monkeypatch):
     a, _b = inprocess_pair(timeout=5)
     monkeypatch.delenv("CIPHERLM_OT", raising=False)
-    assert OTSession(a, 0).ferret  # the default
+    assert not OTSession(a, 0).ferret  # the default: IKNP (docs/ot.md: compute vs bytes)
     monkeypatch.setenv("CIPHERLM_OT", "ferret")
     assert OTSession(a, 0).ferret
     monkeypatch.setenv("CIPHERLM_OT", "iknp")
