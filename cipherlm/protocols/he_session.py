@@ -72,21 +72,25 @@ def noise_bound(terms: int, magnitude: float) -> float:
 class HESession:
     """One party's BFV keys plus the peer's public key; cached on the `Context`."""
 
-    def __init__(self, ctx, params: HEParams = TWOPC_BFV):
+    def __init__(self, ctx, params: HEParams = TWOPC_BFV, *, step: str = "he-keys"):
         self.params = params
         self.he = HEContext(params)
         self.n = self.he.n
         self.t = int(params.plain_modulus)
-        self.t_bits = int(round(math.log2(self.t)))
-        if 1 << self.t_bits != self.t:
-            raise HEError("the 2pc linear protocol needs a power-of-two plaintext modulus")
+        #: power-of-two t (coefficient packing, `linear`) or a batching prime p = 1 mod 2N
+        #: (SIMD packing, `linear_simd`); t_bits rounds log2 t up so budget checks stay conservative
+        self.pow2 = self.t & (self.t - 1) == 0
+        self.t_bits = int(math.ceil(math.log2(self.t)))
+        if not self.pow2 and self.t % (2 * self.n) != 1:
+            raise HEError("the 2pc linear protocol needs t = 2^k or a prime t = 1 mod 2N")
+        self.batch_encoder = None if self.pow2 else seal.BatchEncoder(self.he.seal)
         self.keys = ClientKeys(self.he)
         self.rng = new_rng()
         self.top = self.he.parms_id_at(len(self.he.coeff_moduli))
         self.bottom = self.he.parms_id_at(RESULT_PRIMES)
         self.q_top_bits = sum(math.log2(q) for q in self.he.coeff_moduli)
         self.q_bottom_bits = sum(math.log2(q) for q in self.he.coeff_moduli[:RESULT_PRIMES])
-        with ctx.step("he-keys"):
+        with ctx.step(step):
             peer = ctx.exchange({"bfv_params": serialize.params_to_bytes(params),
                                  "public_key": self.keys.public_key_bytes()})
         if serialize.params_from_bytes(bytes(peer["bfv_params"])) != params:
@@ -152,16 +156,18 @@ class HESession:
         return ct
 
     def finish(self, acc: seal.Ciphertext, positions: np.ndarray, noise_bound: float, *,
-               send_level=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               send_level=None, ntt: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Turn an NTT-form product into what the encryptor may see.
 
         Adds a uniform mask r (mod t) at ``positions``, re-randomises with a
         public-key encryption of zero, floods the noise, switches to RESULT_PRIMES primes.
         ``send_level`` (a parms_id; default the two-prime level) is for tests that
         inspect the noise before the switch.
+        ``ntt``: whether ``acc`` is in NTT form (the SIMD path passes coefficient form).
         Returns (c1, c0 at positions, -r mod t) — the last is this party's share."""
         ev = self.he.evaluator
-        ev.transform_from_ntt_inplace(acc)
+        if ntt:
+            ev.transform_from_ntt_inplace(acc)
         r = self.rng.integers(0, self.t, size=positions.size, dtype=np.uint64)
         mask_poly = np.zeros(self.n, np.uint64)
         mask_poly[positions] = r
@@ -180,7 +186,7 @@ class HESession:
         if list(target) != list(self.top):
             ev.mod_switch_to_inplace(ct, target)
         out = serialize.ciphertext_to_numpy(ct)
-        share = (np.uint64(self.t) - r) & np.uint64(self.t - 1)
+        share = (np.uint64(self.t) - r) % np.uint64(self.t)
         return out[1], out[0][:, positions], share
 
 
