@@ -208,3 +208,34 @@ def test_linear_simd_two_processes():
     W = rng.normal(size=(20, 6)) * 0.2
     (y, _, _), _ = run_processes(_linear_party, args0=(X, None, None, 6), args1=(None, W, None, 6), timeout=300)
     assert np.abs(y - X @ W).max() < _tol(20, np.abs(X).max(), np.abs(W).max())
+
+
+# ----------------------------------------------------------------------------- per-layer choice
+def test_cost_model_choice():
+    """Coefficient packing on a fast link, SIMD where bytes dominate (a 9 Mbit/s link):
+    prefill shapes of docs/linear_2pc.md; the choice carries both estimates."""
+    lan = S.choose_packing(128, 384, 1152, "LAN")
+    slow = S.choose_packing(128, 384, 1152, "fastquery-9Mbps")
+    assert lan.packing == "coeff" and lan.coeff_seconds < lan.simd_seconds
+    assert slow.packing == "simd" and slow.simd_bytes < slow.coeff_bytes and slow.simd_rotations > 0
+
+
+def _packing_party(ctx, X, W, o, packing):
+    from cipherlm.protocols import linear as L
+    x = share_input(ctx, X if ctx.party == 0 else None, owner=0)
+    y = L.linear(ctx, x, W if ctx.party == 1 else None, out_features=o, packing=packing, network="fastquery-9Mbps")
+    return y.reveal_float(), L.linear_stats(ctx).packings, S.simd_stats(ctx).calls
+
+
+@pytest.mark.parametrize("packing", ["simd", "auto"])
+def test_linear_packing_option(packing):
+    rng = np.random.default_rng(2)
+    X, W = rng.normal(size=(2, 3, 30)), rng.normal(size=(30, 11)) * 0.2
+    (y, packs, calls), _ = run_inprocess(_packing_party, args0=(X, None, 11, packing), args1=(None, W, 11, packing),
+                                         timeout=300)
+    assert np.abs(y - X @ W).max() < _tol(30, np.abs(X).max(), np.abs(W).max())
+    if packing == "auto":
+        assert len(packs) == 1 and packs[0]["packing"] in ("coeff", "simd")
+        assert calls == (packs[0]["packing"] == "simd")
+    else:
+        assert calls == 1 and packs == []

@@ -170,6 +170,8 @@ class LinearStats:
     out_cts: int = 0
     products: int = 0
     plans: list = dataclasses.field(default_factory=list)
+    #: per-layer packing choices of `linear(..., packing="auto")` (`linear_simd.PackingChoice` dicts)
+    packings: list = dataclasses.field(default_factory=list)
 
     def add(self, plan: BlockPlan) -> None:
         self.calls += 1
@@ -337,17 +339,36 @@ def lift_local(ctx, y: np.ndarray, bits: int, frac: int, out_frac: int) -> AShar
 
 
 def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = None, *,
-           out_features: int, cache_key=None) -> AShare:
+           out_features: int, cache_key=None, packing: str = "coeff", network: str = "LAN") -> AShare:
     """y = x @ weight (+ bias): x AShare (..., d_in); weight (d_in, d_out) float and
     bias (d_out,) held by party 1 (the server), None at party 0; returns AShare (..., d_out)
     at the ring's fraction bits.  ``cache_key`` (any hashable naming the weight) keeps
-    the encoded weight blocks for later calls."""
+    the encoded weight blocks for later calls.
+
+    ``packing``: "coeff" (Cheetah coefficient packing, this module; the default: it was
+    measured faster on every shape of docs/linear_2pc.md on LAN and WAN), "simd" (BFV
+    batching with BOLT-style BSGS, `linear_simd`), or "auto": the per-layer choice of
+    `linear_simd.choose_packing` (cost model of products, rotations and bytes at the
+    ``network`` preset of `net.netmodel`), recorded in ``linear_stats(ctx).packings``."""
     if not isinstance(x, AShare):
         raise TypeError("linear expects an AShare input")
     ring = ctx.ring
     d = int(x.shape[-1])
     o = int(out_features)
     lead = x.shape[:-1]
+    if packing not in ("coeff", "simd", "auto"):
+        raise MPCError(f"unknown packing {packing!r}")
+    if packing != "coeff":
+        from .linear_simd import choose_packing, linear_simd
+        m_rows = int(np.prod(lead, dtype=np.int64)) if lead else 1
+        if packing == "auto":
+            choice = choose_packing(m_rows, d, o, network, encode_weights=cache_key is None)
+            st = linear_stats(ctx)
+            if len(st.packings) < 256:
+                st.packings.append(choice.to_dict())
+            packing = choice.packing
+        if packing == "simd":
+            return linear_simd(ctx, x, weight, bias, out_features=o, cache_key=cache_key)
     he = he_session(ctx)
     k = he.t_bits
     xk = _to_in_frac(ctx, x).data.reshape(1, -1, d) & mask(k)
