@@ -76,7 +76,7 @@ def test_linear_simd_matches_numpy(shape, d, o):
     assert y.shape == shape + (o,)
     assert np.abs(y - (X @ W + b)).max() < tol
     assert np.abs(y2 - X @ W).max() < tol
-    plan = S.plan_simd(int(np.prod(shape)), d, o)
+    plan = S.plan_simd(int(np.prod(shape)), d, o, encode_weights=False)  # cache_key given
     # the server did exactly the planned rotations and products, twice; keys sent once
     assert c1[:4] == (2 * plan.rotations, 2 * plan.products, 2 * plan.rotations, 2 * plan.products)
     assert c0[4] == c1[4] == len(plan.steps)

@@ -56,3 +56,14 @@ def test_targets_and_cli(tmp_path, monkeypatch):
     assert names == ["insecure", "cryptomoe t=1.0"]
     with pytest.raises(SystemExit):
         B.run(type("A", (), {"shape": "nope"})())
+
+
+def test_simd_rows_report_rotations():
+    """The ablation's SIMD rows: per-expert vs batch MatMul rotation counts (planned = done)."""
+    rows = [B.run_row(TINY, "cryptomoe", 2.0, batched=b, packing="simd", timeout=300) for b in (False, True)]
+    assert [r["name"] for r in rows] == ["cryptomoe t=2.0 SIMD per-expert", "cryptomoe t=2.0 SIMD batch"]
+    per, bat = (r["simd"] for r in rows)
+    assert per["rotations"] == per["server_rotations"] == per["planned"]["per_expert"]["rotations"]
+    assert bat["rotations"] == bat["server_rotations"] == bat["planned"]["batched"]["rotations"]
+    assert bat["rotations"] < per["rotations"]
+    assert rows[1]["phases"]["experts"]["bytes"] > 0

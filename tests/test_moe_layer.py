@@ -282,3 +282,26 @@ def test_decode_step_one_token():
     ref, _ = plain_layer(X, w, shape, c=None)
     assert t == 1
     assert np.abs(y - ref).max() < _tol(X, w, shape)
+
+
+def _simd_party(ctx, X, w, shape, batched):
+    from cipherlm.protocols.linear_simd import simd_stats
+    x = share_input(ctx, X if ctx.party == 0 else None, owner=0)
+    r = moe_layer(ctx, x, w, shape, c=C, batch_experts=batched, expert_packing="simd")
+    st = simd_stats(ctx)
+    return r.y.reveal_float(), st.rotations, st.done_rotations
+
+
+def test_simd_batch_matmul_experts():
+    """The expert FFNs with SIMD/BSGS packing, per expert and CryptoMoE's batch MatMul
+    (section 4.4): the same function as the plaintext layer; batching needs fewer rotations."""
+    shape, w, X = _instance("mixtral")
+    ref, _ = plain_layer(X, w, shape, c=C)
+    rots = {}
+    for batched in (False, True):
+        (y, planned, _), (_, _, done) = run_inprocess(_simd_party, args0=(X, None, shape, batched),
+                                                      args1=(None, w, shape, batched), timeout=600)
+        assert np.abs(y - ref).max() < _tol(X, w, shape)
+        assert planned == done
+        rots[batched] = planned
+    assert rots[True] < rots[False]

@@ -55,7 +55,8 @@ def row_name(variant: str, c) -> str:
     return variant if c is None else f"{variant} t={c:.1f}"
 
 
-def _party(ctx, shp: dict, variant: str, c, sample, seed: int, router_scale: float, batched: bool = True) -> dict:
+def _party(ctx, shp: dict, variant: str, c, sample, seed: int, router_scale: float, batched: bool = True,
+           packing: str = "coeff") -> dict:
     """One row, one party (module level so it also runs as two OS processes)."""
     from cipherlm.moe.layer import MoEShape, MoEWeights, moe_layer
     from cipherlm.mpc.protocols.mux import mux
@@ -75,12 +76,45 @@ def _party(ctx, shp: dict, variant: str, c, sample, seed: int, router_scale: flo
     he_session(ctx)
     linear(ctx, x[:1, :4], None if w is None else np.ones((4, 1)), out_features=1)
     mux(ctx, BShare(ctx, np.zeros(4, np.uint64), 1), x[0, :4])
+    simd = None
+    if packing == "simd":  # SIMD keys and Galois keys (once per session) outside the measured window
+        simd = _simd_warmup(ctx, shape, m, 2.0 if c is None else c, sample, batched)
     ctx.chan.reset_stats()
     t0 = time.perf_counter()
     r = moe_layer(ctx, x, w, shape, variant=variant, c=2.0 if c is None else c, expert_sample=sample,
-                  batch_experts=batched)
+                  batch_experts=batched, expert_packing=packing)
     secs = time.perf_counter() - t0
-    return {"phases": r.phases, "totals": ctx.chan.totals(), "seconds": secs, "t": r.t}
+    out = {"phases": r.phases, "totals": ctx.chan.totals(), "seconds": secs, "t": r.t}
+    if simd is not None:
+        from cipherlm.protocols.linear_simd import simd_stats
+        st = simd_stats(ctx)
+        out["simd"] = dict(simd, rotations=st.rotations - simd["rotations0"], products=st.products - simd["products0"],
+                           done_rotations=st.done_rotations, done_products=st.done_products)
+    return out
+
+
+def _simd_warmup(ctx, shape, m: int, c: float, sample, batched: bool) -> dict:
+    """Send the Galois keys the expert plans need (per session, not per layer) and
+    record the planned rotations of both packings (per-expert vs batched)."""
+    from cipherlm.moe.routing import capacity
+    from cipherlm.protocols.linear_simd import batch_rotation_counts, ensure_galois_keys, plan_simd, simd_session, simd_stats
+
+    he = simd_session(ctx)
+    t = capacity(m, shape.k, shape.n, c)
+    n_run = shape.n if sample is None else sample
+    steps = set()
+    for d, o in ((shape.d, 2 * shape.f), (shape.f, shape.d)):
+        steps.update(plan_simd(n_run * t if batched else t, d, o).steps)
+    ensure_galois_keys(ctx, he, steps)
+    st = simd_stats(ctx)
+    counts = {}
+    for d, o in ((shape.d, 2 * shape.f), (shape.f, shape.d)):
+        for k, v in batch_rotation_counts(n_run, t, d, o).items():
+            agg = counts.setdefault(k, {})
+            for kk, vv in v.items():
+                agg[kk] = agg.get(kk, 0) + vv
+    return {"planned": counts, "galois_keys": st.galois_keys, "galois_bytes": st.galois_bytes,
+            "rotations0": st.rotations, "products0": st.products, "experts_run": n_run, "t": t}
 
 
 def _scale_phases(phases: dict, variant: str, factor: float) -> dict:
@@ -101,13 +135,13 @@ def _scale_phases(phases: dict, variant: str, factor: float) -> dict:
 
 
 def run_row(shp: dict, variant: str, c, *, seed: int = 0, router_scale: float = 4.0, processes: bool = False,
-            timeout: float = 3600.0, batched: bool = True) -> dict:
+            timeout: float = 3600.0, batched: bool = True, packing: str = "coeff") -> dict:
     from cipherlm.mpc.runner import run_inprocess, run_processes
     from cipherlm.net.netmodel import default_presets
 
     sample = shp.get("sample")
     runner = run_processes if processes else run_inprocess
-    args = (shp, variant, c, sample, seed, router_scale, batched)
+    args = (shp, variant, c, sample, seed, router_scale, batched, packing)
     r0, r1 = runner(_party, args0=args, args1=args, timeout=timeout)
     factor = 1.0 if sample is None else shp["n"] / sample
     ph0 = _scale_phases(r0["phases"], variant, factor)
@@ -127,8 +161,16 @@ def run_row(shp: dict, variant: str, c, *, seed: int = 0, router_scale: float = 
         p["network_seconds"] = {k: p["seconds"] + net.seconds(p["bytes"], p["flights"])
                                 for k, net in default_presets().items()}
     dc = {k: sum(phases[n]["network_seconds"][k] for n in ("dispatch", "combine") if n in phases) for k in nets}
+    suffix = ("" if batched else " per-expert") if packing == "coeff" else (" SIMD batch" if batched else " SIMD per-expert")
+    simd = None
+    if packing == "simd":
+        s1 = r1.get("simd", {})
+        simd = {"planned": s1.get("planned"), "rotations": s1.get("rotations"), "products": s1.get("products"),
+                "server_rotations": s1.get("done_rotations"), "galois_keys": s1.get("galois_keys"),
+                "galois_bytes": s1.get("galois_bytes"), "experts_run": s1.get("experts_run")}
     return {
-        "name": row_name(variant, c) + ("" if batched else " per-expert"), "variant": variant, "c": c, "t": r0["t"], "m": m,
+        "name": row_name(variant, c) + suffix, "variant": variant, "c": c, "t": r0["t"], "m": m,
+        "packing": packing, "batched": batched, "simd": simd,
         "extrapolated": sample is not None, "expert_sample": sample,
         "bytes": total_bytes, "flights": flights, "seconds": seconds, "network_seconds": nets,
         "mb_per_token": total_bytes / m / 1e6, "seconds_per_token": seconds / m,
@@ -204,10 +246,16 @@ def run(args) -> dict:
               "; ".join(f"{k} {v[0]}/{v[1]}/{v[2]}" for k, v in PAPER_TABLE2[name].items()))
     out = {"shape": name, "config": shp, "rows": rows, "targets": tg, "paper_table2": PAPER_TABLE2.get(name)}
     if getattr(args, "ablation", False):
-        print("bench moe: cryptomoe t=2.0 with one HE call per expert (ablation) ...", file=sys.stderr, flush=True)
-        rows.append(run_row(shp, "cryptomoe", 2.0, seed=getattr(args, "seed", 0) or 0, batched=False,
-                            processes=getattr(args, "processes", False)))
-        print(format_rows(rows[-1:]))
+        # CryptoMoE Table 4's "+batch MatMul": the expert products in SIMD slots with BSGS, one
+        # plan per expert (before) vs all experts' tokens in shared ciphertexts (section 4.4)
+        for c in (1.0, 2.0):
+            for batched in (False, True):
+                print(f"bench moe: cryptomoe t={c:.1f} SIMD {'batch' if batched else 'per-expert'} (ablation) ...",
+                      file=sys.stderr, flush=True)
+                rows.append(run_row(shp, "cryptomoe", c, seed=getattr(args, "seed", 0) or 0, batched=batched,
+                                    packing="simd", processes=getattr(args, "processes", False)))
+                print(format_rows(rows[-1:]).splitlines()[1], file=sys.stderr, flush=True)
+        print(format_rows([r for r in rows if r.get("packing") == "simd"]))
         out["ablation"] = ablation(rows)
         print(format_ablation(out["ablation"]))
     return {"moe": out}
@@ -235,6 +283,10 @@ def ablation(bench_rows: list[dict] | None = None, prompts: int = 16, tokens: in
         r = by.get(name)
         return None if r is None else {k: v for k, v in r["network_seconds_per_token"].items()}
 
+    def rot(name):
+        r = by.get(name)
+        return None if r is None or not r.get("simd") else r["simd"]["rotations"]
+
     def evaluate(routing):
         ex = DecoderExecutor(lm.config, client, backend, moe_routing=routing)
         preds, drop, pairs = [], 0, 0
@@ -259,12 +311,18 @@ def ablation(bench_rows: list[dict] | None = None, prompts: int = 16, tokens: in
             rows.append({"name": f"{label} t={c:.1f}", "c": c, "selection": sel, "agreement": agree(preds),
                          "dropped_fraction": dropped, "plain_seconds": secs,
                          # naive and confidence-aware selection run the same protocol (only the
-                         # priority scores differ); both with one HE call per expert here
-                         "latency_per_token": lat(f"cryptomoe t={c:.1f} per-expert")})
+                         # priority scores differ); both with one SIMD/BSGS plan per expert here
+                         "latency_per_token": lat(f"cryptomoe t={c:.1f} SIMD per-expert"),
+                         "rotations": rot(f"cryptomoe t={c:.1f} SIMD per-expert")})
         rows.append({"name": f"+batch MatMul t={c:.1f}", "c": c, "selection": "confidence",
                      "agreement": rows[-1]["agreement"], "dropped_fraction": rows[-1]["dropped_fraction"],
-                     "latency_per_token": lat(f"cryptomoe t={c:.1f}"),
+                     "latency_per_token": lat(f"cryptomoe t={c:.1f} SIMD batch"),
+                     "rotations": rot(f"cryptomoe t={c:.1f} SIMD batch"),
                      "note": "same function as +confidence-aware (packing only)"})
+        rows.append({"name": f"(coefficient packing, batched) t={c:.1f}", "c": c, "selection": "confidence",
+                     "agreement": rows[-1]["agreement"], "dropped_fraction": rows[-1]["dropped_fraction"],
+                     "latency_per_token": lat(f"cryptomoe t={c:.1f}"), "rotations": 0 if by.get(f"cryptomoe t={c:.1f}") else None,
+                     "note": "Cheetah coefficient packing: no rotations"})
     for r in rows:
         r.update(prompts=len(seqs), predictions=n_pred, model=lm.name, moe_layers=up["moe_layers"],
                  n_experts=up["n_experts"], top_k=up["top_k"])
@@ -276,11 +334,14 @@ def format_ablation(rows: list[dict]) -> str:
     lines = [f"routing ablation: {r0['model']} (n={r0['n_experts']}, top-{r0['top_k']}, MoE layers "
              f"{r0['moe_layers']}), {r0['prompts']} Wikipedia prompts, {r0['predictions']} next-token predictions "
              "vs the unbalanced MoE",
-             f"{'configuration':34s} {'agreement':>9s} {'dropped':>8s} {'LAN s/tok':>9s} {'WAN s/tok':>9s}"]
+             f"{'configuration':38s} {'agreement':>9s} {'dropped':>8s} {'LAN s/tok':>9s} {'WAN s/tok':>9s} "
+             f"{'rotations':>9s}"]
     for r in rows:
         lt = r.get("latency_per_token")
         ls = f"{lt['LAN']:9.3f} {lt['WAN']:9.3f}" if lt else f"{'-':>9s} {'-':>9s}"
-        lines.append(f"{r['name']:34s} {r['agreement']:9.3f} {100 * r['dropped_fraction']:7.1f}% {ls}")
+        rt = r.get("rotations")
+        lines.append(f"{r['name']:38s} {r['agreement']:9.3f} {100 * r['dropped_fraction']:7.1f}% {ls} "
+                     f"{'-' if rt is None else rt:>9}")
     return "\n".join(lines)
 
 

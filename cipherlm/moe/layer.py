@@ -209,11 +209,27 @@ def gate_routing(ctx, x: AShare, router: np.ndarray | None, shape: MoEShape, *, 
 
 
 def experts_swiglu(ctx, X: AShare, w: MoEWeights | None, shape: MoEShape, *, key=None,
-                   batched: bool = True) -> AShare:
+                   batched: bool = True, packing: str = "coeff") -> AShare:
     """SwiGLU of every expert on its rows: X (n, r, d) -> (n, r, d).  ``batched=False``
     runs one `linear` call per expert and projection (the per-expert packing of the
-    ablation: n times the flights, the same ciphertexts)."""
+    ablation: n times the flights, the same ciphertexts).
+
+    ``packing="simd"``: the expert products in BFV SIMD slots with BSGS
+    (`protocols.linear_simd.batch_linear`); ``batched=True`` is CryptoMoE's batch
+    ct-pt MatMul (section 4.4: all experts' t rows share the ciphertexts, rotations
+    O(d1) instead of O(n d1)), ``batched=False`` one SIMD plan per expert.  Rotation
+    counts are in `linear_simd.simd_stats(ctx)`."""
     f = shape.f
+    if packing == "simd":
+        from ..protocols.linear_simd import batch_linear
+        gu = None if w is None else np.concatenate([w.gate, w.up], axis=2)
+        GU = batch_linear(ctx, X, gu, out_features=2 * f, batched=batched,
+                          cache_key=None if key is None else (key, "gu"))
+        A = swiglu(ctx, GU[..., :f], GU[..., f:])
+        return batch_linear(ctx, A, None if w is None else w.down, out_features=shape.d, batched=batched,
+                            cache_key=None if key is None else (key, "down"))
+    if packing != "coeff":
+        raise ValueError(f"packing must be 'coeff' or 'simd', got {packing!r}")
     if not batched:
         outs = []
         for e in range(X.shape[0]):
@@ -295,13 +311,15 @@ class MoEResult:
 
 def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, variant: str = "cryptomoe",
               c: float = 2.0, fused_combine: bool = True, key=None, expert_sample: int | None = None,
-              batch_experts: bool = True) -> MoEResult:
+              batch_experts: bool = True, expert_packing: str = "coeff") -> MoEResult:
     """One MoE layer on shares x (m, d).  ``weights`` at party 1 (the server), None at
     party 0.  ``variant``: "cryptomoe" (this module), "insecure" / "dense" /
     "cipherprune" (`baselines`).  ``c``: capacity factor (t = ceil(c m k / n)).
     ``key``: a name for caching the encoded weights across calls.  ``batch_experts``:
     all experts' products in one batched HE call per projection (default) or one call
-    per expert (the ablation's per-expert packing).
+    per expert (the ablation's per-expert packing).  ``expert_packing``: "coeff"
+    (Cheetah coefficient packing) or "simd" (BFV slots + BSGS; with ``batch_experts``
+    CryptoMoE's batch MatMul, `experts_swiglu`).
 
     ``expert_sample`` (benchmark only, the output is then *not* the layer's): evaluate
     the expert FFNs of the first s experts only (the others output zeros; for
@@ -333,9 +351,11 @@ def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, va
         trace.update(cand=disp.cand, token=disp.token, scores=disp.scores)
         with meter.phase("experts"):
             if expert_sample is None:
-                Y = experts_swiglu(ctx, disp.X, w, shape, key=key, batched=batch_experts)
+                Y = experts_swiglu(ctx, disp.X, w, shape, key=key, batched=batch_experts,
+                                   packing=expert_packing)
             else:
-                Ys = experts_swiglu(ctx, disp.X[:expert_sample], w, shape, key=key, batched=batch_experts)
+                Ys = experts_swiglu(ctx, disp.X[:expert_sample], w, shape, key=key, batched=batch_experts,
+                                    packing=expert_packing)
                 Y = concatenate([Ys, AShare(ctx, np.zeros((shape.n - expert_sample,) + Ys.shape[1:], np.uint64),
                                             Ys.bits, Ys.frac)], axis=0)
         with meter.phase("combine"):

@@ -339,7 +339,7 @@ def lift_local(ctx, y: np.ndarray, bits: int, frac: int, out_frac: int) -> AShar
 
 
 def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = None, *,
-           out_features: int, cache_key=None, packing: str = "coeff", network: str = "LAN") -> AShare:
+           out_features: int, cache_key=None, packing: str = "coeff", network: str | None = None) -> AShare:
     """y = x @ weight (+ bias): x AShare (..., d_in); weight (d_in, d_out) float and
     bias (d_out,) held by party 1 (the server), None at party 0; returns AShare (..., d_out)
     at the ring's fraction bits.  ``cache_key`` (any hashable naming the weight) keeps
@@ -362,13 +362,14 @@ def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = 
         from .linear_simd import choose_packing, linear_simd
         m_rows = int(np.prod(lead, dtype=np.int64)) if lead else 1
         if packing == "auto":
-            choice = choose_packing(m_rows, d, o, network, encode_weights=cache_key is None)
+            network = network or "LAN"
+            choice = choose_packing(m_rows, d, o, network or "LAN", encode_weights=cache_key is None)
             st = linear_stats(ctx)
             if len(st.packings) < 256:
                 st.packings.append(choice.to_dict())
             packing = choice.packing
         if packing == "simd":
-            return linear_simd(ctx, x, weight, bias, out_features=o, cache_key=cache_key)
+            return linear_simd(ctx, x, weight, bias, out_features=o, cache_key=cache_key, network=network)
     he = he_session(ctx)
     k = he.t_bits
     xk = _to_in_frac(ctx, x).data.reshape(1, -1, d) & mask(k)

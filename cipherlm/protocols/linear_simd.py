@@ -107,6 +107,9 @@ COEFF_TIME_SCALE = 1.4
 #: seeded input ciphertext (c0 at 4 primes) and a result (c0 + c1 at 2 primes), bytes (+ framing)
 IN_CT_BYTES = SIMD_N * 4 * 8 + 100
 OUT_CT_BYTES = 2 * SIMD_N * RESULT_PRIMES * 8 + 64
+#: bandwidth (bytes/s) the SIMD plans are chosen for by default: CryptoMoE's WAN, 400 Mbit/s
+#: (SIMD packing is what one picks when bytes matter; `linear(..., network=...)` passes its own)
+DEFAULT_BANDWIDTH = 400e6 / 8
 #: encoded diagonals are cached (``cache_key``) only up to this many per plan (512 kB each)
 CACHE_MAX_PRODUCTS = 256
 #: one seeded Galois key: dnum = 4 key-switching pairs, half of each at 5 primes
@@ -227,7 +230,7 @@ def _counts(m, d, o, n, tp, c, b):
 
 
 @lru_cache(maxsize=4096)
-def plan_simd(m: int, d: int, o: int, n: int = SIMD_N, *, bandwidth_bytes_per_s: float = 1e9 / 8,
+def plan_simd(m: int, d: int, o: int, n: int = SIMD_N, *, bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH,
               encode_weights: bool = True, c: int | None = None, b: int | None = None) -> SimdPlan:
     """The (c, b) with the lowest modelled time (rotations, products, encryptions,
     finishing, bytes at the given bandwidth).  ``c`` / ``b`` force a choice."""
@@ -668,7 +671,7 @@ def _local_term(xf: np.ndarray, Wq: np.ndarray, p: int) -> np.ndarray:
 
 
 def linear_simd(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = None, *,
-                out_features: int, cache_key=None, plan: SimdPlan | None = None) -> AShare:
+                out_features: int, cache_key=None, plan: SimdPlan | None = None, network: str | None = None) -> AShare:
     """`linear.linear` with SIMD/BSGS packing: x AShare (..., d_in); weight (d_in, d_out)
     and bias at the server (party 1); returns AShare (..., d_out) at the ring's fraction bits."""
     from .linear import _to_in_frac
@@ -683,6 +686,8 @@ def linear_simd(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | No
     xf = to_field(ctx, xi, p)
     Wq = _quantise_weight(ctx, weight, (d, o))
     with ctx.step("linear"):
+        if plan is None and m <= he.n // 2:
+            plan = plan_simd(m, d, o, he.n, bandwidth_bytes_per_s=_bandwidth(network), encode_weights=cache_key is None)
         y = _rows_in_chunks(ctx, xf, None if Wq is None else Wq[None], np.zeros(m, np.int64), d, o, cache_key, plan)
     if ctx.party == 1:
         y = (y + _local_term(xf, Wq, p)) % np.uint64(p)
@@ -693,6 +698,13 @@ def linear_simd(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | No
             raise MPCError(f"bias has shape {bias.shape}, expected {(o,)}")
         out.data = (out.data + fixed_encode(bias, ctx.ring.frac, ctx.ring.bits)) & mask(ctx.ring.bits)
     return out.reshape(*lead, o)
+
+
+def _bandwidth(network: str | None) -> float:
+    if network is None:
+        return DEFAULT_BANDWIDTH
+    from ..net.netmodel import get_preset
+    return get_preset(network).bandwidth_bits_per_s / 8
 
 
 def _rows_in_chunks(ctx, xf, Wq, widx, d, o, cache_key, plan):
