@@ -239,3 +239,51 @@ def test_linear_packing_option(packing):
         assert calls == (packs[0]["packing"] == "simd")
     else:
         assert calls == 1 and packs == []
+
+
+# ----------------------------------------------------------------------------- noise
+def _noise_party(ctx, flood):
+    """Encryptor: the remaining noise budget of one SIMD result before the modulus switch."""
+    import tenseal.sealapi as seal
+
+    from cipherlm.he import serialize
+
+    he = S.simd_session(ctx)
+    plan = S.plan_simd(1, 16, 16, c=16, b=4)
+    S.ensure_galois_keys(ctx, he, plan.steps)
+    if ctx.party == 0:
+        pt = seal.Plaintext()
+        he.batch_encoder.encode(S.pack_input(plan, np.arange(16, dtype=np.uint64)[None])[0].tolist(), pt)
+        ctx.send({"ct": he.keys.encrypt_seeded(pt)})
+        reply = ctx.recv()
+        ct = serialize.numpy_to_ciphertext(he.he, np.stack([reply["c0"], reply["c1"]]), parms_id=he.top,
+                                           is_ntt_form=False)
+        return he.keys._decryptor.invariant_noise_budget(ct)
+    if not flood:
+        he.flood_bound = lambda bound: 1  # a test-only evaluator that does not flood
+    ev = he.he.evaluator
+    ct = serialize.ciphertext_from_bytes(he.he, bytes(ctx.recv()["ct"]), parms_id=he.top)
+    rot = seal.Ciphertext()
+    ev.rotate_rows(ct, plan.steps[0], S._keys_for(he, plan.steps[0]), rot)   # a baby step
+    ev.transform_to_ntt_inplace(rot)
+    rng = np.random.default_rng(0)
+    pt = seal.Plaintext()   # a plaintext with coefficients up to p / 2, like a weight diagonal
+    he.batch_encoder.encode(rng.integers(0, S.SIMD_PRIME, he.n, dtype=np.uint64).tolist(), pt)
+    ev.transform_to_ntt_inplace(pt, he.top)
+    acc = seal.Ciphertext()
+    ev.multiply_plain(rot, pt, acc)
+    ev.transform_from_ntt_inplace(acc)
+    ev.rotate_rows_inplace(acc, plan.steps[-1], S._keys_for(he, plan.steps[-1]))  # a giant step
+    c1, c0, _ = he.finish(acc, np.arange(he.n), S.simd_noise_bound(he, plan), send_level=he.top, ntt=False)
+    ctx.send({"c1": c1, "c0": c0})
+    return None
+
+
+def test_simd_result_noise_is_flooded():
+    """A rotated, slot-plaintext-multiplied, rotated result: flooding costs >= 40 bits of
+    noise budget and the result still decrypts; without flooding the noise is below
+    the worst-case bound `simd_noise_bound` uses (budget >= log q/p - log bound - 2)."""
+    budgets = [run_inprocess(_noise_party, args0=(f,), args1=(f,), timeout=120)[0] for f in (False, True)]
+    assert budgets[0] - budgets[1] >= 40, budgets
+    assert budgets[1] > 0, budgets
+    assert budgets[0] >= 240 - 59 - 105, budgets
