@@ -86,7 +86,9 @@ def test_galois_keys_roundtrip(ck):
     out = seal.Ciphertext()
     ctx.evaluator.rotate_vector(ct, 5, gk, out)
     got = np.array(ctx.encoder.decode_double(keys.decrypt(out)))
-    np.testing.assert_allclose(got, np.roll(vals, -5), atol=1e-6)  # left rotation
+    # left rotation; at scale 2^40 with key switching the slot error reaches ~1e-6
+    # (CI saw 1.2e-6 once), so the bound is 1e-5 -- still far below the 2.4e-4 slot spacing
+    np.testing.assert_allclose(got, np.roll(vals, -5), atol=1e-5)
 
 
 def test_ciphertext_raw_roundtrip(ck):
