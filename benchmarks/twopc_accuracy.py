@@ -14,6 +14,9 @@ Both parties run in this process (two threads, `run_inprocess`), sharing its cor
 
     python benchmarks/twopc_accuracy.py polarity --every 20 --out reports/twopc_polarity.json
     python benchmarks/twopc_accuracy.py smollm --prompts 5 --out reports/twopc_smollm.json
+    # all 200 sentences as 4 parallel shards, then one report
+    for i in 0 1 2 3; do python benchmarks/twopc_accuracy.py polarity --shard $i/4 --out s$i.json & done; wait
+    python benchmarks/twopc_accuracy.py merge-polarity s0.json s1.json s2.json s3.json --out all.json
 """
 
 from __future__ import annotations
@@ -54,12 +57,15 @@ def polarity(args) -> dict:
     ex, tok, probe = polarity_classifier(lm)
     pairs = load_polarity()
     sel = list(range(0, len(pairs), args.every))[: args.limit or None]
+    if args.shard:
+        i, n = _parse_shard(args.shard)
+        sel = sel[i::n]
     sw = twopc.server_weights(lm.config, lm.weights, classifier=probe.as_linear()["classifier"])
     plan = twopc.public_plan(lm.config, sw, embedding=args.embedding)
     ids_list = [tok.encode(pairs[i][0]).ids for i in sel]
     ref = [np.asarray(ex.classify(*ex.batch_encode(tok, [pairs[i][0]]))).reshape(-1) for i in sel]
     rows: list[dict] = []
-    out = {"task": "polarity", "model": lm.name, "every": args.every, "embedding": plan["embedding"],
+    out = {"task": "polarity", "model": lm.name, "every": args.every, "shard": args.shard, "embedding": plan["embedding"],
            "command": " ".join(sys.argv), "rows": rows}
 
     def party(ctx):
@@ -84,6 +90,40 @@ def polarity(args) -> dict:
     return out
 
 
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard takes I/N (e.g. 3/16), got {text!r}") from None
+    if not 0 <= i < n:
+        raise SystemExit(f"--shard {text}: need 0 <= I < N")
+    return i, n
+
+
+def merge_polarity(paths: list[str]) -> dict:
+    """One polarity report from shard reports (``--shard I/N`` runs, possibly on several
+    machines): rows de-duplicated by sentence index, per-class bytes/seconds summed."""
+    rows: dict[int, dict] = {}
+    classes: dict[str, dict] = {}
+    commands = []
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        if part.get("task") != "polarity":
+            raise SystemExit(f"{path}: not a polarity report")
+        commands.append(part.get("command"))
+        for r in part["rows"]:
+            rows.setdefault(r["index"], r)
+        for name, v in part.get("op_classes", {}).items():
+            acc = classes.setdefault(name, {})
+            for k, x in v.items():
+                acc[k] = acc.get(k, 0) + x
+    out = {"task": "polarity", "model": "minilm-l6", "merged_from": list(paths), "commands": commands,
+           "rows": [rows[i] for i in sorted(rows)]}
+    _summarise_polarity(out, None)
+    out["op_classes"] = classes
+    return out
+
+
 def _summarise_polarity(out, meter) -> None:
     rows = out["rows"]
     out["n"] = len(rows)
@@ -91,7 +131,8 @@ def _summarise_polarity(out, meter) -> None:
     out["max_abs_logit_err"] = max(r["max_abs_err"] for r in rows)
     out["mean_seconds_per_sentence"] = float(np.mean([r["seconds"] for r in rows]))
     out["mean_tokens"] = float(np.mean([r["tokens"] for r in rows]))
-    out["op_classes"] = meter.summary()
+    if meter is not None:
+        out["op_classes"] = meter.summary()
 
 
 def smollm(args) -> dict:
@@ -122,20 +163,23 @@ def smollm(args) -> dict:
                                  if ctx.party == 0 and args.verbose else None)
         for j, (prompt, cont, seq, ref_logits) in enumerate(cases):
             t0 = time.perf_counter()
-            lg = dec.logits_to_client(dec.forward(np.asarray(seq) if ctx.party == 0 else None, len(seq)))
-            row = None
-            if ctx.party == 0:
+            row = {"prompt": prompt, "plain_continuation": cont} if ctx.party == 0 else None
+            if not args.teacher_forcing:
+                pass
+            elif ctx.party == 0:
+                lg = dec.logits_to_client(dec.forward(np.asarray(seq), len(seq)))
                 pos = np.arange(P - 1, P + K - 1)  # positions whose next token is a continuation token
                 pred = np.argmax(lg[pos], axis=-1)
                 err = np.abs(lg[pos] - ref_logits[pos])
-                row = {"prompt": prompt, "plain_continuation": cont, "twopc_argmax": pred.tolist(),
-                       "agree": int(np.sum(pred == np.asarray(cont))), "positions": int(K),
-                       "max_abs_logit_err": float(err.max()), "mean_abs_logit_err": float(err.mean()),
-                       "logit_mse": float(np.mean(err ** 2)), "plain_logit_absmax": float(np.abs(ref_logits[pos]).max()),
-                       "teacher_forced_seconds": time.perf_counter() - t0}
-                rows.append(row)
+                row.update({"twopc_argmax": pred.tolist(),
+                            "agree": int(np.sum(pred == np.asarray(cont))), "positions": int(K),
+                            "max_abs_logit_err": float(err.max()), "mean_abs_logit_err": float(err.mean()),
+                            "logit_mse": float(np.mean(err ** 2)), "plain_logit_absmax": float(np.abs(ref_logits[pos]).max()),
+                            "teacher_forced_seconds": time.perf_counter() - t0})
                 print(f"[{j + 1}/{len(cases)}] teacher forced: {row['agree']}/{K} agree, max err "
                       f"{row['max_abs_logit_err']:.3f}, {row['teacher_forced_seconds']:.0f} s", flush=True)
+            else:
+                dec.logits_to_client(dec.forward(None, len(seq)))
             if args.free_running:
                 t1 = time.perf_counter()
                 gen = dec.generate(np.asarray(prompt) if ctx.party == 0 else None, P, K)
@@ -146,6 +190,7 @@ def smollm(args) -> dict:
                     print(f"    free running: identical prefix {same}/{K}, {row['free_running_seconds']:.0f} s",
                           flush=True)
             if ctx.party == 0:
+                rows.append(row)
                 _summarise_smollm(out, meter)
                 _write(args.out, out)
         return None
@@ -155,10 +200,12 @@ def smollm(args) -> dict:
 
 
 def _summarise_smollm(out, meter) -> None:
+    rows = [r for r in out["rows"] if "agree" in r]
+    if rows:
+        out["agreement"] = sum(r["agree"] for r in rows) / sum(r["positions"] for r in rows)
+        out["max_abs_logit_err"] = max(r["max_abs_logit_err"] for r in rows)
+        out["mean_abs_logit_err"] = float(np.mean([r["mean_abs_logit_err"] for r in rows]))
     rows = out["rows"]
-    out["agreement"] = sum(r["agree"] for r in rows) / sum(r["positions"] for r in rows)
-    out["max_abs_logit_err"] = max(r["max_abs_logit_err"] for r in rows)
-    out["mean_abs_logit_err"] = float(np.mean([r["mean_abs_logit_err"] for r in rows]))
     if any("identical_prefix" in r for r in rows):
         out["identical_prefix"] = [r.get("identical_prefix") for r in rows]
     out["op_classes"] = meter.summary()
@@ -166,19 +213,28 @@ def _summarise_smollm(out, meter) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("task", choices=("polarity", "smollm"))
+    ap.add_argument("task", choices=("polarity", "smollm", "merge-polarity"))
+    ap.add_argument("reports", nargs="*", help="merge-polarity: the shard reports to combine")
     ap.add_argument("--every", type=int, default=1, help="polarity: every N-th sentence")
     ap.add_argument("--limit", type=int, default=0, help="polarity: at most this many sentences")
+    ap.add_argument("--shard", help="polarity: I/N runs every N-th selected sentence from the I-th "
+                    "(shards can run in parallel and be combined with merge-polarity)")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--free-running", action="store_true", help="smollm: also 2PC greedy generation")
+    ap.add_argument("--no-teacher-forcing", dest="teacher_forcing", action="store_false",
+                    help="smollm: skip the teacher-forced pass (with --free-running: generation only)")
     ap.add_argument("--embedding", default="auto", choices=twopc.EMBEDDING_METHODS)
     ap.add_argument("--timeout", type=float, default=36000.0)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--out", help="JSON results (rewritten after every item)")
     args = ap.parse_args(argv)
-    out = polarity(args) if args.task == "polarity" else smollm(args)
+    if args.task == "merge-polarity":
+        out = merge_polarity(args.reports)
+        _write(args.out, out)
+    else:
+        out = polarity(args) if args.task == "polarity" else smollm(args)
     summary = {k: v for k, v in out.items() if k not in ("rows", "op_classes")}
     print(json.dumps(summary, indent=2))
     return 0
