@@ -63,7 +63,7 @@ def _run(table, ids, method, flood_bits=0, runner=run_inprocess):
         out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
         after = ctx.chan.stats()
         online = sum(after[k]["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0)
-                     for k in ("embedding.query", "embedding.response") if k in after)
+                     for k in ("embedding.query", "embedding.response", "embedding.select") if k in after)
         return out.data, st, online
 
     (a, st0, on0), (b, st1, on1) = runner(f, timeout=600)
@@ -89,6 +89,76 @@ def test_fastquery_with_40_bit_flooding_correct():
     val, st, _ = _run(table, ids, "fastquery", flood_bits=40)
     assert st.plan.flood > 2**40 and st.shape.blocks == 2
     assert np.array_equal(val, E.quantized_rows(table[ids], st))
+
+
+def _run_steps(table, ids, method, flood_bits=0):
+    """Like `_run`, also returning each party's per-step channel statistics."""
+    V, d = table.shape
+
+    def f(ctx):
+        st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=V, dim=d, method=method,
+                     flood_bits=flood_bits)
+        before = ctx.chan.stats()
+        out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
+        after = ctx.chan.stats()
+        steps = {k: {f: v[f] - before.get(k, {}).get(f, 0) for f in ("bytes_sent", "bytes_received", "rounds")}
+                 for k, v in after.items()}
+        return out.data, st, steps
+
+    (a, st0, s0), (b, st1, s1) = run_inprocess(f, timeout=600)
+    return (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac, st1, s0, s1
+
+
+def test_block_ot_sends_one_query_ciphertext_per_token():
+    """+blockot: one query ciphertext per token (not ceil(V / N)), the block chosen by
+    OT; every id (each of the 3 blocks, the partly filled last one included) exact."""
+    table = _table(9000, 10, seed=3)
+    ids = np.array([8999, 4096, 4095, 1, 8192])
+    val, st, c_steps, _ = _run_steps(table, ids, "+blockot", flood_bits=40)
+    assert st.sel_blocks == 3 and st.shape.blocks == 1 and st.plan.flood > 2**40
+    assert np.array_equal(val, E.quantized_rows(table[ids], st))
+    one_ct = H.packed_size(st.plan.n, st.rns.bits)  # c0 of one seeded ciphertext
+    assert c_steps["embedding.query"]["bytes_sent"] < len(ids) * one_ct + 200
+    _, st_fq, fq_steps, _ = _run_steps(table, ids, "fastquery", flood_bits=40)
+    assert fq_steps["embedding.query"]["bytes_sent"] > 2.5 * c_steps["embedding.query"]["bytes_sent"]
+
+
+def test_view_block_selection(monkeypatch):
+    """The client's view in +blockot: the decrypted rows of every block (u_b = W_b[a] -
+    S_b) and its final share (u_blk + m_blk = W[id] - R) are uniform mod t and do not
+    depend on the table (two constant tables; chi-square on the top and low 4 bits);
+    the server's transcript (bytes and rounds of every step) is the same whichever
+    block the client's ids fall in."""
+    decrypted = _capture_client(monkeypatch)
+    finals = []
+    orig = E._extend
+
+    def spy(ctx, st, share):
+        if ctx.party == 0:
+            finals.append(np.asarray(share, np.uint64).copy())
+        return orig(ctx, st, share)
+
+    monkeypatch.setattr(E, "_extend", spy)
+    V, d = 2 * 4096 + 10, 3 * 100
+    ids = np.array([5, 5, 4101, 8195])
+    views = []
+    for const in (0.0, 0.9):
+        table = np.full((V, d), const)
+        table[:, ::7] = -0.45  # fix the scales
+        _run_steps(table, ids, "+blockot")
+        u = decrypted[-1][3]
+        assert u.shape == (len(ids), 3 * 100)
+        views.append((u.reshape(-1).astype(np.int64), finals[-1].reshape(-1).astype(np.int64)))
+    tb = decrypted[-1][0].plan.t_bits
+    for k in range(2):
+        for v in (views[0][k], views[1][k]):
+            for bins in (v >> (tb - 4), v & 15):
+                assert _p_uniform(np.bincount(bins, minlength=16)) > P_MIN
+        for sh in (tb - 4, 0):
+            assert _p_homogeneous([np.bincount((views[j][k] >> sh) & 15, minlength=16) for j in range(2)]) > P_MIN
+    table = _table(V, d, seed=4)
+    server = [_run_steps(table, np.array(b), "+blockot")[3] for b in ([0, 1], [8200, 4096])]
+    assert server[0] == server[1]
 
 
 def test_packlwes_over_several_ciphertexts():

@@ -79,6 +79,7 @@ class Method:
     pack: int  # channels per plaintext coefficient (1 or 3)
     t_bits: int | None  # fixed plaintext modulus (Cheetah: 37) or None: max(13, field bits + 1)
     packlwe: bool
+    block_ot: bool = False  # one query ciphertext per token; its block chosen by 1-of-B OT (ours)
 
 
 ABLATION = (
@@ -87,6 +88,7 @@ ABLATION = (
     Method("+accbits", "mixed433", 1, None, False),
     Method("+packing", "mixed433", 3, None, False),
     Method("fastquery", "mixed433", 3, None, True),
+    Method("+blockot", "mixed433", 3, None, True, block_ot=True),
 )
 METHODS = {m.name: m for m in ABLATION}
 METHODS["exact"] = Method("exact", "uniform12", 1, None, True)
@@ -96,6 +98,7 @@ ROW_TITLES = {
     "+accbits": "+Accumulation bit-width reduction",
     "+packing": "+Low bit-width aware element packing",
     "fastquery": "+PackLWEs (FastQuery)",
+    "+blockot": "+1-ct query, block by OT (ours)",
     "exact": "exact (12-bit, PackLWEs)",
 }
 
@@ -305,8 +308,8 @@ class Shape:
         return -(-self.n_cols // self.n_o)
 
 
-def _plan(method: Method, layout: Layout, vocab: int, n: int, flood_bits: int):
-    n_cols = layout.n_coeff
+def _plan(method: Method, layout: Layout, vocab: int, n: int, flood_bits: int, n_cols: int | None = None):
+    n_cols = layout.n_coeff if n_cols is None else n_cols
     w_abs = layout.centre
 
     def for_shape(ni, no):
@@ -331,13 +334,33 @@ def _plan(method: Method, layout: Layout, vocab: int, n: int, flood_bits: int):
 
 def _plan_any_n(method: Method, layout: Layout, vocab: int, n: int | None, flood_bits: int):
     """N = 4096 (the paper's) when feasible, else 8192 (Cheetah's t = 2^37 with 40-bit
-    flooding needs more than the 109 bits N = 4096 allows)."""
-    if n is not None:
+    flooding needs more than the 109 bits N = 4096 allows).
+
+    ``block_ot`` rows plan the reshaped table (`_block_table`): N rows (the position
+    inside a block) by B = ceil(V / N) blocks x the packed columns."""
+
+    def one(n):
+        if method.block_ot:
+            return _plan(method, layout, n, n, flood_bits, n_cols=-(-vocab // n) * layout.n_coeff)
         return _plan(method, layout, vocab, n, flood_bits)
+
+    if n is not None:
+        return one(n)
     try:
-        return _plan(method, layout, vocab, 4096, flood_bits)
+        return one(4096)
     except ValueError:
-        return _plan(method, layout, vocab, 8192, flood_bits)
+        return one(8192)
+
+
+def _block_table(W: np.ndarray, n: int) -> np.ndarray:
+    """(V, c) -> (N, B c): row a, column b c + j holds W[b N + a, j] (zero past V), so the
+    product with a one-hot over the N positions of a block gives that position's row in
+    every block at once (`lookup` with ``block_ot``)."""
+    V, c = W.shape
+    B = -(-V // n)
+    out = np.zeros((B * n, c), W.dtype)
+    out[:V] = W
+    return np.ascontiguousarray(out.reshape(B, n, c).transpose(1, 0, 2).reshape(n, B * c))
 
 
 # --------------------------------------------------------------------------- setup
@@ -354,6 +377,8 @@ class EmbeddingSetup:
     rns: H.RNS
     dim: int
     frac: int
+    vocab: int = 0  # the table's rows (``shape.vocab`` is N for block_ot rows)
+    sel_blocks: int = 1  # block_ot: B, the blocks the 1-of-B OT chooses from
     # client
     s: np.ndarray | None = None
     s_hat: np.ndarray | None = None
@@ -441,7 +466,10 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
         primes, _special = _primes(plan)
         n = plan.n
         rns = H.RNS(primes, n)
-        st = EmbeddingSetup(m, lay, exp, shape, plan, rns, dim, frac, W=W)
+        sel = -(-vocab_size // n) if m.block_ot else 1
+        if W is not None and m.block_ot:
+            W = _block_table(W, n)
+        st = EmbeddingSetup(m, lay, exp, shape, plan, rns, dim, frac, vocab=vocab_size, sel_blocks=sel, W=W)
         seed = b""
         if ctx.party == 0:
             rng = H.new_rng()
@@ -476,7 +504,10 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
 
                 st.hectx = _seal_context(plan, rns)
                 st.galois = serialize.galois_keys_from_bytes(st.hectx, bytes(np.asarray(msg["galois"], np.uint8)))
-        ctx.ot  # noqa: B018 (create the OT session; its base OTs run on first use)
+        if st.sel_blocks > 1:
+            ctx.ot.setup(kk13=True)  # base OTs (IKNP and the selection's KK13): set-up, not online
+        else:
+            ctx.ot  # noqa: B018 (create the OT session; its base OTs run on first use)
     after = ctx.chan.totals()
     st.setup_bytes = (after["bytes_sent"] + after["bytes_received"]) - (before["bytes_sent"] + before["bytes_received"])
     return st
@@ -831,14 +862,63 @@ def _extend(ctx, st: EmbeddingSetup, share: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- online
+def _uniform_mod_pow2(key: bytes, count: int, bits: int) -> np.ndarray:
+    """``count`` uniform values mod 2^bits from AES-CTR keyed by the 16-byte ``key``."""
+    from .. import _core
+
+    raw = np.frombuffer(bytes(_core.aes_prg(key, 8 * count)), dtype="<u8")
+    return raw & np.uint64((1 << bits) - 1)
+
+
+def _select_block(ctx, st: EmbeddingSetup, share: np.ndarray, blk: np.ndarray | None) -> np.ndarray:
+    """``block_ot`` rows: shares of the packed row in every block -> shares of the row in
+    the client's block, which stays hidden from the server.
+
+    After the response, the client holds u_b = W_b[a] - S_b (mod t) for every block b
+    (``share`` (T, B c)) and the server the masks S_b.  The server draws a fresh
+    uniform R (its new share) and offers m_b = S_b - R for b = 0 .. B-1 by a 1-out-of-B
+    OT of 128-bit keys (KK13, `OTSession.send_1ofN`, two 64-bit words per key) and the
+    strings m_b + AES-CTR(k_b) mod t; the client learns k_blk only and takes
+    u_blk + m_blk = W[id] - R.  Client's view: u_b (uniform through S_b), m_blk
+    (uniform through R) and one-time-padded strings; server's view: the OT
+    receiver's messages only.  Wire: B c t_bits bits + 2 KK13 OTs per token."""
+    T, B = share.shape[0], st.sel_blocks
+    c, tb = st.layout.n_coeff, st.plan.t_bits
+    mask = np.uint64((1 << tb) - 1)
+    with ctx.step("embedding.select"):
+        if ctx.party == 0:
+            keys = ctx.ot.recv_1ofN(np.repeat(blk, 2), B, 64).reshape(T, 2)
+            data = bytes(np.asarray(ctx.recv().get("m", np.zeros(0, np.uint8)), np.uint8))
+            try:
+                enc = H.unpack_bits(data, [tb], (T, B), c)[..., 0, :]
+            except ValueError as e:
+                raise MPCError(f"block selection message: {e}") from None
+            pad = np.stack([_uniform_mod_pow2(keys[j].astype("<u8").tobytes(), c, tb) for j in range(T)])
+            u = share.reshape(T, B, c)[np.arange(T), blk].astype(np.uint64)
+            return (u + enc[np.arange(T), blk] - pad) & mask
+        keys = np.frombuffer(secrets.token_bytes(16 * T * B), dtype="<u8").reshape(T, B, 2)
+        ctx.ot.send_1ofN(keys.transpose(0, 2, 1).reshape(2 * T, B), 64)
+        R = _uniform_mod_pow2(secrets.token_bytes(16), T * c, tb).reshape(T, c)
+        S = share.reshape(T, B, c).astype(np.uint64)
+        pads = np.stack([np.stack([_uniform_mod_pow2(keys[j, b].tobytes(), c, tb) for b in range(B)])
+                         for j in range(T)])
+        enc = (S - R[:, None, :] + pads) & mask
+        ctx.send({"m": np.frombuffer(H.pack_bits(enc[..., None, :], [tb]), np.uint8)})
+        return R
+
+
 def lookup(ctx, st: EmbeddingSetup, ids=None, *, n_ids: int | None = None) -> AShare:
     """Online phase: 64-bit fixed-point AShare (len(ids), dim) of the quantised table[ids]."""
     rng = H.new_rng()
+    n = st.plan.n
+    blk = None
     if ctx.party == 0:
         if ids is None:
             raise ValueError("the client (party 0) must pass ids")
-        ids = _check_ids(ids, st.shape.vocab)
+        ids = _check_ids(ids, st.vocab or st.shape.vocab)
         T = ids.size
+        if st.method.block_ot:  # query the position inside the block; the block goes by OT
+            blk, ids = ids // n, ids % n
         with ctx.step("embedding.query"):
             seed, c0 = _encrypt_queries(st, ids, rng)
             ctx.send({"n": np.array([T], np.int64), "seed": np.frombuffer(seed, np.uint8),
@@ -857,6 +937,8 @@ def lookup(ctx, st: EmbeddingSetup, ids=None, *, n_ids: int | None = None) -> AS
         resp, share = _server_respond(st, msg, rng)
         with ctx.step("embedding.response"):
             ctx.send(resp)
+    if st.sel_blocks > 1:
+        share = _select_block(ctx, st, share, blk)
     data = _extend(ctx, st, share)
     return AShare(ctx, data, 64, st.frac)
 
