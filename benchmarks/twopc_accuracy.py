@@ -184,7 +184,7 @@ def smollm(args) -> dict:
                 t1 = time.perf_counter()
                 gen = dec.generate(np.asarray(prompt) if ctx.party == 0 else None, P, K)
                 if ctx.party == 0:
-                    same = next((i for i, (a, b) in enumerate(zip(gen, cont)) if a != b), min(len(gen), len(cont)))
+                    same = _first_disagreement(gen, cont)
                     row.update(free_running=gen, identical_prefix=int(same),
                                free_running_seconds=time.perf_counter() - t1)
                     print(f"    free running: identical prefix {same}/{K}, {row['free_running_seconds']:.0f} s",
@@ -199,22 +199,40 @@ def smollm(args) -> dict:
     return out
 
 
-def _summarise_smollm(out, meter) -> None:
+def _first_disagreement(pred, ref) -> int:
+    return next((i for i, (a, b) in enumerate(zip(pred, ref)) if a != b), min(len(pred), len(ref)))
+
+
+def _summarise_smollm(out, meter=None) -> None:
+    """Agreement and logit errors of the teacher-forced rows; identical-prefix lengths.
+
+    ``prefix_until_first_disagreement`` (teacher-forced rows): up to and including
+    the first position where the 2PC argmax differs from the plaintext continuation,
+    the teacher-forced 2PC inputs are exactly the ones free-running 2PC generation
+    feeds itself, so this index is the free-running identical-prefix length of a run
+    with the same fixed-point errors (free running draws fresh shares, so the two
+    agree in distribution, not token by token).  ``identical_prefix``: measured by
+    real free-running generation (``--free-running``)."""
     rows = [r for r in out["rows"] if "agree" in r]
     if rows:
         out["agreement"] = sum(r["agree"] for r in rows) / sum(r["positions"] for r in rows)
         out["max_abs_logit_err"] = max(r["max_abs_logit_err"] for r in rows)
         out["mean_abs_logit_err"] = float(np.mean([r["mean_abs_logit_err"] for r in rows]))
+        pre = [_first_disagreement(r["twopc_argmax"], r["plain_continuation"]) for r in rows]
+        out["prefix_until_first_disagreement"] = pre
+        out["mean_prefix_until_first_disagreement"] = float(np.mean(pre))
     rows = out["rows"]
     if any("identical_prefix" in r for r in rows):
         out["identical_prefix"] = [r.get("identical_prefix") for r in rows]
-    out["op_classes"] = meter.summary()
+    if meter is not None:
+        out["op_classes"] = meter.summary()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("task", choices=("polarity", "smollm", "merge-polarity"))
-    ap.add_argument("reports", nargs="*", help="merge-polarity: the shard reports to combine")
+    ap.add_argument("task", choices=("polarity", "smollm", "merge-polarity", "summarise-smollm"))
+    ap.add_argument("reports", nargs="*", help="merge-polarity: the shard reports to combine; "
+                    "summarise-smollm: one smollm report whose summary is recomputed from its rows")
     ap.add_argument("--every", type=int, default=1, help="polarity: every N-th sentence")
     ap.add_argument("--limit", type=int, default=0, help="polarity: at most this many sentences")
     ap.add_argument("--shard", help="polarity: I/N runs every N-th selected sentence from the I-th "
@@ -233,6 +251,12 @@ def main(argv=None) -> int:
     if args.task == "merge-polarity":
         out = merge_polarity(args.reports)
         _write(args.out, out)
+    elif args.task == "summarise-smollm":
+        if len(args.reports) != 1:
+            raise SystemExit("summarise-smollm takes one report")
+        out = json.loads(Path(args.reports[0]).read_text())
+        _summarise_smollm(out)
+        _write(args.out or args.reports[0], out)
     else:
         out = polarity(args) if args.task == "polarity" else smollm(args)
     summary = {k: v for k, v in out.items() if k not in ("rows", "op_classes")}
