@@ -60,13 +60,21 @@ def polarity(args) -> dict:
     if args.shard:
         i, n = _parse_shard(args.shard)
         sel = sel[i::n]
+    rows: list[dict] = []
+    earlier_classes: dict = {}
+    if args.resume and args.out and Path(args.out).exists():  # keep the finished sentences, run the rest
+        old = json.loads(Path(args.out).read_text())
+        rows = [r for r in old["rows"] if r["index"] in set(sel)]
+        earlier_classes = old.get("op_classes", {})
+        done = {r["index"] for r in rows}
+        sel = [i for i in sel if i not in done]
+        print(f"resuming {args.out}: {len(done)} done, {len(sel)} to run", flush=True)
     sw = twopc.server_weights(lm.config, lm.weights, classifier=probe.as_linear()["classifier"])
     plan = twopc.public_plan(lm.config, sw, embedding=args.embedding)
     ids_list = [tok.encode(pairs[i][0]).ids for i in sel]
     ref = [np.asarray(ex.classify(*ex.batch_encode(tok, [pairs[i][0]]))).reshape(-1) for i in sel]
-    rows: list[dict] = []
     out = {"task": "polarity", "model": lm.name, "every": args.every, "shard": args.shard, "embedding": plan["embedding"],
-           "command": " ".join(sys.argv), "rows": rows}
+           "command": " ".join(sys.argv), "rows": rows, "earlier_op_classes": earlier_classes}
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
@@ -113,15 +121,21 @@ def merge_polarity(paths: list[str]) -> dict:
         commands.append(part.get("command"))
         for r in part["rows"]:
             rows.setdefault(r["index"], r)
-        for name, v in part.get("op_classes", {}).items():
-            acc = classes.setdefault(name, {})
-            for k, x in v.items():
-                acc[k] = acc.get(k, 0) + x
+        _add_classes(classes, part.get("op_classes", {}))
     out = {"task": "polarity", "model": "minilm-l6", "merged_from": list(paths), "commands": commands,
            "rows": [rows[i] for i in sorted(rows)]}
     _summarise_polarity(out, None)
     out["op_classes"] = classes
     return out
+
+
+def _add_classes(acc: dict, more: dict) -> dict:
+    """Per-operator-class totals (bytes, seconds, ...) of `more` added into `acc`."""
+    for name, v in more.items():
+        a = acc.setdefault(name, {})
+        for k, x in v.items():
+            a[k] = a.get(k, 0) + x
+    return acc
 
 
 def _summarise_polarity(out, meter) -> None:
@@ -131,8 +145,8 @@ def _summarise_polarity(out, meter) -> None:
     out["max_abs_logit_err"] = max(r["max_abs_err"] for r in rows)
     out["mean_seconds_per_sentence"] = float(np.mean([r["seconds"] for r in rows]))
     out["mean_tokens"] = float(np.mean([r["tokens"] for r in rows]))
-    if meter is not None:
-        out["op_classes"] = meter.summary()
+    if meter is not None:  # this run's classes plus those of the run it resumed (--resume)
+        out["op_classes"] = _add_classes(_add_classes({}, out.get("earlier_op_classes", {})), meter.summary())
 
 
 def smollm(args) -> dict:
@@ -237,6 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="polarity: at most this many sentences")
     ap.add_argument("--shard", help="polarity: I/N runs every N-th selected sentence from the I-th "
                     "(shards can run in parallel and be combined with merge-polarity)")
+    ap.add_argument("--resume", action="store_true", help="polarity: keep the rows already in --out "
+                    "and run only the missing sentences (op_classes then cover this run only)")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=16)
