@@ -170,3 +170,11 @@ def _die_party1(ctx):
 def test_process_that_dies_is_reported():
     with pytest.raises(PartyFailed, match="party 1 failed: process exited with code 3"):
         run_processes(_die_party1, timeout=60)
+
+
+def test_new_rng_is_aes_ctr_keyed_from_the_os():
+    """Masks and shares come from AES-CTR (a CSPRNG), not numpy's predictable PCG64; each
+    generator has its own fresh key."""
+    a, b = new_rng(), new_rng()
+    assert type(a.bit_generator).__name__ == "AESCounter"
+    assert not np.array_equal(a.integers(0, 2**63, 8), b.integers(0, 2**63, 8))

@@ -9,9 +9,11 @@ Fixed point (CrypTFlow2 section 2.1, SecureML): a real ``v`` is encoded with
 ``f`` fraction bits as ``round(v * 2^f) mod 2^l`` in two's complement; the
 signed interpretation of ``u`` is ``u - 2^l`` when ``u >= 2^(l-1)``.
 
-Randomness protecting secrets comes from the OS CSPRNG: `new_rng` seeds a
-PCG64 generator from ``secrets.randbits(128)`` (the seeded-expansion pattern of
-docs/CONVENTIONS.md).
+Randomness protecting secrets comes from a CSPRNG: `new_rng` is a numpy
+Generator over AES-128 in counter mode (``randomgen.AESCounter``, AES-NI) keyed
+with 128 bits from the OS CSPRNG (``secrets``), so a peer that sees some of its
+outputs (shares, masks) cannot predict the others; numpy's own bit generators
+(PCG64, ...) are not cryptographic.
 """
 
 from __future__ import annotations
@@ -86,8 +88,10 @@ def fixed_decode(u, frac: int, bits: int) -> np.ndarray:
 
 
 def new_rng() -> np.random.Generator:
-    """A PCG64 generator seeded with 128 bits from the OS CSPRNG."""
-    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+    """A numpy Generator over AES-128-CTR keyed with 128 bits from the OS CSPRNG."""
+    from randomgen import AESCounter
+
+    return np.random.Generator(AESCounter(key=secrets.randbits(128)))
 
 
 def uniform(rng: np.random.Generator, shape, bits: int) -> np.ndarray:

@@ -20,7 +20,7 @@ key switching is needed: secret-key generation and PackLWEs, see
   (`plan_params`; see docs/embedding.md for the derivation).
 
 Randomness protecting secrets (secret key, encryption noise, masks, flooding)
-comes from ``numpy.random.Generator(PCG64(secrets.randbits(128)))`` per call;
+comes from `cipherlm.mpc.ring.new_rng` (AES-CTR keyed from the OS CSPRNG) per call;
 public uniform polynomials from SHAKE-256 of a fresh ``secrets`` seed.
 """
 
@@ -29,9 +29,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import secrets
 
 import numpy as np
+
+from ..mpc.ring import new_rng  # noqa: F401 (re-exported: the protocols' CSPRNG)
 
 SIGMA = 3.2  # error standard deviation (HomomorphicEncryption.org standard, SEAL's default)
 E_MAX = 19  # errors are clipped at 6 sigma (as SEAL does)
@@ -52,10 +53,6 @@ __all__ = [
     "pack_bits",
     "unpack_bits",
 ]
-
-
-def new_rng() -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
 
 # --------------------------------------------------------------------------- FFT products
