@@ -53,7 +53,11 @@ def _table(V, d, seed=0, scale=0.05):
     return t
 
 
-def _run(table, ids, method, flood_bits=0, runner=run_inprocess):
+ONLINE_STEPS = ("embedding.query", "embedding.response", "embedding.select")
+
+
+def _run_steps(table, ids, method, flood_bits=0, runner=run_inprocess):
+    """One lookup; (values, server's setup, client's and server's per-step channel statistics)."""
     V, d = table.shape
 
     def f(ctx):
@@ -62,13 +66,18 @@ def _run(table, ids, method, flood_bits=0, runner=run_inprocess):
         before = ctx.chan.stats()
         out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
         after = ctx.chan.stats()
-        online = sum(after[k]["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0)
-                     for k in ("embedding.query", "embedding.response", "embedding.select") if k in after)
-        return out.data, st, online
+        steps = {k: {f: v[f] - before.get(k, {}).get(f, 0) for f in ("bytes_sent", "bytes_received", "rounds")}
+                 for k, v in after.items()}
+        return out.data, st, steps
 
-    (a, st0, on0), (b, st1, on1) = runner(f, timeout=600)
-    val = (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac
-    return val, st1, on0 + on1
+    (a, st0, s0), (b, st1, s1) = runner(f, timeout=600)
+    return (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac, st1, s0, s1
+
+
+def _run(table, ids, method, flood_bits=0, runner=run_inprocess):
+    """One lookup; (values, server's setup, online bytes both ways)."""
+    val, st, s0, s1 = _run_steps(table, ids, method, flood_bits, runner)
+    return val, st, sum(s[k]["bytes_sent"] for s in (s0, s1) for k in ONLINE_STEPS if k in s)
 
 
 @pytest.mark.parametrize("method", ROWS)
@@ -89,24 +98,6 @@ def test_fastquery_with_40_bit_flooding_correct():
     val, st, _ = _run(table, ids, "fastquery", flood_bits=40)
     assert st.plan.flood > 2**40 and st.shape.blocks == 2
     assert np.array_equal(val, E.quantized_rows(table[ids], st))
-
-
-def _run_steps(table, ids, method, flood_bits=0):
-    """Like `_run`, also returning each party's per-step channel statistics."""
-    V, d = table.shape
-
-    def f(ctx):
-        st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=V, dim=d, method=method,
-                     flood_bits=flood_bits)
-        before = ctx.chan.stats()
-        out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
-        after = ctx.chan.stats()
-        steps = {k: {f: v[f] - before.get(k, {}).get(f, 0) for f in ("bytes_sent", "bytes_received", "rounds")}
-                 for k, v in after.items()}
-        return out.data, st, steps
-
-    (a, st0, s0), (b, st1, s1) = run_inprocess(f, timeout=600)
-    return (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac, st1, s0, s1
 
 
 def test_block_ot_sends_one_query_ciphertext_per_token():

@@ -112,24 +112,30 @@ def _view_party(ctx, reps, W):
     return np.stack(out) if ctx.party == 0 else None
 
 
+def client_views_for_two_weights(view_party) -> list[np.ndarray]:
+    """What the client decrypts (x_0 = 0, 6 runs) for two very different (1, 16, 12)
+    weights, all zero and random 17-bit: ``view_party(ctx, reps, W)`` as `_view_party`."""
+    W2 = np.random.default_rng(5).integers(-(1 << 16), 1 << 16, (1, 16, 12))
+    return [run_inprocess(view_party, args0=(6, None), args1=(6, W), timeout=300)[0].reshape(-1)
+            for W in (np.zeros((1, 16, 12), np.int64), W2)]
+
+
+def assert_uniform_and_alike(views: list[np.ndarray], modulus: int) -> None:
+    """Top 4 bits (floor(16 v / modulus)) and low 4 bits of each view uniform, and the
+    two views identically distributed (chi-square), all values below the modulus."""
+    top = [(v.astype(object) * 16 // modulus).astype(np.int64) for v in views]
+    low = [(v & np.uint64(15)) for v in views]
+    for v in top + low:
+        assert p_uniform(v, 16) > P_MIN
+    assert p_same(top[0], top[1], 16) > P_MIN
+    assert p_same(low[0], low[1], 16) > P_MIN
+    assert all(int(v.max()) < modulus for v in views)
+
+
 def test_encryptor_output_share_is_uniform_and_independent_of_weights():
     """With x_0 = 0 the client's decrypted values are A W + r = r: they must be
     uniform mod t and distributed identically for two very different weights."""
-    rng = np.random.default_rng(5)
-    W1 = np.zeros((1, 16, 12), np.int64)
-    W2 = rng.integers(-(1 << 16), 1 << 16, (1, 16, 12))
-    views = []
-    for W in (W1, W2):
-        v, _ = run_inprocess(_view_party, args0=(6, None), args1=(6, W), timeout=300)
-        views.append(v.reshape(-1))
-    t = 1 << 59
-    top = [(v >> np.uint64(59 - 4)) for v in views]
-    low = [(v & np.uint64(15)) for v in views]
-    for v in top + low:  # uniform top and low bits
-        assert p_uniform(v, 16) > P_MIN
-    assert p_same(top[0], top[1], 16) > P_MIN  # same distribution for W1 and W2
-    assert p_same(low[0], low[1], 16) > P_MIN
-    assert all(v.max() < t for v in views)
+    assert_uniform_and_alike(client_views_for_two_weights(_view_party), 1 << 59)
 
 
 def _noise_party(ctx, flood):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy
-from test_mpc_views import P_MIN, p_same, p_uniform
+from test_linear_2pc import assert_uniform_and_alike, client_views_for_two_weights
 
 from cipherlm.he.params import check_security
 from cipherlm.mpc.runner import PartyFailed, run_inprocess, run_processes
@@ -148,21 +148,7 @@ def _view_party(ctx, reps, W):
 def test_client_values_are_uniform_and_independent_of_weights():
     """With x_0 = 0 the client decrypts X W + R = R: uniform mod p, identically
     distributed for two very different weights (top and low bits, chi-square)."""
-    rng = np.random.default_rng(5)
-    W1 = np.zeros((1, 16, 12), np.int64)
-    W2 = rng.integers(-(1 << 16), 1 << 16, (1, 16, 12))
-    views = []
-    for W in (W1, W2):
-        v, _ = run_inprocess(_view_party, args0=(6, None), args1=(6, W), timeout=300)
-        views.append(v.reshape(-1))
-    p = S.SIMD_PRIME
-    top = [(v.astype(object) * 16 // p).astype(np.int64) for v in views]
-    low = [(v & np.uint64(15)) for v in views]
-    for v in top + low:
-        assert p_uniform(v, 16) > P_MIN
-    assert p_same(top[0], top[1], 16) > P_MIN
-    assert p_same(low[0], low[1], 16) > P_MIN
-    assert all(v.max() < p for v in views)
+    assert_uniform_and_alike(client_views_for_two_weights(_view_party), S.SIMD_PRIME)
 
 
 def _bad_reply_party(ctx, kind):
