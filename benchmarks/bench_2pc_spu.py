@@ -3,7 +3,8 @@
 
     bash benchmarks/setup_peers.sh spu                       # once: the SPU venv in .peers/spu
     .venv/bin/python benchmarks/bench_2pc_spu.py [--workloads minilm,smollm-block,bert-base]
-        [--tokens T] [--layers L] [--report reports/bench_2pc_spu.json]
+        [--tokens T] [--layers L] [--linear-packing coeff,simd] [--packing-network LAN|WAN]
+        [--report reports/bench_2pc_spu.json]
 
 Issue 4's benchmark: MiniLM at 128 tokens (its 6 encoder layers: one inference
 without the embedding lookup) and one SmolLM2 decoder block at 64 tokens, plus
@@ -98,7 +99,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=None, help="default 128 (smollm-block 64)")
     ap.add_argument("--layers", type=int, default=None, help="default: minilm 6, bert-base 1")
     ap.add_argument("--report", type=Path, default=ROOT / "reports" / "bench_2pc_spu.json")
+    ap.add_argument("--linear-packing", default="coeff",
+                    help="cipherlm's linear-layer packings to run, comma-separated (coeff, simd, auto): "
+                         "each is one cipherlm row next to the same SPU run")
+    ap.add_argument("--packing-network", default="LAN", choices=("LAN", "WAN"),
+                    help="network the packing cost model and the SIMD plans assume")
     args = ap.parse_args()
+    packings = [p.strip() for p in args.linear_packing.split(",") if p.strip()]
     if not SPU_PY.exists():
         print(f"no SPU venv at {SPU_PY}: run `bash benchmarks/setup_peers.sh spu` first", file=sys.stderr)
         return 2
@@ -108,17 +115,24 @@ def main() -> int:
     for w in args.workloads.split(","):
         prep = B.prepare(w.strip(), args.tokens, args.layers)
         print(f"{w}: {prep['tokens']} tokens, {prep['layers']} layer(s): cipherlm ...", file=sys.stderr, flush=True)
-        ours = B.run_workload(w.strip(), prepared=prep)
+        by_packing = {}
+        for pk in packings:
+            if len(packings) > 1:
+                print(f"{w}: cipherlm, linear packing {pk} ...", file=sys.stderr, flush=True)
+            by_packing[pk] = B.run_workload(w.strip(), prepared=prep, linear_packing=pk,
+                                            network=args.packing_network)
         print(f"{w}: SecretFlow-SPU ...", file=sys.stderr, flush=True)
         spu = run_spu(prep)
-        results.append({"workload": w, "tokens": prep["tokens"], "layers": prep["layers"], "cipherlm": ours,
-                        "spu": spu})
-        print(B.format_rows([ours]))
+        results.append({"workload": w, "tokens": prep["tokens"], "layers": prep["layers"],
+                        "cipherlm": by_packing[packings[0]], "cipherlm_by_packing": by_packing, "spu": spu})
+        for pk, ours in by_packing.items():
+            print(B.format_rows([ours]))
+            print(f"{'':4}ratio cipherlm ({pk} packing) / SPU: bytes {ours['bytes'] / spu['bytes']:.2f}x, "
+                  f"time {ours['seconds'] / spu['seconds']:.2f}x, LAN {ours['LAN_seconds'] / spu['LAN_seconds']:.2f}x, "
+                  f"WAN {ours['WAN_seconds'] / spu['WAN_seconds']:.2f}x", flush=True)
         print(f"{'':4}SPU: {spu['bytes'] / 1e9:.3f} GB, {spu['flights']} send actions, {spu['seconds']:.1f} s, "
-              f"LAN {spu['LAN_seconds']:.1f} s, WAN {spu['WAN_seconds']:.1f} s, max err {spu['max_abs_error']:.2e}")
-        print(f"{'':4}ratio cipherlm / SPU: bytes {ours['bytes'] / spu['bytes']:.2f}x, "
-              f"time {ours['seconds'] / spu['seconds']:.2f}x, LAN {ours['LAN_seconds'] / spu['LAN_seconds']:.2f}x, "
-              f"WAN {ours['WAN_seconds'] / spu['WAN_seconds']:.2f}x", flush=True)
+              f"LAN {spu['LAN_seconds']:.1f} s, WAN {spu['WAN_seconds']:.1f} s, max err {spu['max_abs_error']:.2e}",
+              flush=True)
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps({"machine": {"cpu_count": os.cpu_count()}, "command": sys.argv,
                                            "results": results}, indent=1, default=float) + "\n")

@@ -17,6 +17,15 @@ DEFAULT_ENCODER = "minilm-l6"
 DEFAULT_PROMPT = "What is the capital of France?"
 
 
+def _add_packing_args(p: argparse.ArgumentParser, where: str) -> None:
+    p.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
+                   help=f"{where}: HE packing of the linear layers: coeff (Cheetah coefficient packing, "
+                        "fastest here), simd (BOLT-style BSGS, fewer bytes) or auto (per layer by a cost model "
+                        "of products, rotations and bytes; the choices go to the report)")
+    p.add_argument("--packing-network", default="LAN", choices=("LAN", "WAN"),
+                   help=f"{where}: network the packing cost model and the SIMD plans assume")
+
+
 def _add_report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE", help="write a JSON report of the run")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of the per-operator breakdown")
@@ -77,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--moe-capacity", type=float, default=2.0,
                    help="2pc, MoE models: CryptoMoE capacity factor c (each expert takes "
                         "ceil(c m k / n) of a pass's m tokens; public)")
+    _add_packing_args(s, "2pc")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
     d.add_argument("--mode", choices=MODES, default="offload")
@@ -98,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "block; bert-base: BERT-base shape, random weights, extrapolated from --layers)")
     b.add_argument("--layers", type=int, default=None,
                    help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12)")
+    _add_packing_args(b, "bench 2pc")
     b.add_argument("--vocab", type=int, default=32000, help="bench embedding: table rows (LLaMA-7B: 32000)")
     b.add_argument("--dim", type=int, default=4096, help="bench embedding: table columns (LLaMA-7B: 4096)")
     b.add_argument("--methods", help="bench embedding: comma-separated rows (default the Table 6 ablation)")

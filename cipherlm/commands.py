@@ -399,7 +399,8 @@ def cmd_serve(args) -> int:
         from cipherlm.runtime.twopc_session import run_server as run_2pc
 
         run_2pc(args.model, args.host, args.port, args.timeout, embedding=getattr(args, "embedding", "auto"),
-                moe_capacity=getattr(args, "moe_capacity", 2.0))
+                moe_capacity=getattr(args, "moe_capacity", 2.0),
+                linear_packing=getattr(args, "linear_packing", "coeff"), network=getattr(args, "packing_network", "LAN"))
         return 0
     from cipherlm.runtime.offload_server import run_server
 

@@ -191,6 +191,42 @@ def test_unfolded_norms_match_too(llama):
     assert np.abs(out - ref).max() < LOGIT_TOL
 
 
+@pytest.mark.parametrize("packing", ["simd", "auto"])
+def test_linear_packing_from_the_plan(llama, packing):
+    """The plan's linear packing reaches every projection: SIMD (BSGS) layers give the
+    plaintext logits too; "auto" records the cost model's choice for every projection
+    (fused q/k/v and gate/up: 4 per layer, plus the LM head) and the report lists each
+    shape once with both packings' modelled seconds and bytes."""
+    from cipherlm.protocols.linear import linear_stats
+
+    config, w = llama
+    sw = twopc.server_weights(config, w)
+    plan = twopc.public_plan(config, sw, embedding="onehot-linear", linear_packing=packing, network="WAN")
+    assert plan["linear"] == {"packing": packing, "network": "WAN"}
+    ids = np.array([7, 3, 44])
+
+    def party(ctx):
+        ex = twopc.TwoPCDecoder(ctx, config, sw if ctx.party == 1 else None, plan)
+        out = ex.forward(ids if ctx.party == 0 else None, 3).reveal_float(to=0)
+        return out, twopc.linear_packing_report(ctx, plan), len(linear_stats(ctx).packings)
+
+    (out, report, n_choices), (_, report1, _) = run_inprocess(party, timeout=900)
+    assert np.abs(out - plain_decoder(config, w).forward(ids)).max() < LOGIT_TOL
+    assert report == report1  # both parties took the same choices
+    if packing == "auto":
+        assert n_choices == 2 * 4 + 1
+        shapes = [(c["m"], c["d"], c["o"]) for c in report["choices"]]
+        assert len(set(shapes)) == len(shapes) and (3, 48, 97) in shapes  # the LM head
+        assert sum(report["calls"].values()) == n_choices
+        for c in report["choices"]:  # the cheaper packing under the model, at the plan's network
+            assert c["network"] == "WAN" and c["coeff_bytes"] > 0 and c["simd_bytes"] > 0
+            assert c["packing"] == ("simd" if c["simd_seconds"] < c["coeff_seconds"] else "coeff")
+    else:
+        assert "choices" not in report
+    with pytest.raises(twopc.TwoPCError, match="unknown linear packing"):
+        twopc.public_plan(config, sw, linear_packing="dense")
+
+
 def test_bad_inputs_raise_clear_errors(llama):
     config, w = llama
     sw = twopc.server_weights(config, w)

@@ -164,19 +164,20 @@ def _party(ctx, spec: dict):
     seconds = time.perf_counter() - t0
     out = y.reveal_float(to=0)
     return {"summary": meter.summary(), "totals": ctx.chan.totals(), "seconds": seconds,
-            "output": out}
+            "output": out, "linear_packing": twopc.linear_packing_report(ctx, plan)}
 
 
 def run_workload(workload: str, tokens: int | None = None, layers: int | None = None, *, timeout: float = 7200.0,
-                 prepared: dict | None = None) -> dict:
-    """Run one workload as two processes; one result row (JSON-able)."""
+                 prepared: dict | None = None, linear_packing: str = "coeff", network: str = "LAN") -> dict:
+    """Run one workload as two processes; one result row (JSON-able).  ``linear_packing``
+    / ``network``: the plan's linear-layer packing (`twopc.LINEAR_PACKINGS`)."""
     from ..mpc.runner import run_processes
     from ..net.netmodel import PRESETS
     from ..runtime import twopc
 
     prep = prepared or prepare(workload, tokens, layers)
     server = twopc.server_weights(prep["config"], prep["weights"])
-    plan = twopc.public_plan(prep["config"], server)
+    plan = twopc.public_plan(prep["config"], server, linear_packing=linear_packing, network=network)
     spec = {k: prep[k] for k in ("workload", "weights", "x", "layers")}
     spec.update(config=prep["config"], plan=plan)
     r0, r1 = run_processes(_party, args0=(spec,), args1=(spec,), timeout=timeout)
@@ -188,6 +189,7 @@ def run_workload(workload: str, tokens: int | None = None, layers: int | None = 
         "bytes": total_bytes, "flights": flights, "seconds": r0["seconds"], "setup": setup,
         "max_abs_error": float(np.abs(r0["output"] - prep["ref"]).max()),
         "by_class": {k: v for k, v in r0["summary"].items() if k != "setup"},
+        "linear_packing": r0["linear_packing"],
     }
     for name in ("LAN", "WAN", "blb-LAN", "blb-WAN1", "blb-WAN3"):
         row[f"{name}_seconds"] = row["seconds"] + PRESETS[name].seconds(total_bytes, flights)
@@ -207,6 +209,10 @@ def format_rows(rows: list[dict]) -> str:
                    f"{r['seconds']:10.1f} {lan:8.1f} {wan:8.1f} {r['max_abs_error']:9.2e}")
         for k, v in sorted(r["by_class"].items(), key=lambda kv: -kv[1]["bytes"]):
             out.append(f"    {k:18} {v['bytes'] / 1e6:10.1f} MB {v['flights']:7d} flights {v['seconds']:8.1f} s")
+        lp = r.get("linear_packing") or {}
+        if lp.get("packing", "coeff") != "coeff":
+            out.append(f"    linear packing {lp['packing']} ({lp.get('network')})"
+                       + (f": calls {lp['calls']}" if "calls" in lp else ""))
         if "extrapolated" in r:
             e = r["extrapolated"]
             out.append(f"    x{e['factor']:.0f} layers: {e['bytes'] / 1e9:.2f} GB, {e['seconds']:.0f} s; published: "
@@ -222,7 +228,8 @@ def run(args) -> list[dict]:
     for w in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         print(f"bench 2pc: {w} (tokens {args.tokens or 'default'}, layers {args.layers or 'default'}) "
               "as two processes ...", file=sys.stderr, flush=True)
-        row = run_workload(w, args.tokens, args.layers)
+        row = run_workload(w, args.tokens, args.layers, linear_packing=getattr(args, "linear_packing", "coeff"),
+                           network=getattr(args, "packing_network", "LAN"))
         rows.append(row)
         print(format_rows([row]), flush=True)
     return rows

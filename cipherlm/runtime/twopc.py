@@ -93,6 +93,11 @@ _LINEAR_CLASSES = frozenset({"linear", "attention_matmul"})
 #: the others are `cipherlm.protocols.embedding.METHODS` (FastQuery and its ablation rows;
 #: "exact" = 12-bit table with PackLWEs, the one that keeps real models' accuracy)
 EMBEDDING_METHODS = ("auto", "onehot-linear", "exact", "fastquery", "cheetah", "+quant", "+accbits", "+packing")
+#: the linear layers' packing (`cipherlm.protocols.linear.linear`): "coeff" (Cheetah
+#: coefficient packing; the default, fastest here), "simd" (BOLT-style BSGS, fewer bytes),
+#: "auto" (per layer, `linear_simd.choose_packing`'s cost model at the plan's network preset;
+#: the choices are in `linear_packing_report`)
+LINEAR_PACKINGS = ("coeff", "simd", "auto")
 SUPPORTED_DECODERS = ("llama", "mistral", "qwen2", "qwen2_moe", "olmoe", "mixtral")
 #: MoE layers (Qwen2-MoE, OLMoE, Mixtral) run CryptoMoE (`cipherlm.moe.layer.moe_layer`)
 #: with balanced routing; the capacity factor c is public (t = ceil(c m k / n) tokens
@@ -187,6 +192,23 @@ class OpMeter:
                       "flights": t["rounds"] + t["flights_received"], "seconds": self.seconds.get(k, 0.0),
                       "calls": self.calls.get(k, 0)}
         return out
+
+
+def linear_packing_report(ctx, plan: dict) -> dict:
+    """The linear layers' packing for a report: the plan's setting and, with "auto", each
+    distinct layer shape's choice (`linear_simd.PackingChoice`: modelled seconds and
+    bytes of both packings, SIMD rotations) and how many calls took each packing."""
+    from ..protocols.linear import linear_stats
+
+    lin = dict(plan.get("linear") or {"packing": "coeff", "network": "LAN"})
+    choices = linear_stats(ctx).packings
+    if choices:
+        shapes: dict = {}
+        for c in choices:
+            shapes.setdefault((c["m"], c["d"], c["o"]), c)
+        lin["choices"] = list(shapes.values())
+        lin["calls"] = {p: sum(c["packing"] == p for c in choices) for p in ("coeff", "simd")}
+    return lin
 
 
 class _NoMeter:
@@ -473,11 +495,19 @@ def _decoder_spec(config: dict) -> DecoderSpec:
 
 
 def public_plan(config: dict, server: dict | None = None, embedding: str = "auto",
-                moe_capacity: float = DEFAULT_MOE_CAPACITY) -> dict:
+                moe_capacity: float = DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
+                network: str = "LAN") -> dict:
     """What both parties must agree on beyond the config: the structure choices that
-    depend on the server's weights (folded norms, classifier width) and the MoE
-    capacity factor. JSON-able."""
-    plan = {"embedding": embedding_backend(embedding)}
+    depend on the server's weights (folded norms, classifier width), the MoE
+    capacity factor and the linear layers' packing (with the network preset its
+    cost model and the SIMD plans assume). JSON-able."""
+    from ..net.netmodel import PRESETS
+
+    if linear_packing not in LINEAR_PACKINGS:
+        raise TwoPCError(f"unknown linear packing {linear_packing!r}; one of {LINEAR_PACKINGS}")
+    if network not in PRESETS:
+        raise TwoPCError(f"unknown network preset {network!r}; one of {sorted(PRESETS)}")
+    plan = {"embedding": embedding_backend(embedding), "linear": {"packing": linear_packing, "network": network}}
     if config.get("model_type") not in ENCODER_TYPES and _decoder_spec(config).moe_layers:
         c = float(moe_capacity)
         if not (math.isfinite(c) and c > 0):
@@ -515,6 +545,9 @@ class _SharesExecutor:
         self.meter = meter if meter is not None else _NoMeter()
         self.progress = progress
         self._linear, self._matmul = self.linear_impl or _linear_fns()
+        lin = self.plan.get("linear") or {"packing": "coeff"}
+        # only non-default packings are passed on (custom `linear_impl`s need not know them)
+        self._packing = {} if lin["packing"] == "coeff" else {"packing": lin["packing"], "network": lin["network"]}
         self._emb_setup = None
 
     # -- operators
@@ -529,7 +562,8 @@ class _SharesExecutor:
             w = None if proj is None else proj.w
             b = None if proj is None else proj.b
             rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-            return self._linear(self.ctx, x, w, b, out_features=d_out, cache_key=self._cache_key(key, rows))
+            return self._linear(self.ctx, x, w, b, out_features=d_out, cache_key=self._cache_key(key, rows),
+                                **self._packing)
 
     def matmul(self, a: AShare, b: AShare) -> AShare:
         with self.meter("attention_matmul"):

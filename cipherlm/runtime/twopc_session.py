@@ -64,10 +64,13 @@ class TwoPCHost:
     """One model as the 2pc server holds it: weights (prepared once), public config and plan."""
 
     def __init__(self, model_name: str, embedding: str = "auto", lm=None, classifier=None, labels=None,
-                 moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY):
+                 moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
+                 network: str = "LAN"):
         """`lm`: an already loaded model (anything with name, config, weights, tokenizer);
         `classifier`: (W (C, d), b) for an encoder without the polarity probe;
-        `moe_capacity`: CryptoMoE's capacity factor for MoE models (public, in the plan)."""
+        `moe_capacity`: CryptoMoE's capacity factor for MoE models (public, in the plan);
+        `linear_packing` / `network`: the linear layers' packing and the network preset
+        its cost model assumes (`twopc.LINEAR_PACKINGS`; public, in the plan)."""
         from cipherlm.models import load_model
 
         t0 = time.perf_counter()
@@ -85,7 +88,8 @@ class TwoPCHost:
             classifier = probe.as_linear()["classifier"]
             self.labels = list(probe.labels)
         self.weights = twopc.server_weights(lm.config, lm.weights, classifier=classifier)
-        self.plan = twopc.public_plan(lm.config, self.weights, embedding, moe_capacity=moe_capacity)
+        self.plan = twopc.public_plan(lm.config, self.weights, embedding, moe_capacity=moe_capacity,
+                                      linear_packing=linear_packing, network=network)
         self.tokenizer_json = lm.tokenizer.to_str() if lm.tokenizer is not None else None
         self.digest = config_digest(self.config)
         if self.config.get("model_type") in twopc.ENCODER_TYPES:
@@ -288,10 +292,12 @@ class TwoPCClient(SessionClient):
 
 
 def run_server(model: str, host: str, port: int, timeout: float = DEFAULT_TIMEOUT, embedding: str = "auto",
-               moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY) -> None:
+               moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
+               network: str = "LAN") -> None:
     """Entry point of ``cipherlm serve --mode 2pc``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    model_host = TwoPCHost(model, embedding=embedding, moe_capacity=moe_capacity)
+    model_host = TwoPCHost(model, embedding=embedding, moe_capacity=moe_capacity, linear_packing=linear_packing,
+                           network=network)
     server = TwoPCServer(model_host, host, port, session_timeout=timeout)
     h, p = server.address
     log.info("model %s ready in %.1f s (2pc, embedding %s)", model_host.name, model_host.startup_seconds,
@@ -330,6 +336,7 @@ def add_client_stats(report, client: TwoPCClient) -> dict:
     report.extra["client_seconds"] = dict(client.meter.seconds)
     report.extra["op_classes"] = client.meter.summary()
     report.extra["embedding"] = client.plan.get("embedding")
+    report.extra["linear_packing"] = twopc.linear_packing_report(client.ctx, client.plan)
     report.extra["setup_seconds"] = client.setup_seconds
     return server
 
