@@ -381,6 +381,23 @@ pub fn kk13_sender<'py>(
     Ok(ba(py, &y))
 }
 
+/// The receiver's side of every 1-out-of-N OT here: msgs_{j, c_j} = y_{j, c_j} xor key(j),
+/// y the sender's reply (n*N values of `bits` bits), key(j) the pad of instance j.
+fn receive_1ofn<'py, F>(py: Python<'py>, y: &PyBuffer<u8>, a: &OtArgs, nn: usize, bits: u32, key: F)
+    -> PyResult<Bound<'py, PyByteArray>>
+where
+    F: Fn(usize) -> u64 + Sync,
+{
+    let (n, ch, mk) = (a.n, a.choices, a.mask);
+    let y = sized(y, packed_len(n * nn, bits), "1-of-N reply")?;
+    let out = py.allow_threads(|| {
+        let yv = unpack(y, n * nn, bits);
+        let o: Vec<u64> = (0..n).map(|j| (yv[j * nn + ch[j] as usize] ^ key(j)) & mk).collect();
+        u64_bytes(&o)
+    });
+    Ok(ba(py, &out))
+}
+
 /// KK13 1-out-of-N, receiver: t (n rows of 32 bytes), choices (n bytes < N) -> msgs_{j, c_j}.
 #[pyfunction]
 pub fn kk13_receiver<'py>(
@@ -394,19 +411,11 @@ pub fn kk13_receiver<'py>(
 ) -> PyResult<Bound<'py, PyByteArray>> {
     check_n(nn)?;
     let a = ot_args(&t, 32, None, Some((&choices, nn)), Some(bits))?;
-    let (t, n, ch, mk) = (a.rows, a.n, a.choices, a.mask);
-    let y = sized(&y, packed_len(n * nn, bits), "1-of-N reply")?;
-    let out = py.allow_threads(|| {
-        let yv = unpack(y, n * nn, bits);
-        let o: Vec<u64> = (0..n)
-            .map(|j| {
-                let row: [u8; 32] = t[32 * j..32 * j + 32].try_into().unwrap();
-                (yv[j * nn + ch[j] as usize] ^ kk_hash(tweak.wrapping_add(j as u64), &row)) & mk
-            })
-            .collect();
-        u64_bytes(&o)
-    });
-    Ok(ba(py, &out))
+    let rows = a.rows;
+    receive_1ofn(py, &y, &a, nn, bits, |j| {
+        let row: [u8; 32] = rows[32 * j..32 * j + 32].try_into().unwrap();
+        kk_hash(tweak.wrapping_add(j as u64), &row)
+    })
 }
 
 /// Pack uint64 values (little-endian bytes) to `bits` bits each.
@@ -520,32 +529,13 @@ pub fn np1ofn_receiver<'py>(
     bits: u32,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let m = check_np(nn)?;
-    let rows = view(&t)?;
-    if rows.len() % (16 * m) != 0 {
-        return err(format!("rows buffer of {} bytes is not a multiple of {}", rows.len(), 16 * m));
-    }
-    let n = rows.len() / (16 * m);
-    let ch = view(&choices)?;
-    if ch.len() != n {
-        return err(format!("{} choices for {} OTs", ch.len(), n));
-    }
-    if ch.iter().any(|&c| c as usize >= nn) {
-        return err(format!("choices must be in [0, {nn})"));
-    }
-    let mk = check_bits(bits)?;
-    let y = sized(&y, packed_len(n * nn, bits), "1-of-N reply")?;
-    let out = py.allow_threads(|| {
-        let yv = unpack(y, n * nn, bits);
-        let mut keys = vec![[0u8; 16]; m];
-        let o: Vec<u64> = (0..n)
-            .map(|j| {
-                for i in 0..m {
-                    keys[i] = rows[16 * (j * m + i)..16 * (j * m + i) + 16].try_into().unwrap();
-                }
-                (yv[j * nn + ch[j] as usize] ^ np_hash(tweak.wrapping_add(j as u64), &keys)) & mk
-            })
-            .collect();
-        u64_bytes(&o)
-    });
-    Ok(ba(py, &out))
+    let a = ot_args(&t, 16 * m, None, Some((&choices, nn)), Some(bits))?;
+    let rows = a.rows;
+    receive_1ofn(py, &y, &a, nn, bits, |j| {
+        let mut keys = [[0u8; 16]; 8];
+        for (i, k) in keys.iter_mut().take(m).enumerate() {
+            *k = rows[16 * (j * m + i)..16 * (j * m + i) + 16].try_into().unwrap();
+        }
+        np_hash(tweak.wrapping_add(j as u64), &keys[..m])
+    })
 }
