@@ -636,43 +636,65 @@ def _weight_polys(W: np.ndarray, sh: Shape, n: int, cblocks: np.ndarray) -> np.n
     return poly
 
 
-def _products(st: EmbeddingSetup, ct: np.ndarray, cblocks=None, chunk_bytes: int = 1 << 27) -> np.ndarray:
+@dataclasses.dataclass
+class _QuerySpectra:
+    """What `_products` needs of one query, whatever the columns: computed once per
+    response (PackLWEs rows ask for the products a chunk of columns at a time)."""
+    comps: list[int]  # ciphertext parts multiplied as polynomials
+    c0_limbs: np.ndarray | None  # PackLWEs rows: 16-bit limbs of c0 over the vocabulary, (2 T k, V) float64
+    la: int  # input limb bits
+    nw: int  # weight limbs
+    n_limbs: int
+    A_hat: np.ndarray  # FFT of the input limbs, (N/2, P, B)
+
+
+def _query_spectra(st: EmbeddingSetup, ct: np.ndarray) -> _QuerySpectra:
+    rns, sh, n = st.rns, st.shape, st.plan.n
+    T, B = ct.shape[:2]
+    comps, c0_limbs = [0, 1], None
+    if st.method.packlwe:
+        comps = [1]
+        c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab]
+        c0_limbs = np.stack([(c0 & np.uint64(0xFFFF)), (c0 >> np.uint64(16))], axis=0).astype(np.float64)
+        c0_limbs = c0_limbs.reshape(2 * T * rns.k, -1)
+    la, nw = _limb_plan(B, min(n, sh.n_i * sh.n_o), st.layout.centre)
+    a_limbs = H.split_limbs(ct[:, :, comps], 31, la)  # each (T, B, m, k, N)
+    A = np.stack(a_limbs, axis=0)  # (L, T, B, m, k, N)
+    A = A.transpose(2, 0, 1, 3, 4, 5).reshape(B, len(a_limbs) * T * len(comps) * rns.k, n)
+    A_hat = H.fft_fwd(A).transpose(2, 1, 0).copy()  # (N/2, P, B)
+    return _QuerySpectra(comps, c0_limbs, la, nw, len(a_limbs), A_hat)
+
+
+def _products(st: EmbeddingSetup, ct: np.ndarray, cblocks=None, spectra: _QuerySpectra | None = None,
+              chunk_bytes: int = 1 << 27) -> np.ndarray:
     """sum_r ct_r * w_{r,c} for the column blocks c in ``cblocks`` (default all):
     ct (T, B, 2, k, N) -> (T, len(cblocks), 2, k, N).
     Exact float-FFT products (limb split) accumulated over the blocks in the frequency domain.
     PackLWEs rows (n_i = N, n_o = 1) only use coefficient N-1 of the c0 part (the trace
     removes the others), which is the plain dot product c0 . W[:, c] over the vocabulary:
-    computed exactly in int64 and put there; the other c0 coefficients are left zero."""
+    computed exactly in int64 and put there; the other c0 coefficients are left zero.
+    ``spectra``: `_query_spectra(st, ct)`, when the caller asks for several column sets."""
     rns, sh, n = st.rns, st.shape, st.plan.n
     T, B = ct.shape[:2]
+    sp = _query_spectra(st, ct) if spectra is None else spectra
     cblocks = np.arange(sh.col_blocks) if cblocks is None else np.asarray(cblocks, np.int64)
     C = len(cblocks)
     out = np.zeros((T, 2, rns.k, C, n), np.uint64)
-    comps = [0, 1]
+    comps, la, nw, L, m, A_hat = sp.comps, sp.la, sp.nw, sp.n_limbs, len(sp.comps), sp.A_hat
     if st.method.packlwe:
-        comps = [1]
         Wsel = st.W[:, cblocks]  # n_o = 1: column block = column
-        c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab]
         # float64 BLAS with 16-bit limbs: |limb W| sums < 2^16 2^16 2^14 = 2^46 per chunk: exact
-        limbs = np.stack([(c0 & np.uint64(0xFFFF)), (c0 >> np.uint64(16))], axis=0).astype(np.float64)
-        limbs = limbs.reshape(2 * T * rns.k, -1)
         acc = np.zeros((2, T, rns.k, C), np.int64)
         wmax = st.layout.centre
         rows = 1 << max(0, min(14, 46 - 16 - max(1, wmax.bit_length())))
         for r0 in range(0, sh.vocab, rows):
-            part = limbs[:, r0 : r0 + rows] @ Wsel[r0 : r0 + rows].astype(np.float64)
+            part = sp.c0_limbs[:, r0 : r0 + rows] @ Wsel[r0 : r0 + rows].astype(np.float64)
             part = np.rint(part).astype(np.int64).reshape(2, T, rns.k, C)
             acc = np.mod(acc + np.mod(part, rns.q.astype(np.int64)[None, None, :, None]),
                          rns.q.astype(np.int64)[None, None, :, None])
         qk = rns.q[None, :, None]
         sh16 = (np.uint64(1 << 16) % rns.q)[None, :, None]
         out[:, 0, :, :, n - 1] = (acc[0].astype(np.uint64) + (acc[1].astype(np.uint64) * sh16) % qk) % qk
-    la, nw = _limb_plan(B, min(n, sh.n_i * sh.n_o), st.layout.centre)
-    a_limbs = H.split_limbs(ct[:, :, comps], 31, la)  # each (T, B, m, k, N)
-    L, m = len(a_limbs), len(comps)
-    A = np.stack(a_limbs, axis=0)  # (L, T, B, m, k, N)
-    A = A.transpose(2, 0, 1, 3, 4, 5).reshape(B, L * T * m * rns.k, n)
-    A_hat = H.fft_fwd(A).transpose(2, 1, 0).copy()  # (N/2, P, B)
     P = A_hat.shape[1]
     per_col = B * n * 8 * nw + P * n * 24
     cc = max(1, min(C, chunk_bytes // per_col))
@@ -754,6 +776,7 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
     groups = _packed_positions(T * sh.n_cols, n)
+    spectra = _query_spectra(st, ct)
     packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
     for g, cnt, _stride in groups:
         br = np.array(bitrev(cnt), np.int64)
@@ -769,7 +792,7 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
                 ucols, cidx = np.unique(cols, return_inverse=True)
                 leaf = np.zeros((js.size, 2, rns.k, n), np.uint64)
                 if items.size:
-                    prod = _products(st, ct, ucols)  # (T, len(ucols), 2, k, N)
+                    prod = _products(st, ct, ucols, spectra)  # (T, len(ucols), 2, k, N)
                     leaf[valid] = prod[toks, cidx]
                 # move coefficient N-1 to 0 (times -X); scale by N^-1 mod Q (PackLWEs multiplies by N)
                 x = np.roll(leaf, 1, axis=-1)
