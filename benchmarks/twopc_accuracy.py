@@ -143,6 +143,8 @@ def _summarise_polarity(out, meter) -> None:
     out["n"] = len(rows)
     out["identical"] = sum(r["same"] for r in rows)
     out["max_abs_logit_err"] = max(r["max_abs_err"] for r in rows)
+    # how close the plaintext decisions are: the 2PC error matters only where it reaches this
+    out["min_plain_margin"] = min(float(np.ptp(np.sort(r["plain"])[-2:])) for r in rows)
     out["mean_seconds_per_sentence"] = float(np.mean([r["seconds"] for r in rows]))
     out["mean_tokens"] = float(np.mean([r["tokens"] for r in rows]))
     if meter is not None:  # this run's classes plus those of the run it resumed (--resume)
