@@ -126,6 +126,8 @@ def merge_polarity(paths: list[str]) -> dict:
            "rows": [rows[i] for i in sorted(rows)]}
     _summarise_polarity(out, None)
     out["op_classes"] = classes
+    # both directions, every class, each shard run's session set-up included
+    out["bytes_per_sentence"] = sum(v.get("bytes", 0) for v in classes.values()) / max(1, out["n"])
     return out
 
 
