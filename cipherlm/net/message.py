@@ -29,9 +29,12 @@ JSON tree nodes are lists tagged by their first element::
     ["d", [[key, node], ...]] dict (str keys, order preserved)
 
 Decoding validates everything: header length, JSON syntax, node tags and arity,
-key types, dtypes (whitelist), shapes (non-negative ints, ndim <= 32), that every
-blob lies inside the payload, that the blobs exactly fill the payload, and the
-nesting depth (`MAX_DEPTH`).  Anything malformed raises `FrameError`.
+key types, dtypes (whitelist), shapes (non-negative ints, ndim <= 32, the
+product of the non-zero dimensions at most `MAX_ELEMENTS`, so that a zero-size
+array with huge dimensions such as ``[0, 2**62, 2**62]`` is refused too), that
+every blob lies inside the payload, that the blobs exactly fill the payload,
+and the nesting depth (`MAX_DEPTH`).  Anything malformed raises `FrameError`,
+never another exception (tests/test_net_message_fuzz.py).
 
 Decoded arrays are zero-copy views of the (writable) receive buffer when the
 payload is a ``bytearray`` — they are writable and keep that buffer alive.
@@ -40,7 +43,6 @@ payload is a ``bytearray`` — they are writable and keep that buffer alive.
 from __future__ import annotations
 
 import json
-import math
 import struct
 from typing import Any
 
@@ -50,6 +52,10 @@ from .framing import FrameError
 
 MAX_DEPTH = 64
 MAX_NDIM = 32
+#: the largest product of an array's non-zero dimensions (its element count when it is
+#: not empty): 2^48 elements, times the largest itemsize (16) still far inside numpy's
+#: intp limit for any shape, empty or not
+MAX_ELEMENTS = 1 << 48
 _ALIGN = 8
 _U32 = struct.Struct("<I")
 
@@ -155,6 +161,19 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _check_shape(shape) -> int:
+    """The element count of a well-formed shape (FrameError otherwise)."""
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(s) and s >= 0 for s in shape):
+        raise FrameError(f"bad array shape {str(shape)[:100]}")
+    nonzero = 1
+    for s in shape:
+        if s:
+            nonzero *= s
+            if nonzero > MAX_ELEMENTS:
+                raise FrameError(f"array shape {str(shape)[:100]} has more than {MAX_ELEMENTS} elements")
+    return 0 if 0 in shape else nonzero
+
+
 def _decode_node(node, rd: _Reader, depth: int):
     if depth > MAX_DEPTH:
         raise FrameError(f"message nesting deeper than {MAX_DEPTH}")
@@ -195,18 +214,14 @@ def _decode_node(node, rd: _Reader, depth: int):
         dt = _ALLOWED_DTYPES.get(dstr) if isinstance(dstr, str) else None
         if dt is None:
             raise FrameError(f"array dtype {dstr!r} not allowed")
-        if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(s) and s >= 0 for s in shape):
-            raise FrameError(f"bad array shape {shape!r}")
-        count = math.prod(shape)
-        nbytes = count * dt.itemsize
-        start, n = rd.take(nbytes)
-        if count == 0:
-            return np.zeros(tuple(shape), dtype=dt)
+        count = _check_shape(shape)
+        start, _ = rd.take(count * dt.itemsize)
         try:
-            arr = np.frombuffer(rd.base, dtype=dt, count=count, offset=start)
-        except ValueError as e:
+            if count == 0:
+                return np.zeros(tuple(shape), dtype=dt)
+            return np.frombuffer(rd.base, dtype=dt, count=count, offset=start).reshape(tuple(shape))
+        except (ValueError, TypeError, OverflowError, MemoryError) as e:  # (the checks above exclude these)
             raise FrameError(f"bad array blob: {e}") from e
-        return arr.reshape(tuple(shape))
     raise FrameError(f"malformed message node with tag {tag!r}")
 
 
