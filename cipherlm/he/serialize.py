@@ -1,15 +1,38 @@
-"""(De)serialisation of SEAL objects to bytes, and raw coefficient I/O.
+"""(De)serialisation of SEAL objects to bytes, validation of untrusted blobs,
+and raw coefficient I/O.
 
-``tenseal.sealapi`` only offers ``save(path)`` / ``load(ctx, path)``, always
-with SEAL's default compression (zstd in this build), and no buffer protocol
-on coefficient data (``Ciphertext.data()`` returns the first coefficient's
-*value*, not a pointer).  So the route is a tmpfs file (``/dev/shm`` where it
-exists): save -> read bytes; write bytes -> load.  Loading always goes through
-SEAL's own validity checks (``is_valid_for``: parms_id known to the context,
-every coefficient reduced mod its prime, sizes consistent), then the checks
-here (expected parms_id/level, ciphertext size 2, sane scale).  A flipped
-coefficient bit that stays below its prime cannot be detected (there is no
-MAC in SEAL's format; the channel's integrity is the net layer's job).
+In memory, never through a named file.  ``tenseal.sealapi`` only offers
+``save(path)`` / ``load(ctx, path)`` (always with SEAL's default compression,
+zstd in this build) and no buffer protocol on coefficient data.  The path
+handed to SEAL is ``/proc/self/fd/N`` of an anonymous ``memfd_create`` file:
+it lives in the process's memory, has no name in any file system (nothing in
+``/dev/shm`` or the temp dir that another process could read, delete or find
+left behind), and vanishes with its last descriptor, even when the process
+is killed.  Secret keys, shares, masks and weight blocks pass through it.
+
+Untrusted blobs never reach SEAL's stream decompressor.  SEAL's loader throws
+``std::ios_failure`` from a place that cannot be caught on some corrupt or
+early-ending zstd streams behind a valid header: the process ends in
+``std::terminate`` (a fuzzer hit it about once per 6k BFV ciphertexts).  So
+every ``*_from_bytes`` that takes a peer's bytes first:
+
+1. checks SEAL's 16-byte header (magic, version, compression mode, size);
+2. decompresses the body here (zlib or zstd) with a cap on the output derived
+   from the context and the expected object (a zstd bomb stops at the cap);
+3. walks the whole known layout of the expected object (below): parms_id
+   known to the context and at the expected level, sizes and counts equal to
+   the context's, nested headers uncompressed and exactly sized, every
+   coefficient reduced modulo its prime, nothing left over;
+4. hands SEAL only the validated, *uncompressed* bytes, which SEAL checks
+   again (``is_valid_for``).
+
+Encryption parameters from a peer are never loaded at all: the blob must equal,
+byte for byte after decompression, the one this side builds from the named
+parameter set.  Then the checks here: expected level, ciphertext size, sane
+scale, not transparent (a zero ``c1`` would make SEAL's ``multiply_plain``
+throw).  A flipped coefficient bit that stays below its prime cannot be
+detected (there is no MAC in SEAL's format; the channel's integrity is the
+net layer's job).
 
 Seeded symmetric ciphertexts and Galois keys: ``Encryptor.encrypt_symmetric(pt)``
 and ``KeyGenerator.create_galois_keys(elts)`` return SEAL ``Serializable``
@@ -17,37 +40,34 @@ objects whose ``save`` writes only the PRNG seed in place of each uniformly
 random polynomial ("a" half): a 2-prime N=8192 ciphertext is ~117 kB instead
 of ~235 kB (measured, both zstd).  They expand on ``load``.
 
-Raw coefficient I/O parses SEAL's documented binary format (SEAL 4.x,
-``Serialization::SEALHeader`` + ``save_members``):
+SEAL's binary format (SEAL 4.x, ``Serialization::SEALHeader`` + ``save_members``):
 
     header (16 B): u16 magic 0xA15E, u8 header size 16, u8 version major,
                    u8 version minor, u8 compr_mode (0 none, 1 zlib, 2 zstd),
                    u16 reserved, u64 total size in bytes (header included)
     Ciphertext body: u64[4] parms_id, u8 is_ntt_form, u64 size,
                    u64 poly_modulus_degree, u64 coeff_modulus_size, f64 scale,
-                   u64 correction_factor, DynArray<u64>
+                   u64 correction_factor, DynArray<u64>, and for a seeded
+                   ciphertext (DynArray of one polynomial) a
+                   UniformRandomGeneratorInfo (header, u8 PRNG type, u64[8] seed)
+    PublicKey:     a Ciphertext (size 2) at the key level
+    GaloisKeys body: u64[4] parms_id, u64 dim1, then dim1 times
+                   (u64 dim2, dim2 PublicKeys each with its own header)
     Plaintext body: u64[4] parms_id, u64 coeff_count, f64 scale, DynArray<u64>
     DynArray: its own uncompressed header (16 B), u64 count, count x u64 data
-
-Writing builds this format with compr_mode none and lets SEAL load it (so the
-result is validated by SEAL).  Reading a body that SEAL compressed needs zlib
-(stdlib) or zstd (``zstandard``/``pyzstd`` if importable, else the system
-``libzstd`` through ctypes).  No faster route exists in this build (see
-above), so none is offered.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import io
 import math
 import os
 import struct
-import tempfile
 import zlib
 
 import numpy as np
 import tenseal.sealapi as seal
+import zstandard
 
 from .context import HEContext, encryption_parameters
 from .errors import HEError
@@ -57,37 +77,56 @@ SEAL_MAGIC = 0xA15E
 _HDR = struct.Struct("<HBBBBHQ")
 _CT_META = struct.Struct("<4QBQQQdQ")  # 32 + 1 + 8*3 + 8 + 8 = 73
 _PT_META = struct.Struct("<4QQd")  # 32 + 8 + 8 = 48
+_U64 = struct.Struct("<Q")
+_PARMS_ID = struct.Struct("<4Q")
 COMPR_NONE, COMPR_ZLIB, COMPR_ZSTD = 0, 1, 2
+#: UniformRandomGeneratorInfo after a seeded ciphertext: header + u8 PRNG type + 512-bit seed
+_PRNG_INFO_SIZE = _HDR.size + 1 + 64
+_PRNG_TYPES = (1, 2)  # blake2xb, shake256 (0 = unknown is refused)
+#: SEAL's own bound on a ciphertext's size (number of polynomials)
+CIPHERTEXT_SIZE_MAX = 16
+#: Galois keys a peer may send in one blob beyond the steps the caller requires (bounds
+#: the memory one blob can make a server allocate: ~0.8 MB per key at N = 8192)
+DEFAULT_MAX_GALOIS_KEYS = 128
 
-_TMPDIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+# --------------------------------------------------------------------------- in-memory files
+def _memfd() -> int:
+    """An anonymous in-memory file (no name in any file system; gone with its last fd)."""
+    return os.memfd_create("cipherlm-he", os.MFD_CLOEXEC)
 
 
-# --------------------------------------------------------------------------- files
 def _save(obj) -> bytes:
-    fd, path = tempfile.mkstemp(prefix="cipherlm-he-", dir=_TMPDIR)
-    os.close(fd)
+    """``obj.save`` into an anonymous memory file; its bytes."""
+    fd = _memfd()
     try:
-        obj.save(path)
-        with open(path, "rb") as f:
-            return f.read()
+        obj.save(f"/proc/self/fd/{fd}")
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0)
     finally:
-        os.unlink(path)
+        os.close(fd)
 
 
-def _load(obj, data: bytes, ctx=None):
-    fd, path = tempfile.mkstemp(prefix="cipherlm-he-", dir=_TMPDIR)
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _load_validated(obj, data: bytes, ctx=None):
+    """``obj.load`` from bytes that ``_validated`` produced (uncompressed, checked layout)."""
+    fd = _memfd()
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        _write_all(fd, data)
         try:
             if ctx is None:
-                obj.load(path)
+                obj.load(f"/proc/self/fd/{fd}")
             else:
-                obj.load(ctx, path)
+                obj.load(ctx, f"/proc/self/fd/{fd}")
         except Exception as e:  # SEAL raises std::logic_error / invalid_argument
             raise HEError(f"SEAL rejected the {type(obj).__name__}: {e}") from None
     finally:
-        os.unlink(path)
+        os.close(fd)
     return obj
 
 
@@ -110,89 +149,133 @@ def _header(body_len: int, compr: int = COMPR_NONE, version=(4, 3)) -> bytes:
     return _HDR.pack(SEAL_MAGIC, _HDR.size, version[0], version[1], compr, 0, _HDR.size + body_len)
 
 
-# --------------------------------------------------------------------------- zstd
-class _ZstdIn(ctypes.Structure):
-    _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
-
-
-class _ZstdOut(ctypes.Structure):
-    _fields_ = [("dst", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
-
-
-def _zstd_decompressor():
-    try:
-        import zstandard  # type: ignore
-
-        return lambda b: zstandard.ZstdDecompressor().decompressobj().decompress(b)
-    except ImportError:
-        pass
-    try:
-        import pyzstd  # type: ignore
-
-        return pyzstd.decompress
-    except ImportError:
-        pass
-    name = ctypes.util.find_library("zstd") or "libzstd.so.1"
-    try:
-        lib = ctypes.CDLL(name)
-    except OSError:
-        return None
-    lib.ZSTD_createDStream.restype = ctypes.c_void_p
-    lib.ZSTD_freeDStream.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_decompressStream.restype = ctypes.c_size_t
-    lib.ZSTD_decompressStream.argtypes = [ctypes.c_void_p, ctypes.POINTER(_ZstdOut), ctypes.POINTER(_ZstdIn)]
-    lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_isError.restype = ctypes.c_uint
-
-    def decompress(b: bytes) -> bytes:
-        ds = lib.ZSTD_createDStream()
+# --------------------------------------------------------------------------- decompression
+def _inflate(raw: bytes, compr: int, cap: int) -> bytes:
+    """Decompress a SEAL body; at most ``cap`` bytes of output (HEError beyond)."""
+    if compr == COMPR_NONE:
+        out = bytes(raw)
+    elif compr == COMPR_ZLIB:
+        d = zlib.decompressobj()
         try:
-            src = ctypes.create_string_buffer(b, len(b))
-            inb = _ZstdIn(ctypes.cast(src, ctypes.c_void_p), len(b), 0)
-            chunks = []
-            cap = max(1 << 16, 4 * len(b))
-            while True:
-                dst = ctypes.create_string_buffer(cap)
-                outb = _ZstdOut(ctypes.cast(dst, ctypes.c_void_p), cap, 0)
-                r = lib.ZSTD_decompressStream(ds, ctypes.byref(outb), ctypes.byref(inb))
-                if lib.ZSTD_isError(r):
-                    raise HEError("corrupted zstd stream in SEAL object")
-                chunks.append(dst.raw[: outb.pos])
-                if r == 0 and inb.pos == inb.size:
-                    return b"".join(chunks)
-                if outb.pos == 0 and inb.pos == inb.size:
-                    raise HEError("truncated zstd stream in SEAL object")
-                cap *= 2
-        finally:
-            lib.ZSTD_freeDStream(ds)
-
-    return decompress
-
-
-_ZSTD = _zstd_decompressor()
-
-
-def _body(data: bytes) -> bytes:
-    h = parse_header(data)
-    raw = data[_HDR.size :]
-    if h["compr_mode"] == COMPR_NONE:
-        return raw
-    if h["compr_mode"] == COMPR_ZLIB:
-        try:
-            return zlib.decompress(raw)
+            out = d.decompress(raw, cap + 1)
         except zlib.error as e:
             raise HEError(f"corrupted zlib stream in SEAL object: {e}") from None
-    if _ZSTD is None:
-        raise HEError("SEAL object is zstd-compressed and no zstd decoder is available")
+        if not d.eof and len(out) <= cap:
+            raise HEError("truncated zlib stream in SEAL object")
+    else:
+        chunks, total = [], 0
+        try:
+            for chunk in zstandard.ZstdDecompressor().read_to_iter(io.BytesIO(raw), write_size=1 << 20):
+                total += len(chunk)
+                if total > cap:
+                    break
+                chunks.append(chunk)
+        except zstandard.ZstdError as e:
+            raise HEError(f"corrupted zstd stream in SEAL object: {e}") from None
+        out = b"".join(chunks)
+    if len(out) > cap:
+        raise HEError(f"SEAL object decompresses to more than the {cap} bytes expected")
+    return out
+
+
+def _body(data: bytes, cap: int = 1 << 34) -> bytes:
+    """The uncompressed body of a SEAL blob (trusted local blobs: a large default cap)."""
+    h = parse_header(data)
+    return _inflate(memoryview(data)[_HDR.size:], h["compr_mode"], cap)
+
+
+# --------------------------------------------------------------------------- layout checks
+class _Layout:
+    """A cursor over an uncompressed SEAL body that checks each field as it reads."""
+
+    def __init__(self, body: bytes, ctx: HEContext):
+        self.body = body
+        self.ctx = ctx
+        self.pos = 0
+
+    def take(self, n: int) -> int:
+        if n < 0 or self.pos + n > len(self.body):
+            raise HEError("SEAL object ends early")
+        start = self.pos
+        self.pos += n
+        return start
+
+    def u64(self) -> int:
+        return _U64.unpack_from(self.body, self.take(8))[0]
+
+    def nested_header(self) -> int:
+        """An uncompressed nested header; returns the size it announces for its body."""
+        magic, hsize, vmaj, vmin, compr, res, size = _HDR.unpack_from(self.body, self.take(_HDR.size))
+        if magic != SEAL_MAGIC or hsize != _HDR.size or compr != COMPR_NONE or res != 0 or (vmaj, vmin) < (3, 4):
+            raise HEError("bad nested header inside SEAL object")
+        if size < _HDR.size or self.pos + size - _HDR.size > len(self.body):
+            raise HEError("nested SEAL object overruns its parent")
+        return size - _HDR.size
+
+    def moduli(self, pid) -> np.ndarray:
+        try:
+            return np.array(self.ctx.moduli_of(pid), dtype=np.uint64)
+        except HEError:
+            raise HEError("SEAL object is for parameters this context does not know") from None
+
+    def coefficients(self, polys: int, moduli: np.ndarray) -> None:
+        """A DynArray of ``polys`` polynomials, every coefficient reduced mod its prime."""
+        body_len = self.nested_header()
+        count = self.u64()
+        n = self.ctx.n
+        if count != polys * len(moduli) * n or body_len != 8 + 8 * count:
+            raise HEError("coefficient count does not match the parameters")
+        arr = np.frombuffer(self.body, dtype="<u8", count=count, offset=self.take(8 * count))
+        if np.any(arr.reshape(polys, len(moduli), n) >= moduli[None, :, None]):
+            raise HEError("coefficient not reduced modulo its prime")
+
+    def ciphertext(self, *, parms_id=None, size=None) -> None:
+        """One Ciphertext body (full or seeded) at ``parms_id`` with ``size`` polynomials."""
+        *pid, ntt, ct_size, n, k, scale, correction = _CT_META.unpack_from(self.body, self.take(_CT_META.size))
+        moduli = self.moduli(pid)
+        if parms_id is not None and list(pid) != list(parms_id):
+            raise HEError("ciphertext is at the wrong parameters/level")
+        if ntt not in (0, 1) or n != self.ctx.n or k != len(moduli):
+            raise HEError("ciphertext metadata does not match the parameters")
+        if not 2 <= ct_size <= CIPHERTEXT_SIZE_MAX or (size is not None and ct_size != size):
+            raise HEError(f"ciphertext has size {ct_size}, expected {size or '2..16'}")
+        if not math.isfinite(scale) or correction == 0:
+            raise HEError("ciphertext scale / correction factor invalid")
+        count = _U64.unpack_from(self.body, self.pos + _HDR.size)[0] if self.pos + _HDR.size + 8 <= len(self.body) else -1
+        seeded = ct_size == 2 and count == k * n
+        self.coefficients(1 if seeded else ct_size, moduli)
+        if seeded:
+            if self.nested_header() != _PRNG_INFO_SIZE - _HDR.size:
+                raise HEError("bad PRNG seed record in seeded ciphertext")
+            if self.body[self.take(1)] not in _PRNG_TYPES:
+                raise HEError("unknown PRNG type in seeded ciphertext")
+            self.take(64)
+
+    def end(self) -> None:
+        if self.pos != len(self.body):
+            raise HEError(f"{len(self.body) - self.pos} unexpected trailing bytes in SEAL object")
+
+
+def _validated(data: bytes, ctx: HEContext, cap: int, walk) -> bytes:
+    """Header check, capped decompression, ``walk(layout)`` over the whole body, and the
+    uncompressed blob SEAL may load."""
+    body = _inflate(memoryview(data)[_HDR.size:], parse_header(data)["compr_mode"], cap)
+    lay = _Layout(body, ctx)
     try:
-        return _ZSTD(raw)
-    except HEError:
-        raise
-    except Exception as e:
-        raise HEError(f"corrupted zstd stream in SEAL object: {e}") from None
+        walk(lay)
+    except struct.error:
+        raise HEError("SEAL object ends early") from None
+    lay.end()
+    return _header(len(body)) + body
+
+
+def _ciphertext_cap(ctx: HEContext, size: int | None) -> int:
+    k = len(ctx.coeff_moduli) + 1  # the key level has one prime more than the first data level
+    return (size or CIPHERTEXT_SIZE_MAX) * k * ctx.n * 8 + 4 * _HDR.size + _CT_META.size + _PRNG_INFO_SIZE + 64
 
 
 def _parse_dynarray(body: bytes, off: int) -> tuple[np.ndarray, int]:
+    """A DynArray<u64> of a trusted (locally saved) body."""
     magic, hsize, _vmaj, _vmin, compr, _r, size = _HDR.unpack_from(body, off)
     if magic != SEAL_MAGIC or compr != COMPR_NONE:
         raise HEError("bad DynArray header inside SEAL object")
@@ -215,20 +298,18 @@ def ciphertext_to_bytes(ct) -> bytes:
 
 
 def ciphertext_from_bytes(
-    ctx: HEContext, data: bytes, *, n_primes: int | None = None, parms_id=None, size: int = 2
+    ctx: HEContext, data: bytes, *, n_primes: int | None = None, parms_id=None, size: int | None = 2,
+    allow_transparent: bool = False,
 ) -> seal.Ciphertext:
-    """Load and validate a ciphertext: SEAL validity + expected level / size / scale."""
-    parse_header(data)
-    ct = _load(seal.Ciphertext(), data, ctx.seal)
+    """Validate and load a peer's ciphertext: layout, expected level / size / scale,
+    not transparent unless ``allow_transparent`` (module docstring)."""
     if parms_id is None and n_primes is not None:
         parms_id = ctx.parms_id_at(n_primes)
-    if parms_id is not None and list(ct.parms_id()) != list(parms_id):
-        raise HEError(
-            f"ciphertext is at the wrong parameters/level: {ct.coeff_modulus_size()} primes, "
-            f"parms_id {list(ct.parms_id())[:1]}... != expected {list(parms_id)[:1]}..."
-        )
-    if size is not None and ct.size() != size:
-        raise HEError(f"ciphertext has size {ct.size()}, expected {size}")
+    blob = _validated(data, ctx, _ciphertext_cap(ctx, size),
+                      lambda lay: lay.ciphertext(parms_id=parms_id, size=size))
+    ct = _load_validated(seal.Ciphertext(), blob, ctx.seal)
+    if not allow_transparent and ct.is_transparent():
+        raise HEError("transparent ciphertext (its c1 is zero): refused")
     if ctx.params.scheme == "ckks":
         if not ct.is_ntt_form():
             raise HEError("CKKS ciphertext not in NTT form")
@@ -243,12 +324,34 @@ def plaintext_to_bytes(pt) -> bytes:
     return _save(pt)
 
 
-def plaintext_from_bytes(ctx: HEContext, data: bytes, *, parms_id=None) -> seal.Plaintext:
-    parse_header(data)
-    pt = _load(seal.Plaintext(), data, ctx.seal)
-    if parms_id is not None and list(pt.parms_id()) != list(parms_id):
+def _plaintext_layout(lay: _Layout, parms_id) -> None:
+    *pid, count, scale = _PT_META.unpack_from(lay.body, lay.take(_PT_META.size))
+    if parms_id is not None and list(pid) != list(parms_id):
         raise HEError("plaintext is at the wrong parameters/level")
-    return pt
+    if not math.isfinite(scale):
+        raise HEError("plaintext scale invalid")
+    if any(pid):  # NTT form at a level: k x N coefficients mod the level's primes
+        moduli = lay.moduli(pid)
+        if count != len(moduli) * lay.ctx.n:
+            raise HEError("plaintext coefficient count does not match the parameters")
+        lay.coefficients(1, moduli)
+        return
+    t = lay.ctx.params.plain_modulus
+    if t is None or count > lay.ctx.n:  # coefficient form exists for BFV/BGV only
+        raise HEError("plaintext coefficient count does not match the parameters")
+    body_len = lay.nested_header()
+    if lay.u64() != count or body_len != 8 + 8 * count:
+        raise HEError("plaintext coefficient count mismatch")
+    arr = np.frombuffer(lay.body, dtype="<u8", count=count, offset=lay.take(8 * count))
+    if np.any(arr >= np.uint64(t)):
+        raise HEError("plaintext coefficient not reduced modulo t")
+
+
+def plaintext_from_bytes(ctx: HEContext, data: bytes, *, parms_id=None) -> seal.Plaintext:
+    """Validate and load a plaintext (coefficient form mod t, or NTT form at a level)."""
+    cap = (len(ctx.coeff_moduli) + 1) * ctx.n * 8 + 2 * _HDR.size + _PT_META.size + 8
+    blob = _validated(data, ctx, cap, lambda lay: _plaintext_layout(lay, parms_id))
+    return _load_validated(seal.Plaintext(), blob, ctx.seal)
 
 
 # --------------------------------------------------------------------------- keys / params
@@ -258,9 +361,10 @@ def public_key_to_bytes(pk) -> bytes:
 
 
 def public_key_from_bytes(ctx: HEContext, data: bytes) -> seal.PublicKey:
-    """Load and validate (SEAL's checks) a peer's public key."""
-    parse_header(data)
-    return _load(seal.PublicKey(), data, ctx.seal)
+    """Validate and load a peer's public key (a size-2 ciphertext at the key level)."""
+    key_pid = list(ctx.seal.key_parms_id())
+    blob = _validated(data, ctx, _ciphertext_cap(ctx, 2), lambda lay: lay.ciphertext(parms_id=key_pid, size=2))
+    return _load_validated(seal.PublicKey(), blob, ctx.seal)
 
 
 def galois_keys_to_bytes(gk) -> bytes:
@@ -268,9 +372,38 @@ def galois_keys_to_bytes(gk) -> bytes:
     return _save(gk)
 
 
-def galois_keys_from_bytes(ctx: HEContext, data: bytes, *, required_steps=None) -> seal.GaloisKeys:
-    parse_header(data)
-    gk = _load(seal.GaloisKeys(), data, ctx.seal)
+def _galois_layout(lay: _Layout, max_keys: int) -> None:
+    key_pid = list(lay.ctx.seal.key_parms_id())
+    if list(_PARMS_ID.unpack_from(lay.body, lay.take(_PARMS_ID.size))) != key_pid:
+        raise HEError("Galois keys belong to other parameters")
+    dim1 = lay.u64()
+    if dim1 > lay.ctx.n:
+        raise HEError("Galois key table larger than the ring allows")
+    decomposition = len(lay.moduli(key_pid)) - 1
+    present = 0
+    for _ in range(dim1):
+        dim2 = lay.u64()
+        if dim2 == 0:
+            continue
+        present += 1
+        if dim2 != decomposition or present > max_keys:
+            raise HEError(f"Galois key table malformed or holding more than {max_keys} keys")
+        for _ in range(dim2):
+            lay.nested_header()
+            lay.ciphertext(parms_id=key_pid, size=2)
+
+
+def galois_keys_from_bytes(ctx: HEContext, data: bytes, *, required_steps=None,
+                           max_keys: int | None = None) -> seal.GaloisKeys:
+    """Validate and load a peer's Galois keys: at most ``max_keys`` keys (default: the
+    larger of DEFAULT_MAX_GALOIS_KEYS and the required steps' count), each checked
+    like a public key; then the required steps must all be there."""
+    if max_keys is None:
+        max_keys = max(DEFAULT_MAX_GALOIS_KEYS, len(set(required_steps or ())))
+    k = len(ctx.coeff_moduli) + 1
+    cap = ctx.n * 8 + 64 + max_keys * (k - 1) * (_ciphertext_cap(ctx, 2) + 2 * _HDR.size)
+    blob = _validated(data, ctx, cap, lambda lay: _galois_layout(lay, max_keys))
+    gk = _load_validated(seal.GaloisKeys(), blob, ctx.seal)
     if list(gk.parms_id()) != list(ctx.seal.key_parms_id()):
         raise HEError("Galois keys belong to other parameters")
     if required_steps is not None:
@@ -281,6 +414,8 @@ def galois_keys_from_bytes(ctx: HEContext, data: bytes, *, required_steps=None) 
 
 
 _PARAMS_MAGIC = b"CLHEP1"
+#: an EncryptionParameters body is a few hundred bytes
+_PARAMS_CAP = 1 << 12
 
 
 def params_to_bytes(p: HEParams) -> bytes:
@@ -290,7 +425,8 @@ def params_to_bytes(p: HEParams) -> bytes:
 
 
 def params_from_bytes(data: bytes) -> HEParams:
-    """Parse, security-check, and cross-check the SEAL blob against the named set."""
+    """Parse and security-check the named set; the SEAL blob must be exactly the one this
+    side builds from it (it is compared, never loaded)."""
     if data[:6] != _PARAMS_MAGIC or len(data) < 10:
         raise HEError("not a cipherlm HE parameter blob")
     (n,) = struct.unpack_from("<I", data, 6)
@@ -300,12 +436,8 @@ def params_from_bytes(data: bytes) -> HEParams:
         raise
     except Exception as e:
         raise HEError(f"bad HE parameter JSON: {e}") from None
-    blob = data[10 + n :]
-    parse_header(blob)
-    got = _load(seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS), blob)
-    if got.poly_modulus_degree() != p.poly_modulus_degree or [
-        m.value() for m in got.coeff_modulus()
-    ] != [m.value() for m in encryption_parameters(p).coeff_modulus()]:
+    got = _body(bytes(data[10 + n :]), cap=_PARAMS_CAP)
+    if got != _body(_save(encryption_parameters(p))):
         raise HEError("SEAL parameters do not match the named parameter set")
     return p
 
@@ -347,7 +479,7 @@ def numpy_to_ciphertext(
         raise HEError("coefficient not reduced modulo its prime")
     body = _CT_META.pack(*pid, int(is_ntt_form), size, n, k, float(scale), 1) + _dynarray_bytes(arr)
     data = _header(len(body)) + body
-    return ciphertext_from_bytes(ctx, data, parms_id=pid, size=size)
+    return ciphertext_from_bytes(ctx, data, parms_id=pid, size=size, allow_transparent=True)
 
 
 def plaintext_to_numpy(pt, ctx: HEContext | None = None) -> np.ndarray:
