@@ -10,15 +10,19 @@ cache stay on the client, in the clear, never sent.
 
 The small parameters the client needs (embedding table, norm weights,
 position embeddings, tokenizer) come from the server once per model as a
-*client bundle*, cached under the user cache directory by its digest.
+*client bundle*, cached under the user cache directory by its digest
+(`cipherlm.runtime.bundle`).  The client checks what the server sends before
+it uses it: the welcome's types (`plan_check.check_offload_welcome`), the HE
+parameters at 128-bit security (`offload_engine.ClientEngine`), and the
+bundle's sha256 against the welcome's digest, on download (a mismatch is a
+`ProtocolError` and nothing is cached) and again when it is read from the
+cache (a tampered entry is not used: the bundle is downloaded again).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -26,41 +30,11 @@ import numpy as np
 from cipherlm.net.channel import TCPChannel
 from cipherlm.progress import Progress
 from cipherlm.runtime import offload_engine
+from cipherlm.runtime.bundle import check_bundle, load_bundle, store_bundle
 from cipherlm.runtime.linear_groups import LinearGroup
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, ProtocolError, expect
+from cipherlm.runtime.plan_check import check_offload_welcome
 from cipherlm.runtime.session_server import SessionClient
-
-
-def _bundle_dir(digest: str) -> Path:
-    from cipherlm.models.cache import cache_dir
-
-    if not all(c in "0123456789abcdef" for c in digest) or len(digest) != 64:
-        raise ProtocolError("server sent a malformed bundle digest")
-    return cache_dir() / "bundles" / digest
-
-
-def _load_cached_bundle(digest: str):
-    from safetensors.numpy import load_file
-    from tokenizers import Tokenizer
-
-    d = _bundle_dir(digest)
-    if not (d / "tensors.safetensors").exists():
-        return None
-    tensors = load_file(str(d / "tensors.safetensors"))
-    tok = Tokenizer.from_file(str(d / "tokenizer.json")) if (d / "tokenizer.json").exists() else None
-    return tensors, tok
-
-
-def _store_bundle(digest: str, tensors: dict, tokenizer_json: str | None) -> None:
-    from safetensors.numpy import save_file
-
-    d = _bundle_dir(digest)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f"tensors.{os.getpid()}.tmp"
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp))
-    if tokenizer_json is not None:
-        (d / "tokenizer.json").write_text(tokenizer_json)
-    tmp.replace(d / "tensors.safetensors")
 
 
 class OffloadClient(SessionClient):
@@ -70,19 +44,29 @@ class OffloadClient(SessionClient):
         self.t_start = time.perf_counter()
         self.chan = TCPChannel.connect(host, port, timeout=timeout)
         self.seconds = defaultdict(float)  # client compute per operator class
+        try:
+            self._setup(model, progress)
+        except BaseException:
+            self.chan.close()
+            raise
+        self.setup_seconds = time.perf_counter() - self.t_start
+        self.backend = RemoteLinear(self)
+
+    def _setup(self, model: str | None, progress) -> None:
         with self.chan.step("setup"):
             self.chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "model": model})
-            welcome = expect(self.chan.recv(), "welcome")
+            welcome = check_offload_welcome(expect(self.chan.recv(), "welcome"), PROTOCOL_VERSION)
         self.model = welcome["model"]
         self.config = welcome["config"]
         self.labels = welcome.get("labels")
         self.groups = [
-            LinearGroup(i, tuple(g["names"]), int(g["d_in"]), tuple(int(d) for d in g["d_outs"]))
+            LinearGroup(i, tuple(g["names"]), g["d_in"], tuple(g["d_outs"]))
             for i, g in enumerate(welcome["groups"])
         ]
         self._group_of = {g.names: g for g in self.groups}
+        digest = welcome["bundle_digest"]
         self.bundle_from_cache = True
-        cached = _load_cached_bundle(welcome["bundle_digest"])
+        cached = load_bundle(digest)  # hashed again: a tampered cache entry is a miss
         if cached is None:
             self.bundle_from_cache = False
             if progress:
@@ -90,9 +74,18 @@ class OffloadClient(SessionClient):
             with self.chan.step("setup"):
                 self.chan.send({"type": "get_bundle"})
                 bundle = expect(self.chan.recv(), "bundle")
-            _store_bundle(welcome["bundle_digest"], bundle["tensors"], bundle.get("tokenizer"))
-            cached = _load_cached_bundle(welcome["bundle_digest"])
-        self.client_params, self.tokenizer = cached
+            cached = check_bundle(bundle.get("tensors"), bundle.get("tokenizer"))
+            store_bundle(digest, *cached)  # sha256 checked against the digest first; mismatch: nothing cached
+        tensors, tokenizer_json = cached
+        self.client_params = dict(tensors)
+        self.tokenizer = None
+        if tokenizer_json is not None:
+            from tokenizers import Tokenizer
+
+            try:
+                self.tokenizer = Tokenizer.from_str(tokenizer_json)
+            except Exception as exc:
+                raise ProtocolError(f"the bundle's tokenizer does not load: {type(exc).__name__}") from None
         t0 = time.perf_counter()
         self.engine = offload_engine.ClientEngine(welcome, self.groups)
         keys_blob = self.engine.galois_keys_blob()
@@ -100,8 +93,6 @@ class OffloadClient(SessionClient):
         with self.chan.step("setup"):
             self.chan.send({"type": "keys", "galois_keys": keys_blob})
             expect(self.chan.recv(), "ready")
-        self.setup_seconds = time.perf_counter() - self.t_start
-        self.backend = RemoteLinear(self)
 
     def executor(self, profiler=None):
         from cipherlm.runtime.plain import make_executor

@@ -12,7 +12,6 @@ ever sees ciphertexts.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 import time
@@ -51,6 +50,7 @@ class ModelHost:
 
     def __init__(self, model_name: str, progress=None, workers: int = 1):
         from cipherlm.models import load_model
+        from cipherlm.runtime.bundle import bundle_digest
         from cipherlm.runtime.plain import split_params
 
         t0 = time.perf_counter()
@@ -72,12 +72,7 @@ class ModelHost:
             "tensors": {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in client_params.items()},
             "tokenizer": lm.tokenizer.to_str() if lm.tokenizer is not None else None,
         }
-        digest = hashlib.sha256()
-        for k in sorted(self.bundle["tensors"]):
-            digest.update(k.encode())
-            digest.update(self.bundle["tensors"][k].tobytes())
-        digest.update((self.bundle["tokenizer"] or "").encode())
-        self.bundle_digest = digest.hexdigest()
+        self.bundle_digest = bundle_digest(self.bundle["tensors"], self.bundle["tokenizer"])
         self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers)
         self.startup_seconds = time.perf_counter() - t0
 

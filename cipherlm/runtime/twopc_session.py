@@ -46,6 +46,7 @@ from cipherlm.mpc.context import Context, MPCError
 from cipherlm.net.channel import TCPChannel
 from cipherlm.runtime import twopc
 from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
+from cipherlm.runtime.plan_check import check_twopc_welcome
 from cipherlm.runtime.session_server import MessageSession, SessionClient, SessionServer
 
 log = logging.getLogger("cipherlm.serve2pc")
@@ -235,6 +236,7 @@ class TwoPCClient(SessionClient):
             raise ProtocolError(f"server speaks protocol {w.get('protocol')!r}, this client {PROTOCOL_VERSION}")
         if w.get("mode") != "2pc":
             raise ProtocolError(f"the server at this address is not a 2pc server (mode {w.get('mode')!r})")
+        check_twopc_welcome(w)  # strict types; the plan allow-listed (no `insecure` MoE, known embeddings)
         cfg = w.get("config")
         if not isinstance(cfg, dict) or config_digest(cfg) != w.get("config_digest"):
             raise ProtocolError("the model config does not match its digest")
