@@ -40,6 +40,27 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
 
 
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    """The servers' resource limits (cipherlm.runtime.session_server.ServerLimits; docs/reliability.md).
+    Every default is None: the mode's own default applies."""
+    p.add_argument("--max-sessions", type=int, default=None,
+                   help="sessions open at once; beyond it a client gets 'server busy' (default: offload 16, 2pc 8)")
+    p.add_argument("--max-sessions-per-address", type=int, default=None,
+                   help="sessions open at once from one client IP address (default 4)")
+    p.add_argument("--session-lifetime", type=float, default=None,
+                   help="seconds a session may last in all, however active (default: offload 28800, 2pc 86400)")
+    p.add_argument("--hello-timeout", type=float, default=None,
+                   help="seconds a new connection has to send its hello (default 30)")
+    p.add_argument("--pre-hello-max-frame", type=int, default=None,
+                   help="largest frame in bytes accepted before the hello (default 65536)")
+    p.add_argument("--max-frame", type=int, default=None,
+                   help="largest frame in bytes accepted after the hello (default 1 GiB)")
+    p.add_argument("--max-cts-per-request", type=int, default=None,
+                   help="offload: ciphertexts (token rows) in one linear request (default 512)")
+    p.add_argument("--max-work-per-session", type=int, default=None,
+                   help="offload: ciphertexts one session may have evaluated in all (default 1048576)")
+
+
 def _server_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -77,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=DEFAULT_DECODER)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7070, help="0 picks a free port (printed on stdout)")
-    s.add_argument("--timeout", type=float, default=300.0, help="seconds a session may stay silent")
+    s.add_argument("--timeout", type=float, default=None,
+                   help="seconds a session may stay silent (default: offload 300, 2pc 600)")
+    _add_limit_args(s)
     s.add_argument("--workers", type=int, default=1,
                    help="HE worker processes (SEAL holds the GIL; use the machine's physical cores)")
     s.add_argument("--embedding", default="auto",

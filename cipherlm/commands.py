@@ -394,17 +394,36 @@ def cmd_classify(args) -> int:
     return 0
 
 
+SERVE_LIMIT_FLAGS = ("max_sessions", "max_sessions_per_address", "session_lifetime", "hello_timeout",
+                     "pre_hello_max_frame", "max_frame", "max_cts_per_request", "max_work_per_session")
+
+
+def serve_limits(args, defaults):
+    """The mode's default `ServerLimits` with the limit flags the user gave (None: not given)."""
+    try:
+        return defaults.merged(**{k: getattr(args, k, None) for k in SERVE_LIMIT_FLAGS})
+    except ValueError as exc:
+        raise UserError(f"bad server limit: {exc}") from exc
+
+
 def cmd_serve(args) -> int:
+    timeout = getattr(args, "timeout", None)  # None: the mode's own default idle timeout
+    if timeout is not None and timeout <= 0:
+        raise UserError("--timeout must be a positive number of seconds")
     if args.mode == "2pc":
-        from cipherlm.runtime.twopc_session import run_server as run_2pc
+        from cipherlm.runtime import twopc_session
 
-        run_2pc(args.model, args.host, args.port, args.timeout, embedding=getattr(args, "embedding", "auto"),
-                moe_capacity=getattr(args, "moe_capacity", 2.0),
-                linear_packing=getattr(args, "linear_packing", "coeff"), network=getattr(args, "packing_network", "LAN"))
+        limits = serve_limits(args, twopc_session.DEFAULT_LIMITS)
+        twopc_session.run_server(args.model, args.host, args.port, timeout,
+                                 embedding=getattr(args, "embedding", "auto"),
+                                 moe_capacity=getattr(args, "moe_capacity", 2.0),
+                                 linear_packing=getattr(args, "linear_packing", "coeff"),
+                                 network=getattr(args, "packing_network", "LAN"), limits=limits)
         return 0
-    from cipherlm.runtime.offload_server import run_server
+    from cipherlm.runtime import offload_server
 
-    run_server(args.model, args.host, args.port, args.timeout, workers=args.workers)
+    limits = serve_limits(args, offload_server.DEFAULT_LIMITS)
+    offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers, limits=limits)
     return 0
 
 

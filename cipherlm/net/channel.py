@@ -31,6 +31,21 @@ Every receive has a deadline (the channel's `timeout`, default 120 s, or the
 bytes.  If a timeout or a `FrameError` leaves a frame half-read or half-written,
 the stream is no longer in sync and the channel is closed; a timeout while
 waiting for the first byte of a frame leaves the channel usable.
+
+An absolute ``channel.deadline`` (a `time.monotonic()` value, default None)
+caps every wait on top of the per-frame timeout: a server sets it to the end
+of a session's lifetime, so that a peer trickling frames just under the idle
+timeout cannot hold the session open past it.
+
+Peer liveness
+-------------
+`SocketChannel.peer_gone()` tells, without blocking and without consuming
+data, whether the peer has closed or reset the connection (EOF or an error
+pending, even behind unread data where the OS reports it: POLLRDHUP on
+Linux).  A server checks it between units of long work so that it stops
+computing for a client that has left.  A peer that half-closes (shuts down
+its sending side and waits for the answer) counts as gone; no client of this
+package does that.
 """
 
 from __future__ import annotations
@@ -61,6 +76,7 @@ STAT_KEYS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received
 _INITIAL_BUF = 1 << 20  # receive buffers start at 1 MiB and grow as data arrives
 _COALESCE = 1 << 16  # payloads up to this size are sent in one write with their header
 DEFAULT_CONNECT_TIMEOUT = 10.0  # default window for retrying refused connections
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut its sending side (seen behind unread data)
 
 
 def _new_counter() -> dict[str, int]:
@@ -85,6 +101,8 @@ class Channel:
         self._steps: list[str] = []
         self._stats: dict[str, dict[str, int]] = {}
         self._last_dir: str | None = None  # "send" | "recv"
+        # absolute time.monotonic() after which no send or receive waits (None: no cap)
+        self.deadline: float | None = None
 
     # ------------------------------------------------------------ public API
 
@@ -117,6 +135,10 @@ class Channel:
 
     @property
     def closed(self) -> bool:
+        return self._closed
+
+    def peer_gone(self) -> bool:
+        """Whether the peer is known to have left (transports that can tell override this)."""
         return self._closed
 
     def __enter__(self) -> "Channel":
@@ -191,7 +213,11 @@ class Channel:
 
     def _deadline(self, timeout: float | None) -> float | None:
         t = self.timeout if timeout is None else timeout
-        return None if t is None else time.monotonic() + t
+        d = None if t is None else time.monotonic() + t
+        cap = self.deadline
+        if cap is not None:
+            d = cap if d is None else min(d, cap)
+        return d
 
     def _send_frame(self, kind: int, parts: list) -> int:
         label = self.current_step
@@ -306,6 +332,31 @@ class SocketChannel(Channel):
             self._rpoll.register(self._fd, select.POLLIN | select.POLLPRI)
             self._wpoll = select.poll()
             self._wpoll.register(self._fd, select.POLLOUT)
+
+    def peer_gone(self) -> bool:
+        """True when the peer has closed or reset the connection (or this channel is
+        closed); never blocks and consumes nothing, so it may be called between units
+        of work while a request is being served."""
+        if self._closed:
+            return True
+        if self._has_poll:
+            p = select.poll()
+            p.register(self._fd, select.POLLIN | _POLLRDHUP)
+            try:
+                ready = p.poll(0)
+            except OSError:
+                return True
+            events = ready[0][1] if ready else 0
+            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL | _POLLRDHUP):
+                return True
+            if not events & select.POLLIN:
+                return False
+        try:  # readable: data (the peer is still there, as far as this end can tell) or EOF
+            return self.sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def _wait(self, write: bool, deadline: float | None) -> None:
         if self._closed:

@@ -14,6 +14,10 @@ The header is validated (magic, version, kind, reserved bits, and length <=
 the receiver's maximum frame size) *before* any payload buffer is allocated, and
 the payload buffer then grows only as bytes actually arrive, so a hostile or
 broken peer cannot make the receiver allocate memory it did not send.
+The maximum is per channel (``Channel.max_frame``, default `DEFAULT_MAX_FRAME`)
+and may change during a session: the servers accept only small frames
+(``ServerLimits.pre_hello_max_frame``, 64 KiB) until the hello has been
+checked, so an unauthenticated peer cannot even announce a large frame.
 
 Errors are specific (all derive from `ChannelError`):
 

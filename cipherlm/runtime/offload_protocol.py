@@ -10,22 +10,32 @@ step       client -> server                             server -> client
 =========  ===========================================  ======================================
 hello      ``{type: hello, protocol, mode, model}``     ``{type: welcome, model, config, groups,
                                                          he_params, plans, rotation_steps,
-                                                         bundle_digest}``
-bundle     ``{type: get_bundle}`` (only if not cached)  ``{type: bundle, tensors, tokenizer}``
+                                                         bundle_digest, limits}``
+bundle     ``{type: get_bundle}`` (only if not cached;  ``{type: bundle, tensors, tokenizer}``
+           at most once per session)
 keys       ``{type: keys, galois_keys}``                ``{type: ready}``
 linear     ``{type: linear, group, cts: [bytes]}``      ``{type: result, cts: [bytes]}``
-stats      ``{type: stats}``                            ``{type: stats, seconds, he_ops}``
+stats      ``{type: stats}``                            ``{type: stats, seconds, he_ops, work}``
 bye        ``{type: bye}``                              (connection closed)
 =========  ===========================================  ======================================
 
+The hello is strict: ``protocol`` an int equal to `PROTOCOL_VERSION`,
+``mode`` the str ``"offload"``, ``model`` None or a str.  The welcome's
+``limits`` (``max_cts_per_request``, ``max_work_per_session``,
+``session_lifetime``) are the server's work limits for this session
+(`cipherlm.runtime.session_server.ServerLimits`); ``work`` in the stats is
+``{cts: evaluated so far, budget}``.
+
 Any request the server cannot serve is answered ``{type: error, message}``
-and ends that session only; the server goes on serving others.
+and ends that session only; the server goes on serving others.  A connection
+beyond the server's session limits gets ``{type: error, message: "server
+busy: ..."}`` at once and is closed.
 """
 
 from __future__ import annotations
 
 PROTOCOL_VERSION = 1
-MAX_TOKENS_PER_REQUEST = 4096
+MAX_TOKENS_PER_REQUEST = 4096  # the protocol's ceiling; a server's own cap (ServerLimits.max_cts_per_request) is lower
 
 
 class ProtocolError(RuntimeError):

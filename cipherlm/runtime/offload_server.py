@@ -8,6 +8,14 @@ Each client connection is a session in its own thread; an error in one
 session (malformed message, wrong ciphertext, disconnect, stall) ends that
 session only.  The server never logs activations, prompts or keys: it only
 ever sees ciphertexts.
+
+Work limits (`ServerLimits`, docs/reliability.md): a ``linear`` request
+carries at most ``max_cts_per_request`` ciphertexts and a session has
+``max_work_per_session`` ciphertexts to spend in all; both are checked before
+any work starts.  Between ciphertexts the session checks that the client is
+still connected (and the session lifetime), so a client that leaves stops the
+work within one ciphertext.  The client bundle is sent at most once per
+session.
 """
 
 from __future__ import annotations
@@ -23,9 +31,12 @@ from cipherlm.he import HEError
 from cipherlm.runtime import offload_engine
 from cipherlm.runtime.linear_groups import LinearGroup, RecordingLinear, groups_from_calls
 from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, PROTOCOL_VERSION, ProtocolError
-from cipherlm.runtime.session_server import MessageSession, SessionServer
+from cipherlm.runtime.session_server import LimitExceeded, MessageSession, ServerLimits, SessionServer
 
 log = logging.getLogger("cipherlm.serve")
+
+DEFAULT_TIMEOUT = 300.0  # seconds a session may stay silent (the per-frame idle timeout)
+DEFAULT_LIMITS = ServerLimits()
 
 
 def discover_groups(config: dict, client_params: dict, server_linears: dict) -> list[LinearGroup]:
@@ -94,9 +105,14 @@ class OffloadServer(SessionServer):
 
     expected_errors = SessionServer.expected_errors + (HEError,)
     thread_name = "offload-session"
+    default_limits = DEFAULT_LIMITS
 
-    def __init__(self, host: ModelHost, address: str = "127.0.0.1", port: int = 0, session_timeout: float = 300.0):
-        super().__init__(host, address, port, session_timeout, log=log)
+    def __init__(self, host: ModelHost, address: str = "127.0.0.1", port: int = 0,
+                 session_timeout: float | None = None, limits: ServerLimits | None = None):
+        """`session_timeout`: the idle timeout per frame (None: `DEFAULT_TIMEOUT`);
+        `limits`: None for `DEFAULT_LIMITS`."""
+        super().__init__(host, address, port, DEFAULT_TIMEOUT if session_timeout is None else session_timeout,
+                         log=log, limits=limits)
 
     def new_session(self, chan) -> "Session":
         return Session(self.host, chan)
@@ -113,13 +129,25 @@ class Session(MessageSession):
         self.chan = chan
         self.keys = None
         self.seconds = defaultdict(float)
+        self.work_done = 0  # ciphertexts evaluated in this session (against max_work_per_session)
+        self.bundle_sent = False
 
     def close(self) -> None:
         """Drop this session's key material."""
         if self.keys is not None:
             self.host.engine.release(self.keys)
 
+    def welcome(self) -> dict:
+        lim = self.limits
+        return {**self.host.welcome(),
+                "limits": {"max_cts_per_request": lim.max_cts_per_request,
+                           "max_work_per_session": lim.max_work_per_session,
+                           "session_lifetime": lim.session_lifetime}}
+
     def _get_bundle(self, msg: dict) -> None:
+        if self.bundle_sent:
+            raise LimitExceeded("the client bundle is sent once per session")
+        self.bundle_sent = True
         with self.chan.step("setup"):
             self.chan.send(self.host.bundle)
 
@@ -139,29 +167,47 @@ class Session(MessageSession):
         if not isinstance(gid, int) or not 0 <= gid < len(self.host.groups):
             raise ProtocolError(f"unknown linear group {gid!r}")
         cts = msg.get("cts")
-        if not isinstance(cts, list) or not cts or len(cts) > MAX_TOKENS_PER_REQUEST:
+        if not isinstance(cts, list) or not cts:
             raise ProtocolError("cts must be a non-empty list of ciphertext blobs")
+        n = len(cts)
+        cap = min(self.limits.max_cts_per_request, MAX_TOKENS_PER_REQUEST)
+        if n > cap:
+            raise LimitExceeded(f"{n} ciphertexts in one request: this server takes at most {cap}")
+        budget = self.limits.max_work_per_session
+        if self.work_done + n > budget:
+            raise LimitExceeded(f"this request would go past the session's work budget of {budget} ciphertexts "
+                                f"({self.work_done} evaluated, {n} more asked)")
         group = self.host.groups[gid]
         t0 = time.perf_counter()
-        out = [self.host.engine.apply(gid, ct, self.keys) for ct in cts]
-        self.seconds[group.op_class] += time.perf_counter() - t0
+        out = []
+        try:
+            for i, ct in enumerate(cts):
+                self.check_alive(f"{i} of {n} ciphertexts evaluated")
+                out.append(self.host.engine.apply(gid, ct, self.keys))
+                self.work_done += 1
+        finally:
+            self.seconds[group.op_class] += time.perf_counter() - t0
         with self.chan.step(group.op_class):
             self.chan.send({"type": "result", "cts": out})
 
     def _stats(self, msg: dict) -> None:
-        self.chan.send({"type": "stats", "seconds": dict(self.seconds), "he_ops": self.keys.he_ops() if self.keys else {}})
+        self.chan.send({"type": "stats", "seconds": dict(self.seconds),
+                        "he_ops": self.keys.he_ops() if self.keys else {},
+                        "work": {"cts": self.work_done, "budget": self.limits.max_work_per_session}})
 
     handlers = {"get_bundle": _get_bundle, "keys": _keys, "linear": _linear, "stats": _stats}
 
 
-def run_server(model: str, host: str, port: int, timeout: float, workers: int = 1) -> None:
-    """Entry point of ``cipherlm serve --mode offload``."""
+def run_server(model: str, host: str, port: int, timeout: float | None = None, workers: int = 1,
+               limits: ServerLimits | None = None) -> None:
+    """Entry point of ``cipherlm serve --mode offload`` (`timeout` None: `DEFAULT_TIMEOUT`;
+    `limits` None: `DEFAULT_LIMITS`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from cipherlm.progress import Progress
 
     with Progress("encoding weights as CKKS plaintexts", stream=sys.stderr) as bar:
         model_host = ModelHost(model, progress=bar.update, workers=workers)
-    server = OffloadServer(model_host, host, port, session_timeout=timeout)
+    server = OffloadServer(model_host, host, port, session_timeout=timeout, limits=limits)
     h, p = server.address
     log.info("model %s ready in %.1f s", model_host.name, model_host.startup_seconds)
     print(f"LISTENING {h}:{p}", flush=True)

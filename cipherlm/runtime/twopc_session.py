@@ -29,7 +29,11 @@ Faults: every receive has the session timeout; frames are size-checked and
 decoded without pickle (`cipherlm.net.message`); a malformed or unexpected
 message, a bad request, a peer that crashes or stalls ends that session only
 (``{type: error}`` is sent when the channel still works) and the server goes
-on serving others.  Each session runs in its own thread.
+on serving others.  Each session runs in its own thread.  The server's
+limits (sessions at once, in all and per address, with a "server busy"
+error beyond them; a small frame cap before the hello; an absolute session
+lifetime) are `cipherlm.runtime.session_server.ServerLimits`, with this
+mode's defaults in `DEFAULT_LIMITS` (docs/reliability.md "Server limits").
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ from cipherlm.net.channel import TCPChannel
 from cipherlm.runtime import twopc
 from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
 from cipherlm.runtime.plan_check import check_twopc_welcome
-from cipherlm.runtime.session_server import MessageSession, SessionClient, SessionServer
+from cipherlm.runtime.session_server import MessageSession, ServerLimits, SessionClient, SessionServer
 
 log = logging.getLogger("cipherlm.serve2pc")
 
 PROTOCOL_VERSION = 1
 MAX_NEW_TOKENS = 512
-DEFAULT_TIMEOUT = 600.0
+DEFAULT_TIMEOUT = 600.0  # seconds a session may stay silent (server and client)
+# a 2PC session is long (a MiniLM sentence ~2 min, a SmolLM2 pass 10-20 min) and heavy
+DEFAULT_LIMITS = ServerLimits(max_sessions=8, max_sessions_per_address=4, session_lifetime=24 * 3600.0)
 
 
 def config_digest(config: dict) -> str:
@@ -174,10 +180,14 @@ class TwoPCServer(SessionServer):
 
     expected_errors = SessionServer.expected_errors + (MPCError,)
     thread_name = "2pc-session"
+    default_limits = DEFAULT_LIMITS
 
     def __init__(self, host: TwoPCHost, address: str = "127.0.0.1", port: int = 0,
-                 session_timeout: float = DEFAULT_TIMEOUT):
-        super().__init__(host, address, port, session_timeout, log=log)
+                 session_timeout: float | None = None, limits: ServerLimits | None = None):
+        """`session_timeout`: the idle timeout per frame (None: `DEFAULT_TIMEOUT`);
+        `limits`: None for `DEFAULT_LIMITS`."""
+        super().__init__(host, address, port, DEFAULT_TIMEOUT if session_timeout is None else session_timeout,
+                         log=log, limits=limits)
 
     def new_session(self, chan) -> ServerSession:
         return ServerSession(self.host, chan)
@@ -293,14 +303,15 @@ class TwoPCClient(SessionClient):
 
 
 
-def run_server(model: str, host: str, port: int, timeout: float = DEFAULT_TIMEOUT, embedding: str = "auto",
+def run_server(model: str, host: str, port: int, timeout: float | None = None, embedding: str = "auto",
                moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-               network: str = "LAN") -> None:
-    """Entry point of ``cipherlm serve --mode 2pc``."""
+               network: str = "LAN", limits: ServerLimits | None = None) -> None:
+    """Entry point of ``cipherlm serve --mode 2pc`` (`timeout` None: `DEFAULT_TIMEOUT`;
+    `limits` None: `DEFAULT_LIMITS`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     model_host = TwoPCHost(model, embedding=embedding, moe_capacity=moe_capacity, linear_packing=linear_packing,
                            network=network)
-    server = TwoPCServer(model_host, host, port, session_timeout=timeout)
+    server = TwoPCServer(model_host, host, port, session_timeout=timeout, limits=limits)
     h, p = server.address
     log.info("model %s ready in %.1f s (2pc, embedding %s)", model_host.name, model_host.startup_seconds,
              model_host.plan["embedding"])
@@ -314,7 +325,7 @@ def run_server(model: str, host: str, port: int, timeout: float = DEFAULT_TIMEOU
 
 
 __all__ = ["TwoPCHost", "TwoPCServer", "TwoPCClient", "ServerSession", "run_server", "config_digest",
-           "PROTOCOL_VERSION"]
+           "PROTOCOL_VERSION", "DEFAULT_TIMEOUT", "DEFAULT_LIMITS"]
 
 
 # ----------------------------------------------------------------------------- reports
