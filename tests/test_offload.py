@@ -170,7 +170,7 @@ def test_client_disconnect_mid_request(server):
 
 def test_stalled_client_times_out_and_server_keeps_serving(server):
     chan = TCPChannel.connect(*server.address, timeout=10)
-    chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "model": None})
+    chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "model": None})
     chan.recv()
     time.sleep(server.session_timeout + 1.0)  # say nothing: the server drops us
     reply = chan.recv(timeout=5)
