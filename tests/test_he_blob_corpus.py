@@ -109,18 +109,6 @@ def test_every_corpus_blob_is_rejected_with_heerror(scheme):
 # --------------------------------------------------------------------------- live servers
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
-    return str(path)
-
-
 def _server(model_dir: str, mode: str):
     proc, addr = start_server_process(model_dir, timeout=300, mode=mode)
     return proc, addr

@@ -106,21 +106,6 @@ def twopc_session():
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
-    return str(path)
-
-
 def _env(tmp_path, tiny_llama_dir) -> dict:
     tmp = tmp_path / "tmp"
     tmp.mkdir()

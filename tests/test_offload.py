@@ -20,19 +20,6 @@ from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E4
 
 
 @pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory, monkeypatch_module):
     monkeypatch_module.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
     host = ModelHost(str(tiny_llama_dir))

@@ -31,17 +31,10 @@ HELLO = {"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "mode
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory):
+def host(tmp_path_factory, tiny_llama_dir):
     mp = pytest.MonkeyPatch()
     mp.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
-    h = ModelHost(str(path))
+    h = ModelHost(tiny_llama_dir)
     yield h
     h.engine.close()
     mp.undo()
