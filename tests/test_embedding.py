@@ -100,6 +100,28 @@ def test_fastquery_with_40_bit_flooding_correct():
     assert np.array_equal(val, E.quantized_rows(table[ids], st))
 
 
+@pytest.mark.parametrize("method", ["exact", "cheetah"])
+def test_default_session_flooding_correct_and_counted(method):
+    """The default flooding is the 2pc mode's per-session width (he_session.FLOOD_SIGMA,
+    N = 8192, flooding wider than 2^93 drawn in limbs) and the server counts what it floods."""
+    from cipherlm.protocols.he_session import FLOOD_SIGMA, flood_counter
+
+    table = _table(300, 7)
+    ids = np.array([299, 0, 17])
+
+    def f(ctx):
+        st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=300, dim=7, method=method)
+        out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
+        return out.data, st, flood_counter(ctx).count
+
+    (a, st0, n0), (b, st1, n1) = run_inprocess(f, timeout=600)
+    assert st1.plan.flood_bits == FLOOD_SIGMA and st1.plan.n == 8192
+    assert st1.plan.flood >= 2 ** FLOOD_SIGMA * st1.plan.bound_out
+    val = (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac
+    assert np.array_equal(val, E.quantized_rows(table[ids], st1))
+    assert n0 == 0 and n1 > 0
+
+
 def test_block_ot_sends_one_query_ciphertext_per_token():
     """+blockot: one query ciphertext per token (not ceil(V / N)), the block chosen by
     OT; every id (each of the 3 blocks, the partly filled last one included) exact."""

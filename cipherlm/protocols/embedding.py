@@ -18,6 +18,12 @@ The client (party 0) holds token ids, the server (party 1) holds the table
    primes, subtracts a uniform mask S (mod t) and floods the sent c0
    coefficients with uniform noise in [-F, F], F = 2^lambda * B' (B' the
    documented bound on the table-dependent noise, `embedding_he.plan_params`);
+   lambda defaults to the 2pc mode's `he_session.FLOOD_SIGMA` = 77: one
+   coefficient's statistical distance is <= E|e| / (2F + 1) <= 2^-(lambda + 1)
+   (B' >= E|e|, so its tail probability does not enter), and the server counts
+   the flooded coefficients against the session's 2^37 (`he_session.flood_counter`),
+   so the lookups and the linear layers together stay within 2^-40 per session;
+   77 bits need N = 8192 (docs/embedding.md);
 5. the client decrypts u = W - S mod t: (u, S) are additive shares of the
    packed value W;
 6. bit-width extension (section 4.2 "Bit-width alignment", SiRNN): each field
@@ -51,6 +57,7 @@ import secrets
 import numpy as np
 
 from . import embedding_he as H
+from .he_session import FLOOD_SIGMA, flood_counter
 from ..mpc.context import MPCError
 from ..mpc.shares import AShare
 
@@ -328,13 +335,16 @@ def _plan(method: Method, layout: Layout, vocab: int, n: int, flood_bits: int, n
         return size, p
 
     ni, no = partition(vocab, n_cols, n, method.packlwe, for_shape)
-    _size, plan = for_shape(ni, no)
-    return Shape(vocab, n_cols, ni, no), plan
+    found = for_shape(ni, no)
+    if found is None:
+        raise ValueError(f"no parameters at N = {n} for {method.name} with {flood_bits}-bit flooding")
+    return Shape(vocab, n_cols, ni, no), found[1]
 
 
 def _plan_any_n(method: Method, layout: Layout, vocab: int, n: int | None, flood_bits: int):
-    """N = 4096 (the paper's) when feasible, else 8192 (Cheetah's t = 2^37 with 40-bit
-    flooding needs more than the 109 bits N = 4096 allows).
+    """N = 4096 (the paper's) when feasible, else 8192, else 16384 (Cheetah's t = 2^37
+    with 40-bit flooding needs more than the 109 bits N = 4096 allows; so does every
+    method with the 2pc mode's FLOOD_SIGMA = 77-bit flooding: N = 8192, docs/embedding.md).
 
     ``block_ot`` rows plan the reshaped table (`_block_table`): N rows (the position
     inside a block) by B = ceil(V / N) blocks x the packed columns."""
@@ -346,10 +356,12 @@ def _plan_any_n(method: Method, layout: Layout, vocab: int, n: int | None, flood
 
     if n is not None:
         return one(n)
-    try:
-        return one(4096)
-    except ValueError:
-        return one(8192)
+    for cand in (4096, 8192):
+        try:
+            return one(cand)
+        except ValueError:
+            pass
+    return one(16384)
 
 
 def _block_table(W: np.ndarray, n: int) -> np.ndarray:
@@ -387,6 +399,7 @@ class EmbeddingSetup:
     pk: tuple | None = None  # (pk0, pk1) residues (k, N)
     hectx: object = None
     galois: object = None
+    flood_counter: object = None  # the session's flooded-coefficient counter (`he_session.flood_counter`)
     setup_bytes: int = 0
 
 
@@ -422,18 +435,23 @@ def _primes(plan: H.HEPlan) -> tuple[tuple[int, ...], int | None]:
 
 
 def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquery", frac: int | None = None,
-          flood_bits: int = 40, n: int | None = None) -> EmbeddingSetup:
+          flood_bits: int = FLOOD_SIGMA, n: int | None = None) -> EmbeddingSetup:
     """Per-session setup (not counted as online): the server quantises and packs the
     table and sends the public quantisation metadata; the client creates its keys
-    and sends its public key (for re-randomisation) and, for PackLWEs, Galois keys."""
+    and sends its public key (for re-randomisation) and, for PackLWEs, Galois keys.
+
+    ``flood_bits``: the flooding's statistical security per coefficient; the default is
+    the 2pc mode's `he_session.FLOOD_SIGMA` (40 + log2 of the flooded coefficients a
+    session may send, so the whole session stays within 2^-40; the server counts the
+    coefficients it floods against the same per-session bound)."""
     if method not in METHODS:
         raise ValueError(f"unknown embedding method {method!r}; known: {sorted(METHODS)}")
     m = METHODS[method]
     frac = ctx.ring.frac if frac is None else int(frac)
     if not (0 < vocab_size and 0 < dim):
         raise ValueError("vocab_size and dim must be positive")
-    if flood_bits < 0 or flood_bits > 60:
-        raise ValueError("flood_bits must be in 0..60")
+    if flood_bits < 0 or flood_bits > 120:
+        raise ValueError("flood_bits must be in 0..120")
     before = ctx.chan.totals()
     with ctx.step("embedding.setup"):
         if ctx.party == 1:
@@ -499,6 +517,7 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
             pk0 = H.unpack_bits(bytes(np.asarray(msg["pk0"], np.uint8)), rns.bits, (), n)
             pk1 = H.expand_uniform(seed, b"pk", rns, 1)[0]
             st.pk = (pk0, pk1)
+            st.flood_counter = flood_counter(ctx)
             if m.packlwe:
                 from ..he import serialize
 
@@ -746,21 +765,36 @@ def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarra
         res[..., i, :] = np.array((enc % p).reshape(-1).tolist(), dtype=np.uint64).reshape(S.shape)
     c0 = out.add(c0, res)
     F = st.plan.flood
+    if F > 0:
+        counter = getattr(st, "flood_counter", None)
+        if counter is not None:  # the server's per-session bound (he_session.MAX_FLOODED_PER_SESSION)
+            counter.add(S.size)
     if 0 < F < 1 << 62:
         fl = rng.integers(-F, F + 1, size=S.shape, dtype=np.int64)
         c0 = out.add(c0, out.from_signed(fl))
     elif F > 0:
-        # uniform on [-F', F') with F' = M 2^31 >= F, M = ceil((2F + 1) / 2^32): hi 2^32 + lo - F'
-        # (F' - F < 2^32: the plan's correctness margin covers it, F' / F - 1 < 2^-30)
-        M = -(-(2 * F + 1) >> 32)
+        # uniform on [-F', F') with F' = M 2^(l-1) >= F: u = top 2^l + low, top uniform on
+        # [0, M), M = ceil((2F + 1) / 2^l) < 2^62, low on [0, 2^l) from <= 32-bit limbs
+        # (F' - F < 2^(l-1) <= F 2^-61: the plan's correctness margin covers it)
+        if max(out.primes) >= 1 << 31:
+            raise MPCError("wide flooding expects primes below 2^31")
+        lbits = (2 * F + 1).bit_length() - 62
+        M = -(-(2 * F + 1) >> lbits)
         if M >= 1 << 62:
             raise MPCError("flooding bound too large")
-        hi = rng.integers(0, M, size=S.shape, dtype=np.int64).astype(np.uint64)
-        lo = rng.integers(0, 1 << 32, size=S.shape, dtype=np.int64).astype(np.uint64)
-        Fp = M << 31
+        top = rng.integers(0, M, size=S.shape, dtype=np.int64).astype(np.uint64)
+        limbs, left = [], lbits
+        while left > 0:
+            w = min(32, left)
+            limbs.append((rng.integers(0, 1 << w, size=S.shape, dtype=np.int64).astype(np.uint64), w))
+            left -= w
+        Fp = M << (lbits - 1)
         for i, p in enumerate(out.primes):
             q = np.uint64(p)
-            v = ((hi % q) * np.uint64((1 << 32) % p) + lo % q + np.uint64((-Fp) % p)) % q
+            v = top % q
+            for limb, w in limbs:  # Horner, most significant limb first; products < 2^62
+                v = (v * np.uint64((1 << w) % p) + limb % q) % q
+            v = (v + np.uint64((-Fp) % p)) % q
             c0[..., i, :] = (c0[..., i, :] + v) % q
     return c0
 
@@ -967,7 +1001,7 @@ def lookup(ctx, st: EmbeddingSetup, ids=None, *, n_ids: int | None = None) -> AS
 
 
 def embedding_lookup(ctx, ids: np.ndarray | None, table: np.ndarray | None, *, vocab_size: int, dim: int,
-                     method: str = "fastquery", frac: int | None = None, flood_bits: int = 40,
+                     method: str = "fastquery", frac: int | None = None, flood_bits: int = FLOOD_SIGMA,
                      n_ids: int | None = None) -> AShare:
     """Private lookup of table[ids] (FastQuery, section 4; or ``method="cheetah"`` /
     ``"exact"`` and the intermediate ablation rows, see `METHODS`).
@@ -977,6 +1011,7 @@ def embedding_lookup(ctx, ids: np.ndarray | None, table: np.ndarray | None, *, v
     query; ``n_ids`` lets the server check it).  Returns a 64-bit AShare
     (len(ids), dim) with ``frac`` fraction bits (default ``ctx.ring.frac``) of
     the *quantised* table rows (`quantize`: error <= half a quantisation step
-    per entry).  ``flood_bits``: statistical circuit privacy (0 disables flooding)."""
+    per entry).  ``flood_bits``: statistical circuit privacy per coefficient (default
+    `he_session.FLOOD_SIGMA`, 2^-40 per session; 0 disables flooding)."""
     st = setup(ctx, table, vocab_size=vocab_size, dim=dim, method=method, frac=frac, flood_bits=flood_bits)
     return lookup(ctx, st, ids, n_ids=n_ids)

@@ -15,22 +15,52 @@ special prime, unused: the linear protocol has no key switching).  The
 evaluator *re-randomises* every result (adds a public-key encryption of zero
 under the encryptor's key, so the ``c1`` half is fresh), *floods* the noise
 (adds a uniform integer in [-B_f, B_f) to every coefficient of ``c0`` that
-is sent,
-B_f >= 2^40 x the noise bound: statistical distance about 2^-40 per
-coefficient, DESIGN.md's 40-bit statistical security), adds the uniform
-output mask, and *modulus-switches* down to two primes before sending
-(Cheetah section 4: fewer bytes).  SEAL's multiply_plain lifts plaintext
-coefficients centred (|w| <= t/2), so a signed operand of magnitude M grows
-the noise by M per term, not by t.
+is sent, B_f >= 2^FLOOD_SIGMA x the noise bound), adds the uniform output mask,
+and *modulus-switches* down to two primes before sending (Cheetah section 4:
+fewer bytes).  SEAL's multiply_plain lifts plaintext coefficients centred
+(|w| <= t/2), so a signed operand of magnitude M grows the noise by M per term,
+not by t.
+
+Flooding width: per session, not per coefficient.  For one sent coefficient with
+weight-dependent noise e (independent of the flooding U, uniform on 2 B_f
+integers) the statistical distance between U + e and U is at most
+E|e| / (2 B_f) (average of min(1, |e| / 2 B_f) over e); every bound below
+(`noise_bound`, the SIMD path's, the embedding's) is >= E|e|, so one coefficient
+costs <= 2^-(FLOOD_SIGMA + 1), with no separate tail-failure term.  A hybrid
+over the coefficients (each U_j independent of everything else) adds these up:
+a session that floods C coefficients is within C 2^-(FLOOD_SIGMA + 1) of one
+whose sent c0 values do not depend on the weights.  The product's choice is a
+session-level 2^-40: ``FLOOD_SIGMA = 40 + k`` with ``MAX_FLOODED_PER_SESSION =
+2^k`` flooded coefficients per session (k = 37, see the constant), enforced by
+a per-session counter (`count_flooded`; every flooding site of the 2pc mode,
+this module's `HESession.finish` and `protocols.embedding`, calls it), so the
+whole session's statistical distance is <= 2^37 2^-78 = 2^-41 <= 2^-40.
+With 40 bits per coefficient (the first version) a MiniLM sentence was at
+~2^-20 and a SmolLM2 prefill at ~2^-18.
+
+Parameter sets.  ``TWOPC_BFV`` (N = 8192, 180 data bits) holds 77-bit flooding
+for products with the server's weights (|w| < 2^19: `linear`, MoE experts) with
+~9 bits to spare.  A product whose plaintext operand is a *share* mod t
+(|w| < 2^58: attention's Q K^T and P V, MoE dispatch/combine) has noise
+>= 2^62.6 per term; 180 data bits leave room for at most ~50 bits of flooding,
+so those cross terms use ``TWOPC_BFV_WIDE``: N = 16384, 4 x 60 data bits + a
+60-bit special prime = 300 <= 438 (the HomomorphicEncryption.org 128-bit
+bound for N = 16384), the same t = 2^59 and the same protocol
+(`he_session_wide`; its public keys are exchanged at first use, step
+``he-keys``).  Limb-splitting the share (2-3 limbs at N = 8192) was the
+alternative: 2-3x the input ciphertexts and products, against ~1.3x input
+bytes per coefficient at N = 16384 (docs/linear_2pc.md).
 
 Noise bound (`noise_bound`).  One output coefficient's noise is
 sum_i (e_i + eps_i) w_i over n plaintext terms, e_i SEAL's centred binomial
 noise (42 coins: sub-Gaussian with variance proxy 10.5) and eps_i the encoding
 rounding (|eps| <= 1/2, proxy 1/4), all independent.  Hoeffding/sub-Gaussian
-tail: |noise| <= sqrt(2 ln(2^42) 10.75 n) M with probability 1 - 2^-41; that
-bound (plus the re-randomisation noise, independent of the weights) is what
-the flooding hides.  The budget check also covers the worst case of the
-modulus switch rounding, (1 + N) / 2.
+tail: |noise| <= sqrt(2 ln(2^42) 10.75 n) M with probability 1 - 2^-41 (a
+correctness bound: the flooded result must still decrypt); as a bound on
+E|noise| <= sqrt(10.75 n) M it is 7.6x loose.  That bound plus the
+re-randomisation noise (independent of the weights, worst case) is what the
+flooding hides.  The budget check also covers the worst case of the modulus
+switch rounding, (1 + N) / 2.
 """
 
 from __future__ import annotations
@@ -51,11 +81,29 @@ from ..mpc.ring import mulmod_scalar, new_rng
 PLAIN_BITS = 59
 TWOPC_BFV = HEParams(name="2pc-bfv-n8192-t59", scheme="bfv", poly_modulus_degree=8192,
                      coeff_modulus_bits=(60, 60, 60, 38), plain_modulus=1 << PLAIN_BITS)
+#: cross terms whose plaintext operand is a share mod t (|w| < 2^58): room for FLOOD_SIGMA
+#: bits of flooding on top of noise 2^62.6 sqrt(d o_w) (module docstring); 300 <= 438 bits
+TWOPC_BFV_WIDE = HEParams(name="2pc-bfv-n16384-t59", scheme="bfv", poly_modulus_degree=16384,
+                          coeff_modulus_bits=(60, 60, 60, 60, 60), plain_modulus=1 << PLAIN_BITS)
 #: primes of the level results are switched down to before sending
 RESULT_PRIMES = 2
 
-#: statistical security of the noise flooding (bits)
-FLOOD_SIGMA = 40
+#: log2 of the flooded (sent) coefficients one session may carry.  Estimate (generous):
+#: SmolLM2-135M (30 layers, d 576, 9 query / 3 KV heads of 64, FFN 1536, vocab 49152) over
+#: its whole 8192-token context: Q K^T 2 x 30 x 9 x 8192^2 = 2^35.08 (both cross terms,
+#: prefill of the full context is the worst split between prefill and decode), P V
+#: 2 x 30 x 9 x 8192 x 64 = 2^28.1, projections 30 x 5184 x 8192 = 2^30.2, LM head
+#: 49152 x 8192 = 2^28.6, embedding 576 x 8192 = 2^22.2: 2^35.15 in all with coefficient
+#: packing (counted from the real plans: block padding <= 1.3x on these shapes), 2^35.1
+#: with SIMD packing for the projections (all N coefficients of a SIMD result are
+#: flooded).  MiniLM (6 layers, d 384, 12 heads, FFN 1536): 2^26.0 over its 512
+#: positions (a vocabulary-sized head counted too), 2^20.9 for a 32-token sentence.
+#: 2^37 leaves 3.6x on the largest.  (`tests/test_flooding.py::session_flooded` counts them.)
+MAX_FLOODED_LOG2 = 37
+MAX_FLOODED_PER_SESSION = 1 << MAX_FLOODED_LOG2
+#: flooding width (bits over the noise bound): 40 + log2(MAX_FLOODED_PER_SESSION), so a whole
+#: session is within MAX_FLOODED_PER_SESSION x 2^-(FLOOD_SIGMA + 1) = 2^-41 (module docstring)
+FLOOD_SIGMA = 40 + MAX_FLOODED_LOG2
 #: SEAL 4.x samples encryption noise from a centred binomial with 42 coins
 #: (sigma 3.19): |e| <= 21; encoding adds a rounding error <= 1/2.
 FRESH_NOISE_MAX = 21.5
@@ -65,8 +113,49 @@ _NOISE_PROXY = 10.5 + 0.25
 
 def noise_bound(terms: int, magnitude: float) -> float:
     """High-probability (1 - 2^-41) bound on the noise of one output coefficient
-    summing ``terms`` products of fresh noise with plaintext values |w| <= magnitude."""
+    summing ``terms`` products of fresh noise with plaintext values |w| <= magnitude
+    (also a bound on its mean absolute value, which is what the flooding needs)."""
     return math.sqrt(2 * math.log(2.0 ** 42) * _NOISE_PROXY * max(1, terms)) * magnitude
+
+
+def session_distance(flooded: int, sigma: int = FLOOD_SIGMA) -> float:
+    """Upper bound on the statistical distance of a session that sent ``flooded``
+    coefficients flooded with ``sigma`` bits (each <= 2^-(sigma + 1), module docstring)."""
+    return flooded * 2.0 ** -(sigma + 1)
+
+
+class FloodCounter:
+    """Flooded coefficients this party has sent in the session (one per `Context`)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def add(self, n: int) -> None:
+        n = int(n)
+        if self.count + n > MAX_FLOODED_PER_SESSION:
+            raise HEError(
+                f"this session would send {self.count + n} flooded coefficients, more than the "
+                f"2^{MAX_FLOODED_LOG2} its {FLOOD_SIGMA}-bit flooding is sized for (statistical "
+                "distance 2^-40 per session); start a new session")
+        self.count += n
+
+    @property
+    def distance(self) -> float:
+        return session_distance(self.count)
+
+
+def flood_counter(ctx) -> FloodCounter:
+    """The session's (the context's) flooded-coefficient counter."""
+    c = getattr(ctx, "_flood_counter", None)
+    if c is None:
+        c = ctx._flood_counter = FloodCounter()
+    return c
+
+
+def count_flooded(ctx, n: int) -> None:
+    """Record ``n`` more flooded coefficients sent in this session; HEError beyond
+    MAX_FLOODED_PER_SESSION (the bound FLOOD_SIGMA was sized for)."""
+    flood_counter(ctx).add(n)
 
 
 class HESession:
@@ -98,24 +187,41 @@ class HESession:
         pk = serialize.public_key_from_bytes(self.he, bytes(peer["public_key"]))
         self._peer_encryptor = seal.Encryptor(self.he.seal, pk)
         self.plain_cache: dict = {}
+        self.flooded = flood_counter(ctx)
 
     def __repr__(self) -> str:
         return f"HESession({self.params.name})"
 
     # -- noise budget ----------------------------------------------------------
     def flood_bound(self, noise_bound: float) -> int:
-        """B_f for a product whose noise is at most ``noise_bound`` (checked against q / 2t)."""
+        """B_f for a product whose weight-dependent noise has mean absolute value at most
+        ``noise_bound``: 2^FLOOD_SIGMA x (that + the re-randomisation noise), a power of two,
+        checked to fit below q / 2t (`check_budget` with the same bound)."""
         nb = noise_bound + self.n * FRESH_NOISE_MAX * 2  # + the re-randomising encryption of zero
         b_f = int(2 ** math.ceil(math.log2(nb) + FLOOD_SIGMA))
+        self.check_budget(b_f, noise_bound)
+        return b_f
+
+    def check_budget(self, b_f: int, noise_bound: float) -> None:
+        """HEError unless a result with flooding b_f and noise <= ``noise_bound`` (+ the
+        re-randomisation) decrypts at the top level and after the switch to RESULT_PRIMES."""
+        nb = noise_bound + self.n * FRESH_NOISE_MAX * 2
         if math.log2(2 * (b_f + nb)) >= self.q_top_bits - self.t_bits - 1:
-            raise HEError(f"noise bound 2^{math.log2(nb):.1f} too large to flood with {self.params.name}; "
-                          "use a smaller block or fewer weight bits")
+            raise HEError(f"noise bound 2^{math.log2(nb):.1f} too large to flood with {FLOOD_SIGMA} bits "
+                          f"in {self.params.name}; use a smaller block or fewer weight bits")
         # after switching down: flooded noise / q_dropped + rounding (<= (1 + N) / 2)
         rest = self.q_top_bits - self.q_bottom_bits
         after = 2 ** (math.log2(b_f + nb) - rest) + (1 + self.n) / 2
         if math.log2(2 * after) >= self.q_bottom_bits - self.t_bits - 1:
             raise HEError("flooded noise does not survive the modulus switch")
-        return b_f
+
+    def max_flood_terms(self, magnitude: float) -> float:
+        """The most plaintext terms (d o_w) one output may sum with |w| <= magnitude so
+        that FLOOD_SIGMA-bit flooding still fits (0 when not even one fits)."""
+        limit = 2.0 ** (self.q_top_bits - self.t_bits - 4 - FLOOD_SIGMA) - 2 * self.n * FRESH_NOISE_MAX
+        if limit <= 0:
+            return 0.0
+        return (limit / noise_bound(1, magnitude)) ** 2
 
     # -- encryptor side ----------------------------------------------------------
     def encrypt_polys(self, polys: np.ndarray) -> list[bytes]:
@@ -156,7 +262,8 @@ class HESession:
         return ct
 
     def finish(self, acc: seal.Ciphertext, positions: np.ndarray, noise_bound: float, *,
-               send_level=None, ntt: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               send_level=None, ntt: bool = True, flood_noise: float | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Turn an NTT-form product into what the encryptor may see.
 
         Adds a uniform mask r (mod t) at ``positions``, re-randomises with a
@@ -164,6 +271,10 @@ class HESession:
         ``send_level`` (a parms_id; default the two-prime level) is for tests that
         inspect the noise before the switch.
         ``ntt``: whether ``acc`` is in NTT form (the SIMD path passes coefficient form).
+        ``flood_noise``: a bound on the mean absolute noise to size the flooding from when
+        it is tighter than ``noise_bound`` (the SIMD path's worst case); ``noise_bound``
+        is then only the correctness bound.  Counts ``positions.size`` flooded coefficients
+        against the session's MAX_FLOODED_PER_SESSION.
         Returns (c1, c0 at positions, -r mod t) — the last is this party's share."""
         ev = self.he.evaluator
         if ntt:
@@ -176,7 +287,10 @@ class HESession:
         self._peer_encryptor.encrypt_zero(self.top, zero)
         ev.add_inplace(acc, zero)
         arr = serialize.ciphertext_to_numpy(acc)
-        b_f = self.flood_bound(noise_bound)
+        b_f = self.flood_bound(noise_bound if flood_noise is None else flood_noise)
+        if flood_noise is not None:
+            self.check_budget(b_f, noise_bound)
+        self.flooded.add(positions.size)
         # only the c0 coefficients at `positions` are ever sent: flood those
         for j, residue in enumerate(self._flood_residues(b_f, positions.size)):
             q = np.uint64(self.he.coeff_moduli[j])
@@ -215,4 +329,14 @@ def he_session(ctx) -> HESession:
     if s is None:
         s = HESession(ctx)
         ctx._he_session = s
+    return s
+
+
+def he_session_wide(ctx) -> HESession:
+    """The context's ``TWOPC_BFV_WIDE`` session (cross terms with a share as plaintext
+    operand; own keys, public keys exchanged at first use under step ``he-keys``)."""
+    s = getattr(ctx, "_he_session_wide", None)
+    if s is None:
+        s = HESession(ctx, TWOPC_BFV_WIDE)
+        ctx._he_session_wide = s
     return s

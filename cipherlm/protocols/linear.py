@@ -13,9 +13,17 @@ local terms A_0 B_0, A_1 B_1 and two cross terms A_0 B_1, A_1 B_0, each
 evaluated with the same HE cross-term protocol, once in each direction (each
 party encrypts under its own key; the partner holds the other operand in
 plaintext).  The plaintext operand of a cross term is then a uniformly random
-share (|w| < t/2): the 180-bit modulus leaves room to flood that noise.  This
-replaces Bumblebee's ct-ct product with ct-pt products of the shares; it
+share (|w| < t/2): its noise (>= 2^62.6 per term) leaves no room for
+FLOOD_SIGMA = 77 bits of flooding in the 180 data bits of N = 8192, so these
+cross terms run in the N = 16384, 240-data-bit session
+(`he_session.TWOPC_BFV_WIDE`, chosen by `cross_session` from the public shapes).
+This replaces Bumblebee's ct-ct product with ct-pt products of the shares; it
 needs no relinearisation or Galois keys.
+
+Flooding (`he_session`): FLOOD_SIGMA = 40 + 37 bits over the noise bound, sized
+so that a whole session (at most 2^37 flooded coefficients, counted) is within
+statistical distance 2^-41 of a weight-independent view; products with the
+server's weights (|W| < 2^19) keep N = 8192 with ~9 bits to spare.
 
 Packing: Cheetah's coefficient encoding (Huang et al. 2022, section 3.1).  A
 block of A (m_w x d_w) and of B (d_w x o_w) with m_w d_w o_w <= N are packed as
@@ -55,7 +63,7 @@ from ..mpc.ring import fixed_encode, mask
 from ..mpc.shares import AShare
 import tenseal.sealapi as seal
 
-from .he_session import FLOOD_SIGMA, FRESH_NOISE_MAX, RESULT_PRIMES, HESession, he_session, noise_bound
+from .he_session import FLOOD_SIGMA, RESULT_PRIMES, HESession, he_session, he_session_wide, noise_bound
 
 IN_FRAC = 14
 W_FRAC = 14
@@ -115,11 +123,13 @@ class BlockPlan:
     def bytes_estimate(self, in_ct_bytes: int, out_prime_bytes: int = 16) -> int:
         return self.in_cts * in_ct_bytes + self.out_cts * (self.n + self.mw * self.ow) * out_prime_bytes
 
-    def seconds_estimate(self, in_ct_bytes: int, encode_weights: bool) -> float:
-        s = (self.in_cts * _T_ENCRYPT + self.products * _T_PRODUCT + self.out_cts * _T_FINISH
-             + self.bytes_estimate(in_ct_bytes) / _LAN_BYTES_PER_S)
+    def seconds_estimate(self, in_ct_bytes: int, encode_weights: bool, op_scale: float = 1.0) -> float:
+        """``op_scale``: cost of one HE operation relative to N = 8192 at three primes
+        (the constants' reference; N = 16384 at four primes: 2 x 4/3)."""
+        s = op_scale * (self.in_cts * _T_ENCRYPT + self.products * _T_PRODUCT + self.out_cts * _T_FINISH)
+        s += self.bytes_estimate(in_ct_bytes) / _LAN_BYTES_PER_S
         if encode_weights:
-            s += self.batch * self.db * self.ob * _T_ENCODE
+            s += op_scale * self.batch * self.db * self.ob * _T_ENCODE
         return s
 
 
@@ -135,11 +145,12 @@ def _dw_candidates(d: int, n: int) -> list[int]:
 @lru_cache(maxsize=4096)
 def plan_blocks(m: int, d: int, o: int, n: int, batch: int = 1,
                 max_noise_terms: float | None = None, in_ct_bytes: int = 3 * 8192 * 8,
-                encode_weights: bool = True) -> BlockPlan:
+                encode_weights: bool = True, op_scale: float = 1.0) -> BlockPlan:
     """The block shape (m_w, d_w, o_w), m_w d_w o_w <= N, with the lowest modelled
     time (ct-pt products, encryptions, finishing, bytes on a 1 Gbps LAN).
     ``max_noise_terms`` caps d * o_w (the number of plaintext terms summed into
-    one output coefficient's noise)."""
+    one output coefficient's noise); ``op_scale`` scales the HE operations' times
+    (`BlockPlan.seconds_estimate`)."""
     if min(m, d, o, n) < 1:
         raise MPCError(f"empty matrix product {m}x{d} @ {d}x{o}")
     best = None
@@ -153,7 +164,7 @@ def plan_blocks(m: int, d: int, o: int, n: int, batch: int = 1,
                 if ow < 1:
                     continue
             p = BlockPlan(m, d, o, mw, dw, ow, n, batch)
-            key = (p.seconds_estimate(in_ct_bytes, encode_weights), p.bytes_estimate(in_ct_bytes))
+            key = (p.seconds_estimate(in_ct_bytes, encode_weights, op_scale), p.bytes_estimate(in_ct_bytes))
             if best is None or key < best[0]:
                 best = (key, p)
     if best is None:
@@ -229,14 +240,15 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     (values mod t), B (batch, d, o) held by the other party, integers with
     |B| < 2^(b_bits - 1) (signed, or values mod t when b_bits = log2 t).
     Returns this party's share (batch, m, o), uint64 mod t."""
-    he: HESession = he_session(ctx)
-    n, t = he.n, he.t
     batch, m, d, o = (int(v) for v in shape)
     mag = float(1 << (b_bits - 1))
-    # flooding must fit below q / 2t: noise_bound(d * ow, mag) * 2^41 * 2 < 2^(log q - log t - 1)
-    limit = 2.0 ** (he.q_top_bits - he.t_bits - 4 - FLOOD_SIGMA) - 2 * n * FRESH_NOISE_MAX
-    max_terms = (limit / noise_bound(1, mag)) ** 2
-    plan = plan_blocks(m, d, o, n, batch, max_noise_terms=float(max_terms), encode_weights=cache_key is None)
+    he = cross_session(ctx, d, b_bits)
+    n, t = he.n, he.t
+    # flooding must fit below q / 2t: noise_bound(d * ow, mag) * 2^(FLOOD_SIGMA + 1) * 2 < 2^(log q - log t - 1)
+    max_terms = he.max_flood_terms(mag)
+    k = len(he.he.coeff_moduli)
+    plan = plan_blocks(m, d, o, n, batch, max_noise_terms=float(max_terms), in_ct_bytes=k * n * 8,
+                       encode_weights=cache_key is None, op_scale=(n / 8192) * (k / 3))
     linear_stats(ctx).add(plan)
     bound = noise_bound(d * plan.ow, mag)
     positions = plan.positions()
@@ -285,6 +297,22 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
                 shares.append(sh)
     ctx.send({"c1": np.stack(c1s), "c0": np.stack(c0s)})
     return _unpack_out(plan, np.stack(shares).reshape(batch, plan.mb, plan.ob, -1))
+
+
+def cross_session(ctx, d: int, b_bits: int) -> HESession:
+    """The HE session a cross term with inner dimension ``d`` and plaintext operand
+    |B| < 2^(b_bits - 1) runs in (public: both parties decide alike): ``TWOPC_BFV``
+    when FLOOD_SIGMA-bit flooding fits its 180 data bits for at least one output block
+    column (o_w = 1), else ``TWOPC_BFV_WIDE`` (a share mod t as plaintext operand:
+    attention, MoE dispatch/combine; module docstring of `he_session`)."""
+    he = he_session(ctx)
+    if he.max_flood_terms(float(1 << (b_bits - 1))) >= d:
+        return he
+    wide = he_session_wide(ctx)
+    if wide.max_flood_terms(float(1 << (b_bits - 1))) < d:
+        raise MPCError(f"a {d}-term product of {b_bits}-bit operands cannot be flooded with "
+                       f"{FLOOD_SIGMA} bits in {wide.params.name}")
+    return wide
 
 
 def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, cache_key):

@@ -9,7 +9,7 @@ Protocol (same shape as `linear.cross_matmul`, one round trip): the client
 BFV slots and sends seeded encryptions; the server multiplies by its plaintext
 weight diagonals, rotates, sums, adds a uniform mask R (all N slots uniform
 mod p: a uniform plaintext polynomial), re-randomises, floods the noise
-(40 bits), switches down to two primes (the helpers of `he_session.HESession`,
+(FLOOD_SIGMA = 77 bits: 2^-40 per session, `he_session`), switches down to two primes (the helpers of `he_session.HESession`,
 shared with the coefficient path) and returns the whole ciphertexts.  The
 client decrypts X_0 W + R, the server keeps -R.  The server's own term X_1 W is
 local.  Galois keys are the client's (it owns the secret key): sent once per
@@ -60,10 +60,17 @@ slot-encoded plaintext the diagonal polynomials have coefficients up to p / 2,
 so one product grows the noise to N (p / 2) (|e| + |e_ks|) in the worst case
 (`simd_noise_bound`: fresh noise |e| <= 21.5, key-switching noise of a baby
 rotation |e_ks| <= dnum N 21 max(q_i) / P + (1 + N) / 2); that bound times the
-number of products summed, plus the giant rotations, is what the 40-bit
-flooding hides (`HESession.flood_bound` checks it against q / 2p at four
-primes and after the switch to two).  N = 8192 (218 bits) cannot hold both
-that noise and 40-bit flooding (docs/linear_2pc.md).
+number of products summed, plus the giant rotations, is the correctness bound
+(2^101-2^103 on the real shapes).  The flooding width is sized from the bound
+on the *mean* absolute noise, `simd_noise_mean` (expectation and triangle
+inequality only, 2^7 lower: 2^94-2^96), since the statistical distance of one
+flooded coefficient is <= E|e| / 2 B_f: B_f = 2^77 x mean (2^171-2^173), and
+2 (B_f + worst case) < q / 2p = 2^180 at four primes holds with 6 bits to spare
+(`HESession.finish` checks it, and the switch to two primes).  With the
+worst-case bound, 77-bit flooding would not fit four primes (it did at 40 bits);
+a fifth data prime (360 <= 438 bits) was the alternative, at ~1.25x input bytes
+and ~1.5x per rotation.  N = 8192 (218 bits) cannot hold that noise and the
+flooding (docs/linear_2pc.md).
 """
 
 from __future__ import annotations
@@ -465,7 +472,8 @@ def _keys_for(he: HESession, step: int):
 
 def simd_noise_bound(he: HESession, plan: SimdPlan) -> float:
     """Worst-case bound on the noise of one result coefficient before flooding
-    (module docstring): products x N (p / 2) (fresh + key-switching noise) + giant rotations."""
+    (module docstring): products x N (p / 2) (fresh + key-switching noise) + giant rotations.
+    The correctness bound (the flooded result must decrypt)."""
     n = he.n
     moduli = he.he.coeff_moduli
     special = he.he.seal.key_context_data().parms().coeff_modulus()[-1].value()
@@ -473,6 +481,30 @@ def simd_noise_bound(he: HESession, plan: SimdPlan) -> float:
     ks = dnum * n * 21.0 * max(moduli) / special + (1 + n) / 2
     per_term = n * (he.t / 2) * (FRESH_NOISE_MAX + ks)
     terms = plan.D * plan.c  # an upper bound on the products summed into one output
+    return terms * per_term + (plan.g + 1) * ks
+
+
+#: variance of SEAL's centred-binomial noise (42 coins), fresh encryptions and key noise alike
+_NOISE_VAR = 10.5
+
+
+def simd_noise_mean(he: HESession, plan: SimdPlan) -> float:
+    """Bound on the *mean* absolute noise of one result coefficient, what the flooding
+    width is sized from (`he_session` module docstring: statistical distance <=
+    E|e| / 2 B_f).  Linearity of expectation and the triangle inequality only, no
+    independence between products: E|(nu * w)_a| <= N (p / 2) max_c E|nu_c| for a noise
+    polynomial nu times a plaintext with |w| <= p / 2, and per noise coefficient
+    E|nu_c| <= E|e| + 1/2 + E|e_ks| with E|e| <= sqrt(10.5) (fresh) and, for a key
+    switch, E|sum_i d_i e_i / P| <= sqrt(10.5 dnum N) max(q_i) / P (digits d_i < q_i,
+    key noise independent of them) plus the mod-down rounding taken at its worst,
+    (1 + N) / 2.  About 2^7 below `simd_noise_bound`, which stays the correctness bound."""
+    n = he.n
+    moduli = he.he.coeff_moduli
+    special = he.he.seal.key_context_data().parms().coeff_modulus()[-1].value()
+    dnum = len(moduli)
+    ks = math.sqrt(_NOISE_VAR * dnum * n) * max(moduli) / special + (1 + n) / 2
+    per_term = n * (he.t / 2) * (math.sqrt(_NOISE_VAR) + 0.5 + ks)
+    terms = plan.D * plan.c
     return terms * per_term + (plan.g + 1) * ks
 
 
@@ -556,6 +588,7 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
     cache = (he.plain_cache.setdefault(("simd", cache_key, plan), {})
              if cache_key is not None and plan.products <= CACHE_MAX_PRODUCTS else None)
     bound = simd_noise_bound(he, plan)
+    mean = simd_noise_mean(he, plan)
     allpos = np.arange(n)
     c1s, c0s, shares = [], [], []
     tmp = seal.Ciphertext()
@@ -593,7 +626,7 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
         if y is None:  # structurally empty group: a fresh encryption of zero still hides it
             y = he.zero_ntt()
             ev.transform_from_ntt_inplace(y)
-        c1, c0, sh = he.finish(y, allpos, bound, ntt=False)
+        c1, c0, sh = he.finish(y, allpos, bound, ntt=False, flood_noise=mean)
         c1s.append(c1)
         c0s.append(c0)
         shares.append(_decode(he, sh))
@@ -758,5 +791,5 @@ def batch_rotation_counts(n_experts: int, t: int, d: int, o: int, n: int = SIMD_
 
 
 __all__ = ["SIMD_BFV", "SIMD_PRIME", "SimdPlan", "plan_simd", "cross_matmul_simd", "linear_simd", "batch_linear",
-           "simd_session", "simd_stats", "SimdStats", "batch_rotation_counts", "simd_noise_bound",
+           "simd_session", "simd_stats", "SimdStats", "batch_rotation_counts", "simd_noise_bound", "simd_noise_mean",
            "PackingChoice", "choose_packing", "pack_input", "unpack_output", "diagonal", "row_rotate", "simd_matmul_numpy", "to_field", "lift_field"]
