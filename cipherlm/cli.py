@@ -10,11 +10,7 @@ import argparse
 import sys
 
 from cipherlm import __version__
-
-MODES = ("plain", "offload", "2pc")
-DEFAULT_DECODER = "smollm2-135m"
-DEFAULT_ENCODER = "minilm-l6"
-DEFAULT_PROMPT = "What is the capital of France?"
+from cipherlm.launch import DEFAULT_DECODER, DEFAULT_ENCODER, DEFAULT_PROMPT, MODES
 
 
 def _add_packing_args(p: argparse.ArgumentParser, where: str) -> None:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
+# UserError and the server-process helpers live in cipherlm.launch (the benchmarks use them
+# too); they stay importable from here (cipherlm.commands.UserError, .start_server_process).
+from cipherlm.launch import DEFAULT_PROMPT, UserError, start_server_process, stop_process  # noqa: F401
 from cipherlm.runtime.plain import OpTimer
-
-
-class UserError(Exception):
-    """An error the user can fix (bad model name, unreachable server, ...): printed without a traceback."""
 
 
 def dispatch(args) -> int:
@@ -427,40 +423,6 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def start_server_process(model: str, timeout: float = 900.0, mode: str = "offload"):
-    """Start ``cipherlm serve`` as a separate process on a free loopback port; returns (proc, (host, port))."""
-    cmd = [sys.executable, "-m", "cipherlm", "serve", "--mode", mode, "--model", model, "--host", "127.0.0.1", "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    found: dict = {}
-
-    def read_stdout():
-        for line in proc.stdout:
-            if line.startswith("LISTENING ") and "addr" not in found:
-                h, _, p = line.split()[1].rpartition(":")
-                found["addr"] = (h, int(p))
-
-    reader = threading.Thread(target=read_stdout, daemon=True)
-    reader.start()
-    deadline = time.time() + timeout
-    while "addr" not in found:
-        if proc.poll() is not None:
-            raise UserError(f"the server process exited with code {proc.returncode} before listening")
-        if time.time() > deadline:
-            proc.kill()
-            raise UserError("the server did not start listening in time")
-        time.sleep(0.1)
-    return proc, found["addr"]
-
-
-def stop_process(proc) -> None:
-    """Terminate a child process, killing it if it does not exit within 10 s."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def cmd_demo(args) -> int:
     from cipherlm.report import RunReport
 
@@ -505,8 +467,6 @@ def cmd_demo(args) -> int:
 
 def demo_twopc(args, report, t0) -> int:
     """`cipherlm demo --mode 2pc`: a 2pc server process on loopback and a short greedy generation."""
-    from cipherlm.cli import DEFAULT_PROMPT
-
     if args.prompt == DEFAULT_PROMPT:  # keep the demo short: a 5-token raw prompt (no chat template)
         args.prompt, args.raw = "The capital of France is", True
     _err(f"starting the 2pc server for {args.model} (a separate process) ...")

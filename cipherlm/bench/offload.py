@@ -39,7 +39,7 @@ def _peak_memory_bytes(pid: int) -> int | None:
 
 def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_tokens: int = 16, progress=print) -> dict:
     """Server and client as two processes on loopback; per-token latency and bytes."""
-    from cipherlm.commands import start_server_process, stop_process
+    from cipherlm.launch import start_server_process, stop_process
     from cipherlm.runtime.offload_client import OffloadClient
 
     t0 = time.perf_counter()
