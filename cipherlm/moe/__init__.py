@@ -4,6 +4,7 @@
 * `upcycle`   the sparse-upcycled SmolLM2-MoE test fixture;
 * `dispatch`  Pi_dispatch on shares (Algorithm 1);
 * `combine`   Pi_combine on shares (Algorithm 2);
+* `experts`   the expert FFNs (SwiGLU) on shares, batched over experts;
 * `layer`     one MoE layer in the 2pc mode: gate routing, dispatch, experts, combine;
 * `baselines` insecure (routing revealed), dense (all experts) and CipherPrune-style dispatch.
 

@@ -31,6 +31,7 @@ from ..mpc.protocols import compare
 from ..mpc.protocols.mux import mux
 from ..mpc.shares import AShare, BShare, concatenate
 from ..protocols.linear import linear
+from .experts import experts_swiglu
 
 
 def run(variant, ctx, x, K, W, w, shape, t, meter, trace, *, key=None, sample=None):
@@ -97,8 +98,6 @@ def _cswap(ctx, bit: BShare, a: AShare, b: AShare):
 
 
 def cipherprune(ctx, x, K, W, w, shape, t, meter, trace, *, key=None, sample=None):
-    from .layer import experts_swiglu
-
     d, k = shape.d, shape.k
     n = shape.n if sample is None else sample   # sample: the swap network for the first experts only
     m = x.shape[0]

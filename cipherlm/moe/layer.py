@@ -12,7 +12,7 @@
   selection then depends only on the HE linear layer's rounding, not on the
   softmax approximation.
 * **Dispatch** (`dispatch.dispatch`, Algorithm 1) with t = `routing.capacity`(m, k, n, c).
-* **Experts** (step 3): SwiGLU per expert, E_i(X) = (silu(X G_i) * (X U_i)) D_i.
+* **Experts** (step 3, `experts.py`): SwiGLU per expert, E_i(X) = (silu(X G_i) * (X U_i)) D_i.
   The n experts' products go through *one* batched HE cross-term call per
   projection (`expert_linear`: batch dimension = expert, each expert with its
   own weight; gate and up fused into one (d, 2f) weight), and `nonlinear.swiglu`.
@@ -37,10 +37,11 @@ import numpy as np
 from ..mpc.context import MPCError
 from ..mpc.nonlinear import exp_neg, mulf, reciprocal, softmax, swiglu, topk_last
 from ..mpc.shares import AShare, concatenate
-from ..protocols.linear import IN_FRAC, W_BITS, W_FRAC, cross_matmul, he_session, lift_local, linear
-from ..mpc.ring import mask
+from ..protocols.linear import linear
+from . import baselines
 from .combine import combine
 from .dispatch import dispatch
+from .experts import expert_linear, experts_swiglu  # re-exported: the expert FFNs live in experts.py
 from .routing import capacity
 
 VARIANTS = ("cryptomoe", "insecure", "dense", "cipherprune")
@@ -168,32 +169,6 @@ class PhaseMeter:
 
 # ----------------------------------------------------------------------------- building blocks
 
-def expert_linear(ctx, X: AShare, weight: np.ndarray | None, *, out_features: int, cache_key=None) -> AShare:
-    """Y[e] = X[e] @ weight[e] for all experts e in one batched HE cross-term call
-    (the `protocols.linear.linear` protocol with a batch of weights): X (n, r, d_in)
-    shares, weight (n, d_in, d_out) float at party 1 (None at party 0)."""
-    if not isinstance(X, AShare) or X.ndim != 3:
-        raise MPCError("expert_linear expects shares of shape (n, rows, d_in)")
-    n, r, d = X.shape
-    o = int(out_features)
-    he = he_session(ctx)
-    kbits = he.t_bits
-    from ..protocols.linear import _to_in_frac  # the same input rescaling as linear()
-    xk = _to_in_frac(ctx, X).data & mask(kbits)
-    Wq = None
-    if ctx.party == 1:
-        if weight is None or np.shape(weight) != (n, d, o):
-            raise MPCError(f"expert weights have shape {None if weight is None else np.shape(weight)}, "
-                           f"expected {(n, d, o)}")
-        Wq = np.round(np.asarray(weight, np.float64) * (1 << W_FRAC)).astype(np.int64)
-    with ctx.step("linear"):
-        y = cross_matmul(ctx, 0, xk if ctx.party == 0 else None, Wq, (n, r, d, o), b_bits=W_BITS,
-                         cache_key=cache_key)
-    if ctx.party == 1:
-        y = (y + np.matmul(xk, Wq.astype(np.uint64))) & mask(kbits)
-    return lift_local(ctx, y, kbits, IN_FRAC + W_FRAC, ctx.ring.frac)
-
-
 def gate_routing(ctx, x: AShare, router: np.ndarray | None, shape: MoEShape, *, cache_key=None):
     """(K (m, k) integer shares, W (m, k) score shares): CryptoMoE eq. 1 (module docstring)."""
     n, k = shape.n, shape.k
@@ -206,44 +181,6 @@ def gate_routing(ctx, x: AShare, router: np.ndarray | None, shape: MoEShape, *, 
     e = exp_neg(ctx, concatenate([logits - lmax.broadcast_to((m, n)), vals - lmax.broadcast_to((m, k))], axis=1))
     r = reciprocal(ctx, e[:, :n].sum(axis=1, keepdims=True), lo=0.5, hi=float(n + 1))
     return K, mulf(ctx, e[:, n:], r.broadcast_to((m, k)))
-
-
-def experts_swiglu(ctx, X: AShare, w: MoEWeights | None, shape: MoEShape, *, key=None,
-                   batched: bool = True, packing: str = "coeff") -> AShare:
-    """SwiGLU of every expert on its rows: X (n, r, d) -> (n, r, d).  ``batched=False``
-    runs one `linear` call per expert and projection (the per-expert packing of the
-    ablation: n times the flights, the same ciphertexts).
-
-    ``packing="simd"``: the expert products in BFV SIMD slots with BSGS
-    (`protocols.linear_simd.batch_linear`); ``batched=True`` is CryptoMoE's batch
-    ct-pt MatMul (section 4.4: all experts' t rows share the ciphertexts, rotations
-    O(d1) instead of O(n d1)), ``batched=False`` one SIMD plan per expert.  Rotation
-    counts are in `linear_simd.simd_stats(ctx)`."""
-    f = shape.f
-    if packing == "simd":
-        from ..protocols.linear_simd import batch_linear
-        gu = None if w is None else np.concatenate([w.gate, w.up], axis=2)
-        GU = batch_linear(ctx, X, gu, out_features=2 * f, batched=batched,
-                          cache_key=None if key is None else (key, "gu"))
-        A = swiglu(ctx, GU[..., :f], GU[..., f:])
-        return batch_linear(ctx, A, None if w is None else w.down, out_features=shape.d, batched=batched,
-                            cache_key=None if key is None else (key, "down"))
-    if packing != "coeff":
-        raise ValueError(f"packing must be 'coeff' or 'simd', got {packing!r}")
-    if not batched:
-        outs = []
-        for e in range(X.shape[0]):
-            gu = None if w is None else np.concatenate([w.gate[e], w.up[e]], axis=1)
-            H = linear(ctx, X[e], gu, out_features=2 * f, cache_key=None if key is None else (key, "gu", e))
-            A = swiglu(ctx, H[:, :f], H[:, f:])
-            outs.append(linear(ctx, A, None if w is None else w.down[e], out_features=shape.d,
-                               cache_key=None if key is None else (key, "down", e)))
-        return AShare(ctx, np.stack([o.data for o in outs]), outs[0].bits, outs[0].frac)
-    gu = None if w is None else np.concatenate([w.gate, w.up], axis=2)
-    GU = expert_linear(ctx, X, gu, out_features=2 * f, cache_key=None if key is None else (key, "gu"))
-    A = swiglu(ctx, GU[..., :f], GU[..., f:])
-    return expert_linear(ctx, A, None if w is None else w.down, out_features=shape.d,
-                         cache_key=None if key is None else (key, "down"))
 
 
 def shared_expert(ctx, x: AShare, w: MoEWeights | None, shape: MoEShape, *, key=None) -> AShare:
@@ -361,8 +298,6 @@ def moe_layer(ctx, x: AShare, weights: MoEWeights | None, shape: MoEShape, *, va
         with meter.phase("combine"):
             y = combine(ctx, Y, disp.scores, disp.onehot, fused=fused_combine)
     else:
-        from . import baselines
-
         t, y = baselines.run(variant, ctx, x, K, W, w, shape, t, meter, trace, key=key, sample=expert_sample)
     if shape.shared_f:
         with meter.phase("shared"):
