@@ -13,9 +13,15 @@ iterations computed in the Rust core (`_core.ferret_sender` /
 k + t*h base COTs and produces n = t * 2^h new ones, of which the first
 k + t*h are kept as the base of the next iteration (Ferret sec. 5, "bootstrapping")
 and the rest are served.  The very first base comes from IKNP (raw correlated
-OT, `OTSession._iknp_send_extend` / `_iknp_recv_extend`).  One iteration costs
+OT, `OTSession.iknp_send_cot` / `iknp_recv_cot`).  One iteration costs
 one message from the sender: t (h * 256 + 128) bits (masked GGM level sums and
 the leaf-sum correction) plus a 16-byte public LPN seed.
+
+The pools are driven by an `OTSession` (ot.py), which hands itself to them;
+they use only its channel (``ot.chan``) and its public raw-IKNP methods
+(``iknp_sender_delta``, ``iknp_receiver_setup``, ``iknp_send_cot``,
+``iknp_recv_cot``), and this module does not import ot.py (shared pieces:
+`cipherlm.mpc.ot_common`).
 
 Derandomisation (Beaver 1995) is done by `OTSession` (ot.py): the receiver
 sends e = c xor u (1 bit per OT), the sender replaces v by v xor e * Delta;
@@ -39,6 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cipherlm import _core
+
+from .ot_common import OTError, expect, random_choices
 
 __all__ = ["LPNParams", "FERRET_MAIN", "FERRET_SETUP", "FerretSender", "FerretReceiver", "GGM_TWEAK", "SERVE_TWEAK"]
 
@@ -102,7 +110,7 @@ class _FerretSide:
     calls, so their refills happen at the same points."""
 
     def __init__(self, ot, main_after: int = MAIN_AFTER):
-        self.ot = ot
+        self.ot = ot  # the OTSession (chan, iknp_* methods)
         self.main_after = int(main_after)
         self.served = 0  # COTs handed out (tweak counter of the served OTs)
         self.iterations = 0
@@ -145,8 +153,7 @@ class FerretSender(_FerretSide):
 
     def __init__(self, ot, main_after: int = MAIN_AFTER):
         super().__init__(ot, main_after)
-        self.ext = ot._sender_ext(128)  # IKNP sender: same Delta
-        self.delta = bytes(self.ext.delta)
+        self.delta = ot.iknp_sender_delta()  # IKNP sender: same Delta
         self.delta64 = np.frombuffer(self.delta, np.uint64).copy()
         self.reserve = np.empty((0, 2), np.uint64)
         self.pool = np.empty((0, 2), np.uint64)
@@ -159,9 +166,7 @@ class FerretSender(_FerretSide):
         return self.reserve.shape[0]
 
     def _bootstrap(self, m: int) -> None:
-        rows = [np.frombuffer(q, np.uint64).reshape(-1, 2) for q, _tw, _lo, _hi in
-                self.ot._iknp_send_extend(128, "ferret_boot", m)]
-        self.reserve = np.concatenate([self.reserve, *rows])
+        self.reserve = np.concatenate([self.reserve, self.ot.iknp_send_cot(m, "ferret_boot")])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
         it, tw = self._next_iteration(P)
@@ -198,7 +203,7 @@ class FerretReceiver(_FerretSide):
 
     def __init__(self, ot, main_after: int = MAIN_AFTER):
         super().__init__(ot, main_after)
-        ot._receiver_ext(128)
+        ot.iknp_receiver_setup()
         self.reserve_u = np.empty(0, np.uint8)
         self.reserve_w = np.empty((0, 2), np.uint64)
         self.pool_u = np.empty(0, np.uint8)
@@ -212,19 +217,14 @@ class FerretReceiver(_FerretSide):
         return self.reserve_u.shape[0]
 
     def _bootstrap(self, m: int) -> None:
-        from .ot import random_choices
-
         c = random_choices(m).astype(np.uint8)
-        rows = [np.frombuffer(t, np.uint64).reshape(-1, 2) for t, _tw, _lo, _hi in
-                self.ot._iknp_recv_extend(128, "ferret_boot", c)]
+        w = self.ot.iknp_recv_cot(c, "ferret_boot")
         self.reserve_u = np.concatenate([self.reserve_u, c])
-        self.reserve_w = np.concatenate([self.reserve_w, *rows])
+        self.reserve_w = np.concatenate([self.reserve_w, w])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
-        from .ot import OTError
-
         it, tw = self._next_iteration(P)
-        msg = self.ot._expect("ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
+        msg = expect(self.ot.chan, "ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
         bu = np.ascontiguousarray(self.reserve_u[:P.base])
         bw = np.ascontiguousarray(self.reserve_w[:P.base])
         try:

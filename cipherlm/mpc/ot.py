@@ -88,15 +88,14 @@ import numpy as np
 
 from cipherlm import _core
 
+from .ferret import FerretReceiver, FerretSender
+from .ot_common import OTError, expect, random_choices
+
 __all__ = ["OTSession", "OTError", "bytes_per_ot", "KAPPA"]
 
 KAPPA = 128  # IKNP extension width (computational security parameter)
 KK13_K = 256  # KK13 code length (Walsh-Hadamard, 256 codewords, distance 128)
 DEFAULT_BATCH = 1 << 16  # OTs per extension message (1 MiB IKNP matrix; L2-friendly)
-
-
-class OTError(ValueError):
-    """A malformed, truncated or out-of-step OT message, or mismatched calls."""
 
 
 def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret: bool = False) -> float:
@@ -216,22 +215,7 @@ class OTSession:
 
     def _expect(self, op: str, arrays: dict[str, int | None], **fields) -> dict:
         """Receive one message; check its op, scalar fields and uint8 array sizes."""
-        msg = self.chan.recv()
-        if not isinstance(msg, dict):
-            raise OTError("OT message is not a dict")
-        got = msg.get("op")
-        if got != op:
-            raise OTError(f"expected OT message {op!r}, got {got!r} (calls on the two sides do not match)")
-        for key, want in fields.items():
-            if msg.get(key) != want:
-                raise OTError(f"OT message {op!r}: peer has {key}={msg.get(key)!r}, this side {key}={want!r}")
-        for key, size in arrays.items():
-            a = msg.get(key)
-            if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 1:
-                raise OTError(f"OT message {op!r}: field {key!r} must be a uint8 vector")
-            if size is not None and a.size != size:
-                raise OTError(f"OT message {op!r}: field {key!r} has {a.size} bytes, expected {size} (truncated or malformed)")
-        return msg
+        return expect(self.chan, op, arrays, **fields)
 
     def _sender_ext(self, k: int) -> _Extension:
         """This party as extension sender = base-OT receiver with choices Delta."""
@@ -290,8 +274,6 @@ class OTSession:
 
     def _ferret_recv_extend(self, op: str, choices: np.ndarray, **fields) -> list:
         """Beaver derandomisation of Ferret random COTs (u, w): send e = c xor u."""
-        from .ferret import FerretReceiver
-
         if self._ferret_recv is None:
             self._ferret_recv = FerretReceiver(self)
         pool = self._ferret_recv
@@ -307,8 +289,6 @@ class OTSession:
         return out
 
     def _ferret_send_extend(self, op: str, n: int, **fields) -> Iterator:
-        from .ferret import FerretSender
-
         if self._ferret_send is None:
             self._ferret_send = FerretSender(self)
         pool = self._ferret_send
@@ -351,6 +331,32 @@ class OTSession:
             yield q, st.count, lo, lo + m
             st.count += m
             lo += m
+
+    # ------------------------------------------------------------ raw IKNP COT (the Ferret pools' base)
+    # The interface `cipherlm.mpc.ferret` uses: IKNP correlated OT with this session's
+    # Delta, whatever the session's `ferret` setting, without hashing and without the
+    # session's step label (the pools label their own traffic "ot.ferret").
+
+    def iknp_sender_delta(self) -> bytes:
+        """This party's IKNP Delta (16 bytes) as extension sender; runs the base OTs on first use
+        (the peer calls `iknp_receiver_setup` at the same point)."""
+        return bytes(self._sender_ext(KAPPA).delta)
+
+    def iknp_receiver_setup(self) -> None:
+        """This party as IKNP extension receiver: runs the base OTs on first use."""
+        self._receiver_ext(KAPPA)
+
+    def iknp_send_cot(self, n: int, op: str) -> np.ndarray:
+        """Raw IKNP correlated OT, sender: q (n, 2) uint64; the peer (`iknp_recv_cot`) gets
+        q xor c*Delta.  Not hashed: for protocols that hash or mask them (Ferret's base)."""
+        rows = [_u64(q).reshape(-1, 2) for q, _tw, _lo, _hi in self._iknp_send_extend(KAPPA, op, int(n))]
+        return np.concatenate(rows) if rows else np.empty((0, 2), np.uint64)
+
+    def iknp_recv_cot(self, choices: np.ndarray, op: str) -> np.ndarray:
+        """Raw IKNP correlated OT, receiver: t (n, 2) uint64 = q xor c*Delta for the uint8 0/1 `choices`."""
+        c = np.ascontiguousarray(choices, dtype=np.uint8).reshape(-1)
+        rows = [_u64(t).reshape(-1, 2) for t, _tw, _lo, _hi in self._iknp_recv_extend(KAPPA, op, c)]
+        return np.concatenate(rows) if rows else np.empty((0, 2), np.uint64)
 
     def _send_replies(self, op: str, replies: list[np.ndarray]) -> None:
         for y in replies:
@@ -580,8 +586,3 @@ class OTSession:
                 y = self._recv_reply("1ofN_y", ((hi - lo) * N * bits + 7) // 8)
                 out[lo:hi] = _u64(_core.kk13_receiver(t, c[lo:hi], tw, N, y, bits))
         return out.reshape(shape)
-
-
-def random_choices(n: int) -> np.ndarray:
-    """n uniform choice bits from the OS CSPRNG (bool array)."""
-    return np.unpackbits(np.frombuffer(os.urandom((n + 7) // 8), np.uint8), bitorder="little")[:n].astype(bool)
