@@ -13,16 +13,49 @@ a public fixed-point value followed by SecureML local truncation
 Interactive operations live in `cipherlm.mpc.protocols` (`a * b` on two
 `AShare` calls `protocols.mul.mul`).  `share_input` and `reveal` move data
 between plaintext and shares.
+
+The operators that need a protocol (``a * b`` on two `AShare`, ``a & b`` on two
+`BShare`, and the SecureML truncation of `AShare.mul_public_fixed`) find it in a
+small kernel registry: `cipherlm.mpc.protocols` sits above this module, so each
+of those protocol modules registers its implementation here when it is imported
+(`register_kernel`) and the operators look it up (`kernel`); this module never
+imports them.  ``cipherlm/mpc/__init__.py`` imports the registering modules, so
+the kernels are in place whenever this module is.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
 from .context import Context, MPCError
 from .ring import check_bits, fixed_decode, fixed_encode, mask, reduce, to_signed, uniform
 
-__all__ = ["AShare", "BShare", "Context", "share_input", "share_bits_input", "reveal", "concatenate", "stack"]
+__all__ = ["AShare", "BShare", "Context", "share_input", "share_bits_input", "reveal", "concatenate", "stack",
+           "register_kernel", "kernel"]
+
+# ----------------------------------------------------------------------------- kernel registry
+
+# name -> implementation; "mul": protocols.mul.mul(ctx, x, y), "and": protocols.bool_ops.and_(ctx, x, y),
+# "trunc_local": protocols.trunc.trunc_local(ctx, x, s)
+_KERNELS: dict[str, Callable] = {}
+
+
+def register_kernel(name: str, fn: Callable) -> Callable:
+    """Register the implementation of an interactive share operator (called by the
+    protocol modules at import); returns ``fn``."""
+    _KERNELS[name] = fn
+    return fn
+
+
+def kernel(name: str) -> Callable:
+    """The registered implementation of ``name`` (`register_kernel`)."""
+    try:
+        return _KERNELS[name]
+    except KeyError:
+        raise MPCError(f"no share kernel {name!r} registered: import cipherlm.mpc "
+                       f"(it loads cipherlm.mpc.protocols, which registers them)") from None
 
 
 class _Share:
@@ -150,8 +183,7 @@ class AShare(_Share):
 
     def __mul__(self, other):
         if isinstance(other, AShare):
-            from .protocols.mul import mul
-            return mul(self.ctx, self, other)
+            return kernel("mul")(self.ctx, self, other)   # protocols.mul.mul
         if isinstance(other, _Share):
             return NotImplemented
         if isinstance(other, (float, np.floating)) or (isinstance(other, np.ndarray) and other.dtype.kind == "f"):
@@ -172,11 +204,10 @@ class AShare(_Share):
         rescaled by SecureML local truncation (`protocols.trunc.trunc_local`):
         local, free, error at most one unit in the last place, and a failure
         probability of about |x*c|*2^(frac+1-bits) (see docs/mpc.md)."""
-        from .protocols.trunc import trunc_local
         f = self.frac if frac is None else int(frac)
         enc = fixed_encode(c, f, self.bits)
         prod = self._like(self.data * enc, frac=self.frac + f)
-        return trunc_local(self.ctx, prod, f)
+        return kernel("trunc_local")(self.ctx, prod, f)   # protocols.trunc.trunc_local
 
     def sum(self, axis=None, keepdims=False):
         return self._like(np.sum(self.data, axis=axis, keepdims=keepdims, dtype=np.uint64))
@@ -223,8 +254,7 @@ class BShare(_Share):
 
     def __and__(self, other):
         if isinstance(other, BShare):
-            from .protocols.bool_ops import and_
-            return and_(self.ctx, self, other)
+            return kernel("and")(self.ctx, self, other)   # protocols.bool_ops.and_
         if isinstance(other, _Share):
             return NotImplemented
         return self._like(self.data & reduce(np.asarray(other), self.bits))

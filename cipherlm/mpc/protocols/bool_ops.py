@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ring import uniform
-from ..shares import BShare
+from ..shares import BShare, register_kernel
 
 __all__ = ["bit_triples", "and_", "and_bits", "pack_bits", "unpack_bits", "exchange_bits"]
 
@@ -96,3 +96,6 @@ def and_(ctx, x: BShare, y: BShare) -> BShare:
         raise ValueError(f"shape mismatch: {x.shape} vs {y.shape}")
     z = and_bits(ctx, x.data.astype(np.uint8).reshape(-1), y.data.astype(np.uint8).reshape(-1))
     return BShare(ctx, z.reshape(x.shape).astype(np.uint64), 1)
+
+
+register_kernel("and", and_)  # BShare & BShare (cipherlm.mpc.shares)

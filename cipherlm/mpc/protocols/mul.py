@@ -22,7 +22,7 @@ import numpy as np
 
 from ..context import MPCError
 from ..ring import mask
-from ..shares import AShare
+from ..shares import AShare, register_kernel
 
 __all__ = ["mul", "mul_fixed", "square", "cross_term", "DEFAULT_GROUPS"]
 
@@ -93,3 +93,6 @@ def square(ctx, x: AShare, groups: int = DEFAULT_GROUPS) -> AShare:
     with ctx.step("square"):
         out = xs * xs + (cross_term(ctx, xs, bits, sender=0, groups=groups) << np.uint64(1))
     return AShare(ctx, (out & mask(bits)).reshape(x.shape), bits, 2 * x.frac)
+
+
+register_kernel("mul", mul)  # AShare * AShare (cipherlm.mpc.shares)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ring import mask
-from ..shares import AShare
+from ..shares import AShare, register_kernel
 from .b2a import b2a_bits
 from .bool_ops import and_bits
 from .compare import wrap_bits
@@ -100,3 +100,6 @@ def trunc_extend(ctx, x: AShare, s: int, sigma: int | None = None) -> AShare:
         y = sext_bits(ctx, x.data.reshape(-1), bits, big)
         t = trunc_local_bits(ctx, y, s, big)
     return AShare(ctx, (t & mask(bits)).reshape(x.shape), bits, x.frac - s)
+
+
+register_kernel("trunc_local", trunc_local)  # AShare.mul_public_fixed (cipherlm.mpc.shares)
