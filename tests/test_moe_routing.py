@@ -9,7 +9,7 @@ import pytest
 from cipherlm.moe.routing import (
     BalancedRouting, balanced_dispatch, balanced_moe, capacity, gate_topk, priority_scores,
 )
-from cipherlm.moe.upcycle import upcycle
+from cipherlm.models.upcycle import upcycle
 from cipherlm.runtime.plain import DecoderExecutor, PlainLinear, split_params
 
 
@@ -209,7 +209,7 @@ def test_executor_balanced_option():
 
 
 def test_calibrated_router_is_centred_and_scaled():
-    from cipherlm.moe.upcycle import router_inputs
+    from cipherlm.runtime.upcycled import router_inputs
 
     cfg, w = _tiny_llama(seed=3)
     ids = np.random.default_rng(4).integers(0, 61, 40)

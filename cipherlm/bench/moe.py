@@ -264,14 +264,15 @@ def run(args) -> dict:
 def ablation(bench_rows: list[dict] | None = None, prompts: int = 16, tokens: int = 64,
              cs=(1.0, 2.0)) -> list[dict]:
     """Routing ablation like CryptoMoE Table 4 on the sparse-upcycled SmolLM2-MoE
-    (`cipherlm.moe.upcycle`, plaintext): over ``prompts`` Wikipedia prompts of
+    (`cipherlm.models.upcycle`, `cipherlm.runtime.upcycled`; plaintext): over ``prompts`` Wikipedia prompts of
     ``tokens`` tokens (teacher forcing, every position), the fraction of next-token
     predictions equal to the unbalanced MoE's, and the dropped share of
     token-expert pairs; the per-layer LAN / WAN seconds per token of the matching
     secure row of ``bench_rows`` where one was measured."""
     from cipherlm.moe.routing import BalancedRouting
-    from cipherlm.moe.upcycle import upcycled_smollm2, wiki_prompts
+    from cipherlm.models.upcycle import wiki_prompts
     from cipherlm.runtime.plain import DecoderExecutor, PlainLinear, split_params
+    from cipherlm.runtime.upcycled import upcycled_smollm2
 
     lm = upcycled_smollm2()
     client, server = split_params(lm.config, lm.weights)

@@ -1,4 +1,5 @@
-"""Model loading (HF safetensors directories, GGUF), the model registry, data sets and probes."""
+"""Model loading (HF safetensors directories, GGUF), the model registry, data sets and probes;
+`upcycle`: the sparse-upcycled MoE fixture's construction (not imported here)."""
 
 from .cache import cache_dir
 from .loader import LoadedModel, converted_gguf_dir, load_hf_dir, load_model, normalize_weights

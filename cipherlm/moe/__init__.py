@@ -1,7 +1,6 @@
 """Private Mixture-of-Experts inference (CryptoMoE, ../shared/papers/cryptomoe_*.txt).
 
 * `routing`   plaintext balanced expert routing (section 4.1-4.2), the reference;
-* `upcycle`   the sparse-upcycled SmolLM2-MoE test fixture;
 * `dispatch`  Pi_dispatch on shares (Algorithm 1);
 * `combine`   Pi_combine on shares (Algorithm 2);
 * `experts`   the expert FFNs (SwiGLU) on shares, batched over experts;
@@ -9,6 +8,8 @@
 * `baselines` insecure (routing revealed), dense (all experts) and CipherPrune-style dispatch.
 
 Only `routing` is imported here: the secure modules pull in the HE layer.
+The sparse-upcycled SmolLM2-MoE fixture is not part of this (protocol) package:
+`cipherlm.models.upcycle` builds it, `cipherlm.runtime.upcycled` calibrates and loads it.
 """
 
 from .routing import BalancedRouting, Dispatch, balanced_dispatch, balanced_moe, capacity, gate_topk

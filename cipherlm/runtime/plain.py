@@ -305,7 +305,7 @@ class DecoderSpec:
             spec.top_k = cfg.get("num_experts_per_tok", 2)
             spec.norm_topk_prob = True
             # `mlp_only_layers` (Qwen2-MoE's key; absent from HF Mixtral configs) keeps dense
-            # FFNs in those layers: used by the sparse-upcycled fixture (cipherlm.moe.upcycle)
+            # FFNs in those layers: used by the sparse-upcycled fixture (cipherlm.models.upcycle)
             only = set(cfg.get("mlp_only_layers") or [])
             spec.moe_layers = frozenset(i for i in range(spec.n_layers) if i not in only)
         return spec

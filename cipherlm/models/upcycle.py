@@ -5,6 +5,11 @@ from SmolLM2-135M (Llama architecture) by sparse upcycling (Komatsuzaki et al.
 2023).  It is a fixture for checking routing and the private protocols on real
 weights and real activations; it makes **no claim about quality**.
 
+This module (models layer) holds the construction, its defaults and its public
+text data; the ready-made fixture `upcycled_smollm2` and the router calibration
+`router_inputs` run the dense model through the plaintext executor, so they live
+one layer up, in `cipherlm.runtime.upcycled`.
+
 Construction (`upcycle`, deterministic for a given seed; all randomness from
 ``numpy.random.default_rng(seed)``, public fixture data, nothing secret):
 
@@ -18,7 +23,8 @@ Construction (`upcycle`, deterministic for a given seed; all randomness from
 3. The router of layer L is an (n, d) matrix of random directions g_e (standard
    normal).  With calibration hidden states H_L (the router's input, i.e. the
    post-attention RMSNorm output of layer L, recorded by running the *dense*
-   model on a calibration text; `upcycled_smollm2` uses the first 256 tokens of
+   model on a calibration text, `cipherlm.runtime.upcycled.router_inputs`;
+   `upcycled_smollm2` uses the first 256 tokens (`calibration_ids`) of
    gensim's news corpus ``lee_background.cor``, disjoint from the Wikipedia
    evaluation prompts), each g_e is first made orthogonal to the mean of H_L
    (otherwise the common direction of all hidden states sends most tokens to
@@ -108,48 +114,11 @@ def upcycle(config: dict, weights: dict, *, n_experts: int = 8, top_k: int = 2, 
     return cfg, out
 
 
-def router_inputs(config: dict, weights: dict, ids, layers) -> dict:
-    """{layer: (T, d)} inputs of the FFNs of ``layers`` (the post-attention RMSNorm
-    outputs) when the dense model runs on ``ids``: the routers' calibration data."""
-    from ..runtime.plain import DecoderExecutor, PlainLinear, split_params
-
-    client, server = split_params(config, weights)
-    plain = PlainLinear(server)
-    want = {f"model.layers.{i}.mlp.gate_proj": i for i in layers}
-    seen: dict = {}
-
-    class _Recorder:
-        def linear(self, x, names):
-            if names and names[0] in want:
-                seen[want[names[0]]] = np.array(x, np.float64)
-            return plain.linear(x, names)
-
-    DecoderExecutor(config, client, _Recorder()).forward(ids)
-    return seen
-
-
 def calibration_ids(tokenizer, tokens: int = 256) -> list[int]:
     """The first ``tokens`` tokens of gensim's news corpus lee_background.cor."""
     path = _wiki_path().parent / "lee_background.cor"
     text = path.read_text(encoding="latin-1")[: 8 * tokens]
     return tokenizer.encode(text).ids[:tokens]
-
-
-def upcycled_smollm2(calibrate: bool = True, **kw):
-    """`cipherlm.models.LoadedModel`-like object of the upcycled SmolLM2-135M (tokenizer kept)."""
-    from types import SimpleNamespace
-
-    from ..models import load_model
-
-    lm = load_model("smollm2-135m")
-    opts = {**DEFAULTS, **kw}
-    calib = None
-    if calibrate:
-        L = lm.config["num_hidden_layers"]
-        layers = opts.get("layers") or range(0, L, opts["every"])
-        calib = router_inputs(lm.config, lm.weights, calibration_ids(lm.tokenizer), layers)
-    cfg, w = upcycle(lm.config, lm.weights, calib=calib, **opts)
-    return SimpleNamespace(name="smollm2-135m-upcycled", config=cfg, weights=w, tokenizer=lm.tokenizer)
 
 
 def _wiki_path() -> Path:
@@ -193,4 +162,4 @@ def wiki_prompts(count: int = 16, chars: int = 400) -> list[str]:
     return out
 
 
-__all__ = ["upcycle", "upcycled_smollm2", "router_inputs", "calibration_ids", "wiki_prompts", "DEFAULTS"]
+__all__ = ["upcycle", "calibration_ids", "wiki_prompts", "DEFAULTS"]
