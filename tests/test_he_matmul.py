@@ -76,7 +76,10 @@ def test_large_range_and_negative_inputs(ck):
     b = rng.standard_normal(48) * 100
     _, y = _run(ck, W, b, x)
     err = _check(y, W, b, x)
-    assert err < 1e-8  # CKKS error scales with max|W| max|x| (here 3.5e6, |y| ~ 40)
+    # CKKS error scales with max|W| max|x| (here 3.5e6, |y| ~ 40); the plan (c = 32) sums its
+    # chunks on the server with 5 one-prime rotations, each adding key-switching noise
+    # (~1e-8 of max|W| max|x|; measured up to 5.2e-8 here, 1e-7 on SmolLM2 shapes before and after)
+    assert err < 2e-7
     _, y2 = _run(ck, W, None, x)
     _check(y2, W, None, x)
 
@@ -84,10 +87,12 @@ def test_large_range_and_negative_inputs(ck):
 def test_zero_input_and_zero_rows(ck):
     W = np.zeros((10, 6))
     W[2, 1] = 3.0
+    # the plan rotates at one prime (a giant step and the server's chunk sum): key-switching
+    # noise ~1e-8 of max|W| max|x| per slot, as on every real shape (docs/he_matmul.md)
     _, y = _run(ck, W, None, np.zeros(6))
-    np.testing.assert_allclose(y, 0.0, atol=1e-9)
+    np.testing.assert_allclose(y, 0.0, atol=1e-6)
     _, y = _run(ck, W, None, np.arange(6.0))
-    np.testing.assert_allclose(y, W @ np.arange(6.0), atol=1e-7)
+    np.testing.assert_allclose(y, W @ np.arange(6.0), atol=1e-6)
 
 
 def test_grouped_qkv_like_1536x576(ck):
@@ -121,7 +126,9 @@ def test_plan_fits_and_rotations(ck):
         assert p.c * p.stride <= S
         assert p.n_blocks * p.rows >= d_out
         assert p.c * p.m >= p.n and p.g * p.b >= p.m
-        assert all(0 < s < p.m for s in p.rotation_steps)
+        assert p.c & (p.c - 1) == 0 and (p.c == 1 or p.c * p.stride == S)
+        assert p.chunk_steps == [p.stride << i for i in range(p.c.bit_length() - 1)]
+        assert all(0 < s < p.m for s in set(p.rotation_steps) - set(p.chunk_steps))
 
 
 def test_rejects_wrong_input_and_keys(ck):

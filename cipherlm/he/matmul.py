@@ -12,13 +12,28 @@ rotations, as used for ct-pt MatMul by BLB (``blb_004``, BSGS section), plus:
   The imaginary part is junk the client drops (weights are not protected
   from the client in this mode).
 * **input-chunk blocks** -- the n complex inputs are cut into c chunks of
-  m = ceil(n / c); slot block a (stride B = R + m) holds R output rows for
-  chunk a.  The client lays out slot a*B + u = x_c[a*m + (u mod m)], u < B
-  (it knows x, so any layout is free); diagonal k < m has, at slot a*B + r,
+  m = ceil(n / c), c a power of two; slot block a (stride B = S / c for c > 1,
+  B = R + m for c = 1; R + m <= B) holds R output rows for chunk a.  The
+  client lays out slot a*B + u = x_c[a*m + (u mod m)], u < B (it knows x, so
+  any layout is free); diagonal k < m has, at slot a*B + r,
   w_c[r, a*m + (r+k) mod m].  sum_k diag_k * rot(x, k) leaves at a*B + r the
-  partial dot product of chunk a; the client adds the c blocks in the clear.
-  c*B <= S = N/2 slots; d_out is split into ``n_blocks`` output ciphertexts
-  of R rows when it does not fit.
+  partial dot product of chunk a.  **Chunk sum on the server** (before
+  sending): y += rot(y, 2^i B) for i < log2 c.  Because c B = S exactly,
+  rotations are cyclic over the c blocks and every block ends up holding the
+  *whole* sum, sum_a Y_a (block b gets sum_a Y_{(a+b) mod c}); slots
+  a*B + r, r >= R, carry zero weights and stay zero.  So a decrypted result
+  holds only the outputs (c identical copies), never a chunk's partial sum
+  (security review finding 8: the first version sent the c blocks and let the
+  client add them, c R partial sums against R outputs, 2-6x more linear
+  equations in W).  The log2 c extra rotations run at one prime after the
+  rescale (~0.7 ms each); their steps are in ``rotation_steps``.
+  d_out is split into ``n_blocks`` output ciphertexts of R rows when it does
+  not fit.  What a decrypted result still carries besides the outputs: the
+  imaginary part of each output slot, sum_j W[r,2j] x[2j+1] - W[r,2j+1] x[2j]
+  (one more linear form in W per output; removing it needs a conjugation key,
+  which `he.keys.ClientKeys` does not make), and CKKS noise that depends on W
+  (no flooding in this mode); weights are not protected against the client
+  in offload mode anyway (docs/offload.md).
 * **BSGS** -- m <= g*b; baby steps rot(x, j), j < g, once per request and
   shared by all output blocks; giant steps sum_i rot(sum_j diag'_{ig+j} *
   rot(x, j), ig) with diag' = rot(diag, -ig) pre-rotated at encode time.
@@ -27,7 +42,7 @@ rotations, as used for ct-pt MatMul by BLB (``blb_004``, BSGS section), plus:
 
 Per request (one token, one matrix group):
 
-    rotations      (g - 1) + n_blocks * (b - 1)
+    rotations      (g - 1) + n_blocks * (b - 1) + n_blocks * log2(c)  (chunk sum)
     multiply_plain n_blocks * m      (all-zero diagonals are skipped)
     add            n_blocks * (m - 1) (+ giant-step adds, counted)
     rescale        n_blocks
@@ -136,21 +151,36 @@ class MatmulPlan:
     b: int  # giant steps
     splits: tuple[int, ...] = ()  # group member sizes (sum = d_out), () = single
 
+    def __post_init__(self):
+        if self.c < 1 or self.c & (self.c - 1):
+            raise HEError(f"a plan's chunk count must be a power of two (the server sums the chunks), got {self.c}")
+        if self.rows + self.m > (self.slots // self.c if self.c > 1 else self.slots):
+            raise HEError("plan does not fit its slots")
+
     @property
     def stride(self) -> int:
-        return self.rows + self.m
+        """Slot block size B: S / c when there are chunks (so c B = S and the chunk
+        sum's rotations are cyclic over the blocks), else R + m."""
+        return self.slots // self.c if self.c > 1 else self.rows + self.m
+
+    @property
+    def chunk_steps(self) -> list[int]:
+        """Rotation steps of the server-side chunk sum: B, 2B, ..., (c/2) B."""
+        return [self.stride << i for i in range(self.c.bit_length() - 1)]
 
     @property
     def rotation_steps(self) -> list[int]:
         baby = list(range(1, self.g))
         giant = [i * self.g for i in range(1, self.b) if i * self.g < self.m]
-        return sorted(set(baby + giant))
+        return sorted(set(baby + giant + self.chunk_steps))
 
     def op_counts(self) -> dict:
         n_giant = len([i for i in range(1, self.b) if i * self.g < self.m])
+        n_chunk = len(self.chunk_steps)
         return {
-            "rotations": (self.g - 1) + self.n_blocks * n_giant,
+            "rotations": (self.g - 1) + self.n_blocks * (n_giant + n_chunk),
             "giant_rotations": self.n_blocks * n_giant,
+            "chunk_rotations": self.n_blocks * n_chunk,
             "multiply_plain": self.n_blocks * self.m,
             "rescale": self.n_blocks * (n_giant + 1),
             "plaintexts": self.n_blocks * self.m,
@@ -166,11 +196,15 @@ class MatmulPlan:
         g-1 baby steps and does 1/workers of the giant steps and products."""
         o = self.op_counts()
         baby, giant, mul, rescale = self.g - 1, o["giant_rotations"], o["multiply_plain"], o["rescale"]
+        chunk = o["chunk_rotations"]
         if workers > 1:
             giant, mul, rescale = giant / workers, mul / workers, rescale / workers
+            # every worker chunk-sums its own partial of each block it touches
+            chunk = len(self.chunk_steps) * -(-self.n_blocks // workers)
         return (
             baby * cm.rotate
-            + giant * cm.rotate_low
+            + (giant + chunk) * cm.rotate_low
+            + chunk * cm.add
             + mul * (cm.multiply_plain + cm.add)
             + rescale * cm.rescale
             + self.n_blocks * cm.decrypt_decode
@@ -207,11 +241,14 @@ def plan_matmul(
         raise HEError(f"bad matrix shape ({d_out}, {d_in})")
     n = (d_in + int(has_bias) + 1) // 2
     best = None
-    for c in range(1, (max_chunks or n) + 1):
+    c, last_m = 1, None
+    while c <= (max_chunks or n):  # powers of two: c B = S for the server's chunk sum
         m = -(-n // c)
-        if c > 1 and -(-n // (c - 1)) == m:
+        c_now, c = c, c * 2
+        if m == last_m:
             continue  # same chunk size as a smaller c: no gain
-        r_max = slots // c - m
+        last_m = m
+        r_max = slots // c_now - m
         if r_max < 1:
             break
         n_blocks = -(-d_out // r_max)
@@ -220,7 +257,7 @@ def plan_matmul(
             b = -(-m // g)
             if g > 1 and -(-m // (g - 1)) == b and g > b:
                 continue
-            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c, m, rows, n_blocks, g, b, tuple(splits))
+            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits))
             cost = p.cost(cost_model, workers=workers)
             if best is None or cost < best[0]:
                 best = (cost, p)
@@ -425,10 +462,19 @@ def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | 
     return data
 
 
+def decrypt_slots(keys, blob: bytes) -> np.ndarray:
+    """Client: every (complex) slot of one result ciphertext (tests inspect what a
+    result carries besides the outputs)."""
+    ctx = keys.ctx
+    ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
+    return np.asarray(ctx.encoder.decode_complex(keys.decrypt(ct)))
+
+
 def decrypt_output(
     keys, data: bytes, plan: MatmulPlan, counter: HEOpCounter | None = None, *, split: bool = False
 ) -> np.ndarray | list[np.ndarray]:
-    """Client: decrypt the n_blocks result ciphertexts, add the c chunk blocks -> (d_out,)."""
+    """Client: decrypt the n_blocks result ciphertexts -> (d_out,).  The server has
+    summed the chunks (every slot block holds the whole sum): block 0 is read."""
     ctx = keys.ctx
     blobs = unpack_cts(data, plan.n_blocks)
     y = np.zeros(plan.n_blocks * plan.rows)
@@ -437,8 +483,7 @@ def decrypt_output(
             continue  # all-zero block
         ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
         v = np.asarray(ctx.encoder.decode_double(keys.decrypt(ct)))
-        blocks = v[: plan.c * plan.stride].reshape(plan.c, plan.stride)[:, : plan.rows]
-        y[o * plan.rows : (o + 1) * plan.rows] = blocks.sum(axis=0)
+        y[o * plan.rows : (o + 1) * plan.rows] = v[: plan.rows]
         _count(counter, decrypt=1)
     _count(counter, bytes_out=len(data))
     y = y[: plan.d_out]
@@ -469,10 +514,12 @@ def evaluate_blocks(
     g_needed: int,
 ) -> tuple[list[tuple[int, bytes]], dict[str, int]]:
     """The BSGS core: for each (output block o, giant steps ii), the sum
-    sum_{i in ii} rot(rescale(sum_j diag_{ig+j} * rot(x, j)), ig), serialised (b"" when all
-    its diagonals are zero), and the op counts. ``g_needed`` baby steps are computed
-    once and shared by all blocks. :func:`apply` runs every block; a worker of
-    :mod:`cipherlm.he.parallel` runs its share."""
+    sum_{i in ii} rot(rescale(sum_j diag_{ig+j} * rot(x, j)), ig), chunk-summed
+    (``y += rot(y, 2^i B)``, i < log2 c: every slot block then holds the sum over the
+    c chunks), serialised (b"" when all its diagonals are zero), and the op counts.
+    ``g_needed`` baby steps are computed once and shared by all blocks. :func:`apply`
+    runs every block; a worker of :mod:`cipherlm.he.parallel` runs its share (the chunk
+    sum is linear, so partials of one block chunk-summed apart still add up)."""
     ctx, p = enc.ctx, enc.plan
     ev = ctx.evaluator
     ct = serialize.ciphertext_from_bytes(ctx, ct_bytes, parms_id=enc.input_parms_id, size=2)
@@ -520,6 +567,12 @@ def evaluate_blocks(
         if acc is None:
             out.append((o, b""))
             continue
+        for step in p.chunk_steps:  # at one prime, after the rescale
+            t = seal.Ciphertext()
+            ev.rotate_vector(acc, step, galois_keys, t)
+            ev.add_inplace(acc, t)
+            n["rotations"] += 1
+            n["add"] += 1
         out.append((o, serialize.ciphertext_to_bytes(acc)))
     return out, n
 

@@ -16,7 +16,9 @@ block the giant-step range is split.  Each worker deserialises the input,
 computes the baby steps rot(x, j) it needs itself (measured: a rotation costs
 1.4 ms, shipping a 2-prime ciphertext save + load ~1 ms plus a round trip, so
 recomputing is about as fast and much simpler), sums its units per block,
-rescales and returns one-prime ciphertexts.  A block cut between two workers
+rescales, sums the input chunks of its partial (the server-side chunk sum of
+:func:`~cipherlm.he.matmul.evaluate_blocks`: linear, so partials summed apart
+still add up; the parent holds no Galois keys) and returns one-prime ciphertexts.  A block cut between two workers
 comes back as two rescaled partials that the parent adds (the extra rescale
 rounding is ~2^-45 relative, far below the error bound).  The result bytes are
 exactly the format of :func:`~cipherlm.he.matmul.apply`.

@@ -12,6 +12,15 @@ bytes in ``docs/he_matmul.md``):
 
 Both count HE operations per operator class for the run report.
 
+What a decrypted result carries (security review finding 8; docs/offload.md): the
+server sums a plan's input chunks before sending (:mod:`cipherlm.he.matmul`), so each
+result ciphertext holds the group's outputs (real parts, one copy per chunk block),
+their imaginary parts (one more linear form in W per output) and zeros; no chunk's
+partial sum.  The residue the client still adds itself: for an input wider than one
+ciphertext (:func:`input_parts`, d_in + bias > 4096; none of SmolLM2's or MiniLM's
+projections) it decrypts one result per part, i.e. (parts - 1) x d_out partial sums
+beyond the outputs.
+
 ``ServerEngine(..., workers=W)`` with W > 1 evaluates through a
 :class:`cipherlm.he.parallel.ApplyPool` of W worker processes (each holds a
 share of every encoded group; plans are made for W workers); W = 1 is the
@@ -255,6 +264,8 @@ class ClientEngine(_Counters):
         return cts[0] if len(cts) == 1 else pack_cts(cts)
 
     def decrypt(self, gid: int, blob: bytes) -> np.ndarray:
+        """The group's outputs; the chunks are summed by the server, the input parts
+        (if any, see :func:`input_parts`) here."""
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("a result must be bytes")
         counter = self.by_class[self.groups[gid].op_class]
