@@ -12,11 +12,12 @@ from __future__ import annotations
 import tenseal.sealapi as seal
 
 from . import serialize
+from .backend import SecretKeys
 from .context import HEContext
 from .errors import HEError
 
 
-class ClientKeys:
+class ClientKeys(SecretKeys):
     def __init__(self, ctx: HEContext):
         self.ctx = ctx
         # SEAL's KeyGenerator samples the secret from its PRNG seeded by the OS
@@ -40,6 +41,10 @@ class ClientKeys:
             raise HEError("no rotation steps requested")
         elts = self.ctx.galois_elts(steps)
         return serialize.galois_keys_to_bytes(self._keygen.create_galois_keys(elts))
+
+    def galois_keys_bytes_for_elements(self, elements) -> bytes:
+        """Seeded serialised Galois keys for the automorphisms X -> X^g, g in ``elements``."""
+        return serialize.galois_keys_to_bytes(self._keygen.create_galois_keys([int(g) for g in elements]))
 
     def galois_keys(self, steps) -> seal.GaloisKeys:
         """Galois keys as a local object (tests / in-process use)."""

@@ -1,0 +1,270 @@
+"""The HE backend interface the protocols program against (issue 13, part 3).
+
+``protocols/`` never imports an HE library: it asks `get_backend` for an
+`HEBackend` and calls only the operations below.  The list is what the 2pc
+protocols (`protocols.he_session`, `linear`, `linear_simd`, `embedding`)
+actually use, nothing more:
+
+* parameters / context: `context` (an `HEParams` set -> the backend's public
+  context object, which carries ``params``, ``n``, ``coeff_moduli`` (the first
+  data level's primes)), `level` (the opaque handle of the data level with k
+  primes), `special_modulus`, `primes` (NTT-friendly primes of given sizes);
+* keys: `keygen` -> a `SecretKeys` (seeded symmetric encryption, *raw*
+  decryption to a plaintext, public-key and Galois-key blobs for the peer), and
+  on the other side `load_public_key` + `encrypt_zero` (re-randomisation);
+* encoding at a level: `encode_coeffs` (coefficient packing), `encode_slots` /
+  `decode_slots` (SIMD batching);
+* evaluation: `multiply_plain`, `add_inplace`, `add_plain_inplace`,
+  `rotate_rows` / `rotate_rows_inplace` (Galois automorphism by a row
+  rotation), `mod_switch_to_inplace`, `to_ntt_inplace` / `from_ntt_inplace` /
+  `is_ntt`, and `pack_lwes_stream` (PackLWEs over automorphisms, FastQuery);
+* raw numpy views: `ciphertext_to_numpy` / `numpy_to_ciphertext` (uint64
+  (size, k, N)), `plaintext_to_numpy`;
+* serialisation: `ciphertext_to_bytes` / `ciphertext_from_bytes`,
+  `galois_keys_from_bytes`, `params_to_bytes` / `params_from_bytes`.  Every
+  ``*_from_bytes`` takes untrusted bytes and must validate them fully before the
+  library sees them (the SEAL backend uses `he.serialize`'s layout walk);
+* cost model: `cost_model`, the machine constants the planners' time estimates use
+  (`TwoPCCostModel`).
+
+Ciphertexts, plaintexts, keys and levels are opaque handles owned by the
+backend.  A backend is registered by name with the dotted path of its module
+(`register_backend`); `get_backend` imports it on first use (by
+``importlib``, so this module imports no HE library and the interface is not
+tied to any backend).  docs/he_backend.md: how to add one.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from .errors import HEError
+from .params import HEParams
+
+__all__ = ["HEBackend", "SecretKeys", "TwoPCCostModel", "DEFAULT_BACKEND", "register_backend",
+           "get_backend", "backend_names"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoPCCostModel:
+    """Machine constants (seconds per operation) of one backend, for the planners' time
+    estimates.  Measured on the 2-vCPU reference machine with the SEAL backend.
+
+    ``coeff_*``: the coefficient packing (`protocols.linear.plan_blocks`) at N = 8192,
+    3 primes (the planner scales them by (N / 8192) (k / 3)).
+    ``simd_*``: the SIMD/BSGS packing (`protocols.linear_simd`) at N = 16384, 4 primes
+    (fitted to 128x384->1152: 12.4 s measured / 12.8 modelled; 1x576->3072: 2.38 / 2.45).
+    ``coeff_time_scale``: the coefficient model is ~1.4x optimistic on this machine
+    (128x384->1152: 5.24 s measured / 3.86 modelled; 1x576->3072: 0.54 / 0.31); applied
+    when the two packings are compared."""
+
+    coeff_product: float = 1.6e-4   # multiply_plain + add, NTT form
+    coeff_encrypt: float = 2.0e-3   # client: encode + seeded encryption of one input
+    coeff_finish: float = 6.0e-3    # server: mask, re-randomise, flood, switch; client decrypt
+    coeff_encode: float = 6.0e-4    # encode + NTT one weight block (when not cached)
+    simd_rotate: float = 1.3e-2     # rotate_rows (key switching), coefficient form
+    simd_ntt: float = 1.0e-3        # forward/inverse NTT of one ciphertext
+    simd_product: float = 1.0e-3    # multiply_plain + add, NTT form
+    simd_encode: float = 2.3e-3     # build + batch-encode + NTT one diagonal plaintext (when not cached)
+    simd_encrypt: float = 4.0e-3    # client: batch-encode + seeded encryption of one input
+    simd_finish: float = 3.0e-2     # server: mask, public-key zero encryption, flooding, switch, serialise; client decrypt
+    coeff_time_scale: float = 1.4
+
+
+class SecretKeys(abc.ABC):
+    """One party's secret key and what it produces.  The secret key itself never leaves."""
+
+    @abc.abstractmethod
+    def encrypt_seeded(self, pt) -> bytes:
+        """Symmetric encryption of a plaintext, serialised with the PRNG seed in place of
+        the uniform half (what goes on the wire)."""
+
+    @abc.abstractmethod
+    def encrypt(self, pt):
+        """Symmetric encryption, as a local ciphertext."""
+
+    @abc.abstractmethod
+    def decrypt(self, ct):
+        """Raw decryption: the plaintext (no decoding)."""
+
+    @abc.abstractmethod
+    def public_key_bytes(self) -> bytes:
+        """Serialised public key (the peer re-randomises results under it)."""
+
+    @abc.abstractmethod
+    def galois_keys_bytes(self, steps) -> bytes:
+        """Serialised (seeded) Galois keys for row-rotation steps."""
+
+    @abc.abstractmethod
+    def galois_keys_bytes_for_elements(self, elements) -> bytes:
+        """Serialised (seeded) Galois keys for automorphisms X -> X^g, g in ``elements``."""
+
+
+class HEBackend(abc.ABC):
+    """Operations the protocols use (module docstring).  Stateless: per-parameter state
+    lives in the context object `context` returns, which every call takes first."""
+
+    name: str = "?"
+    cost_model: TwoPCCostModel = TwoPCCostModel()
+
+    # -- parameters / context ---------------------------------------------------------
+    @abc.abstractmethod
+    def context(self, params: HEParams) -> Any:
+        """Public context for ``params`` (attributes ``params``, ``n``, ``coeff_moduli``)."""
+
+    @abc.abstractmethod
+    def level(self, ctx, n_primes: int) -> Any:
+        """Handle of the data level with ``n_primes`` primes."""
+
+    @abc.abstractmethod
+    def special_modulus(self, ctx) -> int:
+        """The key-switching (special) prime."""
+
+    @abc.abstractmethod
+    def primes(self, n: int, bits: list[int]) -> list[int]:
+        """Distinct NTT-friendly primes q = 1 mod 2n of the given bit sizes, in order."""
+
+    # -- keys ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def keygen(self, ctx) -> SecretKeys:
+        """A fresh secret key (from the OS CSPRNG) for this context."""
+
+    @abc.abstractmethod
+    def load_public_key(self, ctx, data: bytes) -> Any:
+        """Validate and load a peer's public key (untrusted bytes)."""
+
+    @abc.abstractmethod
+    def encrypt_zero(self, ctx, pk, level) -> Any:
+        """A public-key encryption of zero at ``level``, coefficient form."""
+
+    # -- encoding ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def encode_coeffs(self, ctx, coeffs: np.ndarray, *, level=None, ntt: bool = False) -> Any:
+        """Plaintext with these coefficients (uint64 mod t, length <= N); with ``ntt``, in NTT
+        form at ``level`` (for multiply_plain)."""
+
+    @abc.abstractmethod
+    def encode_slots(self, ctx, values: np.ndarray, *, level=None, ntt: bool = False) -> Any:
+        """Batch-encode slot values (uint64 mod t, BFV with t = 1 mod 2N)."""
+
+    @abc.abstractmethod
+    def decode_slots(self, ctx, coeffs: np.ndarray) -> np.ndarray:
+        """Plaintext coefficients mod t -> slot values (uint64)."""
+
+    # -- evaluation ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def multiply_plain(self, ctx, ct, pt) -> Any:
+        """ct * pt as a new ciphertext (both NTT form, same level)."""
+
+    @abc.abstractmethod
+    def add_inplace(self, ctx, a, b) -> None:
+        """a += b."""
+
+    @abc.abstractmethod
+    def add_plain_inplace(self, ctx, ct, pt) -> None:
+        """ct += pt (coefficient form)."""
+
+    @abc.abstractmethod
+    def rotate_rows(self, ctx, ct, step: int, galois_keys) -> Any:
+        """Rotate both slot rows by ``step`` (coefficient form), as a new ciphertext."""
+
+    @abc.abstractmethod
+    def rotate_rows_inplace(self, ctx, ct, step: int, galois_keys) -> None:
+        """Rotate in place."""
+
+    @abc.abstractmethod
+    def mod_switch_to_inplace(self, ctx, ct, level) -> None:
+        """Switch the modulus down to ``level`` (BFV: divide and round)."""
+
+    @abc.abstractmethod
+    def to_ntt_inplace(self, ctx, obj, level=None) -> None:
+        """A ciphertext, or a coefficient plaintext (then at ``level``), into NTT form."""
+
+    @abc.abstractmethod
+    def from_ntt_inplace(self, ctx, ct) -> None:
+        """A ciphertext out of NTT form."""
+
+    @abc.abstractmethod
+    def is_ntt(self, ct) -> bool:
+        """Whether ``ct`` is in NTT form."""
+
+    @abc.abstractmethod
+    def pack_lwes_stream(self, ctx, galois_keys, n_leaves: int, leaves: Iterable) -> Any:
+        """PackLWEs (CDKS Algorithm 1 + field trace, `he.packlwe`) over lazily supplied
+        coefficient-form leaves in bit-reversed order (None = zero)."""
+
+    # -- raw views -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def ciphertext_to_numpy(self, ct) -> np.ndarray:
+        """Coefficients (size, n_primes, N) uint64, a copy."""
+
+    @abc.abstractmethod
+    def numpy_to_ciphertext(self, ctx, arr: np.ndarray, *, level=None, ntt: bool = False) -> Any:
+        """A ciphertext from (size, n_primes, N) uint64 coefficients, each reduced mod its
+        prime (checked); ``level`` defaults to the level with n_primes primes."""
+
+    @abc.abstractmethod
+    def plaintext_to_numpy(self, pt) -> np.ndarray:
+        """Plaintext coefficients, flat (coefficient form: up to N values mod t)."""
+
+    # -- serialisation -------------------------------------------------------------------
+    @abc.abstractmethod
+    def ciphertext_to_bytes(self, ct) -> bytes:
+        """Serialise a ciphertext."""
+
+    @abc.abstractmethod
+    def ciphertext_from_bytes(self, ctx, data: bytes, *, level=None) -> Any:
+        """Validate (layout, level, size, reduced coefficients, not transparent) and load
+        a peer's ciphertext."""
+
+    @abc.abstractmethod
+    def galois_keys_from_bytes(self, ctx, data: bytes, *, required_steps=None) -> Any:
+        """Validate and load a peer's Galois keys (a bounded number; the required steps
+        must be there)."""
+
+    @abc.abstractmethod
+    def params_to_bytes(self, params: HEParams) -> bytes:
+        """The parameter set as both sides compare it."""
+
+    @abc.abstractmethod
+    def params_from_bytes(self, data: bytes) -> HEParams:
+        """Parse and security-check a peer's parameter blob."""
+
+
+# ----------------------------------------------------------------------------- registry
+#: name -> (module path, class name); imported on first `get_backend`
+_REGISTRY: dict[str, tuple[str, str]] = {"seal": ("cipherlm.he.seal_backend", "SealBackend")}
+_INSTANCES: dict[str, HEBackend] = {}
+DEFAULT_BACKEND = "seal"
+
+
+def register_backend(name: str, module: str, cls: str) -> None:
+    """Register a backend class ``cls`` of module ``module`` (dotted path) under ``name``."""
+    _REGISTRY[name] = (module, cls)
+    _INSTANCES.pop(name, None)
+
+
+def backend_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_backend(name: str = DEFAULT_BACKEND) -> HEBackend:
+    """The (shared, stateless) backend registered under ``name``."""
+    b = _INSTANCES.get(name)
+    if b is None:
+        try:
+            module, cls = _REGISTRY[name]
+        except KeyError:
+            raise HEError(f"unknown HE backend {name!r}; known: {backend_names()}") from None
+        b = _INSTANCES[name] = getattr(importlib.import_module(module), cls)()
+    return b
+
+
+def iter_backends() -> Iterator[HEBackend]:
+    for name in backend_names():
+        yield get_backend(name)
