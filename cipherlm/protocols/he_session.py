@@ -68,12 +68,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tenseal.sealapi as seal
 
-from ..he import serialize
-from ..he.context import HEContext
+from ..he.backend import DEFAULT_BACKEND, HEBackend, get_backend
 from ..he.errors import HEError
-from ..he.keys import ClientKeys
 from ..he.params import HEParams
 from ..mpc.context import MPCError
 from ..mpc.ring import mulmod_scalar, new_rng
@@ -159,11 +156,16 @@ def count_flooded(ctx, n: int) -> None:
 
 
 class HESession:
-    """One party's BFV keys plus the peer's public key; cached on the `Context`."""
+    """One party's BFV keys plus the peer's public key; cached on the `Context`.
 
-    def __init__(self, ctx, params: HEParams = TWOPC_BFV, *, step: str = "he-keys"):
+    Every HE operation goes through ``self.backend`` (`cipherlm.he.backend.HEBackend`,
+    SEAL by default); ``self.he`` is that backend's context."""
+
+    def __init__(self, ctx, params: HEParams = TWOPC_BFV, *, step: str = "he-keys",
+                 backend: str | HEBackend = DEFAULT_BACKEND):
         self.params = params
-        self.he = HEContext(params)
+        self.backend = be = get_backend(backend) if isinstance(backend, str) else backend
+        self.he = be.context(params)
         self.n = self.he.n
         self.t = int(params.plain_modulus)
         #: power-of-two t (coefficient packing, `linear`) or a batching prime p = 1 mod 2N
@@ -172,25 +174,27 @@ class HESession:
         self.t_bits = int(math.ceil(math.log2(self.t)))
         if not self.pow2 and self.t % (2 * self.n) != 1:
             raise HEError("the 2pc linear protocol needs t = 2^k or a prime t = 1 mod 2N")
-        self.batch_encoder = None if self.pow2 else seal.BatchEncoder(self.he.seal)
-        self.keys = ClientKeys(self.he)
+        self.keys = be.keygen(self.he)
         self.rng = new_rng()
-        self.top = self.he.parms_id_at(len(self.he.coeff_moduli))
-        self.bottom = self.he.parms_id_at(RESULT_PRIMES)
+        self.top = be.level(self.he, len(self.he.coeff_moduli))
+        self.bottom = be.level(self.he, RESULT_PRIMES)
         self.q_top_bits = sum(math.log2(q) for q in self.he.coeff_moduli)
         self.q_bottom_bits = sum(math.log2(q) for q in self.he.coeff_moduli[:RESULT_PRIMES])
         with ctx.step(step):
-            peer = ctx.exchange({"bfv_params": serialize.params_to_bytes(params),
+            peer = ctx.exchange({"bfv_params": be.params_to_bytes(params),
                                  "public_key": self.keys.public_key_bytes()})
-        if serialize.params_from_bytes(bytes(peer["bfv_params"])) != params:
+        if be.params_from_bytes(bytes(peer["bfv_params"])) != params:
             raise MPCError("peer uses different BFV parameters")
-        pk = serialize.public_key_from_bytes(self.he, bytes(peer["public_key"]))
-        self._peer_encryptor = seal.Encryptor(self.he.seal, pk)
+        self._peer_pk = be.load_public_key(self.he, bytes(peer["public_key"]))
         self.plain_cache: dict = {}
         self.flooded = flood_counter(ctx)
 
     def __repr__(self) -> str:
         return f"HESession({self.params.name})"
+
+    @property
+    def batch_encoder(self):  # transitional: linear_simd moves to backend.encode_slots next
+        return None if self.pow2 else self.backend._batch_encoder(self.he)
 
     # -- noise budget ----------------------------------------------------------
     def flood_bound(self, noise_bound: float) -> int:
@@ -226,7 +230,7 @@ class HESession:
     # -- encryptor side ----------------------------------------------------------
     def encrypt_polys(self, polys: np.ndarray) -> list[bytes]:
         """Seeded symmetric encryptions of coefficient vectors (values mod t)."""
-        return [self.keys.encrypt_seeded(serialize.numpy_to_plaintext(self.he, p)) for p in polys]
+        return [self.keys.encrypt_seeded(self.backend.encode_coeffs(self.he, p)) for p in polys]
 
     def decrypt_compact(self, c1: np.ndarray, c0_sel: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Decrypt a bottom-level result given its full ``c1`` and ``c0`` at ``positions`` only.
@@ -234,34 +238,33 @@ class HESession:
         arr = np.zeros((2, RESULT_PRIMES, self.n), np.uint64)
         arr[1] = c1
         arr[0][:, positions] = c0_sel
-        ct = serialize.numpy_to_ciphertext(self.he, arr, parms_id=self.bottom, is_ntt_form=False)
-        pt = serialize.plaintext_to_numpy(self.keys.decrypt(ct))
+        ct = self.backend.numpy_to_ciphertext(self.he, arr, level=self.bottom, ntt=False)
+        pt = self.backend.plaintext_to_numpy(self.keys.decrypt(ct))
         out = np.zeros(self.n, np.uint64)
         out[: pt.size] = pt
         return out[positions]
 
     # -- evaluator side -------------------------------------------------------------
-    def load_input(self, blob: bytes) -> seal.Ciphertext:
-        ct = serialize.ciphertext_from_bytes(self.he, blob, parms_id=self.top)
-        if ct.is_ntt_form():
+    def load_input(self, blob: bytes):
+        be = self.backend
+        ct = be.ciphertext_from_bytes(self.he, blob, level=self.top)
+        if be.is_ntt(ct):
             raise HEError("expected a coefficient-form BFV ciphertext")
-        self.he.evaluator.transform_to_ntt_inplace(ct)
+        be.to_ntt_inplace(self.he, ct)
         return ct
 
-    def encode_plain(self, coeffs: np.ndarray) -> seal.Plaintext:
+    def encode_plain(self, coeffs: np.ndarray):
         """Signed integer polynomial -> NTT-form plaintext at the top level (centred lift)."""
-        pt = serialize.numpy_to_plaintext(self.he, np.asarray(coeffs, np.int64).astype(np.uint64) & np.uint64(self.t - 1))
-        self.he.evaluator.transform_to_ntt_inplace(pt, self.top)
-        return pt
+        return self.backend.encode_coeffs(
+            self.he, np.asarray(coeffs, np.int64).astype(np.uint64) & np.uint64(self.t - 1), level=self.top, ntt=True)
 
-    def zero_ntt(self) -> seal.Ciphertext:
+    def zero_ntt(self):
         """A public-key encryption of zero under the peer's key, NTT form (an all-zero block)."""
-        ct = seal.Ciphertext()
-        self._peer_encryptor.encrypt_zero(self.top, ct)
-        self.he.evaluator.transform_to_ntt_inplace(ct)
+        ct = self.backend.encrypt_zero(self.he, self._peer_pk, self.top)
+        self.backend.to_ntt_inplace(self.he, ct)
         return ct
 
-    def finish(self, acc: seal.Ciphertext, positions: np.ndarray, noise_bound: float, *,
+    def finish(self, acc, positions: np.ndarray, noise_bound: float, *,
                send_level=None, ntt: bool = True, flood_noise: float | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Turn an NTT-form product into what the encryptor may see.
@@ -276,17 +279,15 @@ class HESession:
         is then only the correctness bound.  Counts ``positions.size`` flooded coefficients
         against the session's MAX_FLOODED_PER_SESSION.
         Returns (c1, c0 at positions, -r mod t) — the last is this party's share."""
-        ev = self.he.evaluator
+        be, he = self.backend, self.he
         if ntt:
-            ev.transform_from_ntt_inplace(acc)
+            be.from_ntt_inplace(he, acc)
         r = self.rng.integers(0, self.t, size=positions.size, dtype=np.uint64)
         mask_poly = np.zeros(self.n, np.uint64)
         mask_poly[positions] = r
-        ev.add_plain_inplace(acc, serialize.numpy_to_plaintext(self.he, mask_poly))
-        zero = seal.Ciphertext()
-        self._peer_encryptor.encrypt_zero(self.top, zero)
-        ev.add_inplace(acc, zero)
-        arr = serialize.ciphertext_to_numpy(acc)
+        be.add_plain_inplace(he, acc, be.encode_coeffs(he, mask_poly))
+        be.add_inplace(he, acc, be.encrypt_zero(he, self._peer_pk, self.top))
+        arr = be.ciphertext_to_numpy(acc)
         b_f = self.flood_bound(noise_bound if flood_noise is None else flood_noise)
         if flood_noise is not None:
             self.check_budget(b_f, noise_bound)
@@ -295,11 +296,11 @@ class HESession:
         for j, residue in enumerate(self._flood_residues(b_f, positions.size)):
             q = np.uint64(self.he.coeff_moduli[j])
             arr[0, j, positions] = (arr[0, j, positions] + residue) % q
-        ct = serialize.numpy_to_ciphertext(self.he, arr, parms_id=self.top, is_ntt_form=False)
+        ct = be.numpy_to_ciphertext(he, arr, level=self.top, ntt=False)
         target = self.bottom if send_level is None else send_level
-        if list(target) != list(self.top):
-            ev.mod_switch_to_inplace(ct, target)
-        out = serialize.ciphertext_to_numpy(ct)
+        if target != self.top:
+            be.mod_switch_to_inplace(he, ct, target)
+        out = be.ciphertext_to_numpy(ct)
         share = (np.uint64(self.t) - r) % np.uint64(self.t)
         return out[1], out[0][:, positions], share
 
