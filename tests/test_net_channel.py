@@ -299,3 +299,33 @@ def test_ping_pong_rounds_and_steps():
     assert a.totals()["bytes_sent"] == sum(v["bytes_sent"] for v in a.stats().values())
     a.reset_stats()
     assert a.stats() == {} and a.totals()["bytes_sent"] == 0
+
+
+def test_send_background_is_counted_before_the_receive():
+    """A background send (Context.exchange of large messages) is accounted as a send
+    followed by the receive, whatever the threads' timing: the peer's message is already
+    waiting, yet the next send still opens a new round in its own step."""
+    a, b = inprocess_pair(timeout=20)
+    big = {"x": np.zeros(1 << 16)}
+
+    def peer():
+        b.send(big)
+        b.recv()
+        b.recv()
+
+    t = threading.Thread(target=peer, daemon=True)
+    t.start()
+    time.sleep(0.2)  # b's frame is (partly) buffered before a starts
+    with a.step("exchange"):
+        join = a.send_background(big)
+        got = a.recv()
+        assert join() > big["x"].nbytes
+    with a.step("next"):
+        a.send({"k": 1})
+    t.join(10)
+    stats = a.stats()
+    assert np.array_equal(got["x"], big["x"])
+    assert stats["exchange"]["rounds"] == 1 and stats["exchange"]["flights_received"] == 1
+    assert stats["next"]["rounds"] == 1
+    a.close()
+    b.close()

@@ -7,7 +7,7 @@ written once, parameterised by ``ctx.party``.
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from typing import Callable
 
 import numpy as np
@@ -81,25 +81,17 @@ class Context:
     def exchange(self, msg: dict) -> dict:
         """Both parties send `msg` and receive the peer's in the same flight.
         Large messages are sent from a helper thread so that two parties sending
-        at once cannot block each other on full socket buffers."""
-        size = _payload_size(msg)
-        if size <= _SEND_INLINE:
+        at once cannot block each other on full socket buffers (counted as sent
+        before the receive either way: `Channel.send_background`)."""
+        if _payload_size(msg) <= _SEND_INLINE:
             self.chan.send(msg)
             return self.chan.recv()
-        err: list[BaseException] = []
-
-        def _send():
-            try:
-                self.chan.send(msg)
-            except BaseException as e:  # re-raised below
-                err.append(e)
-
-        t = threading.Thread(target=_send, daemon=True)
-        t.start()
+        join = self.chan.send_background(msg)
         try:
             out = self.chan.recv()
-        finally:
-            t.join()
-        if err:
-            raise err[0]
+        except BaseException:
+            with contextlib.suppress(BaseException):  # the receive's error is the one to report
+                join()
+            raise
+        join()
         return out

@@ -55,7 +55,7 @@ import select
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import message as _message
 from .framing import (
@@ -219,29 +219,78 @@ class Channel:
             d = cap if d is None else min(d, cap)
         return d
 
-    def _send_frame(self, kind: int, parts: list) -> int:
+    def send_background(self, msg: dict) -> Callable[[], int]:
+        """Send one message from a helper thread; return ``join()``, which waits for the
+        write and re-raises its error (or returns the bytes on the wire).
+
+        For two parties that send large messages to each other at once (their writes
+        would block on full socket buffers if neither read).  The frame is counted
+        *now*, before this party receives anything, so the accounting (bytes, rounds,
+        flights and their steps) reads exactly as a plain ``send`` followed by a
+        ``recv`` and never depends on thread timing.  The send lock is held until the
+        write is done: frames never interleave and keep their order.
+        """
+        chunks, total, label = self._frame(KIND_MESSAGE, _message.encode_parts(msg))
+        self._send_lock.acquire()
+        try:
+            if self._closed:
+                raise ChannelClosed("channel is closed")
+            deadline = self._deadline(None)
+            self._count(label, "send", total)
+        except BaseException:
+            self._send_lock.release()
+            raise
+        err: list[BaseException] = []
+
+        def write():
+            try:
+                self._write_chunks(chunks, deadline)
+            except BaseException as e:  # re-raised by join()
+                err.append(e)
+            finally:
+                self._send_lock.release()
+
+        t = threading.Thread(target=write, daemon=True, name="channel-send")
+        t.start()
+
+        def join() -> int:
+            t.join()
+            if err:
+                raise err[0]
+            return total
+
+        return join
+
+    def _frame(self, kind: int, parts: list) -> tuple[list, int, str]:
+        """(chunks to write, bytes on the wire, step label) of one frame."""
         label = self.current_step
         size = sum(memoryview(p).nbytes for p in parts)
         if size > self.max_frame:
             raise FrameError(f"frame of {size} bytes exceeds the maximum frame size {self.max_frame}")
         header = encode_header(kind, size)
+        # Small frames go out in one write (one TCP segment with TCP_NODELAY).
+        if size <= _COALESCE:
+            chunks = [header + b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)]
+        else:
+            chunks = [header, *parts]
+        return chunks, HEADER_SIZE + size, label
+
+    def _write_chunks(self, chunks: list, deadline: float | None) -> None:
+        """Write a frame's chunks (the send lock held); a partly written frame would
+        desynchronise the stream, so a failure closes the channel."""
+        try:
+            for ch in chunks:
+                self._write(memoryview(ch).cast("B"), deadline)
+        except (ChannelTimeout, ChannelClosed):
+            self.close()
+            raise
+
+    def _send_frame(self, kind: int, parts: list) -> int:
+        chunks, total, label = self._frame(kind, parts)
         with self._send_lock:
             if self._closed:
                 raise ChannelClosed("channel is closed")
-            deadline = self._deadline(None)
-            # Small frames go out in one write (one TCP segment with TCP_NODELAY).
-            if size <= _COALESCE:
-                chunks = [header + b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)]
-            else:
-                chunks = [header, *parts]
-            try:
-                for ch in chunks:
-                    self._write(memoryview(ch).cast("B"), deadline)
-            except (ChannelTimeout, ChannelClosed):
-                # A partly written frame would desynchronise the stream.
-                self.close()
-                raise
-        total = HEADER_SIZE + size
+            self._write_chunks(chunks, self._deadline(None))
         self._count(label, "send", total)
         return total
 
