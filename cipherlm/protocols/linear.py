@@ -60,8 +60,8 @@ import numpy as np
 from ..mpc.context import MPCError
 from ..mpc.protocols.trunc import trunc_local
 from ..mpc.ring import fixed_encode, mask
+from ..he.backend import TwoPCCostModel, get_backend
 from ..mpc.shares import AShare
-import tenseal.sealapi as seal
 
 from .he_session import FLOOD_SIGMA, RESULT_PRIMES, HESession, he_session, he_session_wide, noise_bound
 
@@ -69,11 +69,8 @@ IN_FRAC = 14
 W_FRAC = 14
 W_BITS = 20  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound (|W| < 32), checked by the weight owner
 
-#: cost-model constants (seconds on the 2-vCPU reference machine; bytes/s of a 1 Gbps LAN)
-_T_PRODUCT = 1.6e-4
-_T_ENCRYPT = 2.0e-3
-_T_FINISH = 6.0e-3
-_T_ENCODE = 6.0e-4
+#: the cost model's per-operation seconds are the HE backend's (`get_backend().cost_model`,
+#: ``coeff_*``: N = 8192, three primes, 2-vCPU reference machine); bytes/s of a 1 Gbps LAN
 _LAN_BYTES_PER_S = 1e9 / 8
 
 
@@ -123,13 +120,16 @@ class BlockPlan:
     def bytes_estimate(self, in_ct_bytes: int, out_prime_bytes: int = 16) -> int:
         return self.in_cts * in_ct_bytes + self.out_cts * (self.n + self.mw * self.ow) * out_prime_bytes
 
-    def seconds_estimate(self, in_ct_bytes: int, encode_weights: bool, op_scale: float = 1.0) -> float:
+    def seconds_estimate(self, in_ct_bytes: int, encode_weights: bool, op_scale: float = 1.0,
+                         cost: TwoPCCostModel | None = None) -> float:
         """``op_scale``: cost of one HE operation relative to N = 8192 at three primes
-        (the constants' reference; N = 16384 at four primes: 2 x 4/3)."""
-        s = op_scale * (self.in_cts * _T_ENCRYPT + self.products * _T_PRODUCT + self.out_cts * _T_FINISH)
+        (the constants' reference; N = 16384 at four primes: 2 x 4/3).  ``cost``: the
+        machine constants (default: the default HE backend's cost model)."""
+        c = get_backend().cost_model if cost is None else cost
+        s = op_scale * (self.in_cts * c.coeff_encrypt + self.products * c.coeff_product + self.out_cts * c.coeff_finish)
         s += self.bytes_estimate(in_ct_bytes) / _LAN_BYTES_PER_S
         if encode_weights:
-            s += op_scale * self.batch * self.db * self.ob * _T_ENCODE
+            s += op_scale * self.batch * self.db * self.ob * c.coeff_encode
         return s
 
 
@@ -271,9 +271,8 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
                        f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
     cts = [he.load_input(bytes(b)) for b in blobs]  # order (batch, mb, db)
     pts = _encoded_rhs(he, plan, B, b_bits, cache_key)  # [batch][db][ob]
-    ev = he.he.evaluator
+    be, hectx = he.backend, he.he
     c1s, c0s, shares = [], [], []
-    tmp = seal.Ciphertext()
     for bi in range(batch):
         for mi in range(plan.mb):
             row = cts[(bi * plan.mb + mi) * plan.db:(bi * plan.mb + mi + 1) * plan.db]
@@ -284,11 +283,9 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
                     if pt is None:
                         continue
                     if acc is None:
-                        acc = seal.Ciphertext()
-                        ev.multiply_plain(row[di], pt, acc)
+                        acc = be.multiply_plain(hectx, row[di], pt)
                     else:
-                        ev.multiply_plain(row[di], pt, tmp)
-                        ev.add_inplace(acc, tmp)
+                        be.add_inplace(hectx, acc, be.multiply_plain(hectx, row[di], pt))
                 if acc is None:  # an all-zero block: a re-randomised encryption of zero still hides it
                     acc = he.zero_ntt()
                 c1, c0, sh = he.finish(acc, positions, bound)
