@@ -238,8 +238,7 @@ def _noise_party(ctx, flood):
     plan = S.plan_simd(1, 16, 16, c=16, b=4)
     S.ensure_galois_keys(ctx, he, plan.steps)
     if ctx.party == 0:
-        pt = seal.Plaintext()
-        he.batch_encoder.encode(S.pack_input(plan, np.arange(16, dtype=np.uint64)[None])[0].tolist(), pt)
+        pt = he.backend.encode_slots(he.he, S.pack_input(plan, np.arange(16, dtype=np.uint64)[None])[0])
         ctx.send({"ct": he.keys.encrypt_seeded(pt)})
         reply = ctx.recv()
         ct = serialize.numpy_to_ciphertext(he.he, np.stack([reply["c0"], reply["c1"]]), parms_id=he.top,
@@ -253,9 +252,8 @@ def _noise_party(ctx, flood):
     ev.rotate_rows(ct, plan.steps[0], S._keys_for(he, plan.steps[0]), rot)   # a baby step
     ev.transform_to_ntt_inplace(rot)
     rng = np.random.default_rng(0)
-    pt = seal.Plaintext()   # a plaintext with coefficients up to p / 2, like a weight diagonal
-    he.batch_encoder.encode(rng.integers(0, S.SIMD_PRIME, he.n, dtype=np.uint64).tolist(), pt)
-    ev.transform_to_ntt_inplace(pt, he.top)
+    # a plaintext with coefficients up to p / 2, like a weight diagonal
+    pt = he.backend.encode_slots(he.he, rng.integers(0, S.SIMD_PRIME, he.n, dtype=np.uint64), level=he.top, ntt=True)
     acc = seal.Ciphertext()
     ev.multiply_plain(rot, pt, acc)
     ev.transform_from_ntt_inplace(acc)

@@ -192,10 +192,6 @@ class HESession:
     def __repr__(self) -> str:
         return f"HESession({self.params.name})"
 
-    @property
-    def batch_encoder(self):  # transitional: linear_simd moves to backend.encode_slots next
-        return None if self.pow2 else self.backend._batch_encoder(self.he)
-
     # -- noise budget ----------------------------------------------------------
     def flood_bound(self, noise_bound: float) -> int:
         """B_f for a product whose weight-dependent noise has mean absolute value at most

@@ -80,9 +80,8 @@ import math
 from functools import lru_cache
 
 import numpy as np
-import tenseal.sealapi as seal
 
-from ..he import serialize
+from ..he.backend import TwoPCCostModel, get_backend
 from ..he.params import HEParams
 from ..mpc.context import MPCError
 from ..mpc.protocols.field import ring_to_field
@@ -100,17 +99,9 @@ SIMD_PRIME = 576460752302473217
 SIMD_BFV = HEParams(name="2pc-bfv-simd-n16384-p59", scheme="bfv", poly_modulus_degree=SIMD_N,
                     coeff_modulus_bits=(60, 60, 60, 60, 60), plain_modulus=SIMD_PRIME)
 
-#: cost-model constants for N = 16384 at 4 primes (seconds, measured on the 2-vCPU reference machine)
-#: (fitted to 128x384->1152: 12.4 s measured / 12.8 modelled; 1x576->3072: 2.38 / 2.45)
-T_ROTATE = 1.3e-2   # rotate_rows (key switching), coefficient form
-T_NTT = 1.0e-3      # forward/inverse NTT of one ciphertext
-T_PRODUCT = 1.0e-3  # multiply_plain + add, NTT form
-T_ENCODE = 2.3e-3   # build + batch-encode + NTT one diagonal plaintext (when not cached)
-T_ENCRYPT = 4.0e-3  # client: batch-encode + seeded encryption of one input
-T_FINISH = 3.0e-2   # server: mask, public-key zero encryption, flooding, switch, serialise; client decrypt
-#: the coefficient path's cost model (`linear.plan_blocks`) is ~1.4x optimistic on this machine
-#: (128x384->1152: 5.24 s measured / 3.86 modelled; 1x576->3072: 0.54 / 0.31): applied when comparing
-COEFF_TIME_SCALE = 1.4
+#: cost-model constants (N = 16384 at 4 primes: rotate, NTT, product, encode, encrypt, finish; and the
+#: coefficient path's correction when comparing, ``coeff_time_scale``) are the HE backend's
+#: (`get_backend().cost_model`, ``simd_*``; measured on the 2-vCPU reference machine)
 #: seeded input ciphertext (c0 at 4 primes) and a result (c0 + c1 at 2 primes), bytes (+ framing)
 IN_CT_BYTES = SIMD_N * 4 * 8 + 100
 OUT_CT_BYTES = 2 * SIMD_N * RESULT_PRIMES * 8 + 64
@@ -182,12 +173,14 @@ class SimdPlan:
     def bytes_estimate(self) -> int:
         return self.in_cts * IN_CT_BYTES + self.out_cts * OUT_CT_BYTES
 
-    def seconds_estimate(self, bandwidth_bytes_per_s: float = 1e9 / 8, encode_weights: bool = True) -> float:
-        s = (self.in_cts * (T_ENCRYPT + T_NTT) + self.baby_rotations * (T_ROTATE + T_NTT)
-             + self.giant_rotations * (T_ROTATE + T_NTT) + self.products * T_PRODUCT
-             + self.out_cts * T_FINISH + self.bytes_estimate() / bandwidth_bytes_per_s)
+    def seconds_estimate(self, bandwidth_bytes_per_s: float = 1e9 / 8, encode_weights: bool = True,
+                         cost: TwoPCCostModel | None = None) -> float:
+        c = get_backend().cost_model if cost is None else cost
+        s = (self.in_cts * (c.simd_encrypt + c.simd_ntt) + self.baby_rotations * (c.simd_rotate + c.simd_ntt)
+             + self.giant_rotations * (c.simd_rotate + c.simd_ntt) + self.products * c.simd_product
+             + self.out_cts * c.simd_finish + self.bytes_estimate() / bandwidth_bytes_per_s)
         if encode_weights:
-            s += self.products * T_ENCODE
+            s += self.products * c.simd_encode
         return s
 
     def nonzero(self, di: int, gi: int) -> np.ndarray:
@@ -303,7 +296,8 @@ def choose_packing(m: int, d: int, o: int, network: str = "LAN", *, encode_weigh
     in_ct = 3 * n_c * 8
     cp = plan_blocks(m, d, o, n_c, encode_weights=encode_weights)
     c_bytes = cp.bytes_estimate(in_ct)
-    c_sec = ((cp.seconds_estimate(in_ct, encode_weights) - c_bytes / _LAN_BYTES_PER_S) * COEFF_TIME_SCALE
+    c_sec = ((cp.seconds_estimate(in_ct, encode_weights) - c_bytes / _LAN_BYTES_PER_S)
+             * get_backend().cost_model.coeff_time_scale
              + net.seconds(c_bytes, 2))
     sp = plan_simd(m, d, o, SIMD_N, bandwidth_bytes_per_s=bw, encode_weights=encode_weights) if m <= SIMD_N // 2 else None
     if sp is None:
@@ -436,7 +430,7 @@ def simd_session(ctx) -> HESession:
     if s is None:
         s = HESession(ctx, SIMD_BFV, step="he-keys-simd")
         s.galois_steps = set()
-        s.galois_keys = []  # server side: list of (steps, seal.GaloisKeys)
+        s.galois_keys = []  # server side: list of (steps, the backend's Galois keys)
         ctx._he_simd_session = s
     return s
 
@@ -455,7 +449,7 @@ def ensure_galois_keys(ctx, he: HESession, steps) -> None:
             blob = msg.get("galois") if isinstance(msg, dict) else None
             if not isinstance(blob, (bytes, bytearray, memoryview)):
                 raise MPCError("expected Galois keys")
-            gk = serialize.galois_keys_from_bytes(he.he, bytes(blob), required_steps=missing)
+            gk = he.backend.galois_keys_from_bytes(he.he, bytes(blob), required_steps=missing)
             he.galois_keys.append((set(missing), gk))
     st = simd_stats(ctx)
     st.galois_keys += len(missing)
@@ -476,7 +470,7 @@ def simd_noise_bound(he: HESession, plan: SimdPlan) -> float:
     The correctness bound (the flooded result must decrypt)."""
     n = he.n
     moduli = he.he.coeff_moduli
-    special = he.he.seal.key_context_data().parms().coeff_modulus()[-1].value()
+    special = he.backend.special_modulus(he.he)
     dnum = len(moduli)
     ks = dnum * n * 21.0 * max(moduli) / special + (1 + n) / 2
     per_term = n * (he.t / 2) * (FRESH_NOISE_MAX + ks)
@@ -500,7 +494,7 @@ def simd_noise_mean(he: HESession, plan: SimdPlan) -> float:
     (1 + N) / 2.  About 2^7 below `simd_noise_bound`, which stays the correctness bound."""
     n = he.n
     moduli = he.he.coeff_moduli
-    special = he.he.seal.key_context_data().parms().coeff_modulus()[-1].value()
+    special = he.backend.special_modulus(he.he)
     dnum = len(moduli)
     ks = math.sqrt(_NOISE_VAR * dnum * n) * max(moduli) / special + (1 + n) / 2
     per_term = n * (he.t / 2) * (math.sqrt(_NOISE_VAR) + 0.5 + ks)
@@ -524,17 +518,14 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
         plan = plan_simd(m, d, o, n, encode_weights=cache_key is None)
     ensure_galois_keys(ctx, he, plan.steps)
     simd_stats(ctx).add(plan)
-    be = he.batch_encoder
-    ev = he.he.evaluator
+    be, hectx = he.backend, he.he
     if ctx.party == 0:
         A = np.asarray(A, np.uint64).reshape(m, d)
         if np.any(A >= np.uint64(p)):
             raise MPCError("inputs must be reduced mod p")
         blobs = []
         for v in pack_input(plan, A):
-            pt = seal.Plaintext()
-            be.encode(v.tolist(), pt)
-            blobs.append(he.keys.encrypt_seeded(pt))
+            blobs.append(he.keys.encrypt_seeded(be.encode_slots(hectx, v)))
         ctx.send({"cts": blobs})
         reply = ctx.recv()
         c1 = np.asarray(reply.get("c1"), np.uint64) if isinstance(reply, dict) else None
@@ -563,9 +554,9 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
     if not isinstance(blobs, list) or len(blobs) != plan.in_cts:
         raise MPCError(f"SIMD cross term: expected {plan.in_cts} ciphertexts, got "
                        f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
-    cts = [serialize.ciphertext_from_bytes(he.he, bytes(bl), parms_id=he.top) for bl in blobs]
+    cts = [be.ciphertext_from_bytes(hectx, bytes(bl), level=he.top) for bl in blobs]
     for ct in cts:
-        if ct.is_ntt_form():
+        if be.is_ntt(ct):
             raise MPCError("expected coefficient-form BFV ciphertexts")
     st = simd_stats(ctx)
     # baby steps: rot_{j tp}(x_di), NTT form, only the j some diagonal uses
@@ -580,10 +571,9 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
             if j == 0:
                 r = cts[di]
             else:
-                r = seal.Ciphertext()
-                ev.rotate_rows(cts[di], j * plan.tp, _keys_for(he, j * plan.tp), r)
+                r = be.rotate_rows(hectx, cts[di], j * plan.tp, _keys_for(he, j * plan.tp))
                 st.done_rotations += 1
-            ev.transform_to_ntt_inplace(r)
+            be.to_ntt_inplace(hectx, r)
             used[(di, j)] = r
     cache = (he.plain_cache.setdefault(("simd", cache_key, plan), {})
              if cache_key is not None and plan.products <= CACHE_MAX_PRODUCTS else None)
@@ -591,7 +581,6 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
     mean = simd_noise_mean(he, plan)
     allpos = np.arange(n)
     c1s, c0s, shares = [], [], []
-    tmp = seal.Ciphertext()
     for gi in range(plan.G):
         y = None
         nzs = [np.concatenate([plan.nonzero(di, gi), np.zeros(plan.g * plan.b - plan.c, bool)]) for di in range(plan.D)]
@@ -607,25 +596,23 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
                         continue
                     st.done_products += 1
                     if acc is None:
-                        acc = seal.Ciphertext()
-                        ev.multiply_plain(used[(di, j)], pt, acc)
+                        acc = be.multiply_plain(hectx, used[(di, j)], pt)
                     else:
-                        ev.multiply_plain(used[(di, j)], pt, tmp)
-                        ev.add_inplace(acc, tmp)
+                        be.add_inplace(hectx, acc, be.multiply_plain(hectx, used[(di, j)], pt))
             if acc is None:
                 continue
-            ev.transform_from_ntt_inplace(acc)
+            be.from_ntt_inplace(hectx, acc)
             if u:
                 step = u * plan.b * plan.tp
-                ev.rotate_rows_inplace(acc, step, _keys_for(he, step))
+                be.rotate_rows_inplace(hectx, acc, step, _keys_for(he, step))
                 st.done_rotations += 1
             if y is None:
                 y = acc
             else:
-                ev.add_inplace(y, acc)
+                be.add_inplace(hectx, y, acc)
         if y is None:  # structurally empty group: a fresh encryption of zero still hides it
             y = he.zero_ntt()
-            ev.transform_from_ntt_inplace(y)
+            be.from_ntt_inplace(hectx, y)
         c1, c0, sh = he.finish(y, allpos, bound, ntt=False, flood_noise=mean)
         c1s.append(c1)
         c0s.append(c0)
@@ -636,8 +623,7 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
 
 def _decode(he: HESession, coeffs: np.ndarray) -> np.ndarray:
     """Plaintext coefficients mod p -> slot values (uint64 < p)."""
-    pt = serialize.numpy_to_plaintext(he.he, np.asarray(coeffs, np.uint64))
-    return np.asarray(he.batch_encoder.decode_uint64(pt), np.uint64)
+    return he.backend.decode_slots(he.he, np.asarray(coeffs, np.uint64))
 
 
 def _diag_plain(he: HESession, plan: SimdPlan, B, widx, di, gi, u, j, cache):
@@ -651,9 +637,7 @@ def _diag_plain(he: HESession, plan: SimdPlan, B, widx, di, gi, u, j, cache):
             cache[key] = None
         return None
     v = np.where(v < 0, v + he.t, v).astype(np.uint64)
-    pt = seal.Plaintext()
-    he.batch_encoder.encode(v.tolist(), pt)
-    he.he.evaluator.transform_to_ntt_inplace(pt, he.top)
+    pt = he.backend.encode_slots(he.he, v, level=he.top, ntt=True)
     if cache is not None:
         cache[key] = pt
     return pt
