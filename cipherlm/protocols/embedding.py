@@ -56,6 +56,7 @@ import secrets
 
 import numpy as np
 
+from ..he.backend import get_backend
 from . import embedding_he as H
 from .he_session import FLOOD_SIGMA, flood_counter
 from ..mpc.context import MPCError
@@ -416,16 +417,15 @@ def _check_ids(ids, vocab):
     return ids.astype(np.int64)
 
 
-def _seal_context(plan: H.HEPlan, rns: H.RNS):
-    """A SEAL BFV context whose data level is exactly our primes (for PackLWEs)."""
-    from ..he.context import HEContext
+def _he_context(plan: H.HEPlan, rns: H.RNS):
+    """An HE backend's BFV context whose data level is exactly our primes (for PackLWEs)."""
     from ..he.params import HEParams
 
     p = HEParams(f"fastquery-{plan.n}-{plan.logq}", "bfv", plan.n, tuple(plan.in_bits) + (plan.special_bits,),
                  plain_modulus=1 << plan.t_bits)
-    ctx = HEContext(p)
+    ctx = get_backend().context(p)
     if tuple(ctx.coeff_moduli) != rns.primes:
-        raise MPCError("SEAL chose other primes than the plan's")
+        raise MPCError("the HE backend chose other primes than the plan's")
     return ctx
 
 
@@ -492,15 +492,12 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
         if ctx.party == 0:
             rng = H.new_rng()
             if m.packlwe:
-                import tenseal.sealapi as seal
-
-                from ..he import serialize
                 from ..he.packlwe import galois_elements
 
-                hectx = _seal_context(plan, rns)
-                kg = seal.KeyGenerator(hectx.seal)
-                st.s = _secret_from_seal(hectx, kg, rns, plan)
-                gk_bytes = serialize.galois_keys_to_bytes(kg.create_galois_keys(galois_elements(n)))
+                hectx = _he_context(plan, rns)
+                keys = get_backend().keygen(hectx)
+                st.s = _secret_from_keys(hectx, keys, rns, plan)
+                gk_bytes = keys.galois_keys_bytes_for_elements(galois_elements(n))
             else:
                 st.s = H.sample_ternary(rng, n)
                 gk_bytes = b""
@@ -519,10 +516,8 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
             st.pk = (pk0, pk1)
             st.flood_counter = flood_counter(ctx)
             if m.packlwe:
-                from ..he import serialize
-
-                st.hectx = _seal_context(plan, rns)
-                st.galois = serialize.galois_keys_from_bytes(st.hectx, bytes(np.asarray(msg["galois"], np.uint8)))
+                st.hectx = _he_context(plan, rns)
+                st.galois = get_backend().galois_keys_from_bytes(st.hectx, bytes(np.asarray(msg["galois"], np.uint8)))
         if st.sel_blocks > 1:
             ctx.ot.setup(kk13=True)  # base OTs (IKNP and the selection's KK13): set-up, not online
         else:
@@ -532,26 +527,21 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
     return st
 
 
-def _secret_from_seal(hectx, kg, rns: H.RNS, plan: H.HEPlan) -> np.ndarray:
-    """The client's own ternary secret key as int64 coefficients: SEAL decrypts the
-    crafted ciphertext (0, round(Q/t)) to s mod t."""
-    import tenseal.sealapi as seal
-
-    from ..he import serialize
-
+def _secret_from_keys(hectx, keys, rns: H.RNS, plan: H.HEPlan) -> np.ndarray:
+    """The client's own ternary secret key as int64 coefficients: the backend decrypts the
+    crafted ciphertext (0, round(Q/t)) to s mod t (raw decryption)."""
+    be = get_backend()
     t = 1 << plan.t_bits
     delta = rns.Q // t
     arr = np.zeros((2, rns.k, plan.n), np.uint64)
     arr[1, :, 0] = rns.from_int(delta)
-    ct = serialize.numpy_to_ciphertext(hectx, arr, is_ntt_form=False)
-    pt = seal.Plaintext()
-    seal.Decryptor(hectx.seal, kg.secret_key()).decrypt(ct, pt)
-    raw = serialize.plaintext_to_numpy(pt).astype(np.int64)
+    ct = be.numpy_to_ciphertext(hectx, arr, ntt=False)
+    raw = be.plaintext_to_numpy(keys.decrypt(ct)).astype(np.int64)
     s = np.zeros(plan.n, np.int64)
     s[: raw.size] = raw
     s = np.where(s > t // 2, s - t, s)
     if np.any(np.abs(s) > 1):
-        raise MPCError("could not read the ternary secret key back from SEAL")
+        raise MPCError("could not read the ternary secret key back from the HE backend")
     return s
 
 
@@ -804,9 +794,9 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
     order the PackLWEs tree consumes them (so memory stays at one chunk plus log2 N
     partial results; items column-major, `_slot_items`), packed into ceil(T n_cols / N)
     ciphertexts (G, 2, k, N)."""
-    from ..he import serialize
-    from ..he.packlwe import bitrev, pack_lwes_stream
+    from ..he.packlwe import bitrev
 
+    be = get_backend()
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
     groups = _packed_positions(T * sh.n_cols, n)
@@ -833,9 +823,9 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
                 x[..., 1:] = rns.neg(x[..., 1:])
                 x = rns.mul_scalar(x.reshape(-1, rns.k, n), ninv).reshape(x.shape)
                 for i in range(js.size):
-                    yield serialize.numpy_to_ciphertext(st.hectx, x[i], is_ntt_form=False) if valid[i] else None
+                    yield be.numpy_to_ciphertext(st.hectx, x[i], ntt=False) if valid[i] else None
 
-        packed[g] = serialize.ciphertext_to_numpy(pack_lwes_stream(st.hectx, st.galois, cnt, leaves()))
+        packed[g] = be.ciphertext_to_numpy(be.pack_lwes_stream(st.hectx, st.galois, cnt, leaves()))
     return packed
 
 
