@@ -8,7 +8,8 @@ tests/test_layering.py, lazy imports included, no import cycles)::
     compile        (not there yet)
     protocols      protocols/ (HE linear layers, embedding), moe/ (CryptoMoE)
     mpc            shares, OT, primitives, nonlinear library
-    he             SEAL backend (tenseal.sealapi): params, keys, packing, matmul
+    he             backend interface (he/backend.py; only he/ imports tenseal, checked by
+                   tests/test_he_backend.py), SEAL backend, params, keys, packing, matmul
     net            channel (TCP / in-process), framing, accounting, LAN/WAN model
     _core (Rust)   CSPRNG/PRG, base OT, OT extension, Ferret, ring kernels
     models         side layer used by runtime and above: loaders, registry, tokenizers, data

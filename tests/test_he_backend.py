@@ -26,14 +26,10 @@ def _imports_tenseal(path: Path) -> bool:
     return False
 
 
-#: protocol files not moved behind the interface yet (shrinks to empty, one commit per file)
-PENDING = {"cipherlm/protocols/embedding_he.py"}
-
-
 def test_only_he_imports_tenseal():
     outside = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
                if p.relative_to(ROOT).parts[0] != "he" and _imports_tenseal(p)}
-    assert outside == PENDING, f"modules outside cipherlm/he/ importing tenseal: {sorted(outside)}"
+    assert outside == set(), f"modules outside cipherlm/he/ importing tenseal: {sorted(outside)}"
 
 
 def test_scan_sees_lazy_imports(tmp_path):

@@ -4,9 +4,10 @@ FastQuery (``fastquery_002``, sections 2.3-2.4 and 4.2) runs a Cheetah-style
 coefficient-packed matrix-vector product in the *online* phase: the client
 encrypts a one-hot query with BFV, the server multiplies by its packed table,
 masks, and sends the result back.  This module holds the polynomial layer of
-that protocol, on numpy arrays of RNS residues (SEAL 4.3.3 is used only where
-key switching is needed: secret-key generation and PackLWEs, see
-`cipherlm.he.packlwe`):
+that protocol, on numpy arrays of RNS residues (the HE backend, `cipherlm.he.backend`,
+SEAL by default, is used only for the primes and where key switching is needed:
+secret-key generation and PackLWEs, see `cipherlm.he.packlwe`; this module imports
+no HE library):
 
 * ring R_Q = Z_Q[X]/(X^N + 1), Q a product of primes below 2^31 (so a
   residue product fits a uint64); N = 4096 by default;
@@ -246,12 +247,13 @@ class RNS:
 
 
 def primes_for(bits: list[int], n: int = 4096, *, with_special: int | None = None) -> tuple[list[int], int | None]:
-    """NTT-friendly primes (q = 1 mod 2N) of the given sizes, distinct, from SEAL's
-    CoeffModulus.Create (the special prime, if any, last)."""
-    import tenseal.sealapi as seal
+    """NTT-friendly primes (q = 1 mod 2N) of the given sizes, distinct, from the HE
+    backend (`HEBackend.primes`: SEAL's CoeffModulus.Create) so that its context for
+    PackLWEs has the same ones (the special prime, if any, last)."""
+    from ..he.backend import get_backend
 
     sizes = list(bits) + ([with_special] if with_special else [])
-    mods = [m.value() for m in seal.CoeffModulus.Create(n, sizes)]
+    mods = get_backend().primes(n, sizes)
     return (mods[: len(bits)], mods[-1] if with_special else None)
 
 
