@@ -175,3 +175,19 @@ def test_serialise_validate_load(env):
     assert np.array_equal(_coeffs(be, keys, ct), m)
     with pytest.raises(HEError):
         be.load_public_key(ctx, keys.public_key_bytes()[:-8])
+
+
+def test_pack_lwes_automorphisms(env):
+    """PackLWEs over two leaves (Galois keys for the automorphisms X -> X^(2^k + 1)):
+    coefficient j N / 2 of the result holds N times the constant coefficient of leaf j."""
+    be, ctx, keys, t = env
+    elts = [(1 << k) + 1 for k in range(1, N.bit_length())]
+    gk = be.galois_keys_from_bytes(ctx, keys.galois_keys_bytes_for_elements(elts))
+    ms = _rand(t, size=2, seed=8)
+    leaves = []
+    for m in ms:
+        poly = _rand(t, seed=int(m) % 1000)
+        poly[0] = m
+        leaves.append(keys.encrypt(be.encode_coeffs(ctx, poly)))
+    out = _coeffs(be, keys, be.pack_lwes_stream(ctx, gk, 2, iter(leaves)))
+    assert [int(out[0]), int(out[N // 2])] == [(N * int(m)) % t for m in ms]
