@@ -117,7 +117,10 @@ def test_multiply_plain_add(env):
     be.to_ntt_inplace(ctx, ct)
     assert be.is_ntt(ct)
     prod = be.multiply_plain(ctx, ct, be.encode_coeffs(ctx, w, level=top, ntt=True))
-    be.add_inplace(ctx, prod, be.multiply_plain(ctx, ct, be.encode_coeffs(ctx, w, level=top, ntt=True)))
+    buf = be.multiply_plain(ctx, ct, be.encode_coeffs(ctx, np.ones(1, np.uint64), level=top, ntt=True))
+    buf2 = be.multiply_plain(ctx, ct, be.encode_coeffs(ctx, w, level=top, ntt=True), out=buf)
+    assert buf2 is buf
+    be.add_inplace(ctx, prod, buf)
     be.from_ntt_inplace(ctx, prod)
     r = _rand(t, seed=4)
     be.add_plain_inplace(ctx, prod, be.encode_coeffs(ctx, r))

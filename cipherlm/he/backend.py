@@ -158,8 +158,10 @@ class HEBackend(abc.ABC):
 
     # -- evaluation ----------------------------------------------------------------------
     @abc.abstractmethod
-    def multiply_plain(self, ctx, ct, pt) -> Any:
-        """ct * pt as a new ciphertext (both NTT form, same level)."""
+    def multiply_plain(self, ctx, ct, pt, out=None) -> Any:
+        """ct * pt (both NTT form, same level), into ``out`` when given (a ciphertext of this
+        backend to overwrite: saves an allocation per product in the accumulation loops),
+        else a new ciphertext; returns it."""
 
     @abc.abstractmethod
     def add_inplace(self, ctx, a, b) -> None:

@@ -77,8 +77,9 @@ class SealBackend(HEBackend):
         return np.asarray(self._batch_encoder(ctx).decode_uint64(pt), np.uint64)
 
     # -- evaluation ----------------------------------------------------------------------
-    def multiply_plain(self, ctx: HEContext, ct, pt):
-        out = seal.Ciphertext()
+    def multiply_plain(self, ctx: HEContext, ct, pt, out=None):
+        if out is None:
+            out = seal.Ciphertext()
         ctx.evaluator.multiply_plain(ct, pt, out)
         return out
 

@@ -273,6 +273,7 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     pts = _encoded_rhs(he, plan, B, b_bits, cache_key)  # [batch][db][ob]
     be, hectx = he.backend, he.he
     c1s, c0s, shares = [], [], []
+    tmp = None  # the product buffer (`multiply_plain(out=)`)
     for bi in range(batch):
         for mi in range(plan.mb):
             row = cts[(bi * plan.mb + mi) * plan.db:(bi * plan.mb + mi + 1) * plan.db]
@@ -285,7 +286,8 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
                     if acc is None:
                         acc = be.multiply_plain(hectx, row[di], pt)
                     else:
-                        be.add_inplace(hectx, acc, be.multiply_plain(hectx, row[di], pt))
+                        tmp = be.multiply_plain(hectx, row[di], pt, out=tmp)
+                        be.add_inplace(hectx, acc, tmp)
                 if acc is None:  # an all-zero block: a re-randomised encryption of zero still hides it
                     acc = he.zero_ntt()
                 c1, c0, sh = he.finish(acc, positions, bound)

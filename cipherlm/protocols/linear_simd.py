@@ -581,6 +581,7 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
     mean = simd_noise_mean(he, plan)
     allpos = np.arange(n)
     c1s, c0s, shares = [], [], []
+    tmp = None  # the product buffer (`multiply_plain(out=)`)
     for gi in range(plan.G):
         y = None
         nzs = [np.concatenate([plan.nonzero(di, gi), np.zeros(plan.g * plan.b - plan.c, bool)]) for di in range(plan.D)]
@@ -598,7 +599,8 @@ def cross_matmul_simd(ctx, A: np.ndarray | None, B: np.ndarray | None, widx: np.
                     if acc is None:
                         acc = be.multiply_plain(hectx, used[(di, j)], pt)
                     else:
-                        be.add_inplace(hectx, acc, be.multiply_plain(hectx, used[(di, j)], pt))
+                        tmp = be.multiply_plain(hectx, used[(di, j)], pt, out=tmp)
+                        be.add_inplace(hectx, acc, tmp)
             if acc is None:
                 continue
             be.from_ntt_inplace(hectx, acc)
