@@ -106,13 +106,8 @@ class OffloadServer(SessionServer):
     expected_errors = SessionServer.expected_errors + (HEError,)
     thread_name = "offload-session"
     default_limits = DEFAULT_LIMITS
-
-    def __init__(self, host: ModelHost, address: str = "127.0.0.1", port: int = 0,
-                 session_timeout: float | None = None, limits: ServerLimits | None = None):
-        """`session_timeout`: the idle timeout per frame (None: `DEFAULT_TIMEOUT`);
-        `limits`: None for `DEFAULT_LIMITS`."""
-        super().__init__(host, address, port, DEFAULT_TIMEOUT if session_timeout is None else session_timeout,
-                         log=log, limits=limits)
+    default_timeout = DEFAULT_TIMEOUT
+    log_name = log.name
 
     def new_session(self, chan) -> "Session":
         return Session(self.host, chan)

@@ -191,7 +191,8 @@ class MessageSession:
 class SessionServer:
     """Accepts sessions on a TCP port, one thread per session, for one model host.
 
-    Subclasses implement ``new_session(chan)``, may set ``default_limits``
+    Subclasses implement ``new_session(chan)``, set ``default_timeout`` and
+    ``log_name``, may set ``default_limits``
     (used when the constructor gets no ``limits``) and may extend
     ``expected_errors`` (faults logged as warnings with their message; any
     other exception is logged by type only).
@@ -200,13 +201,17 @@ class SessionServer:
     expected_errors: tuple = (ChannelClosed, ChannelTimeout, FrameError, ProtocolError)
     thread_name = "session"
     default_limits = ServerLimits()
+    default_timeout = 300.0
+    log_name = "cipherlm.serve"
 
-    def __init__(self, host, address: str = "127.0.0.1", port: int = 0, session_timeout: float = 300.0,
-                 log: logging.Logger | None = None, limits: ServerLimits | None = None):
+    def __init__(self, host, address: str = "127.0.0.1", port: int = 0, session_timeout: float | None = None,
+                 limits: ServerLimits | None = None):
+        """`session_timeout`: the idle timeout per frame (None: the mode's ``default_timeout``);
+        `limits`: None for the mode's ``default_limits``."""
         self.host = host
-        self.session_timeout = session_timeout
+        self.session_timeout = self.default_timeout if session_timeout is None else session_timeout
         self.limits = limits if limits is not None else self.default_limits
-        self.log = log or logging.getLogger("cipherlm.serve")
+        self.log = logging.getLogger(self.log_name)
         self.sock = listen(address, port)
         self.address = self.sock.getsockname()[:2]
         self._stop = threading.Event()
