@@ -92,13 +92,16 @@ def _assert_serves(srv) -> None:
 
 
 def _count_applies(monkeypatch, host) -> list:
-    """Count the ciphertexts the server evaluates (a wrapper around the engine's apply)."""
-    done = [0]
+    """Count the ciphertexts the server evaluates and the CPU seconds its session thread
+    spends on them: [count, cpu seconds] (a wrapper around the engine's apply)."""
+    done = [0, 0.0]
     apply = host.engine.apply
 
     def counted(*a, **kw):
+        t0 = time.thread_time()
         out = apply(*a, **kw)
         done[0] += 1
+        done[1] += time.thread_time() - t0
         return out
 
     monkeypatch.setattr(host.engine, "apply", counted)
@@ -263,12 +266,19 @@ def test_work_stops_when_the_client_disconnects(serve, host, monkeypatch, caplog
     gid = max(range(len(client.groups)), key=lambda g: client.groups[g].d_out)  # the slowest group
     ct = _ct(client, gid)
     done = _count_applies(monkeypatch, host)
+    # the CPU time one ciphertext of this group costs the server, measured first
+    client.chan.send({"type": "linear", "group": gid, "cts": [ct] * 4})
+    assert client.chan.recv()["type"] == "result"
+    cpu_per_ct = done[1] / done[0]
+    done[:] = [0, 0.0]
     before = srv.sessions_failed
     client.chan.send({"type": "linear", "group": gid, "cts": [ct] * n})
     client.chan.close()  # gone before the answer
     _wait_for(lambda: srv.sessions_failed > before, "the session ends")
     assert any("disconnected during its request" in r.getMessage() for r in caplog.records)
     assert done[0] < n // 4, done[0]  # without the check the server evaluates all n
+    # server CPU spent on the abandoned request: a fraction of what all n would cost
+    assert done[1] < n * cpu_per_ct / 4, (done[1], cpu_per_ct)
     _assert_serves(srv)
 
 
