@@ -132,3 +132,17 @@ def test_secret_key_not_picklable(ck):
     _, keys = ck
     with pytest.raises(TypeError):
         pickle.dumps(keys)
+
+
+def test_transparent_ciphertext_is_an_heerror(ck):
+    """A ciphertext whose c1 is zero would make SEAL's multiply_plain raise a bare
+    RuntimeError deep in a protocol; the loader refuses it with HEError instead."""
+    ctx, keys = ck
+    arr = ciphertext_to_numpy(keys.encrypt(_pt(ctx, np.zeros(4))))
+    arr[1] = 0
+    blob = ciphertext_to_bytes(numpy_to_ciphertext(ctx, arr, scale=2.0 ** 40))
+    with pytest.raises(HEError, match="transparent"):
+        ciphertext_from_bytes(ctx, blob, n_primes=arr.shape[1])
+    arr[1, 0, 0] = 1  # one non-zero coefficient: a valid (if useless) ciphertext
+    ciphertext_from_bytes(ctx, ciphertext_to_bytes(numpy_to_ciphertext(ctx, arr, scale=2.0 ** 40)),
+                          n_primes=arr.shape[1])
