@@ -40,7 +40,7 @@ LAYERS = {
     "cipherlm.bench": "cli",
     "cipherlm.report": "cli",
     "cipherlm.runtime": "runtime",
-    "cipherlm.compile": "compile",      # not there yet
+    "cipherlm.compile": "compile",      # the model graph: IR, architecture table, builders, passes
     "cipherlm.protocols": "protocols",
     "cipherlm.moe": "protocols",        # CryptoMoE dispatch/combine/layer on shares, plaintext routing
     "cipherlm.mpc": "mpc",              # shares, OT, primitives (mpc/protocols/), nonlinear library

@@ -1,0 +1,277 @@
+"""The model graph (cipherlm.compile) run by the graph executor in plain mode, against
+Hugging Face transformers on small random-weight models of every family; the passes
+(group_linears vs the traced groups, fold_norms keeps the logits); parameter counts."""
+
+import numpy as np
+import pytest
+
+from _hf_oracle import build_hf, rel_err, torch_setup
+from cipherlm.compile import FAMILIES, arch_from_config, bind, build_graph, linear_weights, passes
+from cipherlm.compile.ir import OPS
+from cipherlm.models import normalize_weights
+from cipherlm.runtime.graph_executor import GraphExecutor
+from cipherlm.runtime.linear_groups import RecordingLinear, groups_from_calls
+from cipherlm.runtime.plain import EncoderExecutor, PlainLinear, make_executor, split_params
+
+torch = torch_setup()
+import transformers as T  # noqa: E402
+
+COMMON = dict(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1)
+_DSV3 = dict(vocab_size=97, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+             intermediate_size=64, moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+             n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8,
+             qk_nope_head_dim=8, v_head_dim=12, n_group=2, topk_group=1, initializer_range=0.1,
+             max_position_embeddings=64)
+
+
+def _cases():
+    return {
+        "llama": (T.LlamaConfig(intermediate_size=80, rope_theta=500.0, **COMMON), T.LlamaForCausalLM),
+        "llama_tied_bias": (T.LlamaConfig(intermediate_size=80, tie_word_embeddings=True, attention_bias=True,
+                                          mlp_bias=True, **COMMON), T.LlamaForCausalLM),
+        "qwen2": (T.Qwen2Config(intermediate_size=80, **COMMON), T.Qwen2ForCausalLM),
+        "mistral": (T.MistralConfig(intermediate_size=80, sliding_window=4, **COMMON), T.MistralForCausalLM),
+        "gpt2": (T.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
+                              initializer_range=0.1), T.GPT2LMHeadModel),
+        "qwen2_moe": (T.Qwen2MoeConfig(intermediate_size=64, moe_intermediate_size=24,
+                                       shared_expert_intermediate_size=40, num_experts=6, num_experts_per_tok=2,
+                                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                                       **COMMON), T.Qwen2MoeForCausalLM),
+        "olmoe": (T.OlmoeConfig(intermediate_size=24, num_experts=6, num_experts_per_tok=2, clip_qkv=3.0,
+                                **COMMON), T.OlmoeForCausalLM),
+        "mixtral": (T.MixtralConfig(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=None, **COMMON), T.MixtralForCausalLM),
+        "deepseek_v3": (T.DeepseekV3Config(q_lora_rank=None, **_DSV3), T.DeepseekV3ForCausalLM),
+        "deepseek_v3_qlora": (T.DeepseekV3Config(q_lora_rank=20, **_DSV3), T.DeepseekV3ForCausalLM),
+    }
+
+
+CASES = list(_cases())
+#: families the hand-written plaintext executor (runtime/plain.py) also runs
+PLAIN_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "qwen2_moe", "olmoe", "mixtral")
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request):
+    cfg, cls = _cases()[request.param]
+    cfg._attn_implementation = "eager"
+    model, weights = build_hf(cfg, cls, seed=CASES.index(request.param))
+    config = cfg.to_dict()
+    weights = normalize_weights(config, weights)
+    graph = build_graph(config)
+    params = bind(graph, weights)
+    ex = GraphExecutor(graph, params, dtype=np.float64)
+    return request.param, model, config, weights, ex
+
+
+def _hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].double().numpy()
+
+
+def test_forward_matches_hf(case):
+    name, model, _, _, ex = case
+    ids = [3, 17, 42, 5, 96, 0, 11, 23, 7, 64, 31]
+    ref = _hf_logits(model, ids)
+    ours = ex.forward(ids)
+    assert ours.shape == ref.shape
+    assert rel_err(ours, ref) < 1e-4, name
+    assert rel_err(ex.forward(ids, last_only=True), ref[-1:]) < 1e-4
+
+
+def test_kv_cached_decode_matches_hf(case):
+    name, model, _, _, ex = case
+    ids = [5, 9, 13, 2, 77, 41, 8, 30, 12]
+    full = ex.forward(ids)
+    cache = ex.new_cache()
+    parts = [ex.forward(ids[:5], cache)] + [ex.forward([t], cache) for t in ids[5:]]
+    assert cache.length == len(ids)
+    assert rel_err(np.concatenate(parts), full) < 1e-9, name
+    assert rel_err(np.concatenate(parts), _hf_logits(model, ids)) < 1e-4, name
+
+
+def test_greedy_generate_matches_hf(case):
+    name, model, _, _, ex = case
+    prompt = [4, 8, 15, 16, 23]
+    ours = ex.generate(prompt, max_new_tokens=6, eos_token_ids=[])
+    ids = list(prompt)
+    for _ in range(6):
+        ids.append(int(np.argmax(_hf_logits(model, ids)[-1])))
+    assert ours == ids[len(prompt):], name
+
+
+def test_float32_linears_close(case):
+    name, model, _, weights, ex = case
+    ex32 = GraphExecutor(ex.graph, ex.params)  # PlainLinear in float32, the default
+    ids = [1, 2, 3, 4, 5, 6]
+    assert rel_err(ex32.forward(ids), _hf_logits(model, ids)) < 1e-4, name
+
+
+def test_parameter_count_equals_the_models(case):
+    name, model, _, _, ex = case
+    g = ex.graph
+    # every parameter and persistent buffer of the checkpoint once (a tied head shares the embedding)
+    seen, total = set(), 0
+    for t in model.state_dict().values():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel()
+    assert g.total_params() == total, name
+    assert sum(g.params_per_node().values()) == total
+    assert g.total_params() == sum(p.size for n, p in ex.params.items() if g.tensors[n].tied_to is None)
+    assert all(n.op in OPS for n in g.nodes)
+    assert g.param_count(g.nodes[0]) == 97 * 48  # the word embedding
+
+
+def _trace_groups(name, config, weights):
+    """groups_from_calls of today's hand-written executor, traced with a recording backend."""
+    client, server = split_params(config, weights)
+    rec = RecordingLinear(PlainLinear(server, dtype=np.float64))
+    ex = make_executor(config, client, rec)
+    if arch_from_config(config).moe_layers:
+        ex.forward(np.arange(config["vocab_size"]))  # every token: every expert is routed some rows
+    else:
+        ex.trace_one_token()
+    return groups_from_calls(rec.calls), server
+
+
+def test_group_linears_matches_the_trace(case):
+    name, _, config, weights, ex = case
+    if name.split("_")[0] not in PLAIN_FAMILIES and not name.startswith("qwen2_moe"):
+        pytest.skip("runtime/plain.py has no hand-written forward for this family")
+    traced, server = _trace_groups(name, config, weights)
+    g = passes.group_linears.run(build_graph(config))
+    ours = groups_from_calls(g.meta["linear_groups"])
+    assert {n for grp in ours for n in grp.names} == set(server)  # the pass sees every projection
+    seen = {n for grp in traced for n in grp.names}
+    # a trace only sees the experts some token was routed to (all of them in most cases here)
+    assert all(".experts." in n for n in set(server) - seen), name
+    ours_seen = groups_from_calls([(grp.names, grp.d_in, grp.d_outs) for grp in ours if set(grp.names) <= seen])
+    assert ours_seen == traced, name
+    if seen == set(server):
+        assert ours == traced
+    assert all(n.attrs["group"] is not None for n in g.linears())
+
+
+class _Recorder:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def linear(self, x, names):
+        assert x.ndim == 2
+        self.calls.append(tuple(names))
+        return self.inner.linear(x, names)
+
+
+def test_executor_makes_the_hand_written_linear_calls(case):
+    """The graph executor's LinearBackend calls are the plaintext executor's, call by call
+    (what a remote backend such as the offload mode's RemoteLinear sees)."""
+    name, _, config, weights, ex = case
+    if name.split("_")[0] not in PLAIN_FAMILIES and not name.startswith("qwen2_moe"):
+        pytest.skip("runtime/plain.py has no hand-written forward for this family")
+    client, server = split_params(config, weights)
+    assert linear_weights(ex.graph, ex.params).keys() == server.keys()
+    old, new = _Recorder(PlainLinear(server)), _Recorder(PlainLinear(server))
+    ids = [7, 3, 50, 2]
+    a = make_executor(config, client, old).forward(ids)
+    b = GraphExecutor(ex.graph, ex.params, linear=new).forward(ids)
+    assert new.calls == old.calls, name
+    assert rel_err(b, a) < 1e-9
+
+
+def test_fold_norms_keeps_the_logits(case):
+    name, _, config, _, ex = case
+    g, params = passes.fold_norms.run(ex.graph, ex.params)
+    folded = g.meta["folded_norms"]
+    a = arch_from_config(config)
+    if a.family.norm == "rms_norm":
+        assert len(folded) >= 2 * a.n_layers + 1  # attention and FFN norm per layer, the final norm
+        assert not any("q_norm" in f or "k_norm" in f for f in folded)  # OLMoE's read by RoPE: kept
+    else:
+        assert folded == []
+    assert all(n.attrs["gamma"] is None for n in g.nodes if n.name in folded)
+    ids = [3, 17, 42, 5, 96, 0, 11]
+    assert rel_err(GraphExecutor(g, params, dtype=np.float64).forward(ids), ex.forward(ids)) < 1e-6, name
+    if a.tie and folded:  # the folded head did not touch the embedding
+        assert params[a.name("embed")] is ex.params[a.name("embed")]
+        assert g.tensors["lm_head.weight"].tied_to is None
+
+
+def test_fold_norms_is_server_weights_rule():
+    """The same folded weights as the 2pc server_weights (up to its protocol's factors)."""
+    from cipherlm.runtime import twopc
+
+    cfg, cls = _cases()["qwen2_moe"]
+    _, w = build_hf(cfg, cls, seed=1)
+    config = cfg.to_dict()
+    w = normalize_weights(config, w)
+    g0 = build_graph(config)
+    g, params = passes.fold_norms.run(g0, bind(g0, w))
+    sw = twopc.server_weights(config, w, fold_norms=True)
+    assert sw["fold_norms"]
+    rc = np.sqrt(twopc._rms_factor(48)[1])
+    scale = 12 ** -0.5
+    L0, L1 = sw["layers"]
+    qkv = np.concatenate([params[f"model.layers.0.self_attn.{p}_proj.weight"].T * s
+                          for p, s in (("q", scale), ("k", 1), ("v", 1))], axis=1) * rc
+    assert np.allclose(qkv, L0["qkv"].w, rtol=1e-6, atol=1e-7)
+    assert np.allclose(params["model.layers.0.mlp.gate.weight"].T * rc, L0["moe"].router, rtol=1e-6, atol=1e-7)
+    assert np.allclose(params["model.layers.0.mlp.shared_expert_gate.weight"].T * rc, L0["moe"].shared_router,
+                       rtol=1e-6, atol=1e-7)
+    gu = np.concatenate([params[f"model.layers.1.mlp.{p}_proj.weight"].T for p in ("gate", "up")], axis=1) * rc
+    assert np.allclose(gu, L1["gu"].w, rtol=1e-6, atol=1e-7)
+    assert np.allclose(params["lm_head.weight"].T * rc, sw["head"].w, rtol=1e-6, atol=1e-7)
+    # a bound nothing fits: nothing is folded
+    g2, p2 = passes.fold_norms.run(g0, bind(g0, w), bound=1e-6)
+    assert g2 is g0 and "folded_norms" not in g2.meta
+
+
+def test_bert_matches_hf_and_the_trace():
+    cfg = T.BertConfig(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=96, max_position_embeddings=64, initializer_range=0.1)
+    cfg._attn_implementation = "eager"
+    model, w = build_hf(cfg, T.BertModel, seed=5)
+    config = cfg.to_dict()
+    w = normalize_weights(config, w)
+    g = build_graph(config)
+    assert g.kind == "encoder"
+    ex = GraphExecutor(g, bind(g, w), dtype=np.float64)
+    ids = np.array([[2, 17, 33, 90, 5, 3, 0, 0], [2, 8, 9, 10, 11, 12, 13, 3]])
+    mask = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8])
+    tt = np.array([[0, 0, 0, 1, 1, 1, 0, 0], [0] * 8])
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(tt))
+    ref = out.last_hidden_state.double().numpy()
+    hid, pooled = ex.encode(ids, mask, tt)
+    assert rel_err(hid[0, :6], ref[0, :6]) < 1e-4
+    assert rel_err(hid[1], ref[1]) < 1e-4
+    assert rel_err(pooled, out.pooler_output.double().numpy()) < 1e-4
+    h1, p1 = ex.encode(ids[0, :6], token_type_ids=tt[0, :6])  # padding does not change the sentence
+    assert rel_err(h1, hid[0, :6]) < 1e-9
+    assert g.total_params() == model.num_parameters()
+    # projection groups: as traced from the hand-written encoder
+    client, server = split_params(config, w)
+    rec = RecordingLinear(PlainLinear(server))
+    EncoderExecutor(config, client, rec).trace_one_token()
+    assert groups_from_calls(passes.group_linears.run(g).meta["linear_groups"]) == groups_from_calls(rec.calls)
+    gf, _ = passes.fold_norms.run(g, ex.params)
+    assert gf.meta["folded_norms"] == []  # post-norm LayerNorms stay (as in the 2pc executor)
+    with pytest.raises(ValueError, match="encoders"):
+        ex.forward([1, 2])
+
+
+def test_arch_table_and_errors():
+    assert {"llama", "mistral", "qwen2", "gpt2", "bert", "qwen2_moe", "olmoe", "mixtral", "deepseek_v3"} <= set(FAMILIES)
+    with pytest.raises(ValueError, match="unsupported model_type"):
+        build_graph({"model_type": "t5"})
+    with pytest.raises(ValueError, match="rope type"):
+        build_graph(dict(_cases()["llama"][0].to_dict(), rope_parameters={"rope_type": "yarn", "factor": 2.0}))
+    a = arch_from_config(_cases()["qwen2_moe"][0].to_dict())
+    assert a.moe_layers == frozenset({0}) and a.attn_bias and a.sliding_window is None
+    g = build_graph(_cases()["olmoe"][0].to_dict())
+    text = g.summary()
+    assert "olmoe" in text and "q_norm" in text and f"{g.total_params():,}" in text
+    ops_seen = {n.op for n in g.nodes}
+    assert {"embed", "linear", "rms_norm", "rope", "kv_cache", "qk", "softmax", "av", "activation", "mul", "add",
+            "clip", "topk", "dispatch", "combine", "head", "argmax"} <= ops_seen
