@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
     _add_report_args(c)
 
+    i = sub.add_parser("inspect", help="print a model's graph: nodes, shapes, parameter counts")
+    i.add_argument("model", help="model name (see `cipherlm models`) or path to an HF directory / .gguf file")
+    i.add_argument("--all", action="store_true", help="every node (default: the nodes outside the layers and layer 0)")
+    i.add_argument("--groups", action="store_true", help="also the projection groups (group_linears pass)")
+
     s = sub.add_parser("serve", help="serve a model to private-inference clients")
     s.add_argument("--mode", choices=("offload", "2pc"), default="offload")
     s.add_argument("--model", default=DEFAULT_DECODER)

@@ -18,6 +18,7 @@ def dispatch(args) -> int:
         "models": cmd_models,
         "generate": cmd_generate,
         "classify": cmd_classify,
+        "inspect": cmd_inspect,
         "serve": cmd_serve,
         "demo": cmd_demo,
         "bench": cmd_bench,
@@ -119,6 +120,53 @@ def cmd_models(args) -> int:
     for m in rows:
         params = f"{m['params'] / 1e6:.1f}M" if m.get("params") else "?"
         print(f"{m['name']:<16} {m['family']:<10} {params:>10}  {'yes' if m['available'] else 'no':<9}  {m.get('path') or ''}")
+    return 0
+
+
+def model_config(name_or_path: str) -> tuple[str, dict]:
+    """(name, HF config) of a registered model or an HF directory / .gguf file, without its weights."""
+    import json
+
+    from cipherlm.models.loader import converted_gguf_dir
+    from cipherlm.models.registry import resolve
+
+    name, path = resolve(name_or_path)
+    if path.is_file() and path.suffix == ".gguf":
+        path = converted_gguf_dir(path)
+    return name, json.loads((path / "config.json").read_text())
+
+
+def inspect_text(config: dict, name: str = "", all_nodes: bool = False, groups: bool = False) -> str:
+    """The model graph as text: a header, the nodes (op, output shape, parameters), the
+    parameters per op and, with `groups`, the projection groups."""
+    from cipherlm.compile import build_graph, passes
+
+    g = passes.group_linears.run(build_graph(config))
+    nodes = g.nodes if all_nodes else [n for n in g.nodes if n.layer in (None, 0)]
+    lines = [f"{name}: " + g.summary(nodes) if name else g.summary(nodes)]
+    if not all_nodes and g.n_layers > 1:
+        lines.append(f"  (layers 1..{g.n_layers - 1} not shown: --all)")
+    per_op: dict[str, list[int]] = {}
+    for n in g.nodes:
+        c = per_op.setdefault(n.op, [0, 0])
+        c[0] += 1
+        c[1] += g.param_count(n)
+    lines.append("parameters per op:")
+    for op, (count, params) in sorted(per_op.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"  {op:<11} {count:>6} nodes {params:>14,}")
+    if groups:
+        lines.append(f"projection groups ({len(g.meta['linear_groups'])}):")
+        for k, (names, d_in, d_outs) in enumerate(g.meta["linear_groups"]):
+            if all_nodes or k < 12:
+                lines.append(f"  {k:>4} d_in {d_in:<6} d_out {'+'.join(map(str, d_outs)):<16} {', '.join(names)}")
+        if not all_nodes and len(g.meta["linear_groups"]) > 12:
+            lines.append("  ... (--all)")
+    return "\n".join(lines)
+
+
+def cmd_inspect(args) -> int:
+    name, config = model_config(args.model)
+    print(inspect_text(config, name, all_nodes=args.all, groups=args.groups))
     return 0
 
 

@@ -275,3 +275,31 @@ def test_arch_table_and_errors():
     ops_seen = {n.op for n in g.nodes}
     assert {"embed", "linear", "rms_norm", "rope", "kv_cache", "qk", "softmax", "av", "activation", "mul", "add",
             "clip", "topk", "dispatch", "combine", "head", "argmax"} <= ops_seen
+
+
+def test_cli_inspect(tmp_path, capsys):
+    """`cipherlm inspect DIR` on an HF directory holding only config.json (no weights needed)."""
+    import json
+
+    from cipherlm import cli
+    from cipherlm.commands import inspect_text, model_config
+    from cipherlm.models import list_models
+    from cipherlm.models.registry import MODELS
+
+    cfg = _cases()["qwen2_moe"][0]
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert cli.main(["inspect", str(tmp_path), "--groups"]) == 0
+    out = capsys.readouterr().out
+    g = build_graph(cfg.to_dict())
+    assert f"{g.total_params():,} parameters" in out
+    assert "L0.moe.topk" in out and "L1.q" not in out and "projection groups" in out
+    assert cli.main(["inspect", str(tmp_path), "--all", "--groups"]) == 0
+    out = capsys.readouterr().out
+    assert "L1.q " in out
+    assert "model.layers.0.mlp.shared_expert.gate_proj, model.layers.0.mlp.shared_expert.up_proj, " \
+           "model.layers.0.mlp.shared_expert_gate" in out
+    # the registered models: the graph's parameter count is the registry's
+    for m in list_models():
+        if m["available"] and m["name"] == "minilm-l6":  # an HF directory: no conversion needed
+            name, config = model_config(m["name"])
+            assert f"{MODELS[name].params:,} parameters" in inspect_text(config, name)

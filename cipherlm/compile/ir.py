@@ -188,5 +188,8 @@ class Graph:
             elif n.op in ("activation", "layer_norm", "rms_norm") and "fn" in n.attrs:
                 extra = f" {n.attrs['fn']}"
             p = self.param_count(n)
+            tied = [self.tensors[t].tied_to for t in n.weights if self.tensors[t].tied_to]
+            if tied:
+                extra += f" (tied to {tied[0]})"
             lines.append(f"  {n.name:<40} {n.op:<11} {shape:<16} {p:>12,}{extra}")
         return "\n".join(lines)
