@@ -303,3 +303,28 @@ def test_cli_inspect(tmp_path, capsys):
         if m["available"] and m["name"] == "minilm-l6":  # an HF directory: no conversion needed
             name, config = model_config(m["name"])
             assert f"{MODELS[name].params:,} parameters" in inspect_text(config, name)
+
+
+def test_registered_models_same_as_the_hand_written_executors():
+    """SmolLM2-135M and MiniLM-L6 (when installed): the graph executor gives the hand-written
+    executors' outputs (same float32 linears, same float64 nonlinear parts)."""
+    from cipherlm.models import list_models, load_model
+    from cipherlm.runtime.plain import plain_executor
+
+    avail = {m["name"] for m in list_models() if m["available"]}
+    if not avail & {"smollm2-135m", "minilm-l6"}:
+        pytest.skip("neither registered model is installed")
+    if "smollm2-135m" in avail:
+        lm = load_model("smollm2-135m")
+        ex, gx = plain_executor(lm), GraphExecutor.from_hf(lm.config, lm.weights)
+        ids = lm.tokenizer.encode("The capital of France is").ids
+        assert rel_err(gx.forward(ids), ex.forward(ids)) < 1e-9
+        assert gx.generate(ids, 3, eos_token_ids=[]) == ex.generate(ids, 3, eos_token_ids=[])
+    if "minilm-l6" in avail:
+        lm = load_model("minilm-l6")
+        ex, gx = plain_executor(lm), GraphExecutor.from_hf(lm.config, lm.weights)
+        ids, mask = EncoderExecutor.batch_encode(lm.tokenizer, ["a gripping, beautiful film", "dull"])
+        hidden = ex.forward(ids, mask)
+        h2, p2 = gx.encode(ids, mask)
+        assert rel_err(h2[0], hidden[0]) < 1e-9 and rel_err(h2[1, :3], hidden[1, :3]) < 1e-9
+        assert rel_err(p2, ex.pooled(hidden)) < 1e-6
