@@ -43,7 +43,8 @@ def _cases():
         "mixtral": (T.MixtralConfig(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
                                     sliding_window=None, **COMMON), T.MixtralForCausalLM),
         "deepseek_v3": (T.DeepseekV3Config(q_lora_rank=None, **_DSV3), T.DeepseekV3ForCausalLM),
-        "deepseek_v3_qlora": (T.DeepseekV3Config(q_lora_rank=20, **_DSV3), T.DeepseekV3ForCausalLM),
+        "deepseek_v3_qlora": (T.DeepseekV3Config(q_lora_rank=20, attention_bias=True, **_DSV3),
+                              T.DeepseekV3ForCausalLM),
     }
 
 
@@ -262,7 +263,8 @@ def test_bert_matches_hf_and_the_trace():
 
 
 def test_arch_table_and_errors():
-    assert {"llama", "mistral", "qwen2", "gpt2", "bert", "qwen2_moe", "olmoe", "mixtral", "deepseek_v3"} <= set(FAMILIES)
+    assert {"llama", "mistral", "qwen2", "gpt2", "bert", "qwen2_moe", "olmoe", "mixtral",
+            "deepseek_v3"} <= set(FAMILIES)
     with pytest.raises(ValueError, match="unsupported model_type"):
         build_graph({"model_type": "t5"})
     with pytest.raises(ValueError, match="rope type"):

@@ -217,7 +217,6 @@ def arch_from_config(config: dict) -> Arch:
         vals[key] = v
     if vals.get("n_kv_heads") is None:
         vals["n_kv_heads"] = vals["n_heads"]
-    vals.setdefault("n_kv_heads", vals["n_heads"])
     if vals.get("head_dim") is None:
         vals["head_dim"] = vals["d_model"] // vals["n_heads"]
     if vals.get("ffn") is None:

@@ -259,7 +259,7 @@ def build_deepseek_v3(a: Arch) -> Graph:
         b.layer = i
         h = build_norm(b, x, "rms_norm", a.name("attn_norm", i), d, a.eps, "attn_norm")
         if a.q_lora_rank is None:
-            q = b.linear(h, a.name("q", i), d, H * qd, a.attn_bias, node="q")
+            q = b.linear(h, a.name("q", i), d, H * qd, False, node="q")  # no bias in HF either way
             kva = b.linear(h, a.name("kv_a", i), d, r + rd, a.attn_bias, node="kv_a")
         else:
             qa = b.linear(h, a.name("q_a", i), d, a.q_lora_rank, a.attn_bias, node="q_a")
