@@ -1,4 +1,4 @@
-"""cipherlm command line: models | generate | classify | serve | demo | bench.
+"""cipherlm command line: models | generate | classify | inspect | serve | demo | bench.
 
 Every run command accepts ``--report FILE`` (JSON) and ``--plot FILE`` (PNG of
 the per-operator-class breakdown).
