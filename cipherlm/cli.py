@@ -89,10 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
     _add_report_args(c)
 
-    i = sub.add_parser("inspect", help="print a model's graph: nodes, shapes, parameter counts")
+    i = sub.add_parser("inspect", help="print a model's graph (nodes, shapes, parameter counts) and, with --mode, its plan and predicted costs")
     i.add_argument("model", help="model name (see `cipherlm models`) or path to an HF directory / .gguf file")
     i.add_argument("--all", action="store_true", help="every node (default: the nodes outside the layers and layer 0)")
     i.add_argument("--groups", action="store_true", help="also the projection groups (group_linears pass)")
+    i.add_argument("--mode", choices=MODES, default="plain",
+                   help="also the mode's plan (offload: matmul plans and Galois key steps; 2pc: the public plan "
+                        "and packing per layer) and the predicted bytes, rounds and HE operations per operator class")
+    i.add_argument("--tokens", type=int, default=16, help="prompt tokens the prediction assumes (default 16)")
+    i.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
+                   help="2pc: linear layers' packing the prediction assumes")
+    i.add_argument("--json", metavar="FILE", help="write the plan and the prediction as JSON")
 
     s = sub.add_parser("serve", help="serve a model to private-inference clients")
     s.add_argument("--mode", choices=("offload", "2pc"), default="offload")

@@ -164,9 +164,122 @@ def inspect_text(config: dict, name: str = "", all_nodes: bool = False, groups: 
     return "\n".join(lines)
 
 
+def _fmt_bytes(n: float) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def prediction_table(pred: dict, title: str) -> list[str]:
+    """`runtime.predict.predict`'s result as text rows (op class, bytes, rounds, HE ops)."""
+    lines = [f"{title}:", f"  {'op class':<17} {'bytes':>11} {'rounds':>7}  he ops"]
+    tot_b = tot_r = 0
+    for cls, e in sorted(pred.items(), key=lambda kv: -kv[1]["bytes"]):
+        ops = ", ".join(f"{k} {v:,}" for k, v in e["he_ops"].items() if k in
+                        ("rotations", "multiply_plain", "rescale", "encrypt", "decrypt"))
+        lines.append(f"  {cls:<17} {_fmt_bytes(e['bytes']):>11} {e['rounds']:>7}  {ops}")
+        tot_b += e["bytes"]
+        tot_r += e["rounds"]
+    lines.append(f"  {'total':<17} {_fmt_bytes(tot_b):>11} {tot_r:>7}")
+    return lines
+
+
+def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "coeff") -> tuple[str, dict]:
+    """The mode's plan and predicted costs as text, and the same as a JSON-able dict."""
+    from cipherlm.compile import build_graph, passes
+    from cipherlm.runtime import predict as P
+
+    g = passes.group_linears.run(build_graph(config))
+    decoder = "logits" in g.outputs
+    doc: dict = {"mode": mode, "tokens": tokens}
+    lines = []
+    if mode == "plain":
+        return "plain: nothing leaves this machine (no plan, no traffic)", doc
+    if mode == "offload":
+        groups = P.plan_offload(config, g)
+        steps = P.galois_steps(groups)
+        lines.append(f"offload plan: {len(groups)} projection groups, CKKS N = 8192 (4096 complex slots)")
+        lines.append(f"  {'grp':>4} {'class':<10} {'d_in':>5} {'d_outs':<16} {'chunks':>6} {'blocks':>6} "
+                     f"{'baby':>4} {'giant':>5} {'rot':>4} {'mul':>5}  names")
+        shown = {}
+        for k, gr in enumerate(groups):
+            key = (gr["op_class"], gr["d_in"], gr["d_outs"])
+            first = key not in shown
+            shown.setdefault(key, 0)
+            shown[key] += 1
+            if not first:
+                continue
+            for p in gr["plans"]:
+                oc = p.op_counts()
+                lines.append(f"  {k:>4} {gr['op_class']:<10} {p.d_in:>5} {'+'.join(map(str, gr['d_outs'])):<16} "
+                             f"{p.c:>6} {p.n_blocks:>6} {p.g:>4} {p.b:>5} {oc['rotations']:>4} "
+                             f"{oc['multiply_plain']:>5}  {', '.join(gr['names'])}")
+        same = sum(v - 1 for v in shown.values())
+        if same:
+            lines.append(f"  ({same} more groups with the same shapes as one above)")
+        lines.append(f"  Galois key steps ({len(steps)}): {', '.join(map(str, steps))}")
+        doc["groups"] = [{"names": list(gr["names"]), "d_in": gr["d_in"], "d_outs": list(gr["d_outs"]),
+                          "op_class": gr["op_class"], "plans": [p.to_dict() for p in gr["plans"]]} for gr in groups]
+        doc["galois_steps"] = steps
+        kw: dict = {}
+    else:
+        kw = {"linear_packing": linear_packing}
+        plan = P.plan_twopc(config, tokens, graph=g, linear_packing=linear_packing)
+        lines.append(f"2pc public plan: embedding {plan['embedding']}, linear packing {plan['linear']['packing']} "
+                     f"(network {plan['linear']['network']})"
+                     + (f", MoE {plan['moe']['variant']} capacity {plan['moe']['capacity']}" if "moe" in plan else "")
+                     + ("" if decoder else ", classifier width: the server's"))
+        if decoder:
+            lines.append("  folded norms: decided by the server from its weights (RMSNorm gammas folded into the "
+                         "projections when they fit the weight bound)")
+        lines.append(f"  linear layers at {tokens} token rows (packing choice per layer shape, "
+                     f"linear_packing_report rows):")
+        lines.append(f"  {'class':<10} {'m':>5} {'d':>5} {'o':>6} {'choice':>6} {'used':>6} {'coeff MB':>9} "
+                     f"{'simd MB':>8} {'coeff s':>8} {'simd s':>8} {'calls':>5}")
+        rows: dict = {}
+        for c in plan["linear"]["choices"]:
+            key = (c["op_class"], c["m"], c["d"], c["o"])
+            if key in rows:
+                rows[key][1] += 1
+            else:
+                rows[key] = [c, 1]
+        for c, n in rows.values():
+            lines.append(f"  {c['op_class']:<10} {c['m']:>5} {c['d']:>5} {c['o']:>6} {c['packing']:>6} {c['used']:>6} "
+                         f"{c['coeff_bytes'] / 1e6:>9.2f} {c['simd_bytes'] / 1e6:>8.2f} {c['coeff_seconds']:>8.3f} "
+                         f"{min(c['simd_seconds'], 1e9):>8.3f} {n:>5}")
+        doc["plan"] = plan
+    pred = P.predict(config, mode, tokens, phase="prefill", graph=g, **kw)
+    title = f"predicted {'prefill' if decoder else 'pass'} of {tokens} tokens"
+    lines += prediction_table(pred, title)
+    doc["prefill" if decoder else "pass"] = pred
+    if decoder:
+        dec = P.predict(config, mode, tokens, phase="decode", graph=g, **kw)
+        lines += prediction_table(dec, f"predicted per decode token (after {tokens} tokens)")
+        doc["decode"] = dec
+    if mode == "2pc":
+        lines.append("  (2pc: embedding, setup and control not predicted; nonlinear classes from the per-element "
+                     "costs of docs/mpc.md, attention products rough)")
+    else:
+        lines.append("  (offload: input ciphertexts are compressed, their size varies by ~2%; counts are exact)")
+    return "\n".join(lines), doc
+
+
 def cmd_inspect(args) -> int:
     name, config = model_config(args.model)
     print(inspect_text(config, name, all_nodes=args.all, groups=args.groups))
+    mode = getattr(args, "mode", "plain") or "plain"
+    tokens = int(getattr(args, "tokens", 16) or 16)
+    if tokens < 1:
+        raise UserError("--tokens must be at least 1")
+    text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"))
+    print(text)
+    if getattr(args, "json", None):
+        import json
+
+        doc["model"] = name
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
     return 0
 
 

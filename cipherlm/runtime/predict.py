@@ -1,0 +1,299 @@
+"""Predicted bytes, rounds and HE operations per operator class, before anything runs.
+
+`predict(config, mode, tokens, phase=...)` walks the model graph (`cipherlm.compile`:
+nodes, shapes, projection groups) and prices each operator class with the existing
+cost models:
+
+* **offload**: every projection group is planned exactly as `ServerEngine` plans it
+  (`offload_engine.input_parts` + `he.matmul.plan_matmul`, one worker); one token row
+  of a group costs one input ciphertext per part and ``n_blocks`` result ciphertexts
+  per part (`MatmulPlan.op_counts`), one message each way (2 one-way flights per group
+  call).  Classes are `linear_groups.operator_class` names (attn_qkv, attn_out, ffn_in,
+  ffn_out, lm_head, pooler, moe_router), the same keys as the client's / server's
+  `HEOpCounter`s in a run report.  Bytes: a result ciphertext is sent uncompressed
+  (one 60-bit prime, 2 x N x 8 bytes + SEAL header = `CT_OUT_BYTES`, exact); an input
+  ciphertext is seeded and zstd-compressed, its size varies by a few percent around
+  `CT_IN_BYTES` (measured 113.9-117.7 kB at N = 8192); `MSG_OVERHEAD` per message
+  covers the framing.
+* **2pc**: linear classes from `linear_simd.choose_packing` (the per-layer cost model
+  of both packings: `plan_blocks` bytes for Cheetah's coefficient packing, `plan_simd`
+  for SIMD), one round trip per call; attention products from `plan_blocks` in the
+  wide session (two cross terms per product, rough); the nonlinear classes from the
+  per-element bytes and per-call flights that `cipherlm.mpc.costs` / `cipherlm bench
+  mpc` measured (docs/mpc.md), times the graph's element counts.  Class names are the
+  2pc `OpMeter`'s (linear, attention_matmul, softmax, activation, norm, rope, argmax).
+  Not predicted: embedding (its protocol's set-up dominates), setup, control, moe.
+
+The result is ``{op_class: {"bytes", "rounds", "he_ops"}}`` (rounds = one-way flights,
+as in `cipherlm.report`); `plan_offload` / `plan_twopc` give the plans it is based on.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from cipherlm.compile import build_graph, passes
+
+from .linear_groups import operator_class
+
+#: offload: one result ciphertext (1 prime, N = 8192: 2 x 8192 x 8 + 16-byte SEAL header
+#: + 112 bytes of nested headers), as measured; exact
+CT_OUT_BYTES = 131_200
+#: offload: one seeded, zstd-compressed input ciphertext (2 primes); varies +-2% per encryption
+CT_IN_BYTES = 116_000
+#: framing of one offload message (frame header, message keys, blob lengths and padding)
+MSG_OVERHEAD = 96
+#: `he.matmul.pack_cts`: a u32 count, then a u64 length per ciphertext
+PACK_HEADER = 4
+PACK_PER_CT = 8
+
+#: 2pc nonlinear costs per element (bytes, both directions) and one-way flights per call,
+#: measured by `cipherlm bench mpc` / `python -m cipherlm.mpc.costs --nonlinear`
+#: (table in docs/mpc.md, IKNP OT); argmax ~ one round of top-8-of-64
+MPC_PER_ELEM = {
+    "softmax": (15877, 269),
+    "gelu": (7656, 57),
+    "gelu_tanh": (7656, 57),
+    "silu": (7656, 53),
+    "mul": (2688, 15),
+    "layer_norm": (4103, 213),
+    "rms_norm": (4124, 187),
+    "argmax": (10166 / 8, 624 // 8),
+    "tanh": (7656, 57),
+    "relu": (1200, 20),
+    "sigmoid": (7656, 53),
+}
+
+
+def _graph(config: dict):
+    return passes.group_linears.run(build_graph(config))
+
+
+def _rows(graph, tokens: int, phase: str) -> dict[str, int]:
+    """Rows (tokens) of every value for one pass: T = tokens (prefill) or 1 (decode);
+    a `head` node keeps one row (the last for generation, the first for the pooler)."""
+    T = 1 if phase == "decode" else int(tokens)
+    rows = {v: T for v in graph.inputs}
+    for n in graph.nodes:
+        r = max((rows.get(v, T) for v in n.inputs), default=T)
+        if n.op == "head":
+            r = 1
+        for v in n.outputs:
+            rows[v] = r
+    return rows
+
+
+def _elements(shape, rows: int, keys: int) -> int:
+    out = 1
+    for k, s in enumerate(shape):
+        out *= rows if s == "T" else keys if s == "S" else int(s)
+    return out
+
+
+def _is_decoder(graph) -> bool:
+    return "logits" in graph.outputs
+
+
+# ----------------------------------------------------------------------------- offload
+
+
+def plan_offload(config: dict, graph=None) -> list[dict]:
+    """Per projection group: names, d_in, d_outs, op class and the part plans
+    (`MatmulPlan`s) `ServerEngine` makes (OFFLOAD_CKKS, one worker)."""
+    from cipherlm.he import OFFLOAD_CKKS, plan_matmul
+
+    from .offload_engine import input_parts
+
+    g = graph or _graph(config)
+    slots = OFFLOAD_CKKS.poly_modulus_degree // 2
+    bias = {n.attrs["name"]: bool(n.attrs.get("bias")) for n in g.nodes if n.op == "linear"}
+    out = []
+    for names, d_in, d_outs in g.meta["linear_groups"]:
+        has_bias = any(bias.get(nm, False) for nm in names)
+        plans = []
+        for k, cols in enumerate(input_parts(d_in, has_bias, slots)):
+            plans.append(plan_matmul(sum(d_outs), cols.stop - cols.start, slots,
+                                     has_bias=k == 0 and has_bias, splits=tuple(d_outs)))
+        out.append({"names": tuple(names), "d_in": d_in, "d_outs": tuple(d_outs),
+                    "op_class": operator_class(names), "plans": plans})
+    return out
+
+
+def galois_steps(groups: list[dict]) -> list[int]:
+    """The rotation steps of every plan (the Galois keys an offload client creates)."""
+    from .offload_engine import rotation_steps
+
+    return rotation_steps([p for g in groups for p in g["plans"]])
+
+
+def _group_calls(config, g, groups, rows) -> dict[int, float]:
+    """Expected token rows per group for one pass (MoE experts: top-k of n routed)."""
+    from cipherlm.compile import arch_from_config
+
+    v = arch_from_config(config).values
+    n_exp, k = int(v.get("n_experts") or 0), int(v.get("top_k") or 0)
+    node_of = {n.attrs["name"]: n for n in g.nodes if n.op == "linear"}
+    out = {}
+    for i, grp in enumerate(groups):
+        n = node_of[grp["names"][0]]
+        r = rows[n.inputs[0]]
+        if "expert" in n.attrs and n_exp and k:
+            r = r * k / n_exp
+        out[i] = r
+    return out
+
+
+def _predict_offload(config, tokens, phase, graph=None, groups=None) -> dict:
+    g = graph or _graph(config)
+    groups = groups or plan_offload(config, g)
+    rows = _rows(g, tokens, phase)
+    calls = _group_calls(config, g, groups, rows)
+    out: dict = {}
+    for i, grp in enumerate(groups):
+        r = calls[i]
+        if r <= 0:
+            continue
+        e = out.setdefault(grp["op_class"], {"bytes": 0, "rounds": 0, "he_ops": defaultdict(int)})
+        parts = grp["plans"]
+        multi = len(parts) > 1
+        ct_in = len(parts)
+        ct_out = sum(p.n_blocks for p in parts)
+        per_row_in = ct_in * CT_IN_BYTES + (PACK_HEADER + PACK_PER_CT * ct_in if multi else 0)
+        per_row_out = ct_out * CT_OUT_BYTES + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
+            + (PACK_HEADER + PACK_PER_CT * len(parts) if multi else 0)
+        # a group call (one message each way) carries every row of the pass
+        e["bytes"] += r * (per_row_in + per_row_out) + 2 * MSG_OVERHEAD
+        e["rounds"] += 2
+        h = e["he_ops"]
+        for p in parts:
+            oc = p.op_counts()
+            h["rotations"] += r * oc["rotations"]
+            h["multiply_plain"] += r * oc["multiply_plain"]
+            h["rescale"] += r * oc["rescale"]
+            h["encode"] += r
+            h["encrypt"] += r
+            h["decrypt"] += r * p.n_blocks
+            h["ciphertexts_in"] += r
+            h["ciphertexts_out"] += r * p.n_blocks
+    return _finish(out)
+
+
+# ----------------------------------------------------------------------------- 2pc
+
+
+def plan_twopc(config: dict, tokens: int = 1, embedding: str = "auto", moe_capacity: float = 2.0,
+               linear_packing: str = "coeff", network: str = "LAN", graph=None, phase: str = "prefill") -> dict:
+    """The 2pc public plan (`twopc.public_plan`, without the server's weights: folded
+    norms / classifier width unknown) and, per projection group, the packing choice of
+    `linear_simd.choose_packing` at this pass's rows (`linear_packing_report` rows)."""
+    from cipherlm.protocols.linear_simd import choose_packing
+
+    from . import twopc
+
+    g = graph or _graph(config)
+    plan = twopc.public_plan(config, None, embedding=embedding, moe_capacity=moe_capacity,
+                             linear_packing=linear_packing, network=network)
+    rows = _rows(g, tokens, phase)
+    node_of = {n.attrs["name"]: n for n in g.nodes if n.op == "linear"}
+    choices = []
+    for names, d_in, d_outs in g.meta["linear_groups"]:
+        n = node_of[names[0]]
+        m = rows[n.inputs[0]]
+        c = choose_packing(m, d_in, sum(d_outs), network, encode_weights=m != 1).to_dict()
+        c["used"] = c["packing"] if linear_packing == "auto" else linear_packing
+        c["names"] = list(names)
+        c["op_class"] = operator_class(names)
+        choices.append(c)
+    plan["linear"]["choices"] = choices
+    return plan
+
+
+def _predict_twopc(config, tokens, phase, graph=None, plan=None, **kw) -> dict:
+    from cipherlm.protocols.linear import plan_blocks
+
+    g = graph or _graph(config)
+    plan = plan or plan_twopc(config, tokens, graph=g, phase=phase, **kw)
+    rows = _rows(g, tokens, phase)
+    keys = int(tokens) + (1 if phase == "decode" else 0) if _is_decoder(g) else int(tokens)
+    out: dict = {}
+
+    def add(cls, nbytes, rounds, **ops):
+        e = out.setdefault(cls, {"bytes": 0, "rounds": 0, "he_ops": defaultdict(int)})
+        e["bytes"] += nbytes
+        e["rounds"] += rounds
+        for k, v in ops.items():
+            e["he_ops"][k] += v
+
+    for c in plan["linear"]["choices"]:
+        if c["used"] == "simd":
+            add("linear", c["simd_bytes"], 2, multiply_plain=c["simd_products"], rotations=c["simd_rotations"])
+        else:
+            add("linear", c["coeff_bytes"], 2, multiply_plain=c["coeff_products"])
+    for n in g.nodes:
+        r = rows[n.outputs[0]] if n.outputs else 1
+        if n.op in ("qk", "av"):
+            H, Hkv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"]
+            m = (H // Hkv) * r
+            d, o = (hd, keys) if n.op == "qk" else (keys, hd)
+            nn = 16384
+            bp = plan_blocks(m, d, o, nn, Hkv, in_ct_bytes=4 * nn * 8, op_scale=2 * 4 / 3)
+            # two cross terms (one per direction), each one message each way
+            add("attention_matmul", 2 * bp.bytes_estimate(4 * nn * 8), 4, multiply_plain=2 * bp.products)
+        elif n.op in ("softmax", "layer_norm", "rms_norm"):
+            b, f = MPC_PER_ELEM[n.op]
+            cls = "softmax" if n.op == "softmax" else "norm"
+            add(cls, b * _elements(n.shape, r, keys), f)
+        elif n.op == "activation" or (n.op == "mul" and n.name.endswith("ffn.mul")):
+            fn = n.attrs.get("fn", "mul")
+            b, f = MPC_PER_ELEM.get(fn, MPC_PER_ELEM["gelu"])
+            add("activation", b * _elements(n.shape, r, keys), f)
+        elif n.op == "argmax":
+            b, f = MPC_PER_ELEM["argmax"]
+            add("argmax", b * r * int(g.meta.get("vocab_size") or _vocab(g)), f)
+        elif n.op == "rope":
+            add("rope", 0, 0)
+    return _finish(out)
+
+
+def _vocab(g) -> int:
+    for n in g.nodes:
+        if n.op == "linear" and n.attrs["name"].endswith("lm_head"):
+            return int(n.attrs["d_out"])
+    return 0
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _finish(out: dict) -> dict:
+    res = {}
+    for cls, e in out.items():
+        res[cls] = {"bytes": int(round(e["bytes"])), "rounds": int(e["rounds"]),
+                    "he_ops": {k: int(round(v)) for k, v in e["he_ops"].items() if v}}
+    return res
+
+
+def total(pred: dict) -> dict:
+    """Sum over the classes: {bytes, rounds}."""
+    return {"bytes": sum(e["bytes"] for e in pred.values()), "rounds": sum(e["rounds"] for e in pred.values())}
+
+
+def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill", graph=None, **kw) -> dict:
+    """{op_class: {"bytes", "rounds", "he_ops"}} for one pass of the model in ``mode``.
+
+    ``phase="prefill"``: one pass over ``tokens`` tokens (a decoder's LM head on the last
+    row only, as `generate` does; an encoder's whole input).  ``phase="decode"``: one
+    decode token after ``tokens`` cached positions (decoders).  ``kw`` (2pc): embedding,
+    moe_capacity, linear_packing, network.  Plain mode: nothing leaves the machine ({})."""
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase must be prefill or decode, not {phase!r}")
+    if int(tokens) < 1:
+        raise ValueError("tokens must be at least 1")
+    if mode == "plain":
+        return {}
+    g = graph or _graph(config)
+    if mode == "offload":
+        return _predict_offload(config, tokens, phase, g)
+    if mode == "2pc":
+        return _predict_twopc(config, tokens, phase, g, **kw)
+    raise ValueError(f"unknown mode {mode!r}")
