@@ -58,6 +58,20 @@ def test_cli_inspect_every_mode(tmp_path, capsys, config, mode):
         assert P.total(dec)["bytes"] < P.total(pred)["bytes"]
 
 
+def test_moe_prediction():
+    """Mixtral-style MoE: offload experts get k of n rows per token (uniform routing); the
+    2pc prediction leaves the CryptoMoE layer out (class "moe", not predicted)."""
+    cfg = dict(LLAMA, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    dec = P.predict(cfg, "offload", 8, phase="decode")
+    layers = cfg["num_hidden_layers"]
+    assert dec["ffn_in"]["he_ops"]["encrypt"] == layers * 2   # k = 2 experts per token and layer
+    assert dec["moe_router"]["he_ops"]["encrypt"] == layers
+    pre = P.predict(cfg, "offload", 8, phase="prefill")
+    assert pre["ffn_in"]["he_ops"]["encrypt"] == layers * 2 * 8
+    tp = P.predict(cfg, "2pc", 8)
+    assert "moe" not in tp and "linear" in tp
+
+
 def test_predict_rejects_bad_arguments():
     with pytest.raises(ValueError):
         P.predict(LLAMA, "offload", 0)
@@ -109,7 +123,9 @@ def test_offload_decode_token_bytes_and_ops_as_predicted(offload_server, tiny_ll
     with OffloadClient(*offload_server.address) as client:
         ex = client.executor()
         cache = ex.new_cache()
+        tp = client.chan.totals()
         ex.forward(np.asarray([1, 2, 3, 4]), cache, last_only=True)
+        tq = client.chan.totals()
         srv_before = client.server_stats()["he_ops"]
         cli_before = _ops(client.engine.he_ops())
         t0 = client.chan.totals()
@@ -117,6 +133,11 @@ def test_offload_decode_token_bytes_and_ops_as_predicted(offload_server, tiny_ll
         t1 = client.chan.totals()
         cli_after = _ops(client.engine.he_ops())
         srv_after = client.server_stats()["he_ops"]
+    pre = P.total(P.predict(config, "offload", n_prompt, phase="prefill"))
+    pre_measured = (tq["bytes_sent"] + tq["bytes_received"]) - (tp["bytes_sent"] + tp["bytes_received"])
+    print(f"offload prefill of {n_prompt}: predicted {pre['bytes']} B, measured {pre_measured} B "
+          f"({pre_measured / pre['bytes'] - 1:+.2%})")
+    assert abs(pre_measured - pre["bytes"]) <= OFFLOAD_BYTES_TOL * pre["bytes"]
     measured = (t1["bytes_sent"] + t1["bytes_received"]) - (t0["bytes_sent"] + t0["bytes_received"])
     flights = (t1["rounds"] + t1["flights_received"]) - (t0["rounds"] + t0["flights_received"])
     pred = P.predict(config, "offload", n_prompt, phase="decode")

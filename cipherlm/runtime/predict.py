@@ -22,7 +22,8 @@ cost models:
   per-element bytes and per-call flights that `cipherlm.mpc.costs` / `cipherlm bench
   mpc` measured (docs/mpc.md), times the graph's element counts.  Class names are the
   2pc `OpMeter`'s (linear, attention_matmul, softmax, activation, norm, rope, argmax).
-  Not predicted: embedding (its protocol's set-up dominates), setup, control, moe.
+  Not predicted: embedding (its protocol's set-up dominates), setup, control and the
+  MoE layers (CryptoMoE, class moe: router, experts and shared expert are skipped).
 
 The result is ``{op_class: {"bytes", "rounds", "he_ops"}}`` (rounds = one-way flights,
 as in `cipherlm.report`); `plan_offload` / `plan_twopc` give the plans it is based on.
@@ -90,6 +91,12 @@ def _elements(shape, rows: int, keys: int) -> int:
     return out
 
 
+def _in_moe(name: str) -> bool:
+    """A node of an MoE layer's FFN (router, experts, shared expert): the 2pc mode runs
+    the whole layer as one CryptoMoE protocol (class "moe", not predicted here)."""
+    return ".moe." in name or ".shared." in name
+
+
 def _is_decoder(graph) -> bool:
     return "logits" in graph.outputs
 
@@ -127,7 +134,8 @@ def galois_steps(groups: list[dict]) -> list[int]:
 
 
 def _group_calls(config, g, groups, rows) -> dict[int, float]:
-    """Expected token rows per group for one pass (MoE experts: top-k of n routed)."""
+    """Per group: expected token rows in one pass and the probability it is called
+    (MoE experts: top-k of n routed, uniformly; every other group: its rows, 1)."""
     from cipherlm.compile import arch_from_config
 
     v = arch_from_config(config).values
@@ -137,9 +145,13 @@ def _group_calls(config, g, groups, rows) -> dict[int, float]:
     for i, grp in enumerate(groups):
         n = node_of[grp["names"][0]]
         r = rows[n.inputs[0]]
+        called = 1.0
         if "expert" in n.attrs and n_exp and k:
+            # each token picks k of n experts (uniform routing assumed): expected rows, and
+            # the probability that any token reaches this expert (a call at all)
+            called = 1.0 - (1.0 - k / n_exp) ** r
             r = r * k / n_exp
-        out[i] = r
+        out[i] = (r, called)
     return out
 
 
@@ -150,7 +162,7 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None) -> dict:
     calls = _group_calls(config, g, groups, rows)
     out: dict = {}
     for i, grp in enumerate(groups):
-        r = calls[i]
+        r, called = calls[i]
         if r <= 0:
             continue
         e = out.setdefault(grp["op_class"], {"bytes": 0, "rounds": 0, "he_ops": defaultdict(int)})
@@ -162,8 +174,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None) -> dict:
         per_row_out = ct_out * CT_OUT_BYTES + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
             + (PACK_HEADER + PACK_PER_CT * len(parts) if multi else 0)
         # a group call (one message each way) carries every row of the pass
-        e["bytes"] += r * (per_row_in + per_row_out) + 2 * MSG_OVERHEAD
-        e["rounds"] += 2
+        e["bytes"] += r * (per_row_in + per_row_out) + 2 * MSG_OVERHEAD * called
+        e["rounds"] += 2 * called
         h = e["he_ops"]
         for p in parts:
             oc = p.op_counts()
@@ -198,6 +210,8 @@ def plan_twopc(config: dict, tokens: int = 1, embedding: str = "auto", moe_capac
     choices = []
     for names, d_in, d_outs in g.meta["linear_groups"]:
         n = node_of[names[0]]
+        if _in_moe(n.name):
+            continue
         m = rows[n.inputs[0]]
         c = choose_packing(m, d_in, sum(d_outs), network, encode_weights=m != 1).to_dict()
         c["used"] = c["packing"] if linear_packing == "auto" else linear_packing
@@ -230,6 +244,8 @@ def _predict_twopc(config, tokens, phase, graph=None, plan=None, **kw) -> dict:
         else:
             add("linear", c["coeff_bytes"], 2, multiply_plain=c["coeff_products"])
     for n in g.nodes:
+        if _in_moe(n.name):
+            continue
         r = rows[n.outputs[0]] if n.outputs else 1
         if n.op in ("qk", "av"):
             H, Hkv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"]
@@ -268,7 +284,7 @@ def _vocab(g) -> int:
 def _finish(out: dict) -> dict:
     res = {}
     for cls, e in out.items():
-        res[cls] = {"bytes": int(round(e["bytes"])), "rounds": int(e["rounds"]),
+        res[cls] = {"bytes": int(round(e["bytes"])), "rounds": int(round(e["rounds"])),
                     "he_ops": {k: int(round(v)) for k, v in e["he_ops"].items() if v}}
     return res
 
