@@ -128,9 +128,9 @@ def test_offload_decode_token_bytes_and_ops_as_predicted(offload_server, tiny_ll
         tq = client.chan.totals()
         srv_before = client.server_stats()["he_ops"]
         cli_before = _ops(client.engine.he_ops())
-        t0 = client.chan.totals()
+        t0, s0 = client.chan.totals(), client.chan.stats()
         ex.forward(np.asarray([5]), cache, last_only=True)
-        t1 = client.chan.totals()
+        t1, s1 = client.chan.totals(), client.chan.stats()
         cli_after = _ops(client.engine.he_ops())
         srv_after = client.server_stats()["he_ops"]
     pre = P.total(P.predict(config, "offload", n_prompt, phase="prefill"))
@@ -146,6 +146,14 @@ def test_offload_decode_token_bytes_and_ops_as_predicted(offload_server, tiny_ll
           f"measured {measured} B {flights} flights ({measured / tot['bytes'] - 1:+.2%})")
     assert abs(measured - tot["bytes"]) <= OFFLOAD_BYTES_TOL * tot["bytes"]
     assert flights == tot["rounds"]
+    # per class: the client's channel step labels are the groups' op classes
+    for cls, e in pred.items():
+        a, b = s1.get(cls, {}), s0.get(cls, {})
+        nbytes = sum(a.get(k, 0) - b.get(k, 0) for k in ("bytes_sent", "bytes_received"))
+        nflights = sum(a.get(k, 0) - b.get(k, 0) for k in ("rounds", "flights_received"))
+        print(f"    {cls}: predicted {e['bytes']} B {e['rounds']} flights, measured {nbytes} B {nflights} flights")
+        assert abs(nbytes - e["bytes"]) <= OFFLOAD_BYTES_TOL * e["bytes"], cls
+        assert nflights == e["rounds"], cls
     srv, cli = _diff(srv_after, srv_before), _diff(cli_after, cli_before)
     assert set(srv) == set(pred)
     for cls, e in pred.items():
