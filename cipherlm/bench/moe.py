@@ -271,7 +271,8 @@ def ablation(bench_rows: list[dict] | None = None, prompts: int = 16, tokens: in
     secure row of ``bench_rows`` where one was measured."""
     from cipherlm.moe.routing import BalancedRouting
     from cipherlm.models.upcycle import wiki_prompts
-    from cipherlm.runtime.plain import DecoderExecutor, PlainLinear, split_params
+    from cipherlm.runtime.graph_executor import DecoderExecutor
+    from cipherlm.runtime.plain import PlainLinear, split_params
     from cipherlm.runtime.upcycled import upcycled_smollm2
 
     lm = upcycled_smollm2()

@@ -78,7 +78,7 @@ def _text_ids(tokenizer, n: int) -> np.ndarray:
 def prepare(workload: str, tokens: int | None = None, layers: int | None = None) -> dict:
     """Plaintext set-up of one workload: config, weights, input hidden states, reference output."""
     from ..models import load_model
-    from ..runtime.plain import KVCache, make_executor, plain_executor, split_params, PlainLinear
+    from ..runtime.plain import make_executor, plain_executor, split_params, PlainLinear
 
     if workload == "minilm":
         lm = load_model("minilm-l6")
@@ -109,9 +109,8 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
         T = tokens or 64
         ex = plain_executor(lm, dtype=np.float64)
         ids = _text_ids(lm.tokenizer, T)
-        x0 = np.asarray(ex.p["model.embed_tokens.weight"][ids], np.float64) if "model.embed_tokens.weight" in ex.p \
-            else np.asarray(weights["model.embed_tokens.weight"][ids], np.float64)
-        ref = ex._llama_block(0, x0, KVCache(cfg["num_hidden_layers"]), 0, np.arange(T))
+        x0 = np.asarray(weights["model.embed_tokens.weight"][ids], np.float64)
+        ref = ex.run_layers(x0, [0])
         return {"workload": workload, "config": cfg, "weights": weights, "x": x0, "ref": ref, "layers": 1,
                 "tokens": T, "extrapolate": 1.0}
     raise ValueError(f"unknown workload {workload!r} (minilm, smollm-block, bert-base)")
@@ -119,22 +118,17 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
 
 def _encoder_layers(ex, x: np.ndarray, layers: int) -> np.ndarray:
     """The plaintext executor's first ``layers`` encoder layers on hidden states x (T, d)."""
-    neg = np.zeros((1, 1, 1, x.shape[0]))
-    for i in range(layers):
-        x = ex._layer(i, x, 1, x.shape[0], neg)
-    return x
+    return ex.run_layers(x, range(layers))
 
 
 def _encoder_input(ex, ids: np.ndarray) -> np.ndarray:
     """Embedding output after the embedding LayerNorm, (T, d), as the plaintext executor computes it."""
-    from ..runtime import ops
-
-    p = ex.p
+    src, _ = ex.layer_io(0)
     T = ids.size
-    x = (np.asarray(p["embeddings.word_embeddings.weight"][ids], np.float64)
-         + p["embeddings.position_embeddings.weight"][np.arange(T)]
-         + p["embeddings.token_type_embeddings.weight"][0])
-    return ops.layer_norm(x, p["embeddings.LayerNorm.weight"], p["embeddings.LayerNorm.bias"], ex.eps)
+    nodes = [n for n in ex.graph.nodes if n.name in ex.needed([src])]
+    vals = ex.run_nodes(nodes, {"ids": np.asarray(ids, np.int64), "positions": np.arange(T),
+                                "token_types": np.zeros(T, np.int64)}, {"T": T})
+    return vals[src]
 
 
 def _party(ctx, spec: dict):

@@ -2,8 +2,9 @@
 
 A private mode evaluates the projections that share an input (q, k, v; gate, up)
 as one stacked matrix, so it needs the groups in advance, before any request:
-`discover_linear_groups` runs the plaintext executor once on a one-token input
-with a recording backend and returns the groups in call order.
+the model graph's `group_linears` pass lists them in call order
+(`cipherlm.runtime.offload_server.discover_groups`); `RecordingLinear` records the
+groups an executor actually calls (tests compare the two).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import numpy as np
 
 from cipherlm.he import HEError
 from cipherlm.runtime import offload_engine
-from cipherlm.runtime.linear_groups import LinearGroup, RecordingLinear, groups_from_calls
+from cipherlm.runtime.linear_groups import LinearGroup, groups_from_calls
 from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, PROTOCOL_VERSION, ProtocolError
 from cipherlm.runtime.session_server import LimitExceeded, MessageSession, ServerLimits, SessionServer
 
@@ -40,20 +40,20 @@ DEFAULT_LIMITS = ServerLimits()
 
 
 def discover_groups(config: dict, client_params: dict, server_linears: dict) -> list[LinearGroup]:
-    """Run the plaintext executor on one token and record the projection groups in call order."""
-    from cipherlm.runtime.plain import PlainLinear, make_executor
+    """The projection groups in the order the executor calls them: the model graph's
+    `group_linears` pass (every MoE expert included), then any server linear outside the
+    graph (an encoder's "classifier" head), one group each. No forward pass is run."""
+    from cipherlm.compile import build_graph, passes
 
-    recorder = RecordingLinear(PlainLinear(server_linears))
-    executor = make_executor(config, client_params, recorder)
-    executor.trace_one_token()
-    groups = groups_from_calls(recorder.calls)
-    covered = {n for g in groups for n in g.names}
-    missing = sorted(set(server_linears) - covered)
-    if missing:
-        # e.g. MoE experts no token was routed to: one group each, still encoded at start-up
-        extra = [((n,), server_linears[n][0].shape[1], (server_linears[n][0].shape[0],)) for n in missing]
-        groups = groups_from_calls([(g.names, g.d_in, g.d_outs) for g in groups] + extra)
-    return groups
+    g = passes.group_linears.run(build_graph(config))
+    calls = [(names, d_in, d_outs) for names, d_in, d_outs in g.meta["linear_groups"]]
+    covered = {n for names, _, _ in calls for n in names}
+    unknown = sorted(covered - set(server_linears))
+    if unknown:
+        raise ValueError(f"the server holds no weights for the projections {unknown[:3]}")
+    calls += [((n,), server_linears[n][0].shape[1], (server_linears[n][0].shape[0],))
+              for n in sorted(set(server_linears) - covered)]
+    return groups_from_calls(calls)
 
 
 class ModelHost:

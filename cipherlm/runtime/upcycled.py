@@ -16,7 +16,8 @@ import numpy as np
 
 from ..models import load_model
 from ..models.upcycle import DEFAULTS, calibration_ids, upcycle
-from .plain import DecoderExecutor, PlainLinear, split_params
+from .graph_executor import DecoderExecutor
+from .plain import PlainLinear, split_params
 
 
 def router_inputs(config: dict, weights: dict, ids, layers) -> dict:
