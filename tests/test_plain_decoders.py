@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from _hf_oracle import build_hf, rel_err, torch_setup
+from test_compile_graph import _cases, _hf_logits  # one table of families for the plain-mode tests
 from cipherlm.models import normalize_weights
 from cipherlm.runtime.plain import (
     DecoderExecutor, OpTimer, PlainLinear, make_executor, sample_next, split_params,
@@ -11,28 +12,6 @@ from cipherlm.runtime.plain import (
 
 torch = torch_setup()
 import transformers as T  # noqa: E402
-
-COMMON = dict(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1)
-
-
-def _cases():
-    return {
-        "llama": (T.LlamaConfig(intermediate_size=80, rope_theta=500.0, **COMMON), T.LlamaForCausalLM),
-        "llama_tied_bias": (T.LlamaConfig(intermediate_size=80, tie_word_embeddings=True, attention_bias=True,
-                                          mlp_bias=True, **COMMON), T.LlamaForCausalLM),
-        "gpt2": (T.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
-                              initializer_range=0.1), T.GPT2LMHeadModel),
-        "qwen2_moe": (T.Qwen2MoeConfig(intermediate_size=64, moe_intermediate_size=24,
-                                       shared_expert_intermediate_size=40, num_experts=6, num_experts_per_tok=2,
-                                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
-                                       **COMMON), T.Qwen2MoeForCausalLM),
-        "olmoe": (T.OlmoeConfig(intermediate_size=24, num_experts=6, num_experts_per_tok=2, clip_qkv=3.0,
-                                **COMMON), T.OlmoeForCausalLM),
-        "mixtral": (T.MixtralConfig(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
-                                    sliding_window=None, **COMMON), T.MixtralForCausalLM),
-    }
-
 
 CASES = list(_cases())
 
@@ -47,11 +26,6 @@ def case(request):
     client, server = split_params(config, weights)
     ex = make_executor(config, client, PlainLinear(server, dtype=np.float64))
     return request.param, model, config, ex, server
-
-
-def _hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].double().numpy()
 
 
 def test_full_forward_matches_hf(case):
@@ -135,16 +109,18 @@ def test_backend_groups_and_profiler(case):
     ex2 = make_executor(config, split_params(config, _weights_of(model, config))[0], rec, profiler=timer)
     ex2.forward([1, 2, 3])
     first = rec.calls[0]
-    assert len(first) == 1 if name == "gpt2" else len(first) == 3  # q, k, v in one call
+    # q, k, v in one call (GPT-2: its fused c_attn; DeepSeek-V3's MLA: the q and the kv down-projections)
+    assert len(first) == {"gpt2": 1, "deepseek_v3": 2, "deepseek_v3_qlora": 2}.get(name, 3), first
     assert rec.calls[-1] == ("lm_head",)
     assert all(n in server for c in rec.calls for n in c)
     if name != "gpt2":
         assert any(len(c) == 2 and c[0].endswith("gate_proj") and c[1].endswith("up_proj") for c in rec.calls)
     for op in ("embedding", "norm", "linear", "attention", "softmax", "activation"):
         assert timer.seconds.get(op, 0) > 0, op
-    if name in ("qwen2_moe", "olmoe", "mixtral"):
+    if name in ("qwen2_moe", "olmoe", "mixtral", "deepseek_v3", "deepseek_v3_qlora"):
         assert timer.seconds.get("moe_routing", 0) > 0
-        assert any(c == (f"model.layers.0.mlp.gate",) for c in rec.calls)
+        first_moe = config.get("first_k_dense_replace", 0)  # DeepSeek-V3's leading dense layers
+        assert any(c == (f"model.layers.{first_moe}.mlp.gate",) for c in rec.calls)
 
 
 def test_split_params_roles():
