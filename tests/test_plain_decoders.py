@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from _hf_oracle import build_hf, rel_err, torch_setup
-from test_compile_graph import _cases, _hf_logits  # one table of families for the plain-mode tests
+from test_compile_graph import _cases, _hf_logits, _Recorder  # one table of families for plain mode
 from cipherlm.models import normalize_weights
 from cipherlm.runtime.plain import (
     DecoderExecutor, OpTimer, PlainLinear, make_executor, sample_next, split_params,
@@ -92,19 +92,9 @@ def _weights_of(model, config):
     return normalize_weights(config, {k: v.detach().float().numpy() for k, v in model.state_dict().items()})
 
 
-class Recorder:
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def linear(self, x, names):
-        assert x.ndim == 2
-        self.calls.append(tuple(names))
-        return self.inner.linear(x, names)
-
-
 def test_backend_groups_and_profiler(case):
     name, model, config, ex, server = case
-    rec = Recorder(PlainLinear(server))
+    rec = _Recorder(PlainLinear(server))
     timer = OpTimer()
     ex2 = make_executor(config, split_params(config, _weights_of(model, config))[0], rec, profiler=timer)
     ex2.forward([1, 2, 3])
