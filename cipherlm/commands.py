@@ -340,6 +340,31 @@ def _add_offload_stats(report, client, timer) -> None:
         v for k, v in timer.seconds.items() if k != "linear")
 
 
+def generation_passes(n_prompt: int, n_new: int) -> list[tuple[int, str]]:
+    """The passes of a generation: the prompt's prefill (first token), then one decode pass
+    per further token (after n_prompt + i cached positions)."""
+    return [(n_prompt, "prefill")] + [(n_prompt + i, "decode") for i in range(max(0, n_new - 1))]
+
+
+def add_run_prediction(report, config: dict, mode: str, passes, **kw) -> None:
+    """`runtime.predict.predict` for each (tokens, phase) pass of the run, summed into the
+    report (`RunReport.add_prediction`); a model the graph cannot price is only noted."""
+    from cipherlm.compile import build_graph, passes as gpasses
+    from cipherlm.runtime import predict as P
+
+    try:
+        g = gpasses.group_linears.run(build_graph(config))
+        memo: dict = {}
+        for tokens, phase in passes:
+            # offload decode passes cost the same at every position
+            key = (1 if mode == "offload" and phase == "decode" else int(tokens), phase)
+            if key not in memo:
+                memo[key] = P.predict(config, mode, int(tokens), phase=phase, graph=g, **kw)
+            report.add_prediction(memo[key])
+    except Exception as exc:  # a prediction must never fail the run it describes
+        _err(f"no cost prediction for this model: {exc}")
+
+
 def run_offload_generation(server, model, prompt, args, report, compare: bool, stream=True) -> dict:
     """Generate through an offload server; optionally compare with the local plaintext executor."""
     from cipherlm.runtime.offload_client import OffloadClient
@@ -364,6 +389,7 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
         if stream:
             streamer.finish()
         _add_offload_stats(report, client, timer)
+        add_run_prediction(report, config, "offload", generation_passes(len(prompt_ids), len(new_ids)))
         extra = {
             "prompt_tokens": len(prompt_ids),
             "new_tokens": len(new_ids),
@@ -405,6 +431,8 @@ def run_twopc_generation(server, model, prompt, args, report, compare: bool, str
             if stream:
                 streamer.finish()
             add_client_stats(report, client)
+            add_run_prediction(report, config, "2pc", generation_passes(len(prompt_ids), len(new_ids)),
+                               **_twopc_predict_kw(client.plan))
             name = client.model
     except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout) as exc:
         raise UserError(f"2pc session failed: {exc}") from exc
@@ -474,6 +502,12 @@ def classify_texts(executor, tokenizer, texts, progress_label: str | None = None
     return np.stack(out)
 
 
+def _twopc_predict_kw(plan: dict) -> dict:
+    """The 2pc session plan's linear packing and network preset, for `predict`."""
+    lin = (plan or {}).get("linear") or {}
+    return {k: lin[s] for k, s in (("linear_packing", "packing"), ("network", "network")) if s in lin}
+
+
 def classify_twopc(server, model, texts, report):
     """Class logits (N, C) of each sentence from a 2pc server (one forward per sentence)."""
     from cipherlm.net.channel import ChannelClosed, ChannelTimeout
@@ -485,12 +519,15 @@ def classify_twopc(server, model, texts, report):
         with TwoPCClient(*server, model=model) as client:
             if not client.labels:
                 raise UserError(f"the server's model {client.model!r} has no classifier head")
-            out = []
+            out, passes = [], []
             with Progress("classifying under 2PC") as bar:
                 for i, text in enumerate(texts):
-                    out.append(client.classify(client.tokenizer.encode(text).ids))
+                    ids = client.tokenizer.encode(text).ids
+                    out.append(client.classify(ids))
+                    passes.append((len(ids), "prefill"))
                     bar.update(i + 1, len(texts))
             add_client_stats(report, client)
+            add_run_prediction(report, client.config, "2pc", passes, **_twopc_predict_kw(client.plan))
             return np.stack(out), list(client.labels)
     except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout) as exc:
         raise UserError(f"2pc session failed: {exc}") from exc
@@ -526,6 +563,9 @@ def cmd_classify(args) -> int:
             logits = classify_texts(executor, client.tokenizer, texts, "classifying under HE")
             labels = client.labels
             _add_offload_stats(report, client, timer)
+            # classify_texts: one encoder pass per sentence (batch_encode, at most 256 tokens)
+            add_run_prediction(report, client.config, "offload",
+                               [(len(executor.batch_encode(client.tokenizer, [t])[0][0]), "prefill") for t in texts])
     preds = np.argmax(logits, axis=-1)
     for text, p in zip(texts, preds):
         print(f"{labels[p]:<9} {text}")

@@ -24,6 +24,9 @@ JSON schema (``schema = "cipherlm.report/1"``)::
      network_detail: {preset: {bandwidth_bits_per_s, latency_s, transfer_seconds,
                                latency_seconds, compute_seconds, total_seconds}},
      agreement, extra, machine: {cpu_model, cores, usable_cores, python, platform, numpy}}
+
+``extra["predicted"]`` (offload / 2pc runs, `add_prediction`): {op_class: {bytes, rounds}},
+the run's passes priced by `cipherlm.runtime.predict` before anything ran.
 """
 
 from __future__ import annotations
@@ -246,6 +249,17 @@ class RunReport:
         """A `Profiler` recording into this report (for executors)."""
         return Profiler(self)
 
+    def add_prediction(self, pred: Mapping[str, Mapping[str, Any]]) -> "RunReport":
+        """Add a `runtime.predict.predict` result (one pass) to ``extra["predicted"]``
+        ({op_class: {bytes, rounds}}); calls accumulate, so a run adds one per pass.  The
+        summary table then shows predicted bytes and measured / predicted per class."""
+        acc = self.extra.setdefault("predicted", {})
+        for cls, e in pred.items():
+            a = acc.setdefault(cls, {"bytes": 0, "rounds": 0})
+            a["bytes"] += int(e.get("bytes", 0))
+            a["rounds"] += int(e.get("rounds", 0))
+        return self
+
     def set_compute_seconds(self, seconds: float) -> "RunReport":
         self.compute_seconds = float(seconds)
         return self
@@ -384,11 +398,18 @@ class RunReport:
         ]
         if self.breakdown:
             w = max(8, *(len(k) for k in self.breakdown))
-            lines.append(f"  {'op class':<{w}} {'bytes':>11} {'rounds':>7} {'compute s':>10}  HE ops")
+            pred = self.extra.get("predicted") or {}
+            phead = f" {'predicted':>11} {'meas/pred':>9}" if pred else ""
+            lines.append(f"  {'op class':<{w}} {'bytes':>11}{phead} {'rounds':>7} {'compute s':>10}  HE ops")
             for k in self._sorted_classes():
                 e = self.breakdown[k]
                 ops = ", ".join(f"{n}={v}" for n, v in sorted(e["he_ops"].items())) or "-"
-                lines.append(f"  {k:<{w}} {_human_bytes(e['bytes']):>11} {e['rounds']:>7} {e['seconds']:>10.3f}  {ops}")
+                pcol = ""
+                if pred:
+                    p = pred.get(k, {}).get("bytes")
+                    pcol = (f" {_human_bytes(p):>11} {e['bytes'] / p:>9.3f}" if p
+                            else f" {'-':>11} {'-':>9}")
+                lines.append(f"  {k:<{w}} {_human_bytes(e['bytes']):>11}{pcol} {e['rounds']:>7} {e['seconds']:>10.3f}  {ops}")
         if d["network"]:
             lines.append("modelled: " + " | ".join(f"{k} {v:.3f} s" for k, v in d["network"].items()))
         if d["agreement"] is not None:

@@ -166,6 +166,38 @@ def test_offload_decode_token_bytes_and_ops_as_predicted(offload_server, tiny_ll
         assert abs(cli[cls]["bytes_in"] + cli[cls]["bytes_out"] - e["bytes"]) <= OFFLOAD_BYTES_TOL * e["bytes"]
 
 
+def test_offload_run_report_shows_prediction(offload_server, tiny_llama_dir):
+    """`--report` of an offload generation: the run's passes (prefill of the prompt, one
+    decode per further token) predicted into extra["predicted"], and the printed table's
+    predicted and measured/predicted columns next to the measured bytes."""
+    from cipherlm.commands import _add_offload_stats, add_run_prediction, generation_passes
+    from cipherlm.report import RunReport
+    from cipherlm.runtime.offload_client import OffloadClient
+    from cipherlm.runtime.plain import OpTimer
+
+    report = RunReport("offload", "tiny-llama", command="test")
+    with OffloadClient(*offload_server.address) as client:
+        timer = OpTimer()
+        new_ids = client.executor(profiler=timer).generate([1, 2, 3, 4], max_new_tokens=3, eos_token_ids=[])
+        _add_offload_stats(report, client, timer)
+        add_run_prediction(report, client.config, "offload", generation_passes(4, len(new_ids)))
+    assert len(new_ids) == 3
+    pred = report.extra["predicted"]
+    assert set(pred) >= {"attn_qkv", "attn_out", "ffn_in", "ffn_out", "lm_head"}
+    for cls, e in pred.items():
+        m = report.breakdown[cls]
+        assert abs(m["bytes"] - e["bytes"]) <= OFFLOAD_BYTES_TOL * e["bytes"], (cls, m["bytes"], e)
+        assert m["rounds"] == e["rounds"], cls
+    doc = json.loads(report.to_json())
+    assert doc["extra"]["predicted"] == pred
+    text = report.summary_text()
+    print(text)
+    assert "predicted" in text and "meas/pred" in text
+    for cls, e in pred.items():
+        row = next(line for line in text.splitlines() if line.split()[:1] == [cls])
+        assert f"{report.breakdown[cls]['bytes'] / e['bytes']:.3f}" in row
+
+
 # ----------------------------------------------------------------------------- 2pc, measured
 
 #: the 2pc linear class: `choose_packing`'s byte model (plan_blocks at N = 8192, three

@@ -111,3 +111,17 @@ def test_plot_png_and_summary(tmp_path):
     assert "offload" in s and "linear" in s and "rotate=12" in s and "LAN" in s and "WAN" in s
     assert "kB" in s and "0.9700" in s
     assert "rounds" in empty.summary_text()
+
+
+def test_add_prediction_accumulates_and_prints():
+    r, _, _ = _report()
+    assert "predicted" not in r.summary_text()
+    r.add_prediction({"linear": {"bytes": 10_000, "rounds": 4, "he_ops": {"rotations": 1}}})
+    r.add_prediction({"linear": {"bytes": 14_000, "rounds": 2}})
+    assert r.extra["predicted"] == {"linear": {"bytes": 24_000, "rounds": 6}}
+    s = r.summary_text()
+    assert "predicted" in s and "meas/pred" in s
+    row = next(line for line in s.splitlines() if line.split()[:1] == ["linear"])
+    assert "24.00 kB" in row and f"{r.breakdown['linear']['bytes'] / 24_000:.3f}" in row
+    soft = next(line for line in s.splitlines() if line.split()[:1] == ["softmax"])
+    assert " - " in soft
