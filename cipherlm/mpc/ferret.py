@@ -13,20 +13,21 @@ iterations computed in the Rust core (`_core.ferret_sender` /
 k + t*h base COTs and produces n = t * 2^h new ones, of which the first
 k + t*h are kept as the base of the next iteration (Ferret sec. 5, "bootstrapping")
 and the rest are served.  The very first base comes from IKNP (raw correlated
-OT, `OTSession.iknp_send_cot` / `iknp_recv_cot`).  One iteration costs
+OT, `IknpExtension.send_raw_cot` / `recv_raw_cot`).  One iteration costs
 one message from the sender: t (h * 256 + 128) bits (masked GGM level sums and
 the leaf-sum correction) plus a 16-byte public LPN seed.
 
-The pools are driven by an `OTSession` (ot.py), which hands itself to them;
-they use only its channel (``ot.chan``) and its public raw-IKNP methods
-(``iknp_sender_delta``, ``iknp_receiver_setup``, ``iknp_send_cot``,
-``iknp_recv_cot``), and this module does not import ot.py (shared pieces:
-`cipherlm.mpc.ot_common`).
+The pools are driven by `cipherlm.mpc.ot_extension.FerretExtension` (the
+Ferret implementation of the OT-extension interface), which hands them its
+`IknpExtension`; they use only that object's channel (``base.chan``) and its
+public raw-COT methods (``sender_delta``, ``receiver_setup``,
+``send_raw_cot``, ``recv_raw_cot``), and this module imports neither ot.py
+nor ot_extension.py (shared pieces: `cipherlm.mpc.ot_common`).
 
-Derandomisation (Beaver 1995) is done by `OTSession` (ot.py): the receiver
-sends e = c xor u (1 bit per OT), the sender replaces v by v xor e * Delta;
-everything after that (CCR hashing, chosen / arithmetic corrections) is the
-IKNP code path unchanged.
+Derandomisation (Beaver 1995) is done by `FerretExtension.send_cot` /
+``recv_cot``: the receiver sends e = c xor u (1 bit per OT), the sender
+replaces v by v xor e * Delta; everything after that (CCR hashing, chosen /
+arithmetic corrections in `OTSession`) is the IKNP code path unchanged.
 
 Parameters: only the Ferret paper's LPN parameter sets for primal LPN with
 regular noise (see `FERRET_MAIN`, `FERRET_SETUP`).  The first iterations of a
@@ -109,8 +110,10 @@ class _FerretSide:
     of served COTs, counters.  Both parties make the same sequence of `take`
     calls, so their refills happen at the same points."""
 
-    def __init__(self, ot, main_after: int = MAIN_AFTER):
-        self.ot = ot  # the OTSession (chan, iknp_* methods)
+    def __init__(self, base, main_after: int = MAIN_AFTER):
+        # the IKNP base: an `ot_extension.IknpExtension` (chan, sender_delta,
+        # receiver_setup, send_raw_cot, recv_raw_cot)
+        self.base = base
         self.main_after = int(main_after)
         self.served = 0  # COTs handed out (tweak counter of the served OTs)
         self.iterations = 0
@@ -126,7 +129,7 @@ class _FerretSide:
     def _refill(self, m: int) -> None:
         """One refill step (both parties make the same ones); its traffic is
         labelled "ot.ferret" in the channel accounting (like "ot.base")."""
-        with self.ot.chan.step("ot.ferret"):
+        with self.base.chan.step("ot.ferret"):
             self._refill_step(m)
 
     def _refill_step(self, m: int) -> None:
@@ -151,9 +154,9 @@ class _FerretSide:
 class FerretSender(_FerretSide):
     """The Delta holder of one direction (the IKNP extension sender)."""
 
-    def __init__(self, ot, main_after: int = MAIN_AFTER):
-        super().__init__(ot, main_after)
-        self.delta = ot.iknp_sender_delta()  # IKNP sender: same Delta
+    def __init__(self, base, main_after: int = MAIN_AFTER):
+        super().__init__(base, main_after)
+        self.delta = base.sender_delta()  # IKNP sender: same Delta
         self.delta64 = np.frombuffer(self.delta, np.uint64).copy()
         self.reserve = np.empty((0, 2), np.uint64)
         self.pool = np.empty((0, 2), np.uint64)
@@ -166,14 +169,14 @@ class FerretSender(_FerretSide):
         return self.reserve.shape[0]
 
     def _bootstrap(self, m: int) -> None:
-        self.reserve = np.concatenate([self.reserve, self.ot.iknp_send_cot(m, "ferret_boot")])
+        self.reserve = np.concatenate([self.reserve, self.base.send_raw_cot(m, "ferret_boot")])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
         it, tw = self._next_iteration(P)
         seed = secrets.token_bytes(16)  # public LPN matrix seed, fresh per iteration
         base = np.ascontiguousarray(self.reserve[:P.base])
         msg, v = _core.ferret_sender(self.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, tw)
-        self.ot.chan.send({"op": "ferret", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8),
+        self.base.chan.send({"op": "ferret", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8),
                            "msg": np.frombuffer(msg, np.uint8)})
         self._absorb(P, np.frombuffer(v, np.uint64).reshape(-1, 2), serve)
 
@@ -201,9 +204,9 @@ class FerretSender(_FerretSide):
 class FerretReceiver(_FerretSide):
     """The choice-bit holder of one direction (the IKNP extension receiver)."""
 
-    def __init__(self, ot, main_after: int = MAIN_AFTER):
-        super().__init__(ot, main_after)
-        ot.iknp_receiver_setup()
+    def __init__(self, base, main_after: int = MAIN_AFTER):
+        super().__init__(base, main_after)
+        base.receiver_setup()
         self.reserve_u = np.empty(0, np.uint8)
         self.reserve_w = np.empty((0, 2), np.uint64)
         self.pool_u = np.empty(0, np.uint8)
@@ -218,13 +221,13 @@ class FerretReceiver(_FerretSide):
 
     def _bootstrap(self, m: int) -> None:
         c = random_choices(m).astype(np.uint8)
-        w = self.ot.iknp_recv_cot(c, "ferret_boot")
+        w = self.base.recv_raw_cot(c, "ferret_boot")
         self.reserve_u = np.concatenate([self.reserve_u, c])
         self.reserve_w = np.concatenate([self.reserve_w, w])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
         it, tw = self._next_iteration(P)
-        msg = expect(self.ot.chan, "ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
+        msg = expect(self.base.chan, "ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
         bu = np.ascontiguousarray(self.reserve_u[:P.base])
         bw = np.ascontiguousarray(self.reserve_w[:P.base])
         try:

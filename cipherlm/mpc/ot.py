@@ -49,29 +49,22 @@ flights per call (one for random / boolean COT).  The log N alternative to
 KK13 (N-1-of-... from log2 N 1-out-of-2 OTs, Naor-Pinkas style) costs
 128 log2 N + N l bits: for N = 16, l = 2 that is 544 bits against KK13's 288.
 
-Swapping in silent OT
----------------------
+Where the correlated OTs come from
+----------------------------------
 Callers only see the methods below.  Each of them is derived from *correlated
-OT with a global Delta* (``send_bool_cot``/``recv_bool_cot``: the sender gets
-q_j, the receiver t_j = q_j xor c_j Delta) by hashing, plus the sender's
-correction words.  A Ferret/VOLE backend (Yang et al. CCS 2020) produces the
-same random COTs with sublinear communication; replacing `_Extension` (the
-``extend`` step) by one that serves pre-generated COTs and sends the
-choice-bit corrections c_j xor b_j (1 bit per OT, Beaver derandomisation)
-instead of the IKNP matrix keeps every public method and its outputs unchanged.
-See docs/ot.md.
-
-This is implemented: ``OTSession(..., ferret=True)`` (or the environment
-variable ``CIPHERLM_OT=ferret``) serves every 1-out-of-2 OT kind from a
-Ferret pool (`cipherlm.mpc.ferret`, Yang et al. CCS 2020, semi-honest,
-bootstrapped once from IKNP): the receiver sends e = c xor u (1 bit per OT),
+OT with a global Delta* (the sender gets q_j, the receiver t_j = q_j xor c_j
+Delta) by hashing, plus the sender's correction words.  Those correlated OTs
+come from an OT extension behind the interface of
+`cipherlm.mpc.ot_extension` (`OTExtension`, in the style of SPU's
+``FerretOtInterface``): `IknpExtension` (IKNP / KK13, the default) or
+`FerretExtension` (Ferret silent COT, Yang et al. CCS 2020, semi-honest,
+bootstrapped once from IKNP: the receiver sends e = c xor u, 1 bit per OT,
 the sender sets v <- v xor e*Delta, and the hashing / corrections below are
-unchanged.  1-out-of-N for N = 2^m then comes from m of those correlated
-OTs (Naor-Pinkas 1999 on random OTs: message x is masked with
-SHA-256(tweak, q_1 xor x_1 Delta, ..., q_m xor x_m Delta), of which the
-receiver knows exactly the one for its choice): m + N l bits per OT instead
-of KK13's 256 + N l (other N stay on KK13).  Default: IKNP; ``CIPHERLM_OT=ferret`` or
-``ferret=True`` selects Ferret.  Why IKNP stays the default: on the 2-vCPU
+unchanged; 1-out-of-N for N = 2^m comes from m of those correlated OTs,
+Naor-Pinkas 1999 on random OTs, m + N l bits per OT instead of KK13's
+256 + N l; other N stay on KK13).  ``OTSession(..., ferret=True)`` or the
+environment variable ``CIPHERLM_OT=ferret`` selects Ferret; the session
+object is ``OTSession.ext``.  Why IKNP stays the default: on the 2-vCPU
 development machine Ferret cuts bytes 4-9x but costs 3-4x the compute
 (refills and the 1-of-N hashing), which outweighs the saved transfer even in
 the modelled WAN setting (docs/ot.md, measured).
@@ -80,22 +73,18 @@ the modelled WAN setting (docs/ot.md, measured).
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-from typing import Iterator
 
 import numpy as np
 
 from cipherlm import _core
 
-from .ferret import FerretReceiver, FerretSender
-from .ot_common import OTError, expect, random_choices
+from .ot_common import OTError, expect
+from .ot_common import u8 as _u8, u64 as _u64, word_mask as _mask, words as _words
+from .ot_extension import (DEFAULT_BATCH, KAPPA, KK13_K, FerretExtension, IknpExtension, OTExtension,
+                           extension_kind)
 
 __all__ = ["OTSession", "OTError", "bytes_per_ot", "KAPPA"]
-
-KAPPA = 128  # IKNP extension width (computational security parameter)
-KK13_K = 256  # KK13 code length (Walsh-Hadamard, 256 codewords, distance 128)
-DEFAULT_BATCH = 1 << 16  # OTs per extension message (1 MiB IKNP matrix; L2-friendly)
 
 
 def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret: bool = False) -> float:
@@ -122,23 +111,11 @@ def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret:
     raise ValueError(f"unknown OT kind {kind!r}")
 
 
-def _u8(buf) -> np.ndarray:
-    return np.frombuffer(buf, dtype=np.uint8)
-
-
-def _u64(buf) -> np.ndarray:
-    return np.frombuffer(buf, dtype=np.uint64)
-
-
 def _bits_arg(bits: int) -> int:
     bits = int(bits)
     if not 1 <= bits <= 64:
         raise ValueError(f"bits must be in 1..64, got {bits}")
     return bits
-
-
-def _mask(bits: int) -> np.uint64:
-    return np.uint64((1 << bits) - 1)
 
 
 def _choices01(choices) -> tuple[np.ndarray, tuple]:
@@ -150,25 +127,6 @@ def _choices01(choices) -> tuple[np.ndarray, tuple]:
         if c.size and (c.min() < 0 or c.max() > 1):
             raise ValueError("choice bits must be 0 or 1")
     return np.ascontiguousarray(c.reshape(-1), dtype=np.uint8), shape
-
-
-def _words(x, name: str) -> np.ndarray:
-    a = np.asarray(x)
-    if not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
-        raise ValueError(f"{name} must be an integer array")
-    return np.ascontiguousarray(a.reshape(-1).astype(np.uint64, copy=False))
-
-
-class _Extension:
-    """One direction of one OT-extension kind (k = 128 IKNP or 256 KK13) and
-    the running OT index used as hash tweak."""
-
-    __slots__ = ("ext", "count", "delta")
-
-    def __init__(self, ext, delta: bytes | None):
-        self.ext = ext
-        self.count = 0
-        self.delta = delta
 
 
 class OTSession:
@@ -183,6 +141,8 @@ class OTSession:
     ``step``: channel accounting label for the OT traffic (None: the caller's
     label applies).  Base OTs are always labelled ``"ot.base"``.
     ``batch``: OTs per extension message (bounds memory and frame size).
+    ``ferret``: True / False selects the OT extension (None: ``CIPHERLM_OT``,
+    default IKNP); the extension object is ``self.ext`` (`cipherlm.mpc.ot_extension`).
     """
 
     def __init__(self, chan, party: int, *, batch: int = DEFAULT_BATCH, step: str | None = None,
@@ -193,170 +153,81 @@ class OTSession:
             raise ValueError("batch must be >= 16")
         self.chan = chan
         self.party = party
-        self.batch = int(batch)
         self.step = step
-        self._as_sender: dict[int, _Extension] = {}
-        self._as_receiver: dict[int, _Extension] = {}
-        if ferret is None:
-            env = os.environ.get("CIPHERLM_OT", "iknp").strip().lower()
-            if env not in ("iknp", "ferret"):
-                raise ValueError(f"CIPHERLM_OT must be 'iknp' or 'ferret', got {env!r}")
-            ferret = env == "ferret"
-        self.ferret = bool(ferret)
-        self._ferret_send = None  # cipherlm.mpc.ferret.FerretSender (this party holds Delta)
-        self._ferret_recv = None  # cipherlm.mpc.ferret.FerretReceiver
+        kind = extension_kind(ferret)
+        self._iknp = IknpExtension(chan, party, batch=int(batch))
+        self.ext: OTExtension = FerretExtension(self._iknp) if kind == "ferret" else self._iknp
+        self.ferret = kind == "ferret"
+
+    @property
+    def batch(self) -> int:
+        return self._iknp.batch
+
+    @batch.setter
+    def batch(self, value: int) -> None:
+        self._iknp.batch = int(value)
 
     # ------------------------------------------------------------ plumbing
 
     def _label(self, label: str | None):
-        import contextlib
-
         return self.chan.step(label) if label is not None else contextlib.nullcontext()
 
     def _expect(self, op: str, arrays: dict[str, int | None], **fields) -> dict:
         """Receive one message; check its op, scalar fields and uint8 array sizes."""
         return expect(self.chan, op, arrays, **fields)
 
-    def _sender_ext(self, k: int) -> _Extension:
-        """This party as extension sender = base-OT receiver with choices Delta."""
-        st = self._as_sender.get(k)
-        if st is None:
-            with self.chan.step("ot.base"):
-                msg = self._expect("base_A", {"A": 32}, k=k)
-                delta = secrets.token_bytes(k // 8)
-                bits = np.unpackbits(_u8(delta), bitorder="little")
-                try:
-                    B, keys = _core.baseot_receiver(msg["A"], bits)
-                except ValueError as e:
-                    raise OTError(f"base OT: {e}") from e
-                self.chan.send({"op": "base_B", "k": k, "B": _u8(B)})
-            st = self._as_sender[k] = _Extension(_core.OtExtSender(delta, keys), delta)
-        return st
-
-    def _receiver_ext(self, k: int) -> _Extension:
-        """This party as extension receiver = base-OT sender."""
-        st = self._as_receiver.get(k)
-        if st is None:
-            with self.chan.step("ot.base"):
-                a, A = _core.baseot_sender_init()
-                self.chan.send({"op": "base_A", "k": k, "A": _u8(A)})
-                msg = self._expect("base_B", {"B": 32 * k}, k=k)
-                try:
-                    k0, k1 = _core.baseot_sender_keys(a, A, msg["B"])
-                except ValueError as e:
-                    raise OTError(f"base OT: {e}") from e
-                del a
-            st = self._as_receiver[k] = _Extension(_core.OtExtReceiver(k0, k1), None)
-        return st
-
     def setup(self, kk13: bool = False) -> None:
         """Run the base OTs of both directions now (otherwise they run on first
         use).  Both parties call it."""
-        for k in (KAPPA, KK13_K) if kk13 else (KAPPA,):
-            for sender in (0, 1):
-                if self.party == sender:
-                    self._sender_ext(k)
-                else:
-                    self._receiver_ext(k)
+        self.ext.setup(kk13)
 
-    def _recv_extend(self, k: int, op: str, choices: np.ndarray, **fields) -> list:
-        """Receiver: correlated OTs for `choices` (uint8) in batches, from IKNP
-        or (k = 128 with ``ferret``) the Ferret pool.  Returns [(t, tweak, lo, hi)]."""
-        if k == KAPPA and self.ferret:
-            return self._ferret_recv_extend(op, choices, **fields)
-        return self._iknp_recv_extend(k, op, choices, **fields)
+    # internals kept for tests and tools that act as a broken peer (the IKNP part's state)
 
-    def _send_extend(self, k: int, op: str, n: int, **fields) -> Iterator:
-        """Sender: the matching rows q (t = q xor c*Delta), yielded per batch as (q, tweak, lo, hi)."""
-        if k == KAPPA and self.ferret:
-            return self._ferret_send_extend(op, n, **fields)
-        return self._iknp_send_extend(k, op, n, **fields)
+    @property
+    def _as_sender(self) -> dict:
+        return self._iknp.as_sender
 
-    def _ferret_recv_extend(self, op: str, choices: np.ndarray, **fields) -> list:
-        """Beaver derandomisation of Ferret random COTs (u, w): send e = c xor u."""
-        if self._ferret_recv is None:
-            self._ferret_recv = FerretReceiver(self)
-        pool = self._ferret_recv
-        n = choices.size
-        out = []
-        for lo in range(0, n, self.batch) if n else ():
-            hi = min(n, lo + self.batch)
-            u, w = pool.take(hi - lo)
-            tw = pool.tweak() - (hi - lo)
-            e = np.packbits(choices[lo:hi] ^ u, bitorder="little")
-            self.chan.send({"op": op, "k": KAPPA, "n": hi - lo, "at": tw, **fields, "e": e})
-            out.append((w.view(np.uint8).reshape(-1), tw, lo, hi))
-        return out
+    @property
+    def _as_receiver(self) -> dict:
+        return self._iknp.as_receiver
 
-    def _ferret_send_extend(self, op: str, n: int, **fields) -> Iterator:
-        if self._ferret_send is None:
-            self._ferret_send = FerretSender(self)
-        pool = self._ferret_send
-        lo = 0
-        while lo < n:
-            m = min(n - lo, self.batch)
-            v = pool.take(m)  # may refill (messages to the peer) before we read its corrections
-            tw = pool.tweak() - m
-            msg = self._expect(op, {"e": (m + 7) // 8}, k=KAPPA, n=m, at=tw, **fields)
-            e = np.unpackbits(msg["e"], count=m, bitorder="little").astype(np.uint64)
-            v ^= pool.delta64 * e[:, None]
-            yield v.view(np.uint8).reshape(-1), tw, lo, lo + m
-            lo += m
+    def _sender_ext(self, k: int):
+        return self._iknp.sender_state(k)
 
-    def _iknp_recv_extend(self, k: int, op: str, choices: np.ndarray, **fields) -> list[tuple[bytearray, int, int, int]]:
-        """Receiver: extend for `choices` (uint8), send the matrices in batches.
-        Returns [(t, tweak, lo, hi)] per batch."""
-        st = self._receiver_ext(k)
-        n = choices.size
-        out = []
-        for lo in range(0, n, self.batch) if n else ():
-            hi = min(n, lo + self.batch)
-            u, t = st.ext.extend(choices[lo:hi])
-            self.chan.send({"op": op, "k": k, "n": hi - lo, "at": st.count, **fields, "u": _u8(u)})
-            out.append((t, st.count, lo, hi))
-            st.count += hi - lo
-        return out
+    def _receiver_ext(self, k: int):
+        return self._iknp.receiver_state(k)
 
-    def _iknp_send_extend(self, k: int, op: str, n: int, **fields) -> Iterator[tuple[bytearray, int, int, int]]:
-        """Sender: receive the receiver's batches; yield (q, tweak, lo, hi)."""
-        st = self._sender_ext(k)
-        lo = 0
-        while lo < n:
-            m = min(n - lo, self.batch)
-            msg = self._expect(op, {"u": k * ((m + 15) // 16 * 16) // 8}, k=k, n=m, at=st.count, **fields)
-            try:
-                q = st.ext.extend(msg["u"], m)
-            except ValueError as e:
-                raise OTError(str(e)) from e
-            yield q, st.count, lo, lo + m
-            st.count += m
-            lo += m
+    @property
+    def _ferret_send(self):
+        """The Ferret pool where this party holds Delta (None: not started / IKNP)."""
+        return getattr(self.ext, "sender_pool", None)
 
-    # ------------------------------------------------------------ raw IKNP COT (the Ferret pools' base)
-    # The interface `cipherlm.mpc.ferret` uses: IKNP correlated OT with this session's
-    # Delta, whatever the session's `ferret` setting, without hashing and without the
-    # session's step label (the pools label their own traffic "ot.ferret").
+    @property
+    def _ferret_recv(self):
+        return getattr(self.ext, "receiver_pool", None)
+
+    def _delta(self) -> bytes:
+        return self.ext.sender_delta()
+
+    # ------------------------------------------------------------ raw IKNP COT
+    # Kept for callers of the previous interface; the Ferret pools now use
+    # `IknpExtension` (``self.ext`` / `ot_extension`) directly.
 
     def iknp_sender_delta(self) -> bytes:
-        """This party's IKNP Delta (16 bytes) as extension sender; runs the base OTs on first use
-        (the peer calls `iknp_receiver_setup` at the same point)."""
-        return bytes(self._sender_ext(KAPPA).delta)
+        """This party's IKNP Delta (16 bytes) as extension sender; runs the base OTs on first use."""
+        return self._iknp.sender_delta()
 
     def iknp_receiver_setup(self) -> None:
         """This party as IKNP extension receiver: runs the base OTs on first use."""
-        self._receiver_ext(KAPPA)
+        self._iknp.receiver_setup()
 
     def iknp_send_cot(self, n: int, op: str) -> np.ndarray:
-        """Raw IKNP correlated OT, sender: q (n, 2) uint64; the peer (`iknp_recv_cot`) gets
-        q xor c*Delta.  Not hashed: for protocols that hash or mask them (Ferret's base)."""
-        rows = [_u64(q).reshape(-1, 2) for q, _tw, _lo, _hi in self._iknp_send_extend(KAPPA, op, int(n))]
-        return np.concatenate(rows) if rows else np.empty((0, 2), np.uint64)
+        """Raw IKNP correlated OT, sender: q (n, 2) uint64 (see `IknpExtension.send_raw_cot`)."""
+        return self._iknp.send_raw_cot(n, op)
 
     def iknp_recv_cot(self, choices: np.ndarray, op: str) -> np.ndarray:
-        """Raw IKNP correlated OT, receiver: t (n, 2) uint64 = q xor c*Delta for the uint8 0/1 `choices`."""
-        c = np.ascontiguousarray(choices, dtype=np.uint8).reshape(-1)
-        rows = [_u64(t).reshape(-1, 2) for t, _tw, _lo, _hi in self._iknp_recv_extend(KAPPA, op, c)]
-        return np.concatenate(rows) if rows else np.empty((0, 2), np.uint64)
+        """Raw IKNP correlated OT, receiver: t (n, 2) uint64 = q xor c*Delta."""
+        return self._iknp.recv_raw_cot(choices, op)
 
     def _send_replies(self, op: str, replies: list[np.ndarray]) -> None:
         for y in replies:
@@ -364,6 +235,22 @@ class OTSession:
 
     def _recv_reply(self, op: str, size: int) -> np.ndarray:
         return self._expect(op, {"y": size})["y"]
+
+    # ------------------------------------------------------------ random COT (unhashed)
+
+    def send_rcot(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Random correlated OT, sender: (v (n, 2) uint64, Delta (2,) uint64); the
+        receiver (`recv_rcot`) gets random bits u and w = v xor u*Delta.  Not hashed.
+        Wire: IKNP 128 bits per OT; Ferret nothing but the amortised refills."""
+        with self._label(self.step):
+            v = self.ext.send_rcot(int(n))
+        return v, _u64(self._delta()).copy()
+
+    def recv_rcot(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Random correlated OT, receiver: (u (n,) bool uniform, w (n, 2) uint64)."""
+        with self._label(self.step):
+            u, w = self.ext.recv_rcot(int(n))
+        return u.astype(bool), w
 
     # ------------------------------------------------------------ random OT
 
@@ -375,8 +262,8 @@ class OTSession:
         m0 = np.empty(n, np.uint64)
         m1 = np.empty(n, np.uint64)
         with self._label(self.step):
-            for q, tw, lo, hi in self._send_extend(KAPPA, "rot", n, bits=bits):
-                a, b = _core.rot_sender(q, self._as_sender[KAPPA].delta, tw, bits)
+            for q, tw, lo, hi in self.ext.send_cot("rot", n, bits=bits):
+                a, b = _core.rot_sender(q, self._delta(), tw, bits)
                 m0[lo:hi] = _u64(a)
                 m1[lo:hi] = _u64(b)
         return m0, m1
@@ -395,31 +282,31 @@ class OTSession:
             c, shape = _choices01(choices)
         out = np.empty(c.size, np.uint64)
         with self._label(self.step):
-            for t, tw, lo, hi in self._recv_extend(KAPPA, "rot", c, bits=bits):
+            for t, tw, lo, hi in self.ext.recv_cot("rot", c, bits=bits):
                 out[lo:hi] = _u64(_core.rot_receiver(t, tw, bits))
         return c.astype(bool).reshape(shape), out.reshape(shape)
 
     # ------------------------------------------------------------ boolean COT
 
     def send_bool_cot(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw IKNP correlated OT with global Delta, sender: (q (n, 2) uint64,
-        Delta (2,) uint64); the receiver gets q xor c*Delta.  128 bits per OT.
-        These are *not* hashed: use them only in protocols that hash or mask
-        them (e.g. to build other OT kinds)."""
+        """Raw correlated OT with global Delta, sender: (q (n, 2) uint64,
+        Delta (2,) uint64); the receiver gets q xor c*Delta.  128 bits per OT
+        (IKNP; Ferret: 1).  These are *not* hashed: use them only in protocols
+        that hash or mask them (e.g. to build other OT kinds)."""
         n = int(n)
         q_all = np.empty((n, 2), np.uint64)
         with self._label(self.step):
-            for q, _tw, lo, hi in self._send_extend(KAPPA, "bcot", n):
+            for q, _tw, lo, hi in self.ext.send_cot("bcot", n):
                 q_all[lo:hi] = _u64(q).reshape(-1, 2)
-            st = self._sender_ext(KAPPA)
-        return q_all, _u64(st.delta).copy()
+            delta = self._delta()
+        return q_all, _u64(delta).copy()
 
     def recv_bool_cot(self, choices) -> np.ndarray:
         """Raw correlated OT, receiver: t (n, 2) uint64 = q xor c*Delta."""
         c, _shape = _choices01(choices)
         t_all = np.empty((c.size, 2), np.uint64)
         with self._label(self.step):
-            for t, _tw, lo, hi in self._recv_extend(KAPPA, "bcot", c):
+            for t, _tw, lo, hi in self.ext.recv_cot("bcot", c):
                 t_all[lo:hi] = _u64(t).reshape(-1, 2)
         return t_all
 
@@ -435,10 +322,8 @@ class OTSession:
         r = np.empty(c.size, np.uint64)
         replies = []
         with self._label(self.step):
-            st = None
-            for q, tw, lo, hi in self._send_extend(KAPPA, "cot", c.size, bits=bits):
-                st = st or self._as_sender[KAPPA]
-                rr, d = _core.acot_sender(q, st.delta, tw, c[lo:hi].view(np.uint8), bits)
+            for q, tw, lo, hi in self.ext.send_cot("cot", c.size, bits=bits):
+                rr, d = _core.acot_sender(q, self._delta(), tw, c[lo:hi].view(np.uint8), bits)
                 r[lo:hi] = _u64(rr)
                 replies.append(_u8(d))
             self._send_replies("cot_y", replies)
@@ -450,7 +335,7 @@ class OTSession:
         c, shape = _choices01(choices)
         out = np.empty(c.size, np.uint64)
         with self._label(self.step):
-            batches = self._recv_extend(KAPPA, "cot", c, bits=bits)
+            batches = self.ext.recv_cot("cot", c, bits=bits)
             for t, tw, lo, hi in batches:
                 y = self._recv_reply("cot_y", (hi - lo) * bits // 8 + (1 if (hi - lo) * bits % 8 else 0))
                 try:
@@ -471,8 +356,8 @@ class OTSession:
             raise ValueError("m0 and m1 must have the same size")
         replies = []
         with self._label(self.step):
-            for q, tw, lo, hi in self._send_extend(KAPPA, "chosen", a.size, bits=bits):
-                y = _core.chosen_sender(q, self._as_sender[KAPPA].delta, tw, a[lo:hi].view(np.uint8), b[lo:hi].view(np.uint8), bits)
+            for q, tw, lo, hi in self.ext.send_cot("chosen", a.size, bits=bits):
+                y = _core.chosen_sender(q, self._delta(), tw, a[lo:hi].view(np.uint8), b[lo:hi].view(np.uint8), bits)
                 replies.append(_u8(y))
             self._send_replies("chosen_y", replies)
 
@@ -482,7 +367,7 @@ class OTSession:
         c, shape = _choices01(choices)
         out = np.empty(c.size, np.uint64)
         with self._label(self.step):
-            for t, tw, lo, hi in self._recv_extend(KAPPA, "chosen", c, bits=bits):
+            for t, tw, lo, hi in self.ext.recv_cot("chosen", c, bits=bits):
                 y = self._recv_reply("chosen_y", (2 * (hi - lo) * bits + 7) // 8)
                 out[lo:hi] = _u64(_core.chosen_receiver(t, c[lo:hi], tw, y, bits))
         return out.reshape(shape)
@@ -497,8 +382,8 @@ class OTSession:
         n, L = a.shape
         replies = []
         with self._label(self.step):
-            for q, tw, lo, hi in self._send_extend(KAPPA, "chosen_bytes", n, length=L):
-                y = _core.chosen_bytes_sender(q, self._as_sender[KAPPA].delta, tw, a[lo:hi].reshape(-1), b[lo:hi].reshape(-1), L)
+            for q, tw, lo, hi in self.ext.send_cot("chosen_bytes", n, length=L):
+                y = _core.chosen_bytes_sender(q, self._delta(), tw, a[lo:hi].reshape(-1), b[lo:hi].reshape(-1), L)
                 replies.append(_u8(y))
             self._send_replies("chosen_bytes_y", replies)
 
@@ -508,55 +393,24 @@ class OTSession:
         L = int(length)
         out = np.empty((c.size, L), np.uint8)
         with self._label(self.step):
-            for t, tw, lo, hi in self._recv_extend(KAPPA, "chosen_bytes", c, length=L):
+            for t, tw, lo, hi in self.ext.recv_cot("chosen_bytes", c, length=L):
                 y = self._recv_reply("chosen_bytes_y", 2 * (hi - lo) * L)
                 out[lo:hi] = _u8(_core.chosen_bytes_receiver(t, c[lo:hi], tw, y, L)).reshape(-1, L)
         return out
 
-    # ------------------------------------------------------------ 1-out-of-N (KK13)
-
-    def _np_1ofN(self, N: int) -> bool:
-        """With Ferret, 1-out-of-N for N = 2^m comes from m correlated OTs (Naor-Pinkas
-        1999 on random OTs: m + N l bits per OT on the wire instead of KK13's 256 + N l);
-        the batches hold whole instances (`_whole_instances`)."""
-        return self.ferret and N & (N - 1) == 0
-
-    @contextlib.contextmanager
-    def _whole_instances(self, m_bits: int):
-        """Batches of correlated OTs that hold whole 1-out-of-N instances (m_bits OTs each)."""
-        saved = self.batch
-        self.batch = max(m_bits, saved - saved % m_bits)
-        try:
-            yield
-        finally:
-            self.batch = saved
+    # ------------------------------------------------------------ 1-out-of-N
 
     def send_1ofN(self, msgs, bits: int = 64) -> None:
-        """1-out-of-N OT (KK13), sender: msgs is (n, N) of `bits`-bit words, 2 <= N <= 256.
-        Wire: 256 + N*bits bits per OT."""
+        """1-out-of-N OT, sender: msgs is (n, N) of `bits`-bit words, 2 <= N <= 256.
+        Wire (IKNP, KK13): 256 + N*bits bits per OT; Ferret, N = 2^m: m + N*bits."""
         bits = _bits_arg(bits)
         m = np.asarray(msgs)
         if m.ndim != 2 or not 2 <= m.shape[1] <= 256:
             raise ValueError("msgs must be (n, N) with 2 <= N <= 256")
-        n, N = m.shape
         if not (np.issubdtype(m.dtype, np.integer) or m.dtype == np.bool_):
             raise ValueError("msgs must be an integer array")
-        replies = []
-        if self._np_1ofN(N):
-            m_bits = N.bit_length() - 1
-            with self._label(self.step), self._whole_instances(m_bits):
-                for q, tw, lo, hi in self._send_extend(KAPPA, "1ofN", n * m_bits, bits=bits, N=N):
-                    w = _words(m[lo // m_bits:hi // m_bits], "msgs") & _mask(bits)
-                    y = _core.np1ofn_sender(q, self._ferret_send.delta, tw, N, w.view(np.uint8), bits)
-                    replies.append(_u8(y))
-                self._send_replies("1ofN_y", replies)
-            return
         with self._label(self.step):
-            for q, tw, lo, hi in self._send_extend(KK13_K, "1ofN", n, bits=bits, N=N):
-                # widened to uint64 one batch at a time: callers may pass compact (uint8) tables
-                w = _words(m[lo:hi], "msgs") & _mask(bits)
-                y = _core.kk13_sender(q, self._as_sender[KK13_K].delta, tw, N, w.view(np.uint8), bits)
-                replies.append(_u8(y))
+            replies = self.ext.send_1ofN(m, bits, "1ofN")
             self._send_replies("1ofN_y", replies)
 
     def recv_1ofN(self, choices, N: int, bits: int = 64) -> np.ndarray:
@@ -570,19 +424,6 @@ class OTSession:
         if not np.issubdtype(ch.dtype, np.integer) or (ch.size and (ch.min() < 0 or ch.max() >= N)):
             raise ValueError(f"choices must be integers in [0, {N})")
         c = np.ascontiguousarray(ch.reshape(-1), dtype=np.uint8)
-        out = np.empty(c.size, np.uint64)
-        if self._np_1ofN(N):
-            m_bits = N.bit_length() - 1
-            # bit i of choice j is the choice of correlated OT j m + i
-            cbits = ((c[:, None] >> np.arange(m_bits, dtype=np.uint8)) & 1).astype(np.uint8).reshape(-1)
-            with self._label(self.step), self._whole_instances(m_bits):
-                for t, tw, lo, hi in self._recv_extend(KAPPA, "1ofN", cbits, bits=bits, N=N):
-                    j0, j1 = lo // m_bits, hi // m_bits
-                    y = self._recv_reply("1ofN_y", ((j1 - j0) * N * bits + 7) // 8)
-                    out[j0:j1] = _u64(_core.np1ofn_receiver(t, c[j0:j1], tw, N, y, bits))
-            return out.reshape(shape)
         with self._label(self.step):
-            for t, tw, lo, hi in self._recv_extend(KK13_K, "1ofN", c, bits=bits, N=N):
-                y = self._recv_reply("1ofN_y", ((hi - lo) * N * bits + 7) // 8)
-                out[lo:hi] = _u64(_core.kk13_receiver(t, c[lo:hi], tw, N, y, bits))
+            out = self.ext.recv_1ofN(c, N, bits, "1ofN")
         return out.reshape(shape)

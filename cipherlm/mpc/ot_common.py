@@ -1,8 +1,9 @@
-"""Pieces shared by the OT session (`cipherlm.mpc.ot`) and the Ferret pools
+"""Pieces shared by the OT session (`cipherlm.mpc.ot`), the OT-extension
+interface (`cipherlm.mpc.ot_extension`) and the Ferret pools
 (`cipherlm.mpc.ferret`): the error type, the check of an incoming OT message,
-and random choice bits.  Both modules import this one; ferret.py does not import
-ot.py (the session hands itself to its pools and they use its public IKNP
-methods, `OTSession.iknp_*`).
+random choice bits and small array helpers.  ferret.py imports only this
+module (its pools get their IKNP base through the public raw-COT methods of
+`cipherlm.mpc.ot_extension.IknpExtension`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 
 import numpy as np
 
-__all__ = ["OTError", "expect", "random_choices"]
+__all__ = ["OTError", "expect", "random_choices", "u8", "u64", "words", "word_mask"]
 
 
 class OTError(ValueError):
@@ -42,3 +43,25 @@ def expect(chan, op: str, arrays: dict[str, int | None], **fields) -> dict:
 def random_choices(n: int) -> np.ndarray:
     """n uniform choice bits from the OS CSPRNG (bool array)."""
     return np.unpackbits(np.frombuffer(os.urandom((n + 7) // 8), np.uint8), bitorder="little")[:n].astype(bool)
+
+
+def u8(buf) -> np.ndarray:
+    """A bytes-like object as a uint8 vector (no copy)."""
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+def u64(buf) -> np.ndarray:
+    """A bytes-like object as a uint64 vector (no copy)."""
+    return np.frombuffer(buf, dtype=np.uint64)
+
+
+def words(x, name: str) -> np.ndarray:
+    """An integer/bool array as a flat contiguous uint64 vector."""
+    a = np.asarray(x)
+    if not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+        raise ValueError(f"{name} must be an integer array")
+    return np.ascontiguousarray(a.reshape(-1).astype(np.uint64, copy=False))
+
+
+def word_mask(bits: int) -> np.uint64:
+    return np.uint64((1 << bits) - 1)

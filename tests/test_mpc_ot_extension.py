@@ -1,0 +1,161 @@
+"""The OT-extension interface (cipherlm.mpc.ot_extension): both implementations
+(IKNP, Ferret) give the correlations they promise, checked against numpy:
+chosen-input COT t = q xor c*Delta, random COT w = v xor u*Delta with uniform u,
+1-out-of-N; the wire cost per COT; the selection by CIPHERLM_OT; and the Ferret
+pools run on a bare `IknpExtension` (no `OTSession`)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cipherlm.mpc import ot_extension as ox
+from cipherlm.mpc.ferret import FERRET_SETUP, FerretReceiver, FerretSender
+from cipherlm.mpc.ot import OTSession
+from cipherlm.net.channel import inprocess_pair
+
+RNG = np.random.default_rng(777)  # test inputs only
+
+
+def both(kind, f0, f1, batch=1 << 14):
+    a, b = inprocess_pair(timeout=60)
+    e = (ox.make_extension(a, 0, batch=batch, kind=kind), ox.make_extension(b, 1, batch=batch, kind=kind))
+    res, errs = [None, None], [None, None]
+
+    def work(i, f):
+        try:
+            res[i] = f(e[i])
+        except BaseException as ex:  # noqa: BLE001
+            errs[i] = ex
+
+    th = [threading.Thread(target=work, args=(i, f), daemon=True) for i, f in enumerate((f0, f1))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(120)
+        assert not t.is_alive(), "hung"
+    for ex in errs:
+        if ex is not None:
+            raise ex
+    return res, (a, b), e
+
+
+def _rows(batches, n):
+    out = np.empty((n, 2), np.uint64)
+    for rows, _tw, lo, hi in batches:
+        out[lo:hi] = np.frombuffer(rows, np.uint64).reshape(-1, 2)
+    return out
+
+
+@pytest.mark.parametrize("kind", ox.KINDS)
+def test_chosen_input_cot(kind):
+    n = 40_000
+    c = RNG.integers(0, 2, n).astype(np.uint8)
+
+    def s(e):
+        return _rows(list(e.send_cot("bcot", n)), n), np.frombuffer(e.sender_delta(), np.uint64)
+
+    (got, t), _, ext = both(kind, s, lambda e: _rows(e.recv_cot("bcot", c), n))
+    q, d = got
+    np.testing.assert_array_equal(t, q ^ (c.astype(np.uint64)[:, None] * d))
+    assert len(np.unique(q[:, 0])) == n  # fresh rows
+    assert ext[0].name == kind
+
+
+@pytest.mark.parametrize("kind", ox.KINDS)
+def test_random_cot(kind):
+    n = 50_000
+    (v, (u, w)), (a, _), ext = both(kind, lambda e: e.send_rcot(n), lambda e: e.recv_rcot(n))
+    d = np.frombuffer(ext[0].sender_delta(), np.uint64)
+    assert v.shape == w.shape == (n, 2) and u.shape == (n,)
+    assert set(np.unique(u)) <= {0, 1}
+    np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
+    assert abs(int(u.sum()) - n / 2) < 6 * np.sqrt(n / 4)
+    # a second call continues with fresh COTs
+    (v2, (u2, w2)), _, _ = both(kind, lambda e: e.send_rcot(10), lambda e: e.recv_rcot(10))
+    assert v2.shape == (10, 2) and w2.shape == (10, 2)
+
+
+@pytest.mark.parametrize("kind", ox.KINDS)
+@pytest.mark.parametrize("N", [4, 10, 16])
+def test_1ofN(kind, N):
+    n, bits = 3000, 3
+    msgs = RNG.integers(0, 8, (n, N), dtype=np.uint64)
+    ch = RNG.integers(0, N, n).astype(np.uint8)
+
+    def s(e):
+        for y in e.send_1ofN(msgs, bits):
+            e.chan.send({"op": "1ofN_y", "y": y})
+
+    (_, got), _, _ = both(kind, s, lambda e: e.recv_1ofN(ch, N, bits))
+    np.testing.assert_array_equal(got, msgs[np.arange(n), ch])
+
+
+def test_wire_bits_per_cot_through_the_channel():
+    """Chosen-input COT: IKNP 128 bits per COT, Ferret 1 bit (+ headers); random
+    COT from a warm Ferret pool: no traffic at all."""
+    n = 64_000
+    c = RNG.integers(0, 2, n).astype(np.uint8)
+    for kind, want in (("iknp", 128), ("ferret", 1)):
+        def s(e):
+            e.setup()
+            e.send_rcot(1)  # warm: base OTs and (Ferret) the first refill
+            e.chan.reset_stats()
+            list(e.send_cot("bcot", n))
+            t = e.chan.totals()
+            e.chan.reset_stats()
+            e.send_rcot(1000)
+            return t, e.chan.totals()
+
+        def r(e):
+            e.setup()
+            e.recv_rcot(1)
+            list(e.recv_cot("bcot", c))
+            e.recv_rcot(1000)
+
+        ((t, t_r), _), _, ext = both(kind, s, r, batch=1 << 16)
+        bits = 8 * (t["bytes_sent"] + t["bytes_received"]) / n
+        assert ext[0].wire_bits("cot") == want
+        assert want <= bits < want + 0.1, (kind, bits)
+        if kind == "ferret":
+            assert t_r["bytes_sent"] + t_r["bytes_received"] == 0
+
+
+def test_selection_and_session_wiring(monkeypatch):
+    a, _ = inprocess_pair(timeout=5)
+    monkeypatch.delenv("CIPHERLM_OT", raising=False)
+    assert ox.extension_kind() == "iknp"
+    assert isinstance(OTSession(a, 0).ext, ox.IknpExtension)
+    monkeypatch.setenv("CIPHERLM_OT", "ferret")
+    assert ox.extension_kind() == "ferret"
+    e = OTSession(a, 0).ext
+    assert isinstance(e, ox.FerretExtension) and isinstance(e.iknp, ox.IknpExtension)
+    assert isinstance(OTSession(a, 0, ferret=False).ext, ox.IknpExtension)
+    monkeypatch.setenv("CIPHERLM_OT", "bogus")
+    with pytest.raises(ValueError):
+        ox.make_extension(a, 0)
+
+
+def test_ferret_pools_on_a_bare_iknp_extension():
+    """The Ferret pools need only the public raw-COT methods of `IknpExtension`."""
+    a, b = inprocess_pair(timeout=60)
+    ia, ib = ox.IknpExtension(a, 0), ox.IknpExtension(b, 1)
+    out = [None, None]
+
+    def s():
+        p = FerretSender(ia)
+        out[0] = (p.take(1000), p.delta)
+
+    def r():
+        out[1] = FerretReceiver(ib).take(1000)
+
+    th = [threading.Thread(target=f) for f in (s, r)]
+    [t.start() for t in th]
+    [t.join(60) for t in th]
+    (v, delta), (u, w) = out
+    d = np.frombuffer(delta, np.uint64)
+    np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
+    assert delta == ia.sender_delta()
+    assert a.stats()["ot.ferret"]["bytes_received"] >= FERRET_SETUP.msg_len
