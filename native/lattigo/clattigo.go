@@ -1,0 +1,1093 @@
+// Package main is cipherlm's C ABI over Lattigo v6 (CKKS), built with
+// `go build -buildmode=c-shared` and loaded by cipherlm/he/lattigo_backend.py.
+//
+// Conventions (every exported function):
+//   - objects (contexts, keys, plaintexts, ciphertexts) live in a Go map and
+//     cross the boundary as int64 handles (> 0); clg_free releases one;
+//   - the return value is 0 on success, < 0 on error, and the error message is
+//     written NUL-terminated into (errbuf, errlen);
+//   - a Go panic is recovered and reported as an error (rc -2), never
+//     propagated into the Python interpreter;
+//   - byte buffers the caller owns are only read; buffers Go returns are
+//     malloc'ed (C.CBytes) and released by the caller with clg_free_buf.
+//
+// Untrusted bytes (ciphertexts, public keys, Galois keys) use this package's own
+// fixed layouts (below), whose shape follows from the parameters alone: the
+// length is checked before any allocation and every coefficient is checked to
+// be reduced modulo its prime. Lattigo's own parsers never see a peer's bytes.
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+const abiVersion = 1
+
+// ----------------------------------------------------------------------------- handles
+
+type ctxObj struct {
+	params  ckks.Parameters
+	encoder *ckks.Encoder
+	eval    *ckks.Evaluator // without keys: add, mul by plaintext, rescale
+	gkSize  int             // serialised size of one Galois key (lazily computed)
+	gkOnce  sync.Once
+}
+
+type skObj struct {
+	ctx *ctxObj
+	sk  *rlwe.SecretKey
+	enc *rlwe.Encryptor
+	dec *rlwe.Decryptor
+}
+
+type pkObj struct {
+	ctx *ctxObj
+	pk  *rlwe.PublicKey
+	enc *rlwe.Encryptor
+}
+
+type evkObj struct {
+	ctx  *ctxObj
+	set  *rlwe.MemEvaluationKeySet
+	eval *ckks.Evaluator
+}
+
+type ptObj struct {
+	ctx *ctxObj
+	pt  *rlwe.Plaintext
+}
+
+type ctObj struct {
+	ctx *ctxObj
+	ct  *rlwe.Ciphertext
+}
+
+var (
+	mu      sync.RWMutex
+	objects = map[int64]any{}
+	nextID  int64
+)
+
+func put(o any) int64 {
+	mu.Lock()
+	defer mu.Unlock()
+	nextID++
+	objects[nextID] = o
+	return nextID
+}
+
+func get[T any](h C.int64_t, what string) (T, error) {
+	mu.RLock()
+	o, ok := objects[int64(h)]
+	mu.RUnlock()
+	var zero T
+	if !ok {
+		return zero, fmt.Errorf("invalid %s handle %d", what, int64(h))
+	}
+	t, ok := o.(T)
+	if !ok {
+		return zero, fmt.Errorf("handle %d is a %T, not a %s", int64(h), o, what)
+	}
+	return t, nil
+}
+
+// ----------------------------------------------------------------------------- errors
+
+func writeErr(errbuf *C.char, errlen C.int, msg string) {
+	if errbuf == nil || errlen <= 0 {
+		return
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(errbuf)), int(errlen))
+	n := copy(b[:len(b)-1], msg)
+	b[n] = 0
+}
+
+func fail(errbuf *C.char, errlen C.int, err error) C.int {
+	writeErr(errbuf, errlen, err.Error())
+	return -1
+}
+
+// guard turns a panic into rc -2 with its message; use as `defer guard(&rc, errbuf, errlen)`.
+func guard(rc *C.int, errbuf *C.char, errlen C.int) {
+	if r := recover(); r != nil {
+		writeErr(errbuf, errlen, fmt.Sprintf("lattigo: recovered panic: %v", r))
+		*rc = -2
+	}
+}
+
+func i64s(p *C.int64_t, n C.int) []int64 {
+	if n <= 0 || p == nil {
+		return nil
+	}
+	return unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n))
+}
+
+func bytesIn(p *C.uchar, n C.int64_t) []byte {
+	if n <= 0 || p == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n))
+}
+
+func bytesOut(b []byte, out **C.uchar, outLen *C.int64_t) {
+	*out = (*C.uchar)(C.CBytes(b))
+	*outLen = C.int64_t(len(b))
+}
+
+// ----------------------------------------------------------------------------- misc
+
+//export clg_abi_version
+func clg_abi_version() C.int { return abiVersion }
+
+//export clg_free
+func clg_free(h C.int64_t) {
+	mu.Lock()
+	delete(objects, int64(h))
+	mu.Unlock()
+}
+
+//export clg_free_buf
+func clg_free_buf(p *C.uchar) { C.free(unsafe.Pointer(p)) }
+
+//export clg_live_objects
+func clg_live_objects() C.int64_t {
+	mu.RLock()
+	defer mu.RUnlock()
+	return C.int64_t(len(objects))
+}
+
+// clg_primes: n distinct NTT-friendly primes (q = 1 mod 2^(logN+1)) of the given bit sizes.
+//
+//export clg_primes
+func clg_primes(logN C.int, bits *C.int64_t, n C.int, out *C.uint64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	if logN < 1 || logN > 17 {
+		return fail(errbuf, errlen, fmt.Errorf("logN %d out of range", int(logN)))
+	}
+	dst := unsafe.Slice((*uint64)(unsafe.Pointer(out)), int(n))
+	seen := map[uint64]bool{}
+	gens := map[int64]*ring.NTTFriendlyPrimesGenerator{}
+	for i, b := range i64s(bits, n) {
+		if b < 10 || b > 61 {
+			return fail(errbuf, errlen, fmt.Errorf("prime bit size %d out of range [10, 61]", b))
+		}
+		g, ok := gens[b]
+		if !ok {
+			gg := ring.NewNTTFriendlyPrimesGenerator(uint64(b), uint64(2)<<uint(logN))
+			g = &gg
+			gens[b] = g
+		}
+		for {
+			q, err := g.NextAlternatingPrime()
+			if err != nil {
+				return fail(errbuf, errlen, err)
+			}
+			if !seen[q] {
+				seen[q] = true
+				dst[i] = q
+				break
+			}
+		}
+	}
+	return 0
+}
+
+// ----------------------------------------------------------------------------- context
+
+// clg_ckks_new: CKKS parameters from explicit prime sizes (logQ: data chain, q0
+// first; logP: special primes), uniform ternary secret, default Gaussian error.
+//
+//export clg_ckks_new
+func clg_ckks_new(logN C.int, logQ *C.int64_t, nQ C.int, logP *C.int64_t, nP C.int, logScale C.int,
+	out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	if logN < 10 || logN > 16 {
+		return fail(errbuf, errlen, fmt.Errorf("logN %d out of range [10, 16]", int(logN)))
+	}
+	if nQ < 1 || nP < 1 {
+		return fail(errbuf, errlen, errors.New("need at least one data prime and one special prime"))
+	}
+	toInts := func(v []int64) []int {
+		r := make([]int, len(v))
+		for i, x := range v {
+			r[i] = int(x)
+		}
+		return r
+	}
+	lit := ckks.ParametersLiteral{
+		LogN:            int(logN),
+		LogQ:            toInts(i64s(logQ, nQ)),
+		LogP:            toInts(i64s(logP, nP)),
+		Xs:              ring.Ternary{P: 2.0 / 3.0}, // uniform ternary: the HE-standard table's secret
+		Xe:              rlwe.DefaultXe,
+		LogDefaultScale: int(logScale),
+	}
+	params, err := ckks.NewParametersFromLiteral(lit)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil)}
+	*out = C.int64_t(put(c))
+	return 0
+}
+
+// clg_ctx_info: N, max level, number of Q and P primes, and the primes (Q then P) into moduli.
+//
+//export clg_ctx_info
+func clg_ctx_info(h C.int64_t, n *C.int64_t, maxLevel *C.int, nQ *C.int, nP *C.int,
+	moduli *C.uint64_t, cap_ C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	q, p := c.params.Q(), c.params.P()
+	*n = C.int64_t(c.params.N())
+	*maxLevel = C.int(c.params.MaxLevel())
+	*nQ, *nP = C.int(len(q)), C.int(len(p))
+	if int(cap_) < len(q)+len(p) {
+		return fail(errbuf, errlen, errors.New("moduli buffer too small"))
+	}
+	dst := unsafe.Slice((*uint64)(unsafe.Pointer(moduli)), len(q)+len(p))
+	copy(dst, q)
+	copy(dst[len(q):], p)
+	return 0
+}
+
+// ----------------------------------------------------------------------------- keys
+
+//export clg_keygen
+func clg_keygen(h C.int64_t, skOut *C.int64_t, pkOut *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	kg := rlwe.NewKeyGenerator(c.params)
+	sk, pk := kg.GenKeyPairNew()
+	*skOut = C.int64_t(put(&skObj{ctx: c, sk: sk, enc: rlwe.NewEncryptor(c.params, sk), dec: rlwe.NewDecryptor(c.params, sk)}))
+	*pkOut = C.int64_t(put(&pkObj{ctx: c, pk: pk, enc: rlwe.NewEncryptor(c.params, pk)}))
+	return 0
+}
+
+func galoisElements(c *ctxObj, steps []int64, conj bool) ([]uint64, error) {
+	half := int64(c.params.MaxSlots())
+	seen := map[uint64]bool{}
+	var els []uint64
+	for _, s := range steps {
+		if s <= -half || s >= half || s == 0 {
+			return nil, fmt.Errorf("rotation step %d out of range (0 < |step| < %d)", s, half)
+		}
+		g := c.params.GaloisElement(int(s))
+		if !seen[g] {
+			seen[g] = true
+			els = append(els, g)
+		}
+	}
+	if conj {
+		g := c.params.GaloisElementOrderTwoOrthogonalSubgroup()
+		if !seen[g] {
+			els = append(els, g)
+		}
+	}
+	return els, nil
+}
+
+// clg_gen_rotation_keys: Galois keys for slot rotations by `steps` (and conjugation).
+//
+//export clg_gen_rotation_keys
+func clg_gen_rotation_keys(skh C.int64_t, steps *C.int64_t, n C.int, conj C.int, out *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	els, err := galoisElements(s.ctx, i64s(steps, n), conj != 0)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	gks := rlwe.NewKeyGenerator(s.ctx.params).GenGaloisKeysNew(els, s.sk)
+	set := rlwe.NewMemEvaluationKeySet(nil, gks...)
+	*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
+	return 0
+}
+
+// clg_evk_has_steps: 1 if the key set holds a key for every rotation step, else 0.
+//
+//export clg_evk_has_steps
+func clg_evk_has_steps(h C.int64_t, steps *C.int64_t, n C.int, ok *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	e, err := get[*evkObj](h, "Galois key set")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	els, err := galoisElements(e.ctx, i64s(steps, n), false)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*ok = 1
+	for _, g := range els {
+		if _, found := e.set.GaloisKeys[g]; !found {
+			*ok = 0
+		}
+	}
+	return 0
+}
+
+// ----------------------------------------------------------------------------- encoding
+
+// clg_encode: slot values (re, im; im may be NULL) -> plaintext at `level` with scale 2^logScale
+// (logScale <= 0: the default scale).
+//
+//export clg_encode
+func clg_encode(h C.int64_t, re *C.double, im *C.double, n C.int64_t, level C.int, logScale C.double,
+	out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if n < 1 || int(n) > c.params.MaxSlots() {
+		return fail(errbuf, errlen, fmt.Errorf("%d values for %d slots", int64(n), c.params.MaxSlots()))
+	}
+	lvl := int(level)
+	if lvl < 0 || lvl > c.params.MaxLevel() {
+		return fail(errbuf, errlen, fmt.Errorf("level %d out of range [0, %d]", lvl, c.params.MaxLevel()))
+	}
+	pt := ckks.NewPlaintext(c.params, lvl)
+	if logScale > 0 {
+		if logScale > 120 {
+			return fail(errbuf, errlen, fmt.Errorf("log2 scale %g too large", float64(logScale)))
+		}
+		pt.Scale = rlwe.NewScale(math.Exp2(float64(logScale)))
+	}
+	r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
+	if im == nil {
+		v := make([]float64, c.params.MaxSlots())
+		copy(v, r)
+		err = c.encoder.Encode(v, pt)
+	} else {
+		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
+		v := make([]complex128, c.params.MaxSlots())
+		for k := range r {
+			v[k] = complex(r[k], ii[k])
+		}
+		err = c.encoder.Encode(v, pt)
+	}
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ptObj{ctx: c, pt: pt}))
+	return 0
+}
+
+// clg_decode: plaintext -> the first n slot values (re, im; im may be NULL).
+//
+//export clg_decode
+func clg_decode(ph C.int64_t, re *C.double, im *C.double, n C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	p, err := get[*ptObj](ph, "plaintext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	slots := p.ctx.params.MaxSlots()
+	if n < 1 || int(n) > slots {
+		return fail(errbuf, errlen, fmt.Errorf("%d values for %d slots", int64(n), slots))
+	}
+	v := make([]complex128, slots)
+	if err = p.ctx.encoder.Decode(p.pt, v); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
+	var ii []float64
+	if im != nil {
+		ii = unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
+	}
+	for k := range r {
+		r[k] = real(v[k])
+		if ii != nil {
+			ii[k] = imag(v[k])
+		}
+	}
+	return 0
+}
+
+// ----------------------------------------------------------------------------- encrypt / decrypt
+
+//export clg_encrypt_sk
+func clg_encrypt_sk(skh C.int64_t, ph C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	p, err := get[*ptObj](ph, "plaintext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	ct, err := s.enc.EncryptNew(p.pt)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ctObj{ctx: s.ctx, ct: ct}))
+	return 0
+}
+
+// clg_encrypt_pk: public-key encryption of a plaintext (ph > 0) or of zero at `level` (ph == 0).
+//
+//export clg_encrypt_pk
+func clg_encrypt_pk(pkh C.int64_t, ph C.int64_t, level C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	k, err := get[*pkObj](pkh, "public key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	var ct *rlwe.Ciphertext
+	if ph == 0 {
+		if level < 0 || int(level) > k.ctx.params.MaxLevel() {
+			return fail(errbuf, errlen, fmt.Errorf("level %d out of range", int(level)))
+		}
+		ct = ckks.NewCiphertext(k.ctx.params, 1, int(level))
+		err = k.enc.EncryptZero(ct)
+	} else {
+		var p *ptObj
+		if p, err = get[*ptObj](ph, "plaintext"); err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		ct, err = k.enc.EncryptNew(p.pt)
+	}
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ctObj{ctx: k.ctx, ct: ct}))
+	return 0
+}
+
+//export clg_decrypt
+func clg_decrypt(skh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ctx != s.ctx {
+		return fail(errbuf, errlen, errors.New("ciphertext and key belong to different contexts"))
+	}
+	if c.ct.Degree() != 1 {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext of degree %d (relinearise first)", c.ct.Degree()))
+	}
+	*out = C.int64_t(put(&ptObj{ctx: s.ctx, pt: s.dec.DecryptNew(c.ct)}))
+	return 0
+}
+
+// ----------------------------------------------------------------------------- evaluation
+
+func twoCts(a, b C.int64_t) (*ctObj, *ctObj, error) {
+	x, err := get[*ctObj](a, "ciphertext")
+	if err != nil {
+		return nil, nil, err
+	}
+	y, err := get[*ctObj](b, "ciphertext")
+	if err != nil {
+		return nil, nil, err
+	}
+	if x.ctx != y.ctx {
+		return nil, nil, errors.New("ciphertexts belong to different contexts")
+	}
+	return x, y, nil
+}
+
+// clg_mul_plain: ct * pt (no rescale) into `into` (> 0: an existing ciphertext to overwrite) or
+// a new ciphertext; the result's handle in out.
+//
+//export clg_mul_plain
+func clg_mul_plain(cth C.int64_t, ph C.int64_t, into C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	p, err := get[*ptObj](ph, "plaintext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ctx != p.ctx {
+		return fail(errbuf, errlen, errors.New("ciphertext and plaintext belong to different contexts"))
+	}
+	lvl := min(c.ct.Level(), p.pt.Level())
+	var dst *ctObj
+	if into > 0 {
+		if dst, err = get[*ctObj](into, "ciphertext"); err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		if dst.ct.Degree() != 1 || dst.ct.Level() < lvl {
+			dst.ct = ckks.NewCiphertext(c.ctx.params, 1, lvl)
+		} else if dst.ct.Level() > lvl {
+			dst.ct.Resize(1, lvl)
+		}
+	} else {
+		dst = &ctObj{ctx: c.ctx, ct: ckks.NewCiphertext(c.ctx.params, 1, lvl)}
+	}
+	if err = c.ctx.eval.Mul(c.ct, p.pt, dst.ct); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if into > 0 {
+		*out = into
+	} else {
+		*out = C.int64_t(put(dst))
+	}
+	return 0
+}
+
+// clg_add: a += b (ciphertexts), or a += pt when plain != 0 (b is then a plaintext handle).
+//
+//export clg_add
+func clg_add(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	x, err := get[*ctObj](a, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	var op rlwe.Operand
+	if plain != 0 {
+		p, err := get[*ptObj](b, "plaintext")
+		if err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		if p.ctx != x.ctx {
+			return fail(errbuf, errlen, errors.New("different contexts"))
+		}
+		op = p.pt
+	} else {
+		_, y, err := twoCts(a, b)
+		if err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		op = y.ct
+	}
+	if err = x.ctx.eval.Add(x.ct, op, x.ct); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	return 0
+}
+
+// clg_rescale: divide by the last prime of the ciphertext's level, in place.
+//
+//export clg_rescale
+func clg_rescale(cth C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ct.Level() == 0 {
+		return fail(errbuf, errlen, errors.New("cannot rescale a ciphertext at level 0"))
+	}
+	out := ckks.NewCiphertext(c.ctx.params, c.ct.Degree(), c.ct.Level()-1)
+	if err = c.ctx.eval.Rescale(c.ct, out); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c.ct = out
+	return 0
+}
+
+// clg_drop_level: drop `levels` primes without dividing (the scale is unchanged), in place.
+//
+//export clg_drop_level
+func clg_drop_level(cth C.int64_t, levels C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if levels < 0 || int(levels) > c.ct.Level() {
+		return fail(errbuf, errlen, fmt.Errorf("cannot drop %d levels from level %d", int(levels), c.ct.Level()))
+	}
+	c.ctx.eval.DropLevel(c.ct, int(levels))
+	return 0
+}
+
+// clg_rotate: slot rotation to the left by step (key switching with the set's Galois key).
+//
+//export clg_rotate
+func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	e, err := get[*evkObj](evh, "Galois key set")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ctx != e.ctx {
+		return fail(errbuf, errlen, errors.New("ciphertext and keys belong to different contexts"))
+	}
+	if c.ct.Degree() != 1 {
+		return fail(errbuf, errlen, errors.New("rotate needs a degree-1 ciphertext"))
+	}
+	res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+	if err = e.eval.Rotate(c.ct, int(step), res); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+	return 0
+}
+
+// clg_rotate_hoisted: rotations of one ciphertext by each of steps[0..n), sharing one
+// decomposition of c1 (RotateHoisted); out[i] receives the rotation by steps[i].
+//
+//export clg_rotate_hoisted
+func clg_rotate_hoisted(evh C.int64_t, cth C.int64_t, steps *C.int64_t, n C.int, out *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	e, err := get[*evkObj](evh, "Galois key set")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ctx != e.ctx {
+		return fail(errbuf, errlen, errors.New("ciphertext and keys belong to different contexts"))
+	}
+	if c.ct.Degree() != 1 {
+		return fail(errbuf, errlen, errors.New("rotate needs a degree-1 ciphertext"))
+	}
+	st := i64s(steps, n)
+	half := int64(c.ctx.params.MaxSlots())
+	var uniq []int
+	seen := map[int]bool{}
+	for _, s := range st {
+		if s <= -half || s >= half {
+			return fail(errbuf, errlen, fmt.Errorf("rotation step %d out of range", s))
+		}
+		k := int(s)
+		if k != 0 && !seen[k] {
+			seen[k] = true
+			uniq = append(uniq, k)
+		}
+	}
+	res := map[int]*rlwe.Ciphertext{}
+	for _, k := range uniq {
+		res[k] = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+	}
+	if len(uniq) > 0 {
+		if err = e.eval.RotateHoisted(c.ct, uniq, res); err != nil {
+			return fail(errbuf, errlen, err)
+		}
+	}
+	dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), int(n))
+	used := map[int]bool{}
+	for i, s := range st {
+		k := int(s)
+		var ct *rlwe.Ciphertext
+		switch {
+		case k == 0:
+			ct = c.ct.CopyNew()
+		case used[k]:
+			ct = res[k].CopyNew()
+		default:
+			ct, used[k] = res[k], true
+		}
+		dst[i] = put(&ctObj{ctx: c.ctx, ct: ct})
+	}
+	return 0
+}
+
+// clg_copy: a deep copy of a ciphertext.
+//
+//export clg_copy
+func clg_copy(cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: c.ct.CopyNew()}))
+	return 0
+}
+
+// clg_ct_info: level, degree, log2 scale, NTT flag of a ciphertext (kind 0) or plaintext (kind 1).
+//
+//export clg_ct_info
+func clg_ct_info(h C.int64_t, kind C.int, level *C.int, degree *C.int, logScale *C.double, isNTT *C.int,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	var md *rlwe.MetaData
+	if kind == 0 {
+		c, err := get[*ctObj](h, "ciphertext")
+		if err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		*level, *degree, md = C.int(c.ct.Level()), C.int(c.ct.Degree()), c.ct.MetaData
+	} else {
+		p, err := get[*ptObj](h, "plaintext")
+		if err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		*level, *degree, md = C.int(p.pt.Level()), 0, p.pt.MetaData
+	}
+	*logScale = C.double(math.Log2(md.Scale.Float64()))
+	*isNTT = 0
+	if md.IsNTT {
+		*isNTT = 1
+	}
+	return 0
+}
+
+// clg_ct_coeffs: a copy of the ciphertext's RNS coefficients, (degree+1, level+1, N) uint64, as stored
+// (NTT form for CKKS).
+//
+//export clg_ct_coeffs
+func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	N, L := c.ctx.params.N(), c.ct.Level()+1
+	want := (c.ct.Degree() + 1) * L * N
+	if int(n) != want {
+		return fail(errbuf, errlen, fmt.Errorf("buffer of %d words for %d", int64(n), want))
+	}
+	d := unsafe.Slice((*uint64)(unsafe.Pointer(dst)), want)
+	for i, poly := range c.ct.Value {
+		for j := 0; j < L; j++ {
+			copy(d[(i*L+j)*N:(i*L+j+1)*N], poly.Coeffs[j][:N])
+		}
+	}
+	return 0
+}
+
+// ----------------------------------------------------------------------------- serialisation
+//
+// Ciphertext: "CLGC" | version u8 | degree u8 | level u8 | isNTT u8 | logSlots u8 | 3 zero bytes |
+//             scale float64 LE | (degree+1)(level+1)N uint64 LE coefficients (poly, prime, index).
+// Public key:  "CLGP" | version u8 | 3 zero bytes | the 2 QP polys of the key, raw (prime-major).
+// Galois keys: "CLGK" | version u8 | 3 zero bytes | count u32 | count x (galEl u64 | key polys raw).
+// Key polynomials are written in Lattigo's (NTT, Montgomery) representation; their shape is the one
+// rlwe.NewPublicKey / rlwe.NewGaloisKey allocate for the parameters, so the reader knows every size.
+
+const (
+	wireVersion = 1
+	ctHeader    = 20
+	keyHeader   = 8
+)
+
+func writeU64s(b []byte, v []uint64) []byte {
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, x)
+	}
+	return b
+}
+
+// readReduced fills dst from b (len(dst)*8 bytes), checking every value is < q.
+func readReduced(dst []uint64, b []byte, q uint64) error {
+	for i := range dst {
+		x := binary.LittleEndian.Uint64(b[8*i:])
+		if x >= q {
+			return fmt.Errorf("coefficient %d not reduced modulo %d", x, q)
+		}
+		dst[i] = x
+	}
+	return nil
+}
+
+func qpPolys(v []ringqp.Poly) []*ring.Poly {
+	var ps []*ring.Poly
+	for i := range v {
+		ps = append(ps, &v[i].Q)
+		if v[i].P.Coeffs != nil {
+			ps = append(ps, &v[i].P)
+		}
+	}
+	return ps
+}
+
+func gkPolys(gk *rlwe.GaloisKey) []*ring.Poly {
+	var ps []*ring.Poly
+	for i := range gk.Value {
+		for j := range gk.Value[i] {
+			ps = append(ps, qpPolys(gk.Value[i][j])...)
+		}
+	}
+	return ps
+}
+
+// moduliOf: the primes of a key polynomial (Q or P part), identified by its row count and position.
+func writePolys(b []byte, ps []*ring.Poly) []byte {
+	for _, p := range ps {
+		for _, row := range p.Coeffs {
+			b = writeU64s(b, row)
+		}
+	}
+	return b
+}
+
+func polysWords(ps []*ring.Poly) int {
+	w := 0
+	for _, p := range ps {
+		for _, row := range p.Coeffs {
+			w += len(row)
+		}
+	}
+	return w
+}
+
+// readPolys fills the (already shaped) QP polynomials; isQ[i] says whether poly i is a Q part.
+func readQPPolys(c *ctxObj, v []ringqp.Poly, b []byte) ([]byte, error) {
+	q, p := c.params.Q(), c.params.P()
+	for i := range v {
+		for part, poly := range []*ring.Poly{&v[i].Q, &v[i].P} {
+			mods := q
+			if part == 1 {
+				mods = p
+			}
+			for j, row := range poly.Coeffs {
+				need := 8 * len(row)
+				if len(b) < need {
+					return nil, errors.New("truncated key")
+				}
+				if err := readReduced(row, b[:need], mods[j]); err != nil {
+					return nil, err
+				}
+				b = b[need:]
+			}
+		}
+	}
+	return b, nil
+}
+
+//export clg_ct_to_bytes
+func clg_ct_to_bytes(cth C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	ct := c.ct
+	N, L := c.ctx.params.N(), ct.Level()+1
+	b := make([]byte, 0, ctHeader+8*(ct.Degree()+1)*L*N)
+	b = append(b, 'C', 'L', 'G', 'C', wireVersion, byte(ct.Degree()), byte(ct.Level()))
+	ntt := byte(0)
+	if ct.IsNTT {
+		ntt = 1
+	}
+	b = append(b, ntt, byte(ct.LogDimensions.Cols), 0, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(ct.Scale.Float64()))
+	for _, poly := range ct.Value {
+		for j := 0; j < L; j++ {
+			b = writeU64s(b, poly.Coeffs[j][:N])
+		}
+	}
+	bytesOut(b, out, outLen)
+	return 0
+}
+
+// clg_ct_from_bytes: validate and load a peer's ciphertext; wantLevel >= 0 requires that level.
+//
+//export clg_ct_from_bytes
+func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, out *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	b := bytesIn(buf, n)
+	if len(b) < ctHeader {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext blob of %d bytes is shorter than its %d-byte header", len(b), ctHeader))
+	}
+	if string(b[:4]) != "CLGC" || b[4] != wireVersion {
+		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo ciphertext (bad magic or version)"))
+	}
+	degree, level, ntt, logSlots := int(b[5]), int(b[6]), b[7], int(b[8])
+	if degree != 1 {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext degree %d (only 1 is accepted)", degree))
+	}
+	if level > c.params.MaxLevel() {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext level %d above the maximum %d", level, c.params.MaxLevel()))
+	}
+	if wantLevel >= 0 && level != int(wantLevel) {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext at level %d, expected %d", level, int(wantLevel)))
+	}
+	if ntt != 1 {
+		return fail(errbuf, errlen, errors.New("CKKS ciphertexts must be in NTT form"))
+	}
+	if logSlots > c.params.LogMaxSlots() || b[9] != 0 || b[10] != 0 || b[11] != 0 {
+		return fail(errbuf, errlen, errors.New("bad ciphertext header (slots / padding)"))
+	}
+	scale := math.Float64frombits(binary.LittleEndian.Uint64(b[12:20]))
+	if math.IsNaN(scale) || math.IsInf(scale, 0) || scale < 1 || scale > math.Exp2(250) {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext scale %g out of range", scale))
+	}
+	N, L := c.params.N(), level+1
+	want := ctHeader + 8*(degree+1)*L*N
+	if len(b) != want {
+		return fail(errbuf, errlen, fmt.Errorf("ciphertext blob of %d bytes, expected %d for level %d", len(b), want, level))
+	}
+	ct := ckks.NewCiphertext(c.params, degree, level)
+	q := c.params.Q()
+	off := ctHeader
+	for i := 0; i <= degree; i++ {
+		for j := 0; j < L; j++ {
+			if err = readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
+				return fail(errbuf, errlen, err)
+			}
+			off += 8 * N
+		}
+	}
+	ct.IsNTT = true
+	ct.Scale = rlwe.NewScale(scale)
+	ct.LogDimensions = ring.Dimensions{Rows: 0, Cols: logSlots}
+	*out = C.int64_t(put(&ctObj{ctx: c, ct: ct}))
+	return 0
+}
+
+//export clg_pk_to_bytes
+func clg_pk_to_bytes(pkh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	k, err := get[*pkObj](pkh, "public key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	b := []byte{'C', 'L', 'G', 'P', wireVersion, 0, 0, 0}
+	bytesOut(writePolys(b, qpPolys(k.pk.Value)), out, outLen)
+	return 0
+}
+
+//export clg_pk_from_bytes
+func clg_pk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	b := bytesIn(buf, n)
+	pk := rlwe.NewPublicKey(c.params)
+	want := keyHeader + 8*polysWords(qpPolys(pk.Value))
+	if len(b) != want {
+		return fail(errbuf, errlen, fmt.Errorf("public key blob of %d bytes, expected %d", len(b), want))
+	}
+	if string(b[:4]) != "CLGP" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo public key (bad header)"))
+	}
+	if _, err = readQPPolys(c, pk.Value, b[keyHeader:]); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&pkObj{ctx: c, pk: pk, enc: rlwe.NewEncryptor(c.params, pk)}))
+	return 0
+}
+
+//export clg_pk_of_sk
+func clg_pk_of_sk(skh C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	pk := rlwe.NewKeyGenerator(s.ctx.params).GenPublicKeyNew(s.sk)
+	*out = C.int64_t(put(&pkObj{ctx: s.ctx, pk: pk, enc: rlwe.NewEncryptor(s.ctx.params, pk)}))
+	return 0
+}
+
+func (c *ctxObj) galoisKeyWords() int {
+	c.gkOnce.Do(func() { c.gkSize = polysWords(gkPolys(rlwe.NewGaloisKey(c.params))) })
+	return c.gkSize
+}
+
+//export clg_evk_to_bytes
+func clg_evk_to_bytes(evh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	e, err := get[*evkObj](evh, "Galois key set")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	els := e.set.GetGaloisKeysList()
+	b := []byte{'C', 'L', 'G', 'K', wireVersion, 0, 0, 0}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(els)))
+	for _, g := range els {
+		gk := e.set.GaloisKeys[g]
+		b = binary.LittleEndian.AppendUint64(b, g)
+		b = writePolys(b, gkPolys(gk))
+	}
+	bytesOut(b, out, outLen)
+	return 0
+}
+
+// clg_evk_from_bytes: validate and load a peer's Galois keys (at most maxKeys keys).
+//
+//export clg_evk_from_bytes
+func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, out *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	b := bytesIn(buf, n)
+	if len(b) < keyHeader+4 {
+		return fail(errbuf, errlen, fmt.Errorf("Galois key blob of %d bytes is shorter than its header", len(b)))
+	}
+	if string(b[:4]) != "CLGK" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo Galois key set (bad header)"))
+	}
+	count := int(binary.LittleEndian.Uint32(b[8:12]))
+	if count < 1 || count > int(maxKeys) {
+		return fail(errbuf, errlen, fmt.Errorf("%d Galois keys (allowed 1..%d)", count, int(maxKeys)))
+	}
+	per := 8 + 8*c.galoisKeyWords()
+	if want := keyHeader + 4 + count*per; len(b) != want {
+		return fail(errbuf, errlen, fmt.Errorf("Galois key blob of %d bytes, expected %d for %d keys", len(b), want, count))
+	}
+	twoN := uint64(2 * c.params.N())
+	set := rlwe.NewMemEvaluationKeySet(nil)
+	rest := b[keyHeader+4:]
+	for k := 0; k < count; k++ {
+		g := binary.LittleEndian.Uint64(rest[:8])
+		if g&1 == 0 || g >= twoN || g == 1 {
+			return fail(errbuf, errlen, fmt.Errorf("invalid Galois element %d", g))
+		}
+		if _, dup := set.GaloisKeys[g]; dup {
+			return fail(errbuf, errlen, fmt.Errorf("duplicate Galois element %d", g))
+		}
+		gk := rlwe.NewGaloisKey(c.params)
+		gk.GaloisElement = g
+		rest = rest[8:]
+		for i := range gk.Value {
+			for j := range gk.Value[i] {
+				if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
+					return fail(errbuf, errlen, err)
+				}
+			}
+		}
+		set.GaloisKeys[g] = gk
+	}
+	*out = C.int64_t(put(&evkObj{ctx: c, set: set, eval: ckks.NewEvaluator(c.params, set)}))
+	return 0
+}
+
+func main() {}
