@@ -433,3 +433,30 @@ def test_pow2_switch_and_wide_flooding():
     assert max(abs(v) for v in vals) <= F + (1 << 32)
     assert max(vals) > F // 2 and min(vals) < -F // 2
     assert _p_uniform(np.histogram(np.array(vals, float), bins=16, range=(-float(F), float(F)))[0]) > P_MIN
+
+
+# --------------------------------------------------------------------------- bytes pinned
+#: one lookup (table _table(300, 7), ids [299, 0, 17, 17, 123], no flooding): per party,
+#: (bytes sent, bytes received, rounds) of the online steps `PINNED_STEPS`, and the setup
+#: bytes where they are deterministic (None: SEAL's compressed Galois keys vary run to
+#: run).  Measured at f00ea77, before the numpy RLWE engine moved behind the HE backend
+#: interface (he/numpy_rlwe.py); must stay exactly equal.
+PINNED_STEPS = ("embedding.query", "embedding.response", "embedding.extend")
+PINNED_BYTES = {
+    # method: (client per step, server per step, setup bytes)
+    "cheetah": (((197264, 0, 0), (0, 251160, 0), (352, 904, 1)), ((0, 197264, 0), (251160, 0, 1), (904, 352, 1)), 39952),
+    "+packing": (((94864, 0, 0), (0, 128120, 0), (432, 904, 1)), ((0, 94864, 0), (128120, 0, 1), (904, 432, 1)), 19504),
+    "fastquery": (((97424, 0, 0), (0, 21072, 0), (432, 904, 1)), ((0, 97424, 0), (21072, 0, 1), (904, 432, 1)), None),
+    "exact": (((97424, 0, 0), (0, 21072, 0), (352, 904, 1)), ((0, 97424, 0), (21072, 0, 1), (904, 352, 1)), None),
+}
+
+
+@pytest.mark.parametrize("method", sorted(PINNED_BYTES))
+def test_lookup_bytes_unchanged(method):
+    _val, st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method)
+    client, server, setup = PINNED_BYTES[method]
+    for party, want in ((c, client), (s, server)):
+        got = tuple((party[k]["bytes_sent"], party[k]["bytes_received"], party[k]["rounds"]) for k in PINNED_STEPS)
+        assert got == want
+    if setup is not None:
+        assert st.setup_bytes == setup

@@ -1,6 +1,7 @@
 """The HE backend interface (issue 13 part 3): no module outside ``cipherlm/he/``
-imports SEAL (tenseal), and every registered backend passes the same conformance
-test, written against `cipherlm.he.backend.HEBackend` only."""
+imports SEAL (tenseal), the protocols import only the interface from ``he/``, and
+every registered backend passes the same conformance test, written against
+`cipherlm.he.backend.HEBackend` (ring backends: `RingBackend`) only."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cipherlm.he.backend import HEBackend, TwoPCCostModel, backend_names, get_backend
+from cipherlm.he.backend import HEBackend, RingBackend, TwoPCCostModel, backend_names, get_backend
 from cipherlm.he.errors import HEError
 from cipherlm.he.params import HEParams
 
@@ -30,6 +31,35 @@ def test_only_he_imports_tenseal():
     outside = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
                if p.relative_to(ROOT).parts[0] != "he" and _imports_tenseal(p)}
     assert outside == set(), f"modules outside cipherlm/he/ importing tenseal: {sorted(outside)}"
+
+
+def _he_imports(path: Path) -> set[str]:
+    """Modules of ``cipherlm.he`` a file imports (relative imports resolved for protocols/)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level == 2:
+                mod = "cipherlm." + mod
+            elif node.level == 1:
+                mod = "cipherlm.protocols." + mod
+            if mod == "cipherlm.he":
+                out |= {f"cipherlm.he.{a.name}" for a in node.names}
+            elif mod.startswith("cipherlm.he."):
+                out.add(mod)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("cipherlm.he.")}
+    return out
+
+
+def test_embedding_protocol_imports_only_the_interface():
+    """protocols/embedding*.py reach the HE engines through `he.backend` (the numpy RLWE
+    engine is the ``numpy`` ring backend, he/numpy_rlwe.py), plus parameter sets
+    (`he.params`) and PackLWEs' public index helpers (`he.packlwe`)."""
+    for name in ("embedding.py", "embedding_he.py"):
+        got = _he_imports(ROOT / "protocols" / name)
+        assert "cipherlm.he.backend" in got or name == "embedding.py"
+        assert got <= {"cipherlm.he.backend", "cipherlm.he.params", "cipherlm.he.packlwe"}, (name, got)
 
 
 def test_scan_sees_lazy_imports(tmp_path):
@@ -194,3 +224,60 @@ def test_pack_lwes_automorphisms(env):
         leaves.append(keys.encrypt(be.encode_coeffs(ctx, poly)))
     out = _coeffs(be, keys, be.pack_lwes_stream(ctx, gk, 2, iter(leaves)))
     assert [int(out[0]), int(out[N // 2])] == [(N * int(m)) % t for m in ms]
+
+
+
+# ----------------------------------------------------------------------------- ring backends
+@pytest.fixture(scope="module", params=backend_names("ring"))
+def ring(request):
+    r = get_backend(request.param)
+    assert isinstance(r, RingBackend)
+    return r
+
+
+def test_registry_kinds():
+    assert "numpy" in backend_names("ring") and "numpy" not in backend_names()
+    assert "seal" in backend_names() and "seal" not in backend_names("ring")
+    assert all(isinstance(get_backend(n), HEBackend) for n in backend_names())
+
+
+def test_ring_products_exact(ring):
+    primes = get_backend().primes(N, [20, 25, 28])
+    rns = ring.rns(primes, N)
+    assert rns.k == 3 and rns.Q == primes[0] * primes[1] * primes[2]
+    rng = np.random.default_rng(11)
+    a = rng.integers(0, primes[0], N).astype(np.uint64)
+    s = ring.sample_ternary(rng, N)
+    assert set(np.unique(s)) <= {-1, 0, 1}
+    got = ring.mul_small(a[None, :], ring.transform(s), np.array(primes[:1], np.uint64))[0]
+    assert np.array_equal(got.astype(np.int64), np.mod(ring.negacyclic(a.astype(np.int64), s), primes[0]))
+    small = rng.integers(-50, 50, N)
+    assert np.array_equal(ring.inverse_transform(ring.transform(small)), small)
+    # mod 2^K: the same product
+    K = 30
+    a2 = rng.integers(0, 1 << K, N).astype(np.uint64)
+    got2 = ring.mul_small_pow2(a2, ring.transform(s), K)
+    want2 = np.mod(ring.negacyclic(a2.astype(np.int64), s), 1 << K).astype(np.uint64)
+    assert np.array_equal(got2, want2)
+    limbs = ring.split_limbs(a2, K, 11)
+    assert np.array_equal(sum(x.astype(np.uint64) << np.uint64(11 * i) for i, x in enumerate(limbs)), a2)
+
+
+def test_ring_sampling_and_switching(ring):
+    primes = get_backend().primes(N, [25, 28])
+    rns = ring.rns(primes, N)
+    u1 = ring.expand_uniform(b"s" * 32, b"x", rns, 2)
+    assert u1.shape == (2, 2, N) and np.array_equal(u1, ring.expand_uniform(b"s" * 32, b"x", rns, 2))
+    assert not np.array_equal(u1, ring.expand_uniform(b"s" * 32, b"y", rns, 2))
+    assert np.all(u1 < rns.q[None, :, None])
+    e = ring.sample_error(np.random.default_rng(3), 100_000)
+    assert np.abs(e).max() <= ring.error_bound and abs(e.std() - ring.error_sigma) < 0.05
+    # x = Delta m + e decodes to m; dropping the last prime keeps it decodable
+    t = 1 << 8
+    m = np.random.default_rng(4).integers(0, t, N)
+    x = rns.add(rns.mul_scalar(rns.from_signed(m), rns.Q // t), rns.from_signed(e[:N]))
+    assert np.array_equal(rns.decode_top(x, t), m)
+    low = rns.switch_to(x, 1)
+    assert low.shape == (1, N) and np.array_equal(rns.sub(1).decode_top(low, t), m)
+    p2 = rns.to_pow2(x, 20)
+    assert np.array_equal(((p2 + np.uint64(1 << 11)) >> np.uint64(12)) % np.uint64(t), m.astype(np.uint64))

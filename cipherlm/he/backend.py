@@ -28,7 +28,18 @@ actually use, nothing more:
   (`TwoPCCostModel`).
 
 Ciphertexts, plaintexts, keys and levels are opaque handles owned by the
-backend.  A backend is registered by name with the dotted path of its module
+backend.
+
+`RingBackend` is the second, smaller interface: raw RLWE arithmetic on numpy
+arrays of RNS residues (..., k, N), for a protocol that keeps its ciphertexts as
+raw arrays and owns its wire format (the embedding lookup, `protocols.embedding`):
+an RNS base (residue arithmetic, modulus switching, BFV decoding), seeded public
+uniform polynomials, secret and error sampling, exact negacyclic products through a
+transform domain.  These are operations every RLWE library has (SEAL's RNSTool and
+NTT tables, Lattigo's ``ring`` package); the ``numpy`` backend
+(`cipherlm.he.numpy_rlwe`) is the one implementation so far.
+
+A backend is registered by name with the dotted path of its module
 (`register_backend`); `get_backend` imports it on first use (by
 ``importlib``, so this module imports no HE library and the interface is not
 tied to any backend).  docs/he_backend.md: how to add one.
@@ -46,8 +57,8 @@ import numpy as np
 from .errors import HEError
 from .params import HEParams
 
-__all__ = ["HEBackend", "SecretKeys", "TwoPCCostModel", "DEFAULT_BACKEND", "register_backend",
-           "get_backend", "backend_names"]
+__all__ = ["HEBackend", "RingBackend", "SecretKeys", "TwoPCCostModel", "DEFAULT_BACKEND",
+           "DEFAULT_RING_BACKEND", "register_backend", "get_backend", "backend_names"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,35 +249,122 @@ class HEBackend(abc.ABC):
         """Parse and security-check a peer's parameter blob."""
 
 
+class RingBackend(abc.ABC):
+    """Raw RLWE arithmetic on numpy arrays of RNS residues (module docstring).  Arrays are
+    uint64 residues (..., k, N) mod the primes of an RNS base (each below 2^31), or int64
+    coefficient arrays (..., N) for small polynomials.  Stateless.  The results must be
+    exact (bit-identical across backends): a protocol's bytes on the wire are built from
+    them."""
+
+    name: str = "?"
+    #: the error distribution: rounded Gaussian of this standard deviation, clipped at
+    #: +-error_bound (SEAL's default, 3.2 and 6 sigma); the protocols' noise models use it
+    error_sigma: float = 3.2
+    error_bound: int = 19
+    #: products in the transform domain are exact while every coefficient of the
+    #: (limb-split) convolution stays below 2^exact_bits
+    exact_bits: int = 46
+
+    @abc.abstractmethod
+    def rns(self, primes, n: int = 4096) -> Any:
+        """An RNS base Q = prod(primes) at ring degree n.  The object has ``primes``, ``q``
+        (uint64 array), ``Q``, ``bits``, ``k``, ``n``, ``logq``, and the residue operations
+        ``sub(k)`` (the base of the first k primes), ``from_int``, ``from_signed``,
+        ``mul_scalar``, ``add``, ``sub_``, ``neg``, ``drop_last`` / ``switch_to(a, k)``
+        (modulus switching: divide and round by the dropped primes), ``to_pow2(a, K)``
+        (round(x 2^K / Q) mod 2^K) and ``decode_top(a, t)`` (round(t x / Q) mod t)."""
+
+    @abc.abstractmethod
+    def expand_uniform(self, seed: bytes, label: bytes, rns, count: int) -> np.ndarray:
+        """``count`` public uniform polynomials (count, k, N) mod Q from (seed, label)
+        (both parties derive the same ones: part of the wire format)."""
+
+    @abc.abstractmethod
+    def sample_ternary(self, rng: np.random.Generator, shape) -> np.ndarray:
+        """Uniform coefficients in {-1, 0, 1} (int64) from ``rng``."""
+
+    @abc.abstractmethod
+    def sample_error(self, rng: np.random.Generator, shape) -> np.ndarray:
+        """Errors (int64) from the distribution of ``error_sigma`` / ``error_bound``."""
+
+    @abc.abstractmethod
+    def transform(self, a: np.ndarray) -> np.ndarray:
+        """Forward negacyclic transform of integer polynomials (..., N): pointwise products
+        of transforms are products in Z[X]/(X^N + 1)."""
+
+    @abc.abstractmethod
+    def inverse_transform(self, A: np.ndarray) -> np.ndarray:
+        """Inverse of `transform` after pointwise products: int64 (..., N), exact while the
+        coefficients stay below 2^exact_bits."""
+
+    @abc.abstractmethod
+    def split_limbs(self, x: np.ndarray, nbits: int, limb: int) -> list[np.ndarray]:
+        """Unsigned x < 2^nbits -> [x_0, x_1, ...] (int64), x = sum x_i 2^(limb i)."""
+
+    @abc.abstractmethod
+    def mul_small(self, a: np.ndarray, s_hat: np.ndarray, q: np.ndarray, abits: int = 31) -> np.ndarray:
+        """(a * s) mod q for residues a (..., k, N) < 2^abits and a small s given as
+        transform(s); q (k,) the primes."""
+
+    @abc.abstractmethod
+    def mul_small_pow2(self, a: np.ndarray, s_hat: np.ndarray, K: int) -> np.ndarray:
+        """(a * s) mod 2^K for a (..., N) < 2^K and a ternary s given as transform(s)."""
+
+    @abc.abstractmethod
+    def decode_pow2(self, c0: np.ndarray, c1s: np.ndarray, k0: int, k1: int, t_bits: int) -> np.ndarray:
+        """BFV decoding of (c0 mod 2^k0, c1 s mod 2^k1): round(t (c0/2^k0 + c1 s/2^k1)) mod t,
+        t = 2^t_bits (int64)."""
+
+    @abc.abstractmethod
+    def negacyclic(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Reference product in Z[X]/(X^N + 1) of small int64 polynomials (schoolbook, exact)."""
+
+
 # ----------------------------------------------------------------------------- registry
 #: name -> (module path, class name); imported on first `get_backend`
 _REGISTRY: dict[str, tuple[str, str]] = {"seal": ("cipherlm.he.seal_backend", "SealBackend")}
-_INSTANCES: dict[str, HEBackend] = {}
+#: name -> "he" (an `HEBackend`) or "ring" (a `RingBackend`); "he" when absent
+_KINDS: dict[str, str] = {}
+_INTERFACES = {"he": HEBackend, "ring": RingBackend}
+_INSTANCES: dict[str, HEBackend | RingBackend] = {}
 DEFAULT_BACKEND = "seal"
+DEFAULT_RING_BACKEND = "numpy"
 
 
-def register_backend(name: str, module: str, cls: str) -> None:
-    """Register a backend class ``cls`` of module ``module`` (dotted path) under ``name``."""
+def register_backend(name: str, module: str, cls: str, *, kind: str = "he") -> None:
+    """Register a backend class ``cls`` of module ``module`` (dotted path) under ``name``;
+    ``kind`` "he" (an `HEBackend`) or "ring" (a `RingBackend`)."""
+    if kind not in _INTERFACES:
+        raise HEError(f"unknown backend kind {kind!r}; known: {sorted(_INTERFACES)}")
     _REGISTRY[name] = (module, cls)
+    _KINDS[name] = kind
     _INSTANCES.pop(name, None)
 
 
-def backend_names() -> list[str]:
-    return sorted(_REGISTRY)
+def backend_names(kind: str = "he") -> list[str]:
+    """Names of the registered backends of one kind ("he" or "ring")."""
+    return sorted(n for n in _REGISTRY if _KINDS.get(n, "he") == kind)
 
 
-def get_backend(name: str = DEFAULT_BACKEND) -> HEBackend:
+def get_backend(name: str = DEFAULT_BACKEND) -> HEBackend | RingBackend:
     """The (shared, stateless) backend registered under ``name``."""
     b = _INSTANCES.get(name)
     if b is None:
         try:
             module, cls = _REGISTRY[name]
         except KeyError:
-            raise HEError(f"unknown HE backend {name!r}; known: {backend_names()}") from None
-        b = _INSTANCES[name] = getattr(importlib.import_module(module), cls)()
+            raise HEError(f"unknown HE backend {name!r}; known: {sorted(_REGISTRY)}") from None
+        b = getattr(importlib.import_module(module), cls)()
+        want = _INTERFACES[_KINDS.get(name, "he")]
+        if not isinstance(b, want):
+            raise HEError(f"backend {name!r} ({module}.{cls}) is not a {want.__name__}")
+        _INSTANCES[name] = b
     return b
 
 
-def iter_backends() -> Iterator[HEBackend]:
-    for name in backend_names():
+def iter_backends(kind: str = "he") -> Iterator[HEBackend | RingBackend]:
+    for name in backend_names(kind):
         yield get_backend(name)
+
+
+register_backend("numpy", "cipherlm.he.numpy_rlwe", "NumpyRLWEBackend", kind="ring")
