@@ -1,0 +1,578 @@
+"""Lattigo v6 (Go) behind the `HEBackend` interface: CKKS (issue 15, first part).
+
+The library is ``native/lattigo`` built with ``go build -buildmode=c-shared``
+(``make install`` does it when ``go`` is on PATH) into
+``native/lattigo/build/libclattigo.so``; ``CIPHERLM_LATTIGO_LIB`` overrides the
+path.  It is loaded with ctypes on first use, so importing this module never
+fails; a missing library raises `HEError` with the build command when the
+backend is used.  Go objects stay in Go behind integer handles (freed when the
+Python wrapper is collected); numpy arrays cross the boundary as pointers (no
+per-value Python loop) and ctypes releases the GIL for every call (Lattigo
+v6.2.0's evaluators and encoders may be called concurrently).
+
+What it does (CKKS only, parameters from an `HEParams` set with
+``scheme="ckks"``: the last prime of ``coeff_modulus_bits`` is the special
+key-switching prime, the others the data chain, q0 first; uniform ternary
+secret and sigma = 3.2 error, i.e. the HomomorphicEncryption.org setting that
+`params.check_security` checks):
+
+* `context`, `level` (level handle = number of primes - 1, an int),
+  `special_modulus`, `primes`;
+* `keygen` -> `LattigoSecretKeys` (encrypt, decrypt, public key bytes, Galois
+  key bytes for slot rotations; `galois_keys` gives a local key set);
+  `load_public_key`, `encrypt_zero` (public-key encryption of zero);
+* `encode_slots(ctx, values, level=, scale_bits=)` (real or complex values) and
+  `decode_slots(ctx, pt, n=)` (a decrypted plaintext -> slot values);
+* `multiply_plain` (no rescale; ``out=`` reuses a ciphertext), `add_inplace`,
+  `add_plain_inplace`, `rotate_rows` / `rotate_rows_inplace` (CKKS slot
+  rotation to the left: CKKS has one row of N/2 slots), `rotate_hoisted`
+  (several rotations of one ciphertext sharing one decomposition of c1:
+  Lattigo's ``RotateHoisted``), `rescale_inplace`, `mod_switch_to_inplace`
+  (drop primes without dividing, as SEAL's CKKS mod switch), `is_ntt` (always
+  True);
+* `ciphertext_to_numpy` / `numpy_to_ciphertext` (NTT-form RNS coefficients);
+* `ciphertext_to_bytes` / `ciphertext_from_bytes`, `galois_keys_from_bytes`,
+  `load_public_key`, `params_to_bytes` / `params_from_bytes`.  Peer bytes use
+  ``native/lattigo``'s own fixed layouts (clattigo.go): the expected length
+  follows from the parameters and is checked before anything is allocated,
+  every coefficient must be reduced, and Lattigo's own parsers never see a
+  peer's bytes.  Any malformed blob gives `HEError`; a Go panic is recovered
+  on the Go side and also becomes `HEError`.
+
+Not implemented (raise NotImplementedError): BFV (the conformance suite of
+tests/test_he_backend.py and the 2pc protocols are BFV with SEAL's
+coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
+`from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
+`pack_lwes_stream`, `plaintext_to_numpy`,
+`LattigoSecretKeys.galois_keys_bytes_for_elements`.  `encrypt_seeded` returns
+the full (unseeded) ciphertext bytes.  Bootstrapping is not wrapped yet.
+`cost_model` is the interface's default (SEAL's 2pc constants): the 2pc
+planners do not run on this backend.
+
+Because the conformance suite of tests/test_he_backend.py is parametrised over
+every name in the registry and is BFV-only, this backend is not in
+``backend._REGISTRY``: importing this module registers it (`register_backend`)
+under ``"lattigo"``.  Only modules in ``cipherlm/he/`` may import this one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import threading
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .backend import HEBackend, SecretKeys, register_backend
+from .errors import HEError
+from .params import HEParams, check_security
+
+__all__ = ["LattigoBackend", "LattigoContext", "LattigoSecretKeys", "library_path", "available",
+           "BUILD_HINT"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
+              "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
+_ABI_VERSION = 1
+_PARAMS_MAGIC = b"CLGPARAMS1"
+_CT_HEADER = struct.Struct("<4sBBBBB3sd")  # see clattigo.go
+_ERRLEN = 1024
+
+_i64 = ctypes.c_int64
+_p_i64 = ctypes.POINTER(ctypes.c_int64)
+_int = ctypes.c_int
+_p_int = ctypes.POINTER(ctypes.c_int)
+_dbl = ctypes.c_double
+_p_dbl = ctypes.POINTER(ctypes.c_double)
+_p_u64 = ctypes.POINTER(ctypes.c_uint64)
+_p_u8 = ctypes.POINTER(ctypes.c_ubyte)
+_pp_u8 = ctypes.POINTER(_p_u8)
+_err = (ctypes.c_char_p, _int)
+
+#: name -> argument types before the (errbuf, errlen) pair; None: no error pair
+_SIGNATURES: dict[str, tuple] = {
+    "clg_primes": (_int, _p_i64, _int, _p_u64),
+    "clg_ckks_new": (_int, _p_i64, _int, _p_i64, _int, _int, _p_i64),
+    "clg_ctx_info": (_i64, _p_i64, _p_int, _p_int, _p_int, _p_u64, _int),
+    "clg_keygen": (_i64, _p_i64, _p_i64),
+    "clg_gen_rotation_keys": (_i64, _p_i64, _int, _int, _p_i64),
+    "clg_evk_has_steps": (_i64, _p_i64, _int, _p_int),
+    "clg_encode": (_i64, _p_dbl, _p_dbl, _i64, _int, _dbl, _p_i64),
+    "clg_decode": (_i64, _p_dbl, _p_dbl, _i64),
+    "clg_encrypt_sk": (_i64, _i64, _p_i64),
+    "clg_encrypt_pk": (_i64, _i64, _int, _p_i64),
+    "clg_decrypt": (_i64, _i64, _p_i64),
+    "clg_mul_plain": (_i64, _i64, _i64, _p_i64),
+    "clg_add": (_i64, _i64, _int),
+    "clg_rescale": (_i64,),
+    "clg_drop_level": (_i64, _int),
+    "clg_rotate": (_i64, _i64, _i64, _p_i64),
+    "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
+    "clg_copy": (_i64, _p_i64),
+    "clg_ct_info": (_i64, _int, _p_int, _p_int, _p_dbl, _p_int),
+    "clg_ct_coeffs": (_i64, _p_u64, _i64),
+    "clg_ct_to_bytes": (_i64, _pp_u8, _p_i64),
+    "clg_ct_from_bytes": (_i64, _p_u8, _i64, _int, _p_i64),
+    "clg_pk_to_bytes": (_i64, _pp_u8, _p_i64),
+    "clg_pk_from_bytes": (_i64, _p_u8, _i64, _p_i64),
+    "clg_pk_of_sk": (_i64, _p_i64),
+    "clg_evk_to_bytes": (_i64, _pp_u8, _p_i64),
+    "clg_evk_from_bytes": (_i64, _p_u8, _i64, _int, _p_i64),
+}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library_path() -> Path:
+    env = os.environ.get("CIPHERLM_LATTIGO_LIB")
+    return Path(env) if env else _ROOT / "native" / "lattigo" / "build" / "libclattigo.so"
+
+
+def _load():
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = library_path()
+        if not path.is_file():
+            raise HEError(f"the Lattigo backend library {path} is not built; {BUILD_HINT}")
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise HEError(f"cannot load the Lattigo backend library {path}: {e}") from None
+        lib.clg_abi_version.restype = _int
+        lib.clg_abi_version.argtypes = []
+        if lib.clg_abi_version() != _ABI_VERSION:
+            raise HEError(f"{path}: ABI version {lib.clg_abi_version()} != {_ABI_VERSION}; rebuild it")
+        for name, args in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = list(args) + list(_err)
+            fn.restype = _int
+        lib.clg_free.argtypes, lib.clg_free.restype = [_i64], None
+        lib.clg_free_buf.argtypes, lib.clg_free_buf.restype = [_p_u8], None
+        lib.clg_live_objects.argtypes, lib.clg_live_objects.restype = [], _i64
+        _lib = lib
+        return lib
+
+
+def available() -> bool:
+    """Whether the shared library is built and loads."""
+    try:
+        _load()
+        return True
+    except HEError:
+        return False
+
+
+def _call(name: str, *args) -> None:
+    lib = _load()
+    err = ctypes.create_string_buffer(_ERRLEN)
+    rc = getattr(lib, name)(*args, err, _ERRLEN)
+    if rc != 0:
+        raise HEError(f"lattigo {name[4:]}: {err.value.decode(errors='replace')}")
+
+
+def _new(name: str, *args) -> int:
+    """Call a function whose last argument is an out handle; return the handle."""
+    h = _i64(0)
+    _call(name, *args, ctypes.byref(h))
+    return h.value
+
+
+def _bytes_out(name: str, h: int) -> bytes:
+    lib = _load()
+    p, n = _p_u8(), _i64(0)
+    _call(name, h, ctypes.byref(p), ctypes.byref(n))
+    try:
+        return ctypes.string_at(p, n.value)
+    finally:
+        lib.clg_free_buf(p)
+
+
+def _in_buf(data) -> tuple:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise HEError(f"expected bytes, got {type(data).__name__}")
+    b = bytes(data)
+    return ctypes.cast(ctypes.c_char_p(b), _p_u8), len(b), b  # keep b alive
+
+
+def _i64_array(values: Iterable[int]) -> tuple:
+    arr = np.ascontiguousarray(np.asarray(list(values), dtype=np.int64).reshape(-1))
+    return arr, arr.ctypes.data_as(_p_i64), int(arr.size)
+
+
+# ----------------------------------------------------------------------------- handles
+class _Handle:
+    """A Go object; freed when collected."""
+
+    __slots__ = ("h", "ctx", "__weakref__")
+
+    def __init__(self, h: int, ctx: "LattigoContext | None"):
+        self.h = h
+        self.ctx = ctx
+
+    def __del__(self):
+        lib = _lib
+        if lib is not None and self.h:
+            try:
+                lib.clg_free(self.h)
+            except Exception:  # interpreter shutdown
+                pass
+            self.h = 0
+
+
+class LattigoPlaintext(_Handle):
+    __slots__ = ()
+
+    def _info(self):
+        lvl, deg, ls, ntt = _int(), _int(), _dbl(), _int()
+        _call("clg_ct_info", self.h, 1, ctypes.byref(lvl), ctypes.byref(deg), ctypes.byref(ls), ctypes.byref(ntt))
+        return lvl.value, ls.value
+
+    @property
+    def level(self) -> int:
+        return self._info()[0]
+
+    @property
+    def scale_bits(self) -> float:
+        return self._info()[1]
+
+
+class LattigoCiphertext(_Handle):
+    __slots__ = ()
+
+    def _info(self):
+        lvl, deg, ls, ntt = _int(), _int(), _dbl(), _int()
+        _call("clg_ct_info", self.h, 0, ctypes.byref(lvl), ctypes.byref(deg), ctypes.byref(ls), ctypes.byref(ntt))
+        return lvl.value, deg.value, ls.value, bool(ntt.value)
+
+    @property
+    def level(self) -> int:
+        return self._info()[0]
+
+    @property
+    def n_primes(self) -> int:
+        return self._info()[0] + 1
+
+    @property
+    def scale_bits(self) -> float:
+        """log2 of the CKKS scale."""
+        return self._info()[2]
+
+    def _replace(self, h: int) -> None:
+        """Take over Go object ``h`` (in-place operations that allocate a result)."""
+        old, self.h = self.h, h
+        if old and _lib is not None:
+            _lib.clg_free(old)
+
+
+class LattigoPublicKey(_Handle):
+    __slots__ = ()
+
+
+class LattigoGaloisKeys(_Handle):
+    __slots__ = ()
+
+    def has_steps(self, steps: Iterable[int]) -> bool:
+        arr, p, n = _i64_array(steps)
+        if n == 0:
+            return True
+        ok = _int(0)
+        _call("clg_evk_has_steps", self.h, p, n, ctypes.byref(ok))
+        return bool(ok.value)
+
+    def to_bytes(self) -> bytes:
+        return _bytes_out("clg_evk_to_bytes", self.h)
+
+
+# ----------------------------------------------------------------------------- context
+class LattigoContext:
+    """Public state for one CKKS parameter set (a Go ``ckks.Parameters`` + encoder + evaluator)."""
+
+    def __init__(self, params: HEParams):
+        if params.scheme != "ckks":
+            raise NotImplementedError(
+                f"the Lattigo backend implements CKKS only ({params.name} is {params.scheme}); "
+                "use the SEAL backend for BFV")
+        check_security(params)
+        bits = list(params.coeff_modulus_bits)
+        if len(bits) < 2:
+            raise HEError(f"{params.name}: need at least one data prime and the special prime")
+        n = params.poly_modulus_degree
+        log_n = n.bit_length() - 1
+        if n != 1 << log_n:
+            raise HEError(f"{params.name}: N = {n} is not a power of two")
+        self.params = params
+        self.n = n
+        self.slots = n // 2
+        self.default_scale_bits = bits[-2] if len(bits) > 2 else min(bits[0] - 10, 40)
+        q_arr, q_p, q_n = _i64_array(bits[:-1])
+        p_arr, p_p, p_n = _i64_array(bits[-1:])
+        self._h = _Handle(_new("clg_ckks_new", log_n, q_p, q_n, p_p, p_n, self.default_scale_bits), None)
+        self.handle = self._h.h
+        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
+        mod = (ctypes.c_uint64 * 64)()
+        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
+              ctypes.byref(np_), mod, 64)
+        if nn.value != n:
+            raise HEError(f"Lattigo built N = {nn.value}, expected {n}")
+        self.max_level = ml.value
+        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
+        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
+        #: the first data level's primes (the interface's ``coeff_moduli``)
+        self.coeff_moduli = list(self.q_moduli)
+
+    def __repr__(self) -> str:
+        return (f"LattigoContext({self.params.name}, N={self.n}, Q={[m.bit_length() for m in self.q_moduli]} "
+                f"bits, P={[m.bit_length() for m in self.p_moduli]} bits)")
+
+
+class LattigoSecretKeys(SecretKeys):
+    """A CKKS secret key (kept in Go) with its encryptor / decryptor and public key."""
+
+    def __init__(self, ctx: LattigoContext):
+        sk, pk = _i64(0), _i64(0)
+        _call("clg_keygen", ctx.handle, ctypes.byref(sk), ctypes.byref(pk))
+        self.ctx = ctx
+        self._sk = _Handle(sk.value, ctx)
+        self.public_key = LattigoPublicKey(pk.value, ctx)
+
+    def encrypt(self, pt: LattigoPlaintext) -> LattigoCiphertext:
+        return LattigoCiphertext(_new("clg_encrypt_sk", self._sk.h, pt.h), self.ctx)
+
+    def encrypt_seeded(self, pt: LattigoPlaintext) -> bytes:
+        """Not seeded: the full ciphertext bytes (the C ABI has no seeded layout yet)."""
+        return LattigoBackend().ciphertext_to_bytes(self.encrypt(pt))
+
+    def decrypt(self, ct: LattigoCiphertext) -> LattigoPlaintext:
+        return LattigoPlaintext(_new("clg_decrypt", self._sk.h, ct.h), self.ctx)
+
+    def public_key_bytes(self) -> bytes:
+        return _bytes_out("clg_pk_to_bytes", self.public_key.h)
+
+    def galois_keys(self, steps: Iterable[int], *, conjugate: bool = False) -> LattigoGaloisKeys:
+        """A local Galois key set for slot rotations by ``steps`` (left, |step| < N/2)."""
+        arr, p, n = _i64_array(steps)
+        return LattigoGaloisKeys(_new("clg_gen_rotation_keys", self._sk.h, p, n, int(conjugate)), self.ctx)
+
+    def galois_keys_bytes(self, steps) -> bytes:
+        return self.galois_keys(steps).to_bytes()
+
+    def galois_keys_bytes_for_elements(self, elements) -> bytes:
+        raise NotImplementedError("Lattigo backend: Galois keys for arbitrary automorphisms "
+                                  "(PackLWEs) are not wrapped; use galois_keys_bytes(steps)")
+
+
+# ----------------------------------------------------------------------------- backend
+class LattigoBackend(HEBackend):
+    """CKKS on Lattigo v6 (module docstring: what is implemented and what raises
+    NotImplementedError: BFV, encode_coeffs, to_ntt_inplace / from_ntt_inplace,
+    pack_lwes_stream, plaintext_to_numpy, galois_keys_bytes_for_elements)."""
+
+    name = "lattigo"
+
+    # -- parameters / context ---------------------------------------------------------
+    def context(self, params: HEParams) -> LattigoContext:
+        return LattigoContext(params)
+
+    def level(self, ctx: LattigoContext, n_primes: int) -> int:
+        if not 1 <= n_primes <= ctx.max_level + 1:
+            raise HEError(f"no level with {n_primes} primes (1..{ctx.max_level + 1})")
+        return int(n_primes) - 1
+
+    def special_modulus(self, ctx: LattigoContext) -> int:
+        return ctx.p_moduli[-1]
+
+    def primes(self, n: int, bits: list[int]) -> list[int]:
+        log_n = int(n).bit_length() - 1
+        if n != 1 << log_n:
+            raise HEError(f"N = {n} is not a power of two")
+        arr, p, k = _i64_array(bits)
+        out = np.zeros(k, np.uint64)
+        _call("clg_primes", log_n, p, k, out.ctypes.data_as(_p_u64))
+        return [int(x) for x in out]
+
+    # -- keys ----------------------------------------------------------------------------
+    def keygen(self, ctx: LattigoContext) -> LattigoSecretKeys:
+        return LattigoSecretKeys(ctx)
+
+    def load_public_key(self, ctx: LattigoContext, data: bytes) -> LattigoPublicKey:
+        p, n, _keep = _in_buf(data)
+        return LattigoPublicKey(_new("clg_pk_from_bytes", ctx.handle, p, n), ctx)
+
+    def encrypt_zero(self, ctx: LattigoContext, pk: LattigoPublicKey, level) -> LattigoCiphertext:
+        return LattigoCiphertext(_new("clg_encrypt_pk", pk.h, 0, int(level)), ctx)
+
+    def encrypt_public(self, ctx: LattigoContext, pk: LattigoPublicKey, pt: LattigoPlaintext) -> LattigoCiphertext:
+        return LattigoCiphertext(_new("clg_encrypt_pk", pk.h, pt.h, 0), ctx)
+
+    # -- encoding ------------------------------------------------------------------------
+    def encode_coeffs(self, ctx, coeffs, *, level=None, ntt: bool = False):
+        raise NotImplementedError("Lattigo backend: coefficient packing is a BFV operation (CKKS only here)")
+
+    def encode_slots(self, ctx: LattigoContext, values, *, level=None, ntt: bool = True,
+                     scale_bits: float | None = None) -> LattigoPlaintext:
+        """CKKS-encode up to N/2 real or complex values (the rest are zero) at ``level``
+        (default: the top), with scale 2^``scale_bits`` (default: the context's).  ``ntt`` is
+        ignored: Lattigo's CKKS plaintexts are always in NTT form."""
+        v = np.asarray(values)
+        if v.ndim != 1 or not 1 <= v.size <= ctx.slots:
+            raise HEError(f"expected 1..{ctx.slots} slot values, got shape {v.shape}")
+        lvl = ctx.max_level if level is None else int(level)
+        re = np.ascontiguousarray(v.real, dtype=np.float64)
+        if not np.all(np.isfinite(re)):
+            raise HEError("slot values must be finite")
+        im_p = None
+        if np.iscomplexobj(v):
+            im = np.ascontiguousarray(v.imag, dtype=np.float64)
+            im_p = im.ctypes.data_as(_p_dbl)
+        sb = 0.0 if scale_bits is None else float(scale_bits)
+        h = _new("clg_encode", ctx.handle, re.ctypes.data_as(_p_dbl), im_p, int(v.size), lvl, sb)
+        return LattigoPlaintext(h, ctx)
+
+    def decode_slots(self, ctx: LattigoContext, pt: LattigoPlaintext, *, n: int | None = None,
+                     complex_out: bool = False) -> np.ndarray:
+        """A CKKS plaintext (e.g. a decryption) -> its first ``n`` slot values (float64, or
+        complex128 with ``complex_out``)."""
+        if not isinstance(pt, LattigoPlaintext):
+            raise HEError("the Lattigo backend decodes plaintexts (keys.decrypt(ct)), not coefficient arrays")
+        k = ctx.slots if n is None else int(n)
+        re = np.zeros(k, np.float64)
+        im = np.zeros(k, np.float64) if complex_out else None
+        _call("clg_decode", pt.h, re.ctypes.data_as(_p_dbl), None if im is None else im.ctypes.data_as(_p_dbl), k)
+        return re + 1j * im if complex_out else re
+
+    # -- evaluation ----------------------------------------------------------------------
+    def multiply_plain(self, ctx, ct: LattigoCiphertext, pt: LattigoPlaintext, out=None) -> LattigoCiphertext:
+        """ct * pt at min(level) (no rescale: the result's scale is the product)."""
+        if out is not None:
+            _new("clg_mul_plain", ct.h, pt.h, out.h)
+            return out
+        return LattigoCiphertext(_new("clg_mul_plain", ct.h, pt.h, 0), ctx)
+
+    def add_inplace(self, ctx, a: LattigoCiphertext, b: LattigoCiphertext) -> None:
+        _call("clg_add", a.h, b.h, 0)
+
+    def add_plain_inplace(self, ctx, ct: LattigoCiphertext, pt: LattigoPlaintext) -> None:
+        _call("clg_add", ct.h, pt.h, 1)
+
+    def rotate_rows(self, ctx, ct: LattigoCiphertext, step: int, galois_keys: LattigoGaloisKeys) -> LattigoCiphertext:
+        """Slots rotated left by ``step`` (CKKS: one row of N/2 slots)."""
+        return LattigoCiphertext(_new("clg_rotate", galois_keys.h, ct.h, int(step)), ctx)
+
+    def rotate_rows_inplace(self, ctx, ct: LattigoCiphertext, step: int, galois_keys: LattigoGaloisKeys) -> None:
+        ct._replace(_new("clg_rotate", galois_keys.h, ct.h, int(step)))
+
+    def rotate_hoisted(self, ctx, ct: LattigoCiphertext, steps: Sequence[int],
+                       galois_keys: LattigoGaloisKeys) -> list[LattigoCiphertext]:
+        """Rotations of ``ct`` by each step (left), one shared decomposition of c1
+        (Lattigo's RotateHoisted); step 0 gives a copy."""
+        arr, p, n = _i64_array(steps)
+        if n == 0:
+            return []
+        out = np.zeros(n, np.int64)
+        _call("clg_rotate_hoisted", galois_keys.h, ct.h, p, n, out.ctypes.data_as(_p_i64))
+        return [LattigoCiphertext(int(h), ctx) for h in out]
+
+    def rescale_inplace(self, ctx, ct: LattigoCiphertext) -> None:
+        """Divide by the last prime of the ciphertext's level (scale / q_l, one level down)."""
+        _call("clg_rescale", ct.h)
+
+    def mod_switch_to_inplace(self, ctx, ct: LattigoCiphertext, level) -> None:
+        """Drop primes down to ``level`` without dividing (CKKS: the scale is unchanged)."""
+        cur = ct.level
+        if int(level) > cur:
+            raise HEError(f"cannot switch up from level {cur} to {level}")
+        if int(level) < cur:
+            _call("clg_drop_level", ct.h, cur - int(level))
+
+    def to_ntt_inplace(self, ctx, obj, level=None) -> None:
+        raise NotImplementedError("Lattigo backend: CKKS objects are always in NTT form")
+
+    def from_ntt_inplace(self, ctx, ct) -> None:
+        raise NotImplementedError("Lattigo backend: CKKS objects are always in NTT form")
+
+    def is_ntt(self, ct) -> bool:
+        return True
+
+    def pack_lwes_stream(self, ctx, galois_keys, n_leaves: int, leaves):
+        raise NotImplementedError("Lattigo backend: PackLWEs (a BFV/FastQuery step) is not wrapped")
+
+    # -- raw views -----------------------------------------------------------------------
+    def ciphertext_to_numpy(self, ct: LattigoCiphertext) -> np.ndarray:
+        """RNS coefficients (2, n_primes, N) uint64, NTT form, a copy."""
+        lvl, deg, _ls, _ntt = ct._info()
+        arr = np.empty((deg + 1, lvl + 1, ct.ctx.n), np.uint64)
+        _call("clg_ct_coeffs", ct.h, arr.ctypes.data_as(_p_u64), arr.size)
+        return arr
+
+    def numpy_to_ciphertext(self, ctx: LattigoContext, arr, *, level=None, ntt: bool = True,
+                            scale_bits: float | None = None) -> LattigoCiphertext:
+        """A ciphertext from (2, n_primes, N) uint64 NTT-form coefficients (checked reduced), at
+        scale 2^``scale_bits`` (default: the context's)."""
+        a = np.ascontiguousarray(arr, dtype=np.uint64)
+        if a.ndim != 3 or a.shape[0] != 2 or a.shape[2] != ctx.n:
+            raise HEError(f"expected (2, k, {ctx.n}) coefficients, got {a.shape}")
+        if not ntt:
+            raise NotImplementedError("Lattigo backend: CKKS ciphertexts are in NTT form")
+        lvl = a.shape[1] - 1
+        if level is not None and int(level) != lvl:
+            raise HEError(f"{a.shape[1]} primes do not match level {level}")
+        sb = ctx.default_scale_bits if scale_bits is None else float(scale_bits)
+        hdr = _CT_HEADER.pack(b"CLGC", 1, 1, max(lvl, 0), 1, ctx.slots.bit_length() - 1, b"\0\0\0", 2.0 ** sb)
+        return self.ciphertext_from_bytes(ctx, hdr + a.tobytes(), level=lvl)
+
+    def plaintext_to_numpy(self, pt) -> np.ndarray:
+        raise NotImplementedError("Lattigo backend: CKKS plaintexts are read with decode_slots")
+
+    # -- serialisation -------------------------------------------------------------------
+    def ciphertext_to_bytes(self, ct: LattigoCiphertext) -> bytes:
+        return _bytes_out("clg_ct_to_bytes", ct.h)
+
+    def ciphertext_from_bytes(self, ctx: LattigoContext, data: bytes, *, level=None) -> LattigoCiphertext:
+        p, n, _keep = _in_buf(data)
+        want = -1 if level is None else int(level)
+        return LattigoCiphertext(_new("clg_ct_from_bytes", ctx.handle, p, n, want), ctx)
+
+    def galois_keys_from_bytes(self, ctx: LattigoContext, data: bytes, *, required_steps=None,
+                               max_keys: int = 256) -> LattigoGaloisKeys:
+        p, n, _keep = _in_buf(data)
+        gk = LattigoGaloisKeys(_new("clg_evk_from_bytes", ctx.handle, p, n, int(max_keys)), ctx)
+        if required_steps is not None and not gk.has_steps(required_steps):
+            raise HEError(f"Galois keys lack some of the required rotation steps {sorted(set(required_steps))}")
+        return gk
+
+    def params_to_bytes(self, params: HEParams) -> bytes:
+        return _PARAMS_MAGIC + params.to_json().encode()
+
+    def params_from_bytes(self, data: bytes) -> HEParams:
+        if not isinstance(data, (bytes, bytearray)) or bytes(data[:len(_PARAMS_MAGIC)]) != _PARAMS_MAGIC \
+                or len(data) > 4096:
+            raise HEError("not a Lattigo-backend parameter blob")
+        try:
+            p = HEParams.from_json(bytes(data[len(_PARAMS_MAGIC):]))  # security-checked
+        except HEError:
+            raise
+        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+            raise HEError(f"malformed parameter blob: {e}") from None
+        if p.scheme != "ckks":
+            raise HEError(f"{p.name}: the Lattigo backend takes CKKS parameters only")
+        return p
+
+
+register_backend("lattigo", __name__, "LattigoBackend")
+
+
+def ckks_params(name: str, n: int, bits: Sequence[int]) -> HEParams:
+    """A CKKS `HEParams` (security-checked); the last prime is the special prime."""
+    p = HEParams(name, "ckks", int(n), tuple(int(b) for b in bits))
+    check_security(p)
+    return p
+
