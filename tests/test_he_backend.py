@@ -55,11 +55,11 @@ def _he_imports(path: Path) -> set[str]:
 def test_embedding_protocol_imports_only_the_interface():
     """protocols/embedding*.py reach the HE engines through `he.backend` (the numpy RLWE
     engine is the ``numpy`` ring backend, he/numpy_rlwe.py), plus parameter sets
-    (`he.params`) and PackLWEs' public index helpers (`he.packlwe`)."""
+    (`he.params`)."""
     for name in ("embedding.py", "embedding_he.py"):
         got = _he_imports(ROOT / "protocols" / name)
         assert "cipherlm.he.backend" in got or name == "embedding.py"
-        assert got <= {"cipherlm.he.backend", "cipherlm.he.params", "cipherlm.he.packlwe"}, (name, got)
+        assert got <= {"cipherlm.he.backend", "cipherlm.he.params"}, (name, got)
 
 
 def test_scan_sees_lazy_imports(tmp_path):
@@ -224,6 +224,11 @@ def test_pack_lwes_automorphisms(env):
         leaves.append(keys.encrypt(be.encode_coeffs(ctx, poly)))
     out = _coeffs(be, keys, be.pack_lwes_stream(ctx, gk, 2, iter(leaves)))
     assert [int(out[0]), int(out[N // 2])] == [(N * int(m)) % t for m in ms]
+    # the public facts of PackLWEs: a backend may override them, never change them
+    assert be.pack_lwes_elements(N) == HEBackend.pack_lwes_elements(be, N) == elts
+    for k in (1, 2, 5, 8):
+        assert be.pack_lwes_order(k) == HEBackend.pack_lwes_order(be, k)
+    assert be.pack_lwes_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
 
 
 

@@ -17,7 +17,8 @@ actually use, nothing more:
 * evaluation: `multiply_plain`, `add_inplace`, `add_plain_inplace`,
   `rotate_rows` / `rotate_rows_inplace` (Galois automorphism by a row
   rotation), `mod_switch_to_inplace`, `to_ntt_inplace` / `from_ntt_inplace` /
-  `is_ntt`, and `pack_lwes_stream` (PackLWEs over automorphisms, FastQuery);
+  `is_ntt`, and `pack_lwes_stream` (PackLWEs over automorphisms, FastQuery) with
+  its public facts `pack_lwes_elements` / `pack_lwes_order` (concrete);
 * raw numpy views: `ciphertext_to_numpy` / `numpy_to_ciphertext` (uint64
   (size, k, N)), `plaintext_to_numpy`;
 * serialisation: `ciphertext_to_bytes` / `ciphertext_from_bytes`,
@@ -210,6 +211,18 @@ class HEBackend(abc.ABC):
     def pack_lwes_stream(self, ctx, galois_keys, n_leaves: int, leaves: Iterable) -> Any:
         """PackLWEs (CDKS Algorithm 1 + field trace, `he.packlwe`) over lazily supplied
         coefficient-form leaves in bit-reversed order (None = zero)."""
+
+    def pack_lwes_elements(self, n: int) -> list[int]:
+        """The automorphisms X -> X^g `pack_lwes_stream` and its trace need at ring degree
+        ``n`` (the Galois keys the client sends): g = 2^k + 1, k = 1..log2 n."""
+        logn = int(n).bit_length() - 1
+        return [(1 << k) + 1 for k in range(1, logn + 1)]
+
+    def pack_lwes_order(self, n_leaves: int) -> list[int]:
+        """The slot of each leaf in the order `pack_lwes_stream` consumes them (bit-reversed
+        indices over the next power of two of ``n_leaves``)."""
+        logn = max(0, (n_leaves - 1).bit_length())
+        return [int(format(r, f"0{logn}b")[::-1], 2) if logn else 0 for r in range(1 << logn)]
 
     # -- raw views -----------------------------------------------------------------------
     @abc.abstractmethod

@@ -115,6 +115,12 @@ class SealBackend(HEBackend):
     def pack_lwes_stream(self, ctx: HEContext, galois_keys, n_leaves: int, leaves):
         return packlwe.pack_lwes_stream(ctx, galois_keys, n_leaves, leaves)
 
+    def pack_lwes_elements(self, n: int) -> list[int]:
+        return packlwe.galois_elements(n)
+
+    def pack_lwes_order(self, n_leaves: int) -> list[int]:
+        return packlwe.bitrev(n_leaves)
+
     # -- raw views -----------------------------------------------------------------------
     def ciphertext_to_numpy(self, ct) -> np.ndarray:
         return serialize.ciphertext_to_numpy(ct)

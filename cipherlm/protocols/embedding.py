@@ -10,8 +10,8 @@ The client (party 0) holds token ids, the server (party 1) holds the table
 2. the server multiplies by its quantised, packed table (block (r, c) is the
    polynomial sum_{a,b} W[r n_i + a, c n_o + b] X^{b n_i + n_i - 1 - a}), so the
    coefficient b n_i + n_i - 1 of output c is the looked-up packed value;
-3. FastQuery rows: PackLWEs (`cipherlm.he.packlwe`) gathers these
-   coefficients into ceil(n / N) ciphertexts; Cheetah rows send each output
+3. FastQuery rows: PackLWEs (`HEBackend.pack_lwes_stream`; SEAL's is
+   `cipherlm.he.packlwe`) gathers these coefficients into ceil(n / N) ciphertexts; Cheetah rows send each output
    ciphertext's c1 and only the useful c0 coefficients (Cheetah's trick);
 4. the server re-randomises (adds a fresh public-key encryption of zero, so
    c1 is independent of the table), switches the modulus down to the kept
@@ -492,12 +492,10 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
         if ctx.party == 0:
             rng = H.new_rng()
             if m.packlwe:
-                from ..he.packlwe import galois_elements
-
                 hectx = _he_context(plan, rns)
                 keys = get_backend().keygen(hectx)
                 st.s = _secret_from_keys(hectx, keys, rns, plan)
-                gk_bytes = keys.galois_keys_bytes_for_elements(galois_elements(n))
+                gk_bytes = keys.galois_keys_bytes_for_elements(get_backend().pack_lwes_elements(n))
             else:
                 st.s = H.sample_ternary(rng, n)
                 gk_bytes = b""
@@ -589,8 +587,7 @@ def _slot_items(T: int, n_cols: int, n: int) -> list[tuple[int, int, int, np.nda
     items g N .. g N + cnt - 1 and gives its k-th item the k-th valid slot in the tree's
     (bit-reversed) consumption order.  Returns (g, cnt, stride, slots) per group, slots
     (cnt,) in item order; the value sits at coefficient slots[k] * stride."""
-    from ..he.packlwe import bitrev
-
+    bitrev = get_backend().pack_lwes_order
     out = []
     for g, cnt, stride in _packed_positions(T * n_cols, n):
         br = np.array(bitrev(cnt), np.int64)
@@ -794,8 +791,7 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
     order the PackLWEs tree consumes them (so memory stays at one chunk plus log2 N
     partial results; items column-major, `_slot_items`), packed into ceil(T n_cols / N)
     ciphertexts (G, 2, k, N)."""
-    from ..he.packlwe import bitrev
-
+    bitrev = get_backend().pack_lwes_order
     be = get_backend()
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
