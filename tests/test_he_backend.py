@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cipherlm.he.backend import HEBackend, RingBackend, TwoPCCostModel, backend_names, get_backend
+from cipherlm.he.backend import (HEBackend, HECostModel, OffloadCostModel, RingBackend, TwoPCCostModel, backend_names,
+                                 get_backend)
 from cipherlm.he.errors import HEError
 from cipherlm.he.params import HEParams
 
@@ -97,7 +98,8 @@ def _coeffs(be, keys, ct):
 
 def test_interface_basics(env):
     be, ctx, _keys, t = env
-    assert isinstance(be.cost_model, TwoPCCostModel)
+    assert isinstance(be.cost_model, HECostModel)  # one cost model per backend, every planner's constants
+    assert isinstance(be.cost_model.twopc, TwoPCCostModel) and isinstance(be.cost_model.offload, OffloadCostModel)
     assert ctx.n == N and len(ctx.coeff_moduli) == 2
     assert all(q % (2 * N) == 1 for q in ctx.coeff_moduli)
     assert be.special_modulus(ctx) not in ctx.coeff_moduli

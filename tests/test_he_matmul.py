@@ -173,3 +173,48 @@ def test_separate_processes(ck):
     out = q.get(timeout=60)
     p.join(30)
     _check(decrypt_output(keys, out, plan), W, None, x)
+
+
+# --------------------------------------------------------------------------- the backend's cost model
+#: plan_matmul's choice (c, m, rows, n_blocks, g, b) for (d_out, d_in, has_bias, slots, workers),
+#: recorded at f00ea77 when the constants were he.matmul.CostModel's defaults; the SEAL
+#: backend's cost model (HEBackend.cost_model.offload) must give exactly the same plans
+PLANS_BEFORE = {
+    (576, 576, False, 4096, 1): (4, 72, 576, 1, 8, 9),
+    (192, 576, True, 4096, 1): (16, 19, 192, 1, 4, 5),
+    (1536, 576, False, 4096, 1): (2, 144, 1536, 1, 9, 16),
+    (576, 1536, False, 4096, 1): (4, 192, 576, 1, 12, 16),
+    (1536, 384, True, 4096, 2): (2, 97, 1536, 1, 7, 14),
+    (384, 384, True, 4096, 4): (8, 25, 384, 1, 2, 13),
+    (2048, 2048, False, 8192, 1): (8, 128, 683, 3, 16, 8),
+    (64, 200, False, 4096, 1): (32, 4, 64, 1, 2, 2),
+    (3, 10, False, 4096, 1): (4, 2, 3, 1, 1, 2),
+}
+
+
+def test_plans_unchanged_with_the_seal_cost_model():
+    from cipherlm.he.backend import get_backend
+    from cipherlm.he.matmul import CostModel
+
+    seal_costs = get_backend("seal").cost_model.offload
+    assert seal_costs == CostModel()  # the constants that were he.matmul.CostModel's defaults
+    for (d_out, d_in, bias, slots, w), want in PLANS_BEFORE.items():
+        for kw in ({}, {"backend": "seal"}, {"cost_model": seal_costs}):
+            p = plan_matmul(d_out, d_in, slots, has_bias=bias, workers=w, **kw)
+            assert (p.c, p.m, p.rows, p.n_blocks, p.g, p.b) == want, (d_out, d_in, kw)
+
+
+def test_planner_reads_the_backends_cost_model(monkeypatch):
+    """Another backend's constants change the plan: with baby-step rotations 100x dearer
+    the planner takes fewer baby steps (the backend's ``cost_model.offload`` is what it reads)."""
+    from cipherlm.he.backend import HECostModel, OffloadCostModel, get_backend
+    from cipherlm.he.seal_backend import SealBackend
+
+    before = plan_matmul(576, 576, 4096)
+    slow = HECostModel(offload=OffloadCostModel(rotate=0.14))
+    monkeypatch.setattr(SealBackend, "cost_model", slow)
+    assert get_backend("seal").cost_model is slow
+    after = plan_matmul(576, 576, 4096)
+    assert after.g < before.g and after.cost() < before.cost()
+    assert after.cost() == after.cost(slow.offload) and before.cost() > before.cost(OffloadCostModel())
+    assert plan_matmul(576, 576, 4096, cost_model=OffloadCostModel()) == before

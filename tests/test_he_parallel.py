@@ -219,3 +219,14 @@ def test_server_engine_workers():
         eng.release(sk)
         with pytest.raises(HEError, match="released"):
             eng.apply(0, client.encrypt(0, np.ones(320)), sk)
+
+
+def test_split_units_unchanged_with_the_seal_cost_model():
+    """split_units under the SEAL backend's offload constants, recorded at f00ea77 (when
+    they were he.matmul.CostModel's defaults)."""
+    from cipherlm.he.backend import get_backend
+
+    p = plan_matmul(1536, 384, 4096, has_bias=True, workers=2)
+    want = [[(0, i) for i in range(8)], [(0, i) for i in range(8, 14)]]
+    assert split_units(p, 2) == want
+    assert split_units(p, 2, get_backend("seal").cost_model.offload) == want

@@ -25,8 +25,11 @@ actually use, nothing more:
   `galois_keys_from_bytes`, `params_to_bytes` / `params_from_bytes`.  Every
   ``*_from_bytes`` takes untrusted bytes and must validate them fully before the
   library sees them (the SEAL backend uses `he.serialize`'s layout walk);
-* cost model: `cost_model`, the machine constants the planners' time estimates use
-  (`TwoPCCostModel`).
+* cost model: `cost_model`, one `HECostModel` per backend: the machine constants
+  every planner's time estimates read, ``twopc`` (`TwoPCCostModel`: the 2pc
+  packings, `protocols.linear` / `linear_simd`) and ``offload``
+  (`OffloadCostModel`: the offload mode's CKKS matmul, `he.matmul.plan_matmul`,
+  `he.parallel`).
 
 Ciphertexts, plaintexts, keys and levels are opaque handles owned by the
 backend.
@@ -58,7 +61,8 @@ import numpy as np
 from .errors import HEError
 from .params import HEParams
 
-__all__ = ["HEBackend", "RingBackend", "SecretKeys", "TwoPCCostModel", "DEFAULT_BACKEND",
+__all__ = ["HEBackend", "RingBackend", "SecretKeys", "HECostModel", "TwoPCCostModel", "OffloadCostModel",
+           "DEFAULT_BACKEND",
            "DEFAULT_RING_BACKEND", "register_backend", "get_backend", "backend_names"]
 
 
@@ -86,6 +90,35 @@ class TwoPCCostModel:
     simd_encrypt: float = 4.0e-3    # client: batch-encode + seeded encryption of one input
     simd_finish: float = 3.0e-2     # server: mask, public-key zero encryption, flooding, switch, serialise; client decrypt
     coeff_time_scale: float = 1.4
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadCostModel:
+    """Machine constants of the offload mode's CKKS ct x pt matmul (`he.matmul.plan_matmul`,
+    `MatmulPlan.cost`, `he.parallel.split_units`): seconds per op at N = 8192, 2 primes,
+    and per byte.  Defaults: the SEAL backend's, measured on the dev machine
+    (docs/he_matmul.md; `he.matmul.measure_costs` re-measures them).  Was
+    ``he.matmul.CostModel`` (still importable under that name)."""
+
+    rotate: float = 1.4e-3
+    rotate_low: float = 0.73e-3  # a giant-step rotation after the early rescale (1 prime)
+    multiply_plain: float = 0.15e-3
+    add: float = 0.03e-3
+    rescale: float = 0.3e-3
+    decrypt_decode: float = 1.0e-3  # client, per output ciphertext
+    byte: float = 80e-9  # 100 Mbit/s: favours fewer down-link ciphertexts (see docs/he_matmul.md)
+    galois_key_tiebreak: float = 1e-6  # prefer fewer distinct keys when equal
+
+
+@dataclasses.dataclass(frozen=True)
+class HECostModel:
+    """One backend's cost model (`HEBackend.cost_model`): the constants of every planner
+    that estimates HE time, so that each backend supplies its own and the planners read
+    those of the backend in use.  ``twopc``: the 2pc packings' (`TwoPCCostModel`);
+    ``offload``: the offload CKKS matmul's (`OffloadCostModel`)."""
+
+    twopc: TwoPCCostModel = TwoPCCostModel()
+    offload: OffloadCostModel = OffloadCostModel()
 
 
 class SecretKeys(abc.ABC):
@@ -122,7 +155,9 @@ class HEBackend(abc.ABC):
     lives in the context object `context` returns, which every call takes first."""
 
     name: str = "?"
-    cost_model: TwoPCCostModel = TwoPCCostModel()
+    #: the backend's machine constants (`HECostModel`); a backend measures and sets its own
+    #: (the default is the SEAL backend's numbers)
+    cost_model: HECostModel = HECostModel()
 
     # -- parameters / context ---------------------------------------------------------
     @abc.abstractmethod

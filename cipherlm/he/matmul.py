@@ -72,8 +72,13 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from . import serialize
+from .backend import DEFAULT_BACKEND, OffloadCostModel, get_backend
 from .context import HEContext
 from .errors import HEError
+
+#: the HE backend this engine runs on (it calls SEAL directly); its cost model's
+#: ``offload`` constants are the planner's default
+OFFLOAD_BACKEND = DEFAULT_BACKEND
 
 # --------------------------------------------------------------------------- counters
 
@@ -120,18 +125,17 @@ def _count(counter: HEOpCounter | None, **kw) -> None:
 # --------------------------------------------------------------------------- cost model
 
 
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-    """Seconds per op (N = 8192, 2 primes, measured on the dev machine) and per byte."""
+#: the matmul's machine constants are the HE backend's (`HEBackend.cost_model.offload`,
+#: `he.backend.OffloadCostModel`; was defined here, the name stays)
+CostModel = OffloadCostModel
 
-    rotate: float = 1.4e-3
-    rotate_low: float = 0.73e-3  # a giant-step rotation after the early rescale (1 prime)
-    multiply_plain: float = 0.15e-3
-    add: float = 0.03e-3
-    rescale: float = 0.3e-3
-    decrypt_decode: float = 1.0e-3  # client, per output ciphertext
-    byte: float = 80e-9  # 100 Mbit/s: favours fewer down-link ciphertexts (see docs/he_matmul.md)
-    galois_key_tiebreak: float = 1e-6  # prefer fewer distinct keys when equal
+
+def offload_costs(cost_model: CostModel | None = None, backend: str | None = None) -> CostModel:
+    """``cost_model`` if given, else the offload constants of HE backend ``backend``
+    (default `OFFLOAD_BACKEND`, the backend this engine runs on)."""
+    if cost_model is not None:
+        return cost_model
+    return get_backend(backend or OFFLOAD_BACKEND).cost_model.offload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,11 +193,13 @@ class MatmulPlan:
         }
 
     def cost(
-        self, cm: CostModel = CostModel(), ct_bytes_in: int = 116_000, ct_bytes_out: int = 118_000, workers: int = 1
+        self, cm: CostModel | None = None, ct_bytes_in: int = 116_000, ct_bytes_out: int = 118_000, workers: int = 1
     ) -> float:
         """Modelled seconds per request.  ``workers`` > 1: the critical path of the
         parallel apply (:mod:`cipherlm.he.parallel`), where every worker repeats the
-        g-1 baby steps and does 1/workers of the giant steps and products."""
+        g-1 baby steps and does 1/workers of the giant steps and products.  ``cm``:
+        default the offload constants of `OFFLOAD_BACKEND`'s cost model."""
+        cm = offload_costs(cm)
         o = self.op_counts()
         baby, giant, mul, rescale = self.g - 1, o["giant_rotations"], o["multiply_plain"], o["rescale"]
         chunk = o["chunk_rotations"]
@@ -231,14 +237,18 @@ def plan_matmul(
     *,
     has_bias: bool = False,
     splits: Sequence[int] = (),
-    cost_model: CostModel = CostModel(),
+    cost_model: CostModel | None = None,
     max_chunks: int | None = None,
     workers: int = 1,
+    backend: str | None = None,
 ) -> MatmulPlan:
     """Choose (c, g, b, n_blocks) minimising the cost model (per-worker critical path
-    when ``workers`` > 1: fewer baby steps, see :mod:`cipherlm.he.parallel`)."""
+    when ``workers`` > 1: fewer baby steps, see :mod:`cipherlm.he.parallel`).  The
+    constants: ``cost_model`` if given, else those of HE backend ``backend`` (default
+    `OFFLOAD_BACKEND`), ``get_backend(backend).cost_model.offload``."""
     if d_out < 1 or d_in < 1:
         raise HEError(f"bad matrix shape ({d_out}, {d_in})")
+    cost_model = offload_costs(cost_model, backend)
     n = (d_in + int(has_bias) + 1) // 2
     best = None
     c, last_m = 1, None

@@ -64,6 +64,7 @@ from .matmul import (
     MatmulPlan,
     _count,
     encode_matrix,
+    offload_costs,
     evaluate_blocks,
     load_galois_keys,
     pack_cts,
@@ -81,10 +82,12 @@ def default_workers() -> int:
 # --------------------------------------------------------------------------- split
 
 
-def split_units(plan: MatmulPlan, workers: int, cm: CostModel = CostModel()) -> list[list[tuple[int, int]]]:
+def split_units(plan: MatmulPlan, workers: int, cm: CostModel | None = None) -> list[list[tuple[int, int]]]:
     """Cut the (block, giant step) units into <= ``workers`` contiguous parts of
     about equal modelled cost; parts are non-empty (fewer than ``workers`` when
-    there are fewer units)."""
+    there are fewer units).  ``cm``: default the HE backend's offload constants
+    (`he.matmul.offload_costs`)."""
+    cm = offload_costs(cm)
     p = plan
     units, costs = [], []
     for o in range(p.n_blocks):
@@ -234,7 +237,7 @@ class ApplyPool:
         workers: int | None = None,
         *,
         timeout: float = 300.0,
-        cost_model: CostModel = CostModel(),
+        cost_model: CostModel | None = None,
         serial: bool = False,
     ):
         """``serial``: measurement only -- ask the workers one after another, so that
@@ -247,7 +250,7 @@ class ApplyPool:
         self.params = params
         self.ctx = HEContext(params)
         self.timeout = timeout
-        self.cost_model = cost_model
+        self.cost_model = offload_costs(cost_model)  # the HE backend's offload constants by default
         self.serial = serial
         self.groups: dict[int, _Group] = {}
         #: cumulative op counts of each worker

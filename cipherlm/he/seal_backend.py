@@ -12,15 +12,17 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from . import packlwe, serialize
-from .backend import HEBackend, TwoPCCostModel
+from .backend import HEBackend, HECostModel, OffloadCostModel, TwoPCCostModel
 from .context import HEContext
 from .keys import ClientKeys
 from .params import HEParams
 
 __all__ = ["SealBackend", "SEAL_COSTS"]
 
-#: measured on the 2-vCPU reference machine (docstring of `TwoPCCostModel`)
-SEAL_COSTS = TwoPCCostModel()
+#: SEAL's machine constants: the 2pc packings' measured on the 2-vCPU reference machine
+#: (docstring of `TwoPCCostModel`), the offload CKKS matmul's on the dev machine
+#: (`OffloadCostModel`, docs/he_matmul.md)
+SEAL_COSTS = HECostModel(twopc=TwoPCCostModel(), offload=OffloadCostModel())
 
 
 class SealBackend(HEBackend):

@@ -69,7 +69,7 @@ IN_FRAC = 14
 W_FRAC = 14
 W_BITS = 20  # |round(W 2^W_FRAC)| < 2^(W_BITS - 1): public bound (|W| < 32), checked by the weight owner
 
-#: the cost model's per-operation seconds are the HE backend's (`get_backend().cost_model`,
+#: the cost model's per-operation seconds are the HE backend's (`get_backend().cost_model.twopc`,
 #: ``coeff_*``: N = 8192, three primes, 2-vCPU reference machine); bytes/s of a 1 Gbps LAN
 _LAN_BYTES_PER_S = 1e9 / 8
 
@@ -125,7 +125,7 @@ class BlockPlan:
         """``op_scale``: cost of one HE operation relative to N = 8192 at three primes
         (the constants' reference; N = 16384 at four primes: 2 x 4/3).  ``cost``: the
         machine constants (default: the default HE backend's cost model)."""
-        c = get_backend().cost_model if cost is None else cost
+        c = get_backend().cost_model.twopc if cost is None else cost
         s = op_scale * (self.in_cts * c.coeff_encrypt + self.products * c.coeff_product + self.out_cts * c.coeff_finish)
         s += self.bytes_estimate(in_ct_bytes) / _LAN_BYTES_PER_S
         if encode_weights:

@@ -101,7 +101,7 @@ SIMD_BFV = HEParams(name="2pc-bfv-simd-n16384-p59", scheme="bfv", poly_modulus_d
 
 #: cost-model constants (N = 16384 at 4 primes: rotate, NTT, product, encode, encrypt, finish; and the
 #: coefficient path's correction when comparing, ``coeff_time_scale``) are the HE backend's
-#: (`get_backend().cost_model`, ``simd_*``; measured on the 2-vCPU reference machine)
+#: (`get_backend().cost_model.twopc`, ``simd_*``; measured on the 2-vCPU reference machine)
 #: seeded input ciphertext (c0 at 4 primes) and a result (c0 + c1 at 2 primes), bytes (+ framing)
 IN_CT_BYTES = SIMD_N * 4 * 8 + 100
 OUT_CT_BYTES = 2 * SIMD_N * RESULT_PRIMES * 8 + 64
@@ -175,7 +175,7 @@ class SimdPlan:
 
     def seconds_estimate(self, bandwidth_bytes_per_s: float = 1e9 / 8, encode_weights: bool = True,
                          cost: TwoPCCostModel | None = None) -> float:
-        c = get_backend().cost_model if cost is None else cost
+        c = get_backend().cost_model.twopc if cost is None else cost
         s = (self.in_cts * (c.simd_encrypt + c.simd_ntt) + self.baby_rotations * (c.simd_rotate + c.simd_ntt)
              + self.giant_rotations * (c.simd_rotate + c.simd_ntt) + self.products * c.simd_product
              + self.out_cts * c.simd_finish + self.bytes_estimate() / bandwidth_bytes_per_s)
@@ -297,7 +297,7 @@ def choose_packing(m: int, d: int, o: int, network: str = "LAN", *, encode_weigh
     cp = plan_blocks(m, d, o, n_c, encode_weights=encode_weights)
     c_bytes = cp.bytes_estimate(in_ct)
     c_sec = ((cp.seconds_estimate(in_ct, encode_weights) - c_bytes / _LAN_BYTES_PER_S)
-             * get_backend().cost_model.coeff_time_scale
+             * get_backend().cost_model.twopc.coeff_time_scale
              + net.seconds(c_bytes, 2))
     sp = plan_simd(m, d, o, SIMD_N, bandwidth_bytes_per_s=bw, encode_weights=encode_weights) if m <= SIMD_N // 2 else None
     if sp is None:
