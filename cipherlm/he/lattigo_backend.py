@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import struct
 import threading
@@ -69,7 +70,7 @@ import numpy as np
 
 from .backend import HEBackend, SecretKeys, register_backend
 from .errors import HEError
-from .params import HEParams, check_security
+from .params import HEParams, check_security, max_logq
 
 __all__ = ["LattigoBackend", "LattigoContext", "LattigoSecretKeys", "library_path", "available",
            "BUILD_HINT"]
@@ -328,6 +329,11 @@ class LattigoContext:
         self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
         #: the first data level's primes (the interface's ``coeff_moduli``)
         self.coeff_moduli = list(self.q_moduli)
+        # Lattigo picks primes near 2^b, possibly just above: check the actual log2(QP) too
+        log_qp = sum(math.log2(q) for q in self.q_moduli + self.p_moduli)
+        if log_qp > max_logq(n):
+            raise HEError(f"{params.name}: Lattigo's primes give log2(QP) = {log_qp:.3f} > {max_logq(n)} "
+                          f"allowed for N = {n} at 128-bit classical security")
 
     def __repr__(self) -> str:
         return (f"LattigoContext({self.params.name}, N={self.n}, Q={[m.bit_length() for m in self.q_moduli]} "

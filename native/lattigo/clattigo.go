@@ -172,7 +172,7 @@ func clg_live_objects() C.int64_t {
 	return C.int64_t(len(objects))
 }
 
-// clg_primes: n distinct NTT-friendly primes (q = 1 mod 2^(logN+1)) of the given bit sizes.
+// clg_primes: n distinct NTT-friendly primes (q = 1 mod 2^(logN+1)) of exactly the given bit sizes.
 //
 //export clg_primes
 func clg_primes(logN C.int, bits *C.int64_t, n C.int, out *C.uint64_t, errbuf *C.char, errlen C.int) (rc C.int) {
@@ -194,7 +194,7 @@ func clg_primes(logN C.int, bits *C.int64_t, n C.int, out *C.uint64_t, errbuf *C
 			gens[b] = g
 		}
 		for {
-			q, err := g.NextAlternatingPrime()
+			q, err := g.NextDownstreamPrime() // below 2^b: exactly b bits, as SEAL's CoeffModulus.Create
 			if err != nil {
 				return fail(errbuf, errlen, err)
 			}

@@ -1,0 +1,348 @@
+"""The Lattigo v6 CKKS backend (issue 15, first part): results against numpy within CKKS
+precision, serialisation round trips, malformed bytes -> HEError (never a crash), the
+128-bit security check of its parameters, and that only cipherlm/he/ imports it.
+
+Skipped only when the c-shared library is not built (`make install` builds it when Go is
+found); the module is imported inside the fixture so that test_he_backend.py's
+conformance suite (BFV, parametrised over the registry at collection) never sees it."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import importlib
+import math
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cipherlm.he.backend import get_backend
+from cipherlm.he.errors import HEError
+from cipherlm.he.params import HEParams, check_security, max_logq
+
+ROOT = Path(__file__).resolve().parents[1] / "cipherlm"
+N = 8192
+BITS = (60, 40, 60)  # the offload set's shape: 2 data primes + 1 special prime
+STEPS = [1, 2, 3, 4, 5, 6, 7, 8, -1, 100]
+TOL = 1e-5  # CKKS at scale 2^40: errors ~1e-8 for |values| <= 1
+
+
+@pytest.fixture(scope="module")
+def lat():
+    mod = importlib.import_module("cipherlm.he.lattigo_backend")
+    if not mod.available():
+        pytest.skip(f"Lattigo library {mod.library_path()} not built ({mod.BUILD_HINT})")
+    be = mod.LattigoBackend()
+    ctx = be.context(mod.ckks_params(f"lattigo-ckks-{N}", N, BITS))
+    keys = be.keygen(ctx)
+    gk = keys.galois_keys(STEPS)
+    return mod, be, ctx, keys, gk
+
+
+def _vec(seed, n=N // 2):
+    return np.random.default_rng(seed).uniform(-1, 1, n)
+
+
+def _dec(be, ctx, keys, ct, n=None):
+    return be.decode_slots(ctx, keys.decrypt(ct), n=n)
+
+
+def test_only_he_imports_lattigo_wrapper():
+    def imports_it(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(n.split(".")[-1] == "lattigo_backend" for n in names):
+                return True
+        return False
+
+    outside = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
+               if p.relative_to(ROOT).parts[0] != "he" and imports_it(p)}
+    assert outside == set()
+
+
+def test_parameters_128_bit(lat):
+    mod, be, ctx, _keys, _gk = lat
+    check_security(ctx.params)
+    # the primes Lattigo actually chose: log2(Q P) within the HomomorphicEncryption.org bound
+    log_qp = sum(math.log2(q) for q in ctx.q_moduli + ctx.p_moduli)
+    assert log_qp <= max_logq(N)
+    assert [q.bit_length() for q in ctx.q_moduli] == list(BITS[:-1])
+    assert [p.bit_length() for p in ctx.p_moduli] == list(BITS[-1:])
+    assert all(q % (2 * N) == 1 for q in ctx.q_moduli + ctx.p_moduli)
+    assert len(set(ctx.q_moduli + ctx.p_moduli)) == 3
+    assert be.special_modulus(ctx) == ctx.p_moduli[0] and be.special_modulus(ctx) not in ctx.coeff_moduli
+    # a 2^14 set, and insecure sets refused before Lattigo sees them
+    big = be.context(mod.ckks_params("lattigo-ckks-16384", 16384, (60, 40, 40, 40, 60)))
+    assert sum(math.log2(q) for q in big.q_moduli + big.p_moduli) <= max_logq(16384)
+    with pytest.raises(HEError):
+        be.context(HEParams("too-big", "ckks", N, (60, 60, 60, 60)))
+    with pytest.raises(HEError):
+        mod.ckks_params("too-big", 4096, (60, 60))
+    blob = be.params_to_bytes(ctx.params)
+    assert be.params_from_bytes(blob) == ctx.params
+    bad = blob.replace(b"[60, 40, 60]", b"[60, 60, 60, 60]")
+    assert bad != blob
+    for b in (bad, b"garbage" * 4, blob[:20], b""):
+        with pytest.raises(HEError):
+            be.params_from_bytes(b)
+    ps = be.primes(N, [40, 40, 50])
+    assert len(set(ps)) == 3 and all(p % (2 * N) == 1 for p in ps)
+    assert [p.bit_length() for p in ps] == [40, 40, 50]
+
+
+def test_registered(lat):
+    mod, be, *_ = lat
+    assert isinstance(get_backend("lattigo"), mod.LattigoBackend)
+    assert get_backend("lattigo").name == "lattigo"
+
+
+def test_encrypt_decrypt_round_trip(lat):
+    _mod, be, ctx, keys, _gk = lat
+    x = _vec(1)
+    ct = keys.encrypt(be.encode_slots(ctx, x))
+    assert ct.level == ctx.max_level == 1 and be.is_ntt(ct)
+    assert abs(ct.scale_bits - 40) < 1e-9
+    assert np.abs(_dec(be, ctx, keys, ct) - x).max() < TOL
+    short = np.array([0.5, -0.25, 3.0])
+    got = _dec(be, ctx, keys, keys.encrypt(be.encode_slots(ctx, short)))
+    assert np.abs(got[:3] - short).max() < TOL and np.abs(got[3:]).max() < TOL
+    z = (_vec(2, 16) + 1j * _vec(3, 16))
+    ctz = keys.encrypt(be.encode_slots(ctx, z, level=0))
+    assert ctz.level == 0
+    assert np.abs(be.decode_slots(ctx, keys.decrypt(ctz), n=16, complex_out=True) - z).max() < TOL
+    pk = be.load_public_key(ctx, keys.public_key_bytes())
+    ctp = be.encrypt_public(ctx, pk, be.encode_slots(ctx, x))
+    assert np.abs(_dec(be, ctx, keys, ctp) - x).max() < TOL
+    for bad in (np.zeros(N // 2 + 1), np.zeros((2, 2)), np.array([np.nan])):
+        with pytest.raises(HEError):
+            be.encode_slots(ctx, bad)
+
+
+def test_rotations_and_hoisted(lat):
+    _mod, be, ctx, keys, gk = lat
+    x = _vec(4)
+    ct = keys.encrypt(be.encode_slots(ctx, x))
+    for s in (1, 7, -1, 100):
+        assert np.abs(_dec(be, ctx, keys, be.rotate_rows(ctx, ct, s, gk)) - np.roll(x, -s)).max() < TOL
+    steps = [1, 2, 3, 4, 5, 6, 7, 8]
+    outs = be.rotate_hoisted(ctx, ct, steps, gk)
+    assert len(outs) == 8
+    for s, c in zip(steps, outs):
+        assert np.abs(_dec(be, ctx, keys, c) - np.roll(x, -s)).max() < TOL
+    # repeated and zero steps, negative steps
+    outs = be.rotate_hoisted(ctx, ct, [0, -1, 3, 3], gk)
+    for s, c in zip([0, -1, 3, 3], outs):
+        assert np.abs(_dec(be, ctx, keys, c) - np.roll(x, -s)).max() < TOL
+    assert outs[2].h != outs[3].h
+    assert be.rotate_hoisted(ctx, ct, [], gk) == []
+    c2 = keys.encrypt(be.encode_slots(ctx, x))
+    be.rotate_rows_inplace(ctx, c2, 2, gk)
+    assert np.abs(_dec(be, ctx, keys, c2) - np.roll(x, -2)).max() < TOL
+    for bad in ([9], [N // 2], [1, 9]):  # no key / out of range: an error, never a crash
+        with pytest.raises(HEError):
+            be.rotate_hoisted(ctx, ct, bad, gk)
+    with pytest.raises(HEError):
+        be.rotate_rows(ctx, ct, 9, gk)
+    assert gk.has_steps(STEPS) and not gk.has_steps([9])
+
+
+def test_multiply_plain_add_rescale(lat):
+    _mod, be, ctx, keys, _gk = lat
+    x, y, w, v, b = (_vec(s) for s in (5, 6, 7, 8, 9))
+    cx, cy = keys.encrypt(be.encode_slots(ctx, x)), keys.encrypt(be.encode_slots(ctx, y))
+    acc = be.multiply_plain(ctx, cx, be.encode_slots(ctx, w))
+    assert abs(acc.scale_bits - 80) < 1e-6 and acc.level == 1
+    buf = be.multiply_plain(ctx, cy, be.encode_slots(ctx, np.ones(4)))
+    assert be.multiply_plain(ctx, cy, be.encode_slots(ctx, v), out=buf) is buf
+    be.add_inplace(ctx, acc, buf)
+    be.rescale_inplace(ctx, acc)
+    assert acc.level == 0 and abs(acc.scale_bits - 40) < 0.01  # 2^80 / q1, q1 ~ 2^40
+    be.add_plain_inplace(ctx, acc, be.encode_slots(ctx, b, level=0, scale_bits=acc.scale_bits))
+    assert np.abs(_dec(be, ctx, keys, acc) - (x * w + y * v + b)).max() < TOL
+    with pytest.raises(HEError):
+        be.rescale_inplace(ctx, acc)  # level 0
+    # dropping a prime keeps the value (CKKS mod switch)
+    cz = keys.encrypt(be.encode_slots(ctx, x))
+    be.mod_switch_to_inplace(ctx, cz, be.level(ctx, 1))
+    assert cz.level == 0 and np.abs(_dec(be, ctx, keys, cz) - x).max() < TOL
+    with pytest.raises(HEError):
+        be.level(ctx, 3)
+
+
+def test_threads_release_the_gil(lat):
+    _mod, be, ctx, keys, gk = lat
+    x = _vec(10)
+    ct = keys.encrypt(be.encode_slots(ctx, x))
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            results[i] = [be.rotate_rows(ctx, ct, s, gk) for s in (1, 2, 3)]
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    for outs in results.values():
+        for s, c in zip((1, 2, 3), outs):
+            assert np.abs(_dec(be, ctx, keys, c) - np.roll(x, -s)).max() < TOL
+
+
+def test_serialisation_round_trip(lat):
+    _mod, be, ctx, keys, gk = lat
+    x = _vec(11)
+    ct = keys.encrypt(be.encode_slots(ctx, x))
+    blob = be.ciphertext_to_bytes(ct)
+    assert len(blob) == 20 + 2 * 2 * N * 8
+    ct2 = be.ciphertext_from_bytes(ctx, blob, level=be.level(ctx, 2))
+    assert be.ciphertext_to_bytes(ct2) == blob
+    assert np.abs(_dec(be, ctx, keys, ct2) - x).max() < TOL
+    with pytest.raises(HEError):  # wrong level
+        be.ciphertext_from_bytes(ctx, blob, level=be.level(ctx, 1))
+    # after a product and a rescale the scale is not a power of two: it must survive
+    m = be.multiply_plain(ctx, ct, be.encode_slots(ctx, x))
+    be.rescale_inplace(ctx, m)
+    m2 = be.ciphertext_from_bytes(ctx, be.ciphertext_to_bytes(m))
+    assert m2.level == 0 and m2.scale_bits == m.scale_bits
+    assert np.abs(_dec(be, ctx, keys, m2) - x * x).max() < TOL
+    # raw view
+    arr = be.ciphertext_to_numpy(ct)
+    assert arr.shape == (2, 2, N) and arr.dtype == np.uint64
+    assert np.array_equal(be.ciphertext_to_numpy(be.numpy_to_ciphertext(ctx, arr)), arr)
+    bad = arr.copy()
+    bad[1, 1, 5] = np.uint64(ctx.q_moduli[1])
+    with pytest.raises(HEError):
+        be.numpy_to_ciphertext(ctx, bad)
+    # keys: the peer's Galois keys and public key
+    gblob = keys.galois_keys_bytes([1, 3])
+    g2 = be.galois_keys_from_bytes(ctx, gblob, required_steps=[1, 3])
+    assert g2.to_bytes() == gblob
+    assert np.abs(_dec(be, ctx, keys, be.rotate_hoisted(ctx, ct, [3], g2)[0]) - np.roll(x, -3)).max() < TOL
+    with pytest.raises(HEError):
+        be.galois_keys_from_bytes(ctx, gblob, required_steps=[2])
+    with pytest.raises(HEError):
+        be.galois_keys_from_bytes(ctx, gblob, max_keys=1)
+    pblob = keys.public_key_bytes()
+    pk = be.load_public_key(ctx, pblob)
+    z = be.encrypt_zero(ctx, pk, be.level(ctx, 2))
+    be.add_inplace(ctx, ct2, z)
+    assert np.abs(_dec(be, ctx, keys, ct2) - x).max() < TOL
+    assert len(keys.encrypt_seeded(be.encode_slots(ctx, x))) == len(blob)
+
+
+def _expect_heerror(fn, data):
+    with pytest.raises(HEError):
+        fn(data)
+
+
+def test_malformed_bytes_give_heerror(lat):
+    _mod, be, ctx, keys, _gk = lat
+    ct = keys.encrypt(be.encode_slots(ctx, _vec(12)))
+    blob = be.ciphertext_to_bytes(ct)
+    load = lambda d: be.ciphertext_from_bytes(ctx, d)  # noqa: E731
+    for cut in (0, 1, 10, 19, 20, len(blob) // 2, len(blob) - 1):
+        _expect_heerror(load, blob[:cut])
+    _expect_heerror(load, blob + b"\0")
+    _expect_heerror(load, b"\xff" * len(blob))
+    _expect_heerror(load, "not bytes")
+
+    def patched(off, fmt, value):
+        b = bytearray(blob)
+        struct.pack_into(fmt, b, off, value)
+        return bytes(b)
+
+    for off, fmt, value in [(4, "B", 2), (5, "B", 2), (5, "B", 0), (6, "B", 2), (6, "B", 255),
+                            (7, "B", 0), (8, "B", 13), (9, "B", 1), (12, "<d", float("nan")),
+                            (12, "<d", float("inf")), (12, "<d", -1.0), (12, "<d", 0.0), (12, "<d", 2.0 ** 400)]:
+        _expect_heerror(load, patched(off, fmt, value))
+    # an unreduced coefficient (the first of c1 mod q1)
+    q1 = ctx.q_moduli[1]
+    _expect_heerror(load, patched(20 + 8 * (2 * N + N), "<Q", q1))
+    _expect_heerror(load, patched(20, "<Q", 2 ** 64 - 1))
+    # random mutations: each loads or gives HEError, never anything else
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        b = bytearray(blob)
+        for i in rng.integers(0, 24, size=3):
+            b[i] = int(rng.integers(0, 256))
+        try:
+            load(bytes(b))
+        except HEError:
+            pass
+    # keys
+    gblob = keys.galois_keys_bytes([1])
+    gload = lambda d: be.galois_keys_from_bytes(ctx, d)  # noqa: E731
+    for cut in (0, 8, 12, 20, len(gblob) - 1):
+        _expect_heerror(gload, gblob[:cut])
+    _expect_heerror(gload, gblob + b"\0" * 8)
+    gb = bytearray(gblob)
+    struct.pack_into("<I", gb, 8, 2 ** 31)  # a huge key count: refused before any allocation
+    _expect_heerror(gload, bytes(gb))
+    for g in (0, 2, 1, 2 * N + 1):  # even, identity, out of range
+        gb = bytearray(gblob)
+        struct.pack_into("<Q", gb, 12, g)
+        _expect_heerror(gload, bytes(gb))
+    gb = bytearray(gblob)
+    struct.pack_into("<Q", gb, 20, 2 ** 64 - 1)  # unreduced key coefficient
+    _expect_heerror(gload, bytes(gb))
+    two = keys.galois_keys_bytes([1, 2])
+    dup = bytearray(two)
+    per = (len(two) - 12) // 2
+    dup[12 + per: 20 + per] = dup[12:20]  # the same Galois element twice
+    _expect_heerror(gload, bytes(dup))
+    pblob = keys.public_key_bytes()
+    pload = lambda d: be.load_public_key(ctx, d)  # noqa: E731
+    for cut in (0, 4, 8, len(pblob) - 8):
+        _expect_heerror(pload, pblob[:cut])
+    pb = bytearray(pblob)
+    pb[0] = ord("X")
+    _expect_heerror(pload, bytes(pb))
+    pb = bytearray(pblob)
+    struct.pack_into("<Q", pb, 8, 2 ** 64 - 1)
+    _expect_heerror(pload, bytes(pb))
+    _expect_heerror(pload, blob)  # a ciphertext is not a key
+
+
+def test_not_implemented_and_bad_handles(lat):
+    mod, be, ctx, keys, gk = lat
+    t = be.primes(4096, [20])[0]
+    with pytest.raises(NotImplementedError):
+        be.context(HEParams("bfv", "bfv", 4096, (36, 36, 37), plain_modulus=t))
+    ct = keys.encrypt(be.encode_slots(ctx, _vec(13)))
+    for call in (lambda: be.encode_coeffs(ctx, np.zeros(4, np.uint64)), lambda: be.to_ntt_inplace(ctx, ct),
+                 lambda: be.from_ntt_inplace(ctx, ct), lambda: be.pack_lwes_stream(ctx, gk, 2, iter([])),
+                 lambda: be.plaintext_to_numpy(keys.decrypt(ct)),
+                 lambda: keys.galois_keys_bytes_for_elements([3])):
+        with pytest.raises(NotImplementedError):
+            call()
+    # a handle of the wrong kind is an error from Go, not a crash
+    with pytest.raises(HEError):
+        mod._call("clg_rescale", gk.h)
+    with pytest.raises(HEError):
+        mod._call("clg_rescale", 0)
+
+
+def test_handles_are_freed(lat):
+    mod, be, ctx, keys, gk = lat
+    lib = mod._load()
+    x = _vec(14)
+    gc.collect()
+    before = lib.clg_live_objects()
+    for _ in range(20):
+        ct = keys.encrypt(be.encode_slots(ctx, x))
+        be.rotate_hoisted(ctx, ct, [1, 2], gk)
+        keys.decrypt(ct)
+    del ct
+    gc.collect()
+    assert lib.clg_live_objects() == before
