@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""SEAL (tenseal.sealapi, the offload engine's calls) vs Lattigo v6 (cipherlm.he.lattigo_backend)
+on the same CKKS operations, same N and prime count, in one run (issue 15).
+
+    make lattigo   # once: native/lattigo/build/libclattigo.so
+    .venv/bin/python benchmarks/bench_he_backends.py [--sets "8192:60,40,60;16384:60,40,40,40,60"] [--reps 30] [--json out.json]
+
+Per parameter set: encode (N/2 slots), symmetric encrypt, ct x pt multiply (no rescale), add,
+rescale, one rotation, 8 rotations of one ciphertext (SEAL: 8 sequential rotate_vector calls,
+it has no hoisting; Lattigo: 8 sequential Rotate calls and one RotateHoisted call of 8 steps),
+decrypt + decode at 2 primes and at 1 prime (a rescaled product, what the offload client
+decrypts).  Medians over --reps, the two backends interleaved rep by rep so that load
+changes on a shared machine hit both; ratio = SEAL / Lattigo (> 1: Lattigo faster).  One
+thread, one call at a time.  Also prints nproc, the load average before and after, the CPU,
+and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tenseal.sealapi as seal
+
+from cipherlm.he import ClientKeys, HEContext, HEParams
+from cipherlm.he.lattigo_backend import LattigoBackend, available, ckks_params, library_path
+
+STEPS8 = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _timer(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+class Seal:
+    name = "SEAL 4.3 (tenseal)"
+
+    def __init__(self, params: HEParams, x, w):
+        self.ctx = HEContext(params)
+        self.keys = ClientKeys(self.ctx)
+        self.ev = self.ctx.evaluator
+        self.enc = self.ctx.encoder
+        self.scale = 2.0 ** params.coeff_modulus_bits[-2]
+        self.pid = self.ctx.parms_id_at(len(self.ctx.coeff_moduli))
+        self.gk = self.keys.galois_keys(STEPS8)
+        self.x, self.w = x.tolist(), w.tolist()
+        self.pt_x, self.pt_w = self._encode(self.x), self._encode(self.w)
+        self.ct = self.keys.encrypt(self.pt_x)
+        self.prod = seal.Ciphertext()
+        self.ev.multiply_plain(self.ct, self.pt_w, self.prod)
+        self.low = seal.Ciphertext()  # the product rescaled: one prime left (what offload decrypts)
+        self.ev.rescale_to_next(self.prod, self.low)
+
+    def _encode(self, v):
+        pt = seal.Plaintext()
+        self.enc.encode(v, self.pid, self.scale, pt)
+        return pt
+
+    def ops(self):
+        ev, ct, gk = self.ev, self.ct, self.gk
+        out = seal.Ciphertext()
+        outs = [seal.Ciphertext() for _ in STEPS8]
+
+        def rescale():
+            return _timer(lambda: ev.rescale_to_next(self.prod, out))
+
+        def add():
+            return _timer(lambda: ev.add(ct, ct, out))
+
+        def dec(c):
+            pt = seal.Plaintext()
+            self.keys._decryptor.decrypt(c, pt)
+            return self.enc.decode_double(pt)
+
+        return {
+            "encode": lambda: _timer(lambda: self._encode(self.x)),
+            "encrypt": lambda: _timer(lambda: self.keys.encrypt(self.pt_x)),
+            "ct x pt": lambda: _timer(lambda: ev.multiply_plain(ct, self.pt_w, out)),
+            "add": add,
+            "rescale": rescale,
+            "rotate": lambda: _timer(lambda: ev.rotate_vector(ct, 1, gk, out)),
+            "8 rotations (sequential)": lambda: _timer(
+                lambda: [ev.rotate_vector(ct, s, gk, outs[i]) for i, s in enumerate(STEPS8)]),
+            "8 rotations (hoisted)": None,
+            "decrypt + decode (2 primes)": lambda: _timer(lambda: dec(ct)),
+            "decrypt + decode (1 prime)": lambda: _timer(lambda: dec(self.low)),
+        }
+
+    def error(self, want) -> float:
+        c = seal.Ciphertext()
+        self.ev.rescale_to_next(self.prod, c)
+        pt = seal.Plaintext()
+        self.keys._decryptor.decrypt(c, pt)
+        return float(np.abs(np.asarray(self.enc.decode_double(pt)) - want).max())
+
+
+class Lattigo:
+    name = "Lattigo v6.2.0"
+
+    def __init__(self, params: HEParams, x, w):
+        self.be = be = LattigoBackend()
+        self.ctx = be.context(params)
+        self.keys = be.keygen(self.ctx)
+        self.gk = self.keys.galois_keys(STEPS8)
+        self.x, self.w = x, w
+        self.pt_x, self.pt_w = be.encode_slots(self.ctx, x), be.encode_slots(self.ctx, w)
+        self.ct = self.keys.encrypt(self.pt_x)
+        self.prod = be.multiply_plain(self.ctx, self.ct, self.pt_w)
+        self.low = be.ciphertext_from_bytes(self.ctx, be.ciphertext_to_bytes(self.prod))
+        be.rescale_inplace(self.ctx, self.low)
+
+    def ops(self):
+        be, ctx, ct, gk = self.be, self.ctx, self.ct, self.gk
+        out = be.multiply_plain(ctx, ct, self.pt_w)
+
+        def rescale():
+            c = be.ciphertext_from_bytes(ctx, be.ciphertext_to_bytes(self.prod))
+            t = time.perf_counter()
+            be.rescale_inplace(ctx, c)
+            return time.perf_counter() - t
+
+        def add():
+            c = be.ciphertext_from_bytes(ctx, be.ciphertext_to_bytes(ct))
+            t = time.perf_counter()
+            be.add_inplace(ctx, c, ct)
+            return time.perf_counter() - t
+
+        return {
+            "encode": lambda: _timer(lambda: be.encode_slots(ctx, self.x)),
+            "encrypt": lambda: _timer(lambda: self.keys.encrypt(self.pt_x)),
+            "ct x pt": lambda: _timer(lambda: be.multiply_plain(ctx, ct, self.pt_w, out=out)),
+            "add": add,
+            "rescale": rescale,
+            "rotate": lambda: _timer(lambda: be.rotate_rows(ctx, ct, 1, gk)),
+            "8 rotations (sequential)": lambda: _timer(lambda: [be.rotate_rows(ctx, ct, s, gk) for s in STEPS8]),
+            "8 rotations (hoisted)": lambda: _timer(lambda: be.rotate_hoisted(ctx, ct, STEPS8, gk)),
+            "decrypt + decode (2 primes)": lambda: _timer(lambda: be.decode_slots(ctx, self.keys.decrypt(ct))),
+            "decrypt + decode (1 prime)": lambda: _timer(lambda: be.decode_slots(ctx, self.keys.decrypt(self.low))),
+        }
+
+    def error(self, want) -> float:
+        c = self.be.ciphertext_from_bytes(self.ctx, self.be.ciphertext_to_bytes(self.prod))
+        self.be.rescale_inplace(self.ctx, c)
+        return float(np.abs(self.be.decode_slots(self.ctx, self.keys.decrypt(c)) - want).max())
+
+
+def bench_set(n: int, bits: tuple[int, ...], reps: int) -> dict:
+    params = ckks_params(f"bench-ckks-{n}", n, bits)
+    rng = np.random.default_rng(0)
+    x, w = rng.uniform(-1, 1, n // 2), rng.uniform(-1, 1, n // 2)
+    s, l = Seal(params, x, w), Lattigo(params, x, w)
+    so, lo = s.ops(), l.ops()
+    rows = []
+    for op in so:
+        fs, fl = so[op], lo[op]
+        ts, tl = [], []
+        for f, acc in ((fs, ts), (fl, tl)):  # warm-up
+            if f is not None:
+                f()
+        for _ in range(reps):
+            if fs is not None:
+                ts.append(fs())
+            tl.append(fl())
+        ms = statistics.median(ts) * 1e3 if ts else None
+        ml = statistics.median(tl) * 1e3
+        rows.append({"op": op, "seal_ms": ms, "lattigo_ms": ml, "ratio": (ms / ml) if ms else None})
+    hoisted = next(r for r in rows if r["op"] == "8 rotations (hoisted)")
+    seq = next(r for r in rows if r["op"] == "8 rotations (sequential)")
+    hoisted["ratio"] = seq["seal_ms"] / hoisted["lattigo_ms"]  # SEAL's only option is sequential
+    want = x * w
+    return {"n": n, "bits": list(bits), "slots": n // 2, "rows": rows,
+            "max_err_mul_rescale": {"seal": s.error(want), "lattigo": l.error(want)}}
+
+
+def _fmt(v, nd=3):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sets", default="8192:60,40,60;16384:60,40,40,40,60",
+                    help="N:bits,... (the last prime is the special prime); several separated by ';'")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if not available():
+        sys.exit(f"Lattigo library {library_path()} not built: run `make lattigo`")
+    load0 = _load()
+    t0 = time.time()
+    results = []
+    for spec in args.sets.split(";"):
+        n_s, bits_s = spec.split(":")
+        results.append(bench_set(int(n_s), tuple(int(b) for b in bits_s.split(",")), args.reps))
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "nproc": os.cpu_count(),
+        "nproc_cmd": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+        "cpu": _cpu(),
+        "loadavg_before": load0,
+        "loadavg_after": _load(),
+        "wall_s": round(time.time() - t0, 1),
+        "reps": args.reps,
+    }
+    print(f"# HE backends: SEAL 4.3 (tenseal) vs Lattigo v6.2.0, CKKS, one thread")
+    print(f"# {info['date']}  nproc={info['nproc_cmd']}  cpu={info['cpu']}")
+    print(f"# loadavg before {info['loadavg_before']}  after {info['loadavg_after']}  wall {info['wall_s']} s")
+    print(f"# command: {info['command']}")
+    for r in results:
+        print(f"\nN = {r['n']}, primes {r['bits']} bits (last = special), {r['slots']} slots; "
+              f"median of {args.reps} reps, ms")
+        print("| operation | SEAL ms | Lattigo ms | SEAL / Lattigo |")
+        print("|---|---:|---:|---:|")
+        for row in r["rows"]:
+            note = " (vs SEAL sequential)" if row["op"] == "8 rotations (hoisted)" else ""
+            print(f"| {row['op']} | {_fmt(row['seal_ms'])} | {_fmt(row['lattigo_ms'])} | "
+                  f"{_fmt(row['ratio'], 2)}{note} |")
+        e = r["max_err_mul_rescale"]
+        print(f"max |error| of x*w after rescale (|x|, |w| <= 1): SEAL {e['seal']:.2e}, Lattigo {e['lattigo']:.2e}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
