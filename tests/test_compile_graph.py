@@ -164,7 +164,10 @@ def test_fold_norms_keeps_the_logits(case):
 
 
 def test_fold_norms_is_server_weights_rule():
-    """The same folded weights as the 2pc server_weights (up to its protocol's factors)."""
+    """The 2pc server's weights (its passes: attention scale, then fold_norms) are the rule
+    written out by hand: each projection group stacked, q times 1/sqrt(hd), every input
+    side of a folded RMSNorm times gamma sqrt(c) (MoE router, shared-expert gate, FFN,
+    LM head)."""
     from cipherlm.runtime import twopc
 
     cfg, cls = _cases()["qwen2_moe"]
@@ -172,21 +175,32 @@ def test_fold_norms_is_server_weights_rule():
     config = cfg.to_dict()
     w = normalize_weights(config, w)
     g0 = build_graph(config)
-    g, params = passes.fold_norms.run(g0, bind(g0, w))
+    params = {k: np.asarray(v, np.float64) for k, v in bind(g0, w).items()}
     sw = twopc.server_weights(config, w, fold_norms=True)
-    assert sw["fold_norms"]
-    rc = np.sqrt(twopc._rms_factor(48)[1])
+    assert sw.fold_norms
+    rc = np.sqrt(twopc.rms_factor(48)[1])
     scale = 12 ** -0.5
-    L0, L1 = sw["layers"]
+
+    def gamma(name):
+        return params[name][:, None] * rc
+
+    def group(name):
+        return next(sw.projs[gi] for gi, (names, _, _) in enumerate(sw.graph.meta["linear_groups"]) if name in names)
+
+    g_in0 = gamma("model.layers.0.input_layernorm.weight")
     qkv = np.concatenate([params[f"model.layers.0.self_attn.{p}_proj.weight"].T * s
-                          for p, s in (("q", scale), ("k", 1), ("v", 1))], axis=1) * rc
-    assert np.allclose(qkv, L0["qkv"].w, rtol=1e-6, atol=1e-7)
-    assert np.allclose(params["model.layers.0.mlp.gate.weight"].T * rc, L0["moe"].router, rtol=1e-6, atol=1e-7)
-    assert np.allclose(params["model.layers.0.mlp.shared_expert_gate.weight"].T * rc, L0["moe"].shared_router,
+                          for p, s in (("q", scale), ("k", 1), ("v", 1))], axis=1) * g_in0
+    assert np.allclose(qkv, group("model.layers.0.self_attn.q_proj").w, rtol=1e-6, atol=1e-7)
+    g_post0 = gamma("model.layers.0.post_attention_layernorm.weight")
+    assert np.allclose(params["model.layers.0.mlp.gate.weight"].T * g_post0, sw.moe["L0.moe"].router,
+                       rtol=1e-5, atol=1e-6)
+    assert np.allclose(params["model.layers.0.mlp.shared_expert_gate.weight"].T * g_post0,
+                       sw.moe["L0.moe"].shared_router, rtol=1e-5, atol=1e-6)
+    g_post1 = gamma("model.layers.1.post_attention_layernorm.weight")
+    gu = np.concatenate([params[f"model.layers.1.mlp.{p}_proj.weight"].T for p in ("gate", "up")], axis=1) * g_post1
+    assert np.allclose(gu, group("model.layers.1.mlp.gate_proj").w, rtol=1e-6, atol=1e-7)
+    assert np.allclose(params["lm_head.weight"].T * gamma("model.norm.weight"), group("lm_head").w,
                        rtol=1e-6, atol=1e-7)
-    gu = np.concatenate([params[f"model.layers.1.mlp.{p}_proj.weight"].T for p in ("gate", "up")], axis=1) * rc
-    assert np.allclose(gu, L1["gu"].w, rtol=1e-6, atol=1e-7)
-    assert np.allclose(params["lm_head.weight"].T * rc, sw["head"].w, rtol=1e-6, atol=1e-7)
     # a bound nothing fits: nothing is folded
     g2, p2 = passes.fold_norms.run(g0, bind(g0, w), bound=1e-6)
     assert g2 is g0 and "folded_norms" not in g2.meta

@@ -124,7 +124,7 @@ def test_rms_statistic_handles_massive_activations():
     x = rng.normal(size=(3, 48))
     x[0] *= 0.1
     x[1, :3] = [3000.0, -2500.0, 1800.0]
-    k, c = twopc._rms_factor(48)
+    k, c = twopc.rms_factor(48)
     ref = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5) / np.sqrt(c)
 
     def party(ctx):
@@ -160,18 +160,35 @@ def test_bert_classifier_matches_plaintext():
     assert np.abs(logits - ref).max() < 0.05
 
 
+def _group(sw, name):
+    """The stacked projection of the group holding linear `name`."""
+    for gi, (names, _, _) in enumerate(sw.graph.meta["linear_groups"]):
+        if name in names:
+            return sw.projs[gi]
+    raise KeyError(name)
+
+
 def test_server_weights_fold_norms_exactly(llama):
-    """Folding RMSNorm's gamma (and the attention scale) into the projections changes nothing
-    in the clear: the plaintext forward with the folded weights equals the reference."""
+    """The 2pc passes on the server's weights: RMSNorm's gamma (times sqrt(c)) folded into
+    the stacked q/k/v, the attention scale into q's columns; the folded norm keeps no
+    weight in the graph, and the client builds the same graph without any weights."""
     config, w = llama
     sw = twopc.server_weights(config, w)
-    assert sw["fold_norms"] and sw["layers"][0]["g1"] is None
+    assert sw.fold_norms and sw.graph.node("L0.attn_norm").attrs["gamma"] is None
+    assert sw.graph.node("L0.qk").attrs["scale"] == 1.0
     folded = twopc.server_weights(config, w, fold_norms=False)
-    L0, U0 = sw["layers"][0], folded["layers"][0]
-    np.testing.assert_allclose(L0["qkv"].w, U0["qkv"].w * U0["g1"][:, None])
+    g1 = folded.params["model.layers.0.input_layernorm.weight"]
+    _, c = twopc.rms_factor(config["hidden_size"])
+    np.testing.assert_allclose(g1, np.asarray(w["model.layers.0.input_layernorm.weight"], np.float64) * np.sqrt(c))
+    q_name = "model.layers.0.self_attn.q_proj"
+    np.testing.assert_allclose(_group(sw, q_name).w, _group(folded, q_name).w * g1[:, None])
     hd = config["hidden_size"] // config["num_attention_heads"]
-    q = np.asarray(w["model.layers.0.self_attn.q_proj.weight"], np.float64).T
-    np.testing.assert_allclose(U0["qkv"].w[:, : q.shape[1]], q * hd ** -0.5)
+    q = np.asarray(w[f"{q_name}.weight"], np.float64).T
+    np.testing.assert_allclose(_group(folded, q_name).w[:, : q.shape[1]], q * hd ** -0.5)
+    client_graph, params, _ = twopc.twopc_graph(config, None, fold_norms=True)
+    assert params is None
+    assert [(n.op, n.name, n.inputs, n.attrs) for n in client_graph.nodes] == \
+        [(n.op, n.name, n.inputs, n.attrs) for n in sw.graph.nodes]
 
 
 def test_unfolded_norms_match_too(llama):
@@ -233,7 +250,9 @@ def test_bad_inputs_raise_clear_errors(llama):
     with pytest.raises(twopc.TwoPCError, match="unknown embedding"):
         twopc.public_plan(config, sw, embedding="nope")
     with pytest.raises(twopc.TwoPCError, match="Llama-family"):
-        twopc.server_weights({"model_type": "gpt2"}, {})
+        twopc.server_weights({"model_type": "t5"}, {})
+    with pytest.raises(twopc.TwoPCError, match="clip_qkv"):
+        twopc.model_kind({**config, "model_type": "olmoe", "clip_qkv": 8.0})
     plan = twopc.public_plan(config, sw, embedding="onehot-linear")
 
     def party(ctx):

@@ -75,7 +75,7 @@ def test_generate_over_tcp_matches_plaintext_greedy(llama, llama_server):
             assert m < 0.1
             break
     assert stats["requests"] == 1 and stats["seconds"]["linear"] > 0
-    assert summary["linear"]["bytes"] > 0 and summary["argmax"]["bytes"] > 0
+    assert summary["linear"]["bytes"] > 0 and summary["sampling"]["bytes"] > 0
 
 
 def test_unknown_model_and_wrong_mode_are_refused(llama_server):

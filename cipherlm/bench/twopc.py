@@ -150,11 +150,7 @@ def _party(ctx, spec: dict):
         he_session(ctx)
         ctx.ot.setup(kk13=True)
     t0 = time.perf_counter()
-    if spec["workload"] == "smollm-block":
-        y = ex._block(0, x, ex.new_cache(), 0, np.arange(x.shape[0]))
-    else:
-        for i in range(spec["layers"]):
-            y = x = ex._layer(i, x)
+    y = ex.run_layers(x, range(1 if spec["workload"] == "smollm-block" else spec["layers"]))
     seconds = time.perf_counter() - t0
     out = y.reveal_float(to=0)
     return {"summary": meter.summary(), "totals": ctx.chan.totals(), "seconds": seconds,

@@ -139,8 +139,10 @@ def build_moe_ffn(b: GraphBuilder, a: Arch, i: int, x: str) -> str:
 def _decoder_tail(b: GraphBuilder, a: Arch, x: str, norm_bias=None) -> None:
     g, d = b.g, a.d_model
     b.layer = None
-    x = build_norm(b, x, a.family.norm, a.name("out_norm"), d, a.eps, "out_norm", bias=norm_bias)
+    # the row selection (generation needs the last position only) comes before the final
+    # norm: the norm is row-wise, so this is exact, and a private mode normalises one row
     x = b.add("head", "head", [x], ("T", d), select="last_or_all")
+    x = build_norm(b, x, a.family.norm, a.name("out_norm"), d, a.eps, "out_norm", bias=norm_bias)
     tie = bool(a.tie)
     embed = a.name("embed")
     logits = b.linear(x, "lm_head", d, a.vocab_size, bias=False, node="lm_head",

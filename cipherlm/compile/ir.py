@@ -40,6 +40,11 @@ dispatch           MoE: the rows routed to one expert (and their weights)
 combine            MoE: weighted sum of the experts' outputs back to (T, d)
 head               row selection before a head (last position, first token)
 argmax             index of the largest logit
+moe                one whole MoE layer (router, top-k, dispatch, experts,
+                   combine, shared expert) as a single operator: not built by
+                   the builders; `passes.moe_blocks` lowers an MoE subgraph to
+                   it for backends whose MoE protocol is one piece (2pc's
+                   CryptoMoE); attrs: the layer's shape and tensor names
 =================  ===========================================================
 
 The experts of an MoE layer are explicit subgraphs (dispatch -> expert FFN linears,
@@ -53,16 +58,24 @@ from typing import Iterable
 
 OPS = (
     "embed", "linear", "layer_norm", "rms_norm", "rope", "kv_cache", "qk", "softmax", "av", "activation",
-    "mul", "add", "clip", "split", "concat", "topk", "dispatch", "combine", "head", "argmax",
+    "mul", "add", "clip", "split", "concat", "topk", "dispatch", "combine", "head", "argmax", "moe",
 )
 
-#: operator class of each op, for reports (the plaintext executor's classes)
+#: The one operator-class vocabulary of every mode's meter, report and plot (issue 13
+#: part 4): the classes of the graph's ops, then the classes only a private protocol
+#: has: ``conversions`` (HE<->MPC share conversion after a linear-type product,
+#: BLB section 3), ``setup`` (first-use base OTs and HE keys), ``control`` (the
+#: 2pc generate loop's continue/stop message).
+OP_CLASSES = ("embedding", "linear", "norm", "rope", "attention_matmul", "softmax", "activation", "moe",
+              "residual", "layout", "sampling", "conversions", "setup", "control")
+
+#: operator class of each op
 OP_CLASS = {
-    "embed": "embedding", "linear": "linear", "layer_norm": "norm", "rms_norm": "norm", "rope": "attention",
-    "kv_cache": "attention", "qk": "attention", "softmax": "softmax", "av": "attention",
+    "embed": "embedding", "linear": "linear", "layer_norm": "norm", "rms_norm": "norm", "rope": "rope",
+    "kv_cache": "attention_matmul", "qk": "attention_matmul", "softmax": "softmax", "av": "attention_matmul",
     "activation": "activation", "mul": "activation", "add": "residual", "clip": "activation",
-    "split": "layout", "concat": "layout", "topk": "moe_routing", "dispatch": "moe_routing",
-    "combine": "moe_routing", "head": "layout", "argmax": "sampling",
+    "split": "layout", "concat": "layout", "topk": "moe", "dispatch": "moe",
+    "combine": "moe", "head": "layout", "argmax": "sampling", "moe": "moe",
 }
 
 

@@ -30,6 +30,7 @@ sentence embedding and the "classifier" head.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -40,6 +41,8 @@ from cipherlm.compile.ir import OP_CLASS, Graph, Node
 from cipherlm.compile.weights import linear_weights
 
 from . import ops
+
+_NO_METER = contextlib.nullcontext()
 
 #: op classes of the graph not timed by the profiler (the plaintext executor never timed them)
 _UNTIMED = ("residual", "layout")
@@ -327,7 +330,9 @@ class GraphExecutor:
     pass's T tokens, dummies padded, the rest dropped)."""
 
     def __init__(self, graph: Graph, params: dict[str, np.ndarray], linear=None, backend=None,
-                 dtype=np.float32, profiler=None, moe_routing=None):
+                 dtype=np.float32, profiler=None, moe_routing=None, meter=None):
+        #: `runtime.meter.Meter` (bytes, flights, seconds per op class and graph node), or None
+        self.meter = meter
         if "linear_groups" not in graph.meta:
             graph = passes.group_linears.run(graph)
         self.graph = graph
@@ -341,6 +346,8 @@ class GraphExecutor:
         self.last_moe_dispatch: dict = {}  # layer -> routing.Dispatch of the last pass (balanced only)
         self._set_profiler(profiler)
         self._producer = graph.producers()
+        arch = graph.meta.get("arch") or {}
+        self.max_positions = int(arch.get("max_positions") or 1 << 62)
 
     @classmethod
     def from_hf(cls, config: dict, weights: dict[str, np.ndarray], **kw) -> "GraphExecutor":
@@ -382,7 +389,12 @@ class GraphExecutor:
         """Evaluate `nodes` in order over `vals` (value name -> array, updated in place)."""
         group_out: dict[int, dict[str, np.ndarray]] = {}
         sink = self._sink
+        meter = self.meter
+        layer = None
         for node in nodes:
+            if layer is not None and node.layer != layer:
+                self._layer_done(layer, ctx)
+            layer = node.layer
             ins = [vals[v] for v in node.inputs]
             t0 = time.perf_counter() if sink is not None else 0.0
             if node.op != "combine" and any(x is None for x in ins):
@@ -391,7 +403,8 @@ class GraphExecutor:
                 gi = node.attrs["group"]
                 if gi not in group_out:
                     names = self.groups[gi]
-                    group_out[gi] = dict(zip(names, self.linear.linear(ins[0], list(names))))
+                    with (meter("linear", node.name) if meter is not None else _NO_METER):
+                        group_out[gi] = dict(zip(names, self.linear.linear(ins[0], list(names))))
                     self._time("linear", t0)
                 res = (group_out[gi][node.attrs["name"]],)
                 t0 = None
@@ -400,7 +413,8 @@ class GraphExecutor:
                 k, v = (_heads(t, Hkv) for t in ins)
                 res = cache.extend(node.attrs["layer"], k, v)
             else:
-                r = getattr(self.backend, node.op)(node, *ins, ctx=ctx)
+                with (meter(OP_CLASS[node.op], node.name) if meter is not None else _NO_METER):
+                    r = getattr(self.backend, node.op)(node, *ins, ctx=ctx)
                 res = r if len(node.outputs) > 1 else (r,)
                 if node.op == "topk":
                     self._routed(node, res[0], res[1], ctx)
@@ -408,7 +422,12 @@ class GraphExecutor:
                 self._time(OP_CLASS[node.op], t0)
             for name, value in zip(node.outputs, res):
                 vals[name] = value
+        if layer is not None:
+            self._layer_done(layer, ctx)
         return vals
+
+    def _layer_done(self, layer: int, ctx: dict) -> None:
+        """Called after the last node of each layer a pass ran (progress output)."""
 
     def _routed(self, node: Node, top: np.ndarray, w: np.ndarray, ctx: dict) -> None:
         layer = node.layer
@@ -494,7 +513,7 @@ class GraphExecutor:
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  eos_token_ids: Iterable[int] | int | None = None, on_token: Callable[[int], None] | None = None,
                  return_logits: bool = False, greedy: bool | None = None):
-        """Prefill the prompt, then decode one token at a time with the KV cache.
+        """Prefill the prompt, then decode one token at a time with the KV cache (`generate_loop`).
 
         Greedy if temperature <= 0 (or greedy=True); sampling otherwise (`plain.sample_next`:
         temperature / top-k / top-p), reproducible with `seed`. Stops after max_new_tokens or
@@ -510,22 +529,43 @@ class GraphExecutor:
         if not ids:
             raise ValueError("empty prompt")
         rng = np.random.default_rng(seed)
-        cache = self.new_cache()
-        out, logits = [], []
-        for _ in range(max_new_tokens):
+        logits = []
+
+        def pick(ids, n, cache):
             lg = self._decode_pass(ids, cache, last_only=True, outputs=("logits",))["logits"][-1]
             t0 = time.perf_counter()
             tok = sample_next(lg, rng, temperature, top_k, top_p)
             self._time("sampling", t0)
-            out.append(tok)
             if return_logits:
                 logits.append(lg)
-            if on_token is not None:
-                on_token(tok)
-            if tok in eos:
-                break
-            ids = [tok]
+            return tok
+
+        out = self.generate_loop(ids, len(ids), max_new_tokens, pick, lambda tok, more: tok not in eos, on_token)
         return (out, logits) if return_logits else out
+
+    def generate_loop(self, ids, n: int, max_new_tokens: int, pick, go_on, on_token=None) -> list[int]:
+        """The generate loop of every mode: a pass over the `n` prompt tokens `ids`, then one
+        pass per new token, with one KV cache; stops at `max_new_tokens`, before the cache
+        would outgrow the model's positions, or when `go_on(token, more)` says so.
+
+        `pick(ids, n, cache)` runs a pass and returns the new token (None where this party
+        does not learn it: the 2pc server); `go_on(token, more)` (``more``: the budget is
+        not spent) decides whether to go on (plain: the token is not EOS; 2pc: the client
+        tells the server). Returns the tokens this party learnt."""
+        cache = self.new_cache()
+        out: list[int] = []
+        for step in range(int(max_new_tokens)):
+            if cache.length + n > self.max_positions:
+                break
+            tok = pick(ids, n, cache)
+            if tok is not None:
+                out.append(tok)
+                if on_token is not None:
+                    on_token(tok)
+            if not go_on(tok, step + 1 < max_new_tokens):
+                break
+            ids, n = (None if tok is None else [tok]), 1
+        return out
 
     # ---- encoders
 

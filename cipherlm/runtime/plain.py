@@ -13,11 +13,12 @@ re-exported here):
 * `LinearBackend` / `PlainLinear`: the projections, in the clear (float32 by default,
   the weights' precision, or float64 when asked); a private mode swaps the backend;
 * `KVCache`, `sample_next` (greedy / temperature / top-k / top-p), `OpTimer`;
-* `OpTimer`; `DecoderSpec`: the decoder config as the 2pc executor (runtime/twopc.py)
-  reads it (until that executor runs from the graph too).
+* `OpTimer`. (Every mode reads a config through the architecture table,
+  `cipherlm.compile.arch`: no config parsing here.)
 
-Operator classes, for profiling: embedding, norm, linear, attention (scores, rotary,
-weighted sum), softmax, activation, moe_routing, sampling. A profiler is any object
+Operator classes, for profiling: `cipherlm.compile.ir.OP_CLASSES` (every mode's
+vocabulary: embedding, linear, norm, rope, attention_matmul, softmax, activation, moe,
+sampling, ...). A profiler is any object
 with `add_seconds(op_class, seconds)` (e.g. `cipherlm.report.RunReport`, `OpTimer`)
 or a callable `(op_class, seconds)`.
 """
@@ -25,7 +26,6 @@ or a callable `(op_class, seconds)`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from .graph_executor import (  # noqa: F401  (re-exported: the executors and the
     DecoderExecutor, EncoderExecutor, GraphExecutor, KVCache, LinearBackend, PlainLinear, sample_next,
 )
 
-OP_CLASSES = ("embedding", "norm", "linear", "attention", "softmax", "activation", "moe_routing", "sampling")
+from cipherlm.compile.ir import OP_CLASSES  # noqa: E402,F401  (the one vocabulary of every mode)
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "gpt2", "qwen2_moe", "olmoe", "mixtral")
 ENCODER_TYPES = ("bert",)
@@ -124,110 +124,6 @@ def split_params(config: dict, weights: dict[str, np.ndarray]):
             head = emb
         server["lm_head"] = (head, weights.get("lm_head.bias"))
     return client, server
-
-
-# --------------------------------------------------------------------------- config
-
-
-def _rope_theta(cfg: dict) -> float:
-    if "rope_theta" in cfg and cfg["rope_theta"] is not None:
-        return float(cfg["rope_theta"])
-    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if isinstance(rp, dict) and rp.get("rope_theta") is not None:
-        return float(rp["rope_theta"])
-    return {"mixtral": 1e6}.get(cfg.get("model_type"), 10000.0)
-
-
-def _rope_type(cfg: dict) -> str:
-    for key in ("rope_parameters", "rope_scaling"):
-        rp = cfg.get(key)
-        if isinstance(rp, dict):
-            return rp.get("rope_type") or rp.get("type") or "default"
-    return "default"
-
-
-@dataclass
-class DecoderSpec:
-    family: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    eps: float
-    act: str
-    rope_theta: float = 10000.0
-    max_positions: int = 2048
-    sliding_window: int | None = None
-    # MoE
-    n_experts: int = 0
-    top_k: int = 0
-    norm_topk_prob: bool = True
-    moe_layers: frozenset = field(default_factory=frozenset)
-    shared_expert: bool = False
-    clip_qkv: float | None = None
-    qk_norm: bool = False
-    attn_scale_inv_layer: bool = False
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> "DecoderSpec":
-        mt = cfg.get("model_type", "llama")
-        if mt not in DECODER_TYPES:
-            raise ValueError(f"unsupported decoder model_type {mt!r}; supported: {DECODER_TYPES}")
-        if mt == "gpt2":
-            d = cfg.get("n_embd", 768)
-            h = cfg.get("n_head", 12)
-            return cls(
-                family="gpt2", n_layers=cfg.get("n_layer", 12), d_model=d, n_heads=h, n_kv_heads=h,
-                head_dim=d // h, vocab_size=cfg.get("vocab_size", 50257),
-                eps=cfg.get("layer_norm_epsilon", 1e-5), act=cfg.get("activation_function", "gelu_new"),
-                max_positions=cfg.get("n_positions", 1024),
-                attn_scale_inv_layer=bool(cfg.get("scale_attn_by_inverse_layer_idx", False)),
-            )
-        if _rope_type(cfg) != "default":
-            raise ValueError(f"rope type {_rope_type(cfg)!r} is not supported (only 'default')")
-        d = cfg["hidden_size"]
-        h = cfg["num_attention_heads"]
-        spec = cls(
-            family=mt, n_layers=cfg["num_hidden_layers"], d_model=d, n_heads=h,
-            n_kv_heads=cfg.get("num_key_value_heads") or h,
-            head_dim=cfg.get("head_dim") or d // h, vocab_size=cfg["vocab_size"],
-            eps=cfg.get("rms_norm_eps", 1e-6), act=cfg.get("hidden_act", "silu"),
-            rope_theta=_rope_theta(cfg), max_positions=cfg.get("max_position_embeddings", 2048),
-        )
-        if mt in ("mistral", "mixtral", "qwen2", "qwen2_moe"):
-            if mt in ("qwen2", "qwen2_moe") and not cfg.get("use_sliding_window", False):
-                spec.sliding_window = None
-            else:
-                spec.sliding_window = cfg.get("sliding_window")
-        if mt == "qwen2_moe":
-            spec.n_experts = cfg.get("num_experts", 60)
-            spec.top_k = cfg.get("num_experts_per_tok", 4)
-            spec.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
-            step = cfg.get("decoder_sparse_step", 1)
-            only = set(cfg.get("mlp_only_layers") or [])
-            spec.moe_layers = frozenset(
-                i for i in range(spec.n_layers)
-                if i not in only and spec.n_experts > 0 and (i + 1) % step == 0
-            )
-            spec.shared_expert = True
-        elif mt == "olmoe":
-            spec.n_experts = cfg.get("num_experts", 64)
-            spec.top_k = cfg.get("num_experts_per_tok", 8)
-            spec.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
-            spec.moe_layers = frozenset(range(spec.n_layers))
-            spec.clip_qkv = cfg.get("clip_qkv")
-            spec.qk_norm = True
-        elif mt == "mixtral":
-            spec.n_experts = cfg.get("num_local_experts", 8)
-            spec.top_k = cfg.get("num_experts_per_tok", 2)
-            spec.norm_topk_prob = True
-            # `mlp_only_layers` (Qwen2-MoE's key; absent from HF Mixtral configs) keeps dense
-            # FFNs in those layers: used by the sparse-upcycled fixture (cipherlm.models.upcycle)
-            only = set(cfg.get("mlp_only_layers") or [])
-            spec.moe_layers = frozenset(i for i in range(spec.n_layers) if i not in only)
-        return spec
 
 
 # --------------------------------------------------------------------------- factories

@@ -138,14 +138,12 @@ def _model_kind(config: dict) -> tuple[str, bool]:
     """("encoder" | "decoder", has MoE layers) of a model config, as the executor sees it."""
     from cipherlm.runtime import twopc
 
-    if config.get("model_type") in twopc.ENCODER_TYPES:
-        return "encoder", False
     try:
-        spec = twopc._decoder_spec(config)
+        kind, has_moe, _ = twopc.model_kind(config)
     except Exception as exc:  # a config the 2pc executor cannot run
         raise ProtocolError(f"the server's model config cannot run in the 2pc mode: {type(exc).__name__}: "
                             f"{str(exc)[:200]}") from None
-    return "decoder", bool(spec.moe_layers)
+    return kind, has_moe
 
 
 def check_twopc_plan(plan, config: dict | None = None) -> dict:

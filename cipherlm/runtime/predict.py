@@ -21,7 +21,7 @@ cost models:
   wide session (two cross terms per product, rough); the nonlinear classes from the
   per-element bytes and per-call flights that `cipherlm.mpc.costs` / `cipherlm bench
   mpc` measured (docs/mpc.md), times the graph's element counts.  Class names are the
-  2pc `OpMeter`'s (linear, attention_matmul, softmax, activation, norm, rope, argmax).
+  2pc meter's (`runtime.meter.Meter`: linear, attention_matmul, softmax, activation, norm, rope, sampling).
   Not predicted: embedding (its protocol's set-up dominates), setup, control and the
   MoE layers (CryptoMoE, class moe: router, experts and shared expert are skipped).
 
@@ -265,7 +265,7 @@ def _predict_twopc(config, tokens, phase, graph=None, plan=None, **kw) -> dict:
             add("activation", b * _elements(n.shape, r, keys), f)
         elif n.op == "argmax":
             b, f = MPC_PER_ELEM["argmax"]
-            add("argmax", b * r * int(g.meta.get("vocab_size") or _vocab(g)), f)
+            add("sampling", b * r * int(g.meta.get("vocab_size") or _vocab(g)), f)
         elif n.op == "rope":
             add("rope", 0, 0)
     return _finish(out)

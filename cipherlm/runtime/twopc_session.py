@@ -99,10 +99,7 @@ class TwoPCHost:
                                       linear_packing=linear_packing, network=network)
         self.tokenizer_json = lm.tokenizer.to_str() if lm.tokenizer is not None else None
         self.digest = config_digest(self.config)
-        if self.config.get("model_type") in twopc.ENCODER_TYPES:
-            self.max_tokens = int(self.config.get("max_position_embeddings", 512))
-        else:
-            self.max_tokens = int(twopc._decoder_spec(self.config).max_positions)
+        self.max_tokens = twopc.model_kind(self.config)[2]
         self.startup_seconds = time.perf_counter() - t0
 
     @property

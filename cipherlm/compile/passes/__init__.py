@@ -1,7 +1,13 @@
 """Graph passes, one per file (SecretFlow-SPU's compiler layout): each `run(graph, ...)`
 returns a new graph (and, for passes that rewrite weights, new parameters); the input
-graph is left as it was."""
+graph is left as it was.
 
-from . import fold_norms, group_linears
+* `group_linears`: the projections that read one value, evaluated as one stacked matrix;
+* `fold_norms`: RMSNorm gammas into the projections that read the norm;
+* `fold_attention_scale`: the 1/sqrt(head_dim) of Q K^T into what produces Q;
+* `moe_blocks`: each MoE layer's subgraph lowered to one ``moe`` node (2pc's CryptoMoE).
+"""
 
-__all__ = ["fold_norms", "group_linears"]
+from . import fold_attention_scale, fold_norms, group_linears, moe_blocks
+
+__all__ = ["fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]

@@ -61,14 +61,17 @@ def plan(graph: Graph) -> dict[str, list[Node]]:
     return out
 
 
-def run(graph: Graph, params: dict[str, np.ndarray], bound: float | None = None) -> tuple[Graph, dict]:
+def run(graph: Graph, params: dict[str, np.ndarray] | None, bound: float | None = None) -> tuple[Graph, dict | None]:
+    """``params`` None: the graph rewrite alone (a party that holds no weights, e.g. the
+    2pc client, whose plan says the server folded). Folded weights keep their dtype."""
     todo = plan(graph)
     folded: dict[str, np.ndarray] = {}
-    for norm_name, readers in todo.items():
+    for norm_name, readers in (todo.items() if params is not None else ()):
         gamma = np.asarray(params[graph.node(norm_name).attrs["gamma"]], np.float64)
         for r in readers:
             w = f"{r.attrs['name']}.weight"
-            folded[w] = (np.asarray(params[w], np.float64) * gamma[None, :]).astype(np.float32)
+            dtype = params[w].dtype if np.issubdtype(params[w].dtype, np.floating) else np.float32
+            folded[w] = (np.asarray(params[w], np.float64) * gamma[None, :]).astype(dtype)
     if bound is not None and folded and max(float(np.max(np.abs(w))) for w in folded.values()) > bound:
         return graph, params
     g = copy.copy(graph)
@@ -80,12 +83,14 @@ def run(graph: Graph, params: dict[str, np.ndarray], bound: float | None = None)
             n.attrs = {**n.attrs, "gamma": None, "folded": True}
             n.weights = ()
         g.nodes.append(n)
+    g.meta = {**graph.meta, "folded_norms": sorted(todo)}
+    if params is None:
+        return g, None
     new_params = dict(params)
     for w, arr in folded.items():
         new_params[w] = arr
         t = g.tensors[w]
         if t.tied_to is not None:  # a tied head now has its own (folded) storage
             g.tensors[w] = dataclasses.replace(t, tied_to=None)
-    g.meta = {**graph.meta, "folded_norms": sorted(todo)}
     return g, new_params
 
