@@ -238,7 +238,21 @@ def test_serialisation_round_trip(lat):
     z = be.encrypt_zero(ctx, pk, be.level(ctx, 2))
     be.add_inplace(ctx, ct2, z)
     assert np.abs(_dec(be, ctx, keys, ct2) - x).max() < TOL
-    assert len(keys.encrypt_seeded(be.encode_slots(ctx, x))) == len(blob)
+    # seeded symmetric encryption: a 32-byte seed instead of c1, half the bytes, same message
+    sblob = keys.encrypt_seeded(be.encode_slots(ctx, x))
+    assert len(sblob) == 20 + 32 + 2 * N * 8
+    cs = be.ciphertext_from_bytes(ctx, sblob, level=be.level(ctx, 2))
+    assert np.abs(_dec(be, ctx, keys, cs) - x).max() < TOL
+    assert np.abs(_dec(be, ctx, keys, be.rotate_rows(ctx, cs, 1, gk)) - np.roll(x, -1)).max() < TOL
+    assert keys.encrypt_seeded(be.encode_slots(ctx, x))[20:52] != sblob[20:52]  # a fresh seed
+    for cut in (20, 52, len(sblob) - 1):
+        with pytest.raises(HEError):
+            be.ciphertext_from_bytes(ctx, sblob[:cut])
+    with pytest.raises(HEError):
+        be.ciphertext_from_bytes(ctx, sblob, level=be.level(ctx, 1))
+    tampered = bytearray(sblob)
+    tampered[20] ^= 1  # another seed: loads (it is just bytes) but no longer decrypts to x
+    assert np.abs(_dec(be, ctx, keys, be.ciphertext_from_bytes(ctx, bytes(tampered))) - x).max() > 1
 
 
 def _expect_heerror(fn, data):
@@ -272,14 +286,18 @@ def test_malformed_bytes_give_heerror(lat):
     _expect_heerror(load, patched(20, "<Q", 2 ** 64 - 1))
     # random mutations: each loads or gives HEError, never anything else
     rng = np.random.default_rng(0)
-    for _ in range(200):
-        b = bytearray(blob)
-        for i in rng.integers(0, 24, size=3):
-            b[i] = int(rng.integers(0, 256))
-        try:
-            load(bytes(b))
-        except HEError:
-            pass
+    sblob = keys.encrypt_seeded(be.encode_slots(ctx, _vec(12)))
+    for src in (blob, sblob):
+        for _ in range(150):
+            b = bytearray(src)
+            for i in rng.integers(0, 56, size=3):
+                b[i] = int(rng.integers(0, 256))
+            if rng.random() < 0.3:
+                b[:4] = b"CLGS" if src is blob else b"CLGC"  # the other layout's magic
+            try:
+                load(bytes(b))
+            except HEError:
+                pass
     # keys
     gblob = keys.galois_keys_bytes([1])
     gload = lambda d: be.galois_keys_from_bytes(ctx, d)  # noqa: E731

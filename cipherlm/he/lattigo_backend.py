@@ -44,8 +44,9 @@ tests/test_he_backend.py and the 2pc protocols are BFV with SEAL's
 coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
 `pack_lwes_stream`, `plaintext_to_numpy`,
-`LattigoSecretKeys.galois_keys_bytes_for_elements`.  `encrypt_seeded` returns
-the full (unseeded) ciphertext bytes.  Bootstrapping is not wrapped yet.
+`LattigoSecretKeys.galois_keys_bytes_for_elements`.  Bootstrapping is not
+wrapped yet.  `encrypt_seeded` sends a 32-byte seed in place of the uniform half
+(the receiver expands it with the same code).
 `cost_model` is the interface's default (SEAL's 2pc constants): the 2pc
 planners do not run on this backend.
 
@@ -117,6 +118,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_ct_info": (_i64, _int, _p_int, _p_int, _p_dbl, _p_int),
     "clg_ct_coeffs": (_i64, _p_u64, _i64),
     "clg_ct_to_bytes": (_i64, _pp_u8, _p_i64),
+    "clg_encrypt_seeded": (_i64, _i64, _pp_u8, _p_i64),
     "clg_ct_from_bytes": (_i64, _p_u8, _i64, _int, _p_i64),
     "clg_pk_to_bytes": (_i64, _pp_u8, _p_i64),
     "clg_pk_from_bytes": (_i64, _p_u8, _i64, _p_i64),
@@ -187,10 +189,10 @@ def _new(name: str, *args) -> int:
     return h.value
 
 
-def _bytes_out(name: str, h: int) -> bytes:
+def _bytes_out(name: str, *handles: int) -> bytes:
     lib = _load()
     p, n = _p_u8(), _i64(0)
-    _call(name, h, ctypes.byref(p), ctypes.byref(n))
+    _call(name, *handles, ctypes.byref(p), ctypes.byref(n))
     try:
         return ctypes.string_at(p, n.value)
     finally:
@@ -354,8 +356,9 @@ class LattigoSecretKeys(SecretKeys):
         return LattigoCiphertext(_new("clg_encrypt_sk", self._sk.h, pt.h), self.ctx)
 
     def encrypt_seeded(self, pt: LattigoPlaintext) -> bytes:
-        """Not seeded: the full ciphertext bytes (the C ABI has no seeded layout yet)."""
-        return LattigoBackend().ciphertext_to_bytes(self.encrypt(pt))
+        """Symmetric encryption serialised with a 32-byte seed in place of the uniform half
+        (about half the bytes of `ciphertext_to_bytes`); `ciphertext_from_bytes` loads it."""
+        return _bytes_out("clg_encrypt_seeded", self._sk.h, pt.h)
 
     def decrypt(self, ct: LattigoCiphertext) -> LattigoPlaintext:
         return LattigoPlaintext(_new("clg_decrypt", self._sk.h, ct.h), self.ctx)

@@ -24,6 +24,7 @@ package main
 import "C"
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
 const abiVersion = 1
@@ -786,6 +788,7 @@ func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, 
 //
 // Ciphertext: "CLGC" | version u8 | degree u8 | level u8 | isNTT u8 | logSlots u8 | 3 zero bytes |
 //             scale float64 LE | (degree+1)(level+1)N uint64 LE coefficients (poly, prime, index).
+// Seeded:     "CLGS" | the same 16 header bytes | 32-byte seed of c1 | (level+1)N words of c0.
 // Public key:  "CLGP" | version u8 | 3 zero bytes | the 2 QP polys of the key, raw (prime-major).
 // Galois keys: "CLGK" | version u8 | 3 zero bytes | count u32 | count x (galEl u64 | key polys raw).
 // Key polynomials are written in Lattigo's (NTT, Montgomery) representation; their shape is the one
@@ -794,6 +797,7 @@ func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, 
 const (
 	wireVersion = 1
 	ctHeader    = 20
+	seedLen     = 32
 	keyHeader   = 8
 )
 
@@ -881,6 +885,16 @@ func readQPPolys(c *ctxObj, v []ringqp.Poly, b []byte) ([]byte, error) {
 	return b, nil
 }
 
+func ctHeaderBytes(magic string, ct *rlwe.Ciphertext) []byte {
+	b := append([]byte(magic), wireVersion, byte(ct.Degree()), byte(ct.Level()))
+	ntt := byte(0)
+	if ct.IsNTT {
+		ntt = 1
+	}
+	b = append(b, ntt, byte(ct.LogDimensions.Cols), 0, 0, 0)
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(ct.Scale.Float64()))
+}
+
 //export clg_ct_to_bytes
 func clg_ct_to_bytes(cth C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	defer guard(&rc, errbuf, errlen)
@@ -891,17 +905,70 @@ func clg_ct_to_bytes(cth C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.
 	ct := c.ct
 	N, L := c.ctx.params.N(), ct.Level()+1
 	b := make([]byte, 0, ctHeader+8*(ct.Degree()+1)*L*N)
-	b = append(b, 'C', 'L', 'G', 'C', wireVersion, byte(ct.Degree()), byte(ct.Level()))
-	ntt := byte(0)
-	if ct.IsNTT {
-		ntt = 1
-	}
-	b = append(b, ntt, byte(ct.LogDimensions.Cols), 0, 0, 0)
-	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(ct.Scale.Float64()))
+	b = append(b, ctHeaderBytes("CLGC", ct)...)
 	for _, poly := range ct.Value {
 		for j := 0; j < L; j++ {
 			b = writeU64s(b, poly.Coeffs[j][:N])
 		}
+	}
+	bytesOut(b, out, outLen)
+	return 0
+}
+
+// expandUniform: the uniform polynomial (read as NTT form) at `level` that a 32-byte seed expands to
+// (BLAKE2b XOF through Lattigo's KeyedPRNG and uniform sampler; both sides run this same code).
+func expandUniform(c *ctxObj, seed []byte, level int) (ring.Poly, error) {
+	prng, err := sampling.NewKeyedPRNG(seed)
+	if err != nil {
+		return ring.Poly{}, err
+	}
+	rq := c.params.RingQ().AtLevel(level)
+	a := rq.NewPoly()
+	ring.NewUniformSampler(prng, rq).Read(a)
+	return a, nil
+}
+
+// clg_encrypt_seeded: symmetric encryption whose uniform half is expanded from a fresh random
+// 32-byte seed, serialised as "CLGS" | the ciphertext header fields | seed | c0 (half the size).
+// From a fresh encryption (c0, c1) with c0 + c1 s = m + e: c0' = c0 + c1 s - a s, so (c0', a) also
+// decrypts to m + e, with a = expandUniform(seed).
+//
+//export clg_encrypt_seeded
+func clg_encrypt_seeded(skh C.int64_t, ph C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	p, err := get[*ptObj](ph, "plaintext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	ct, err := s.enc.EncryptNew(p.pt)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if !ct.IsNTT || ct.IsMontgomery {
+		return fail(errbuf, errlen, errors.New("seeded encryption expects an NTT, non-Montgomery ciphertext"))
+	}
+	seed := make([]byte, seedLen)
+	if _, err = rand.Read(seed); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	lvl := ct.Level()
+	a, err := expandUniform(s.ctx, seed, lvl)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	rq := s.ctx.params.RingQ().AtLevel(lvl)
+	rq.MulCoeffsMontgomeryThenAdd(ct.Value[1], s.sk.Value.Q, ct.Value[0]) // sk is in Montgomery form
+	rq.MulCoeffsMontgomeryThenSub(a, s.sk.Value.Q, ct.Value[0])
+	N, L := s.ctx.params.N(), lvl+1
+	b := make([]byte, 0, ctHeader+seedLen+8*L*N)
+	b = append(b, ctHeaderBytes("CLGS", ct)...)
+	b = append(b, seed...)
+	for j := 0; j < L; j++ {
+		b = writeU64s(b, ct.Value[0].Coeffs[j][:N])
 	}
 	bytesOut(b, out, outLen)
 	return 0
@@ -921,7 +988,8 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 	if len(b) < ctHeader {
 		return fail(errbuf, errlen, fmt.Errorf("ciphertext blob of %d bytes is shorter than its %d-byte header", len(b), ctHeader))
 	}
-	if string(b[:4]) != "CLGC" || b[4] != wireVersion {
+	seeded := string(b[:4]) == "CLGS"
+	if (string(b[:4]) != "CLGC" && !seeded) || b[4] != wireVersion {
 		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo ciphertext (bad magic or version)"))
 	}
 	degree, level, ntt, logSlots := int(b[5]), int(b[6]), b[7], int(b[8])
@@ -946,13 +1014,25 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 	}
 	N, L := c.params.N(), level+1
 	want := ctHeader + 8*(degree+1)*L*N
+	stored := degree + 1 // polynomials written out
+	if seeded {
+		want, stored = ctHeader+seedLen+8*L*N, 1
+	}
 	if len(b) != want {
 		return fail(errbuf, errlen, fmt.Errorf("ciphertext blob of %d bytes, expected %d for level %d", len(b), want, level))
 	}
 	ct := ckks.NewCiphertext(c.params, degree, level)
 	q := c.params.Q()
 	off := ctHeader
-	for i := 0; i <= degree; i++ {
+	if seeded {
+		a, err := expandUniform(c, b[ctHeader:ctHeader+seedLen], level)
+		if err != nil {
+			return fail(errbuf, errlen, err)
+		}
+		ct.Value[1].Copy(a)
+		off += seedLen
+	}
+	for i := 0; i < stored; i++ {
 		for j := 0; j < L; j++ {
 			if err = readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
 				return fail(errbuf, errlen, err)
