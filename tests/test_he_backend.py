@@ -233,7 +233,6 @@ def test_pack_lwes_automorphisms(env):
     assert be.pack_lwes_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
 
 
-
 # ----------------------------------------------------------------------------- ring backends
 @pytest.fixture(scope="module", params=backend_names("ring"))
 def ring(request):

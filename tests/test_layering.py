@@ -63,11 +63,9 @@ MODELS_USERS = {"cli", "runtime", "compile", "models"}    # who may import the s
 # Cycles still tolerated: each entry is the exact set of modules of one cycle
 # (strongly connected component).  A new module joining one of them, or any other
 # cycle, fails the test.  Remove an entry once its cycle is gone.
-ALLOWED_CYCLES = [
-    # protocols/linear <-> protocols/linear_simd: linear dispatches to the SIMD packing
-    # (linear_simd), which reuses linear's helpers.  Left for the engineer who owns
-    # both files (issue 13 part 6 did not touch them).
-    {"cipherlm.protocols.linear", "cipherlm.protocols.linear_simd"},
+ALLOWED_CYCLES: list[set[str]] = [
+    # none left: protocols/linear <-> linear_simd was closed by moving what both use
+    # (block plan, widths, input truncation) into protocols/linear_common.py
 ]
 
 
@@ -250,6 +248,11 @@ def test_checker_sees_lazy_and_relative_imports():
     assert not may_import("mpc", "protocols") and may_import("protocols", "mpc")
     assert not may_import("protocols", "models") and may_import("runtime", "models")
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [{"a", "b", "c"}]
+    # linear dispatches to linear_simd; both use linear_common; nothing points back
+    assert "cipherlm.protocols.linear_simd" in graph["cipherlm.protocols.linear"]
+    assert "cipherlm.protocols.linear" not in graph["cipherlm.protocols.linear_simd"]
+    common = set(graph["cipherlm.protocols.linear_common"])
+    assert not common & {"cipherlm.protocols.linear", "cipherlm.protocols.linear_simd"}
 
 
 def test_checker_catches_a_lazy_upward_import_and_a_cycle(tmp_path):

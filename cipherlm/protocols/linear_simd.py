@@ -88,10 +88,7 @@ from ..mpc.protocols.field import ring_to_field
 from ..mpc.ring import fixed_encode, mask, mulmod_scalar
 from ..mpc.shares import AShare
 from .he_session import FLOOD_SIGMA, FRESH_NOISE_MAX, RESULT_PRIMES, HESession
-
-IN_FRAC = 14
-W_FRAC = 14
-W_BITS = 20
+from .linear_common import _LAN_BYTES_PER_S, IN_FRAC, W_BITS, W_FRAC, _to_in_frac, plan_blocks
 
 SIMD_N = 16384
 #: 59-bit prime, p = 1 mod 2N (SEAL's PlainModulus.Batching(16384, 59)); distinct from the 60-bit data primes
@@ -289,7 +286,6 @@ def choose_packing(m: int, d: int, o: int, network: str = "LAN", *, encode_weigh
     Galois keys are a per-session cost and are not charged to a layer."""
     from ..net.netmodel import get_preset
     from .he_session import TWOPC_BFV
-    from .linear import _LAN_BYTES_PER_S, plan_blocks
     net = get_preset(network)
     bw = net.bandwidth_bits_per_s / 8
     n_c = TWOPC_BFV.poly_modulus_degree
@@ -693,7 +689,6 @@ def linear_simd(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | No
                 out_features: int, cache_key=None, plan: SimdPlan | None = None, network: str | None = None) -> AShare:
     """`linear.linear` with SIMD/BSGS packing: x AShare (..., d_in); weight (d_in, d_out)
     and bias at the server (party 1); returns AShare (..., d_out) at the ring's fraction bits."""
-    from .linear import _to_in_frac
     if not isinstance(x, AShare):
         raise TypeError("linear_simd expects an AShare input")
     d, o = int(x.shape[-1]), int(out_features)
@@ -744,7 +739,6 @@ def batch_linear(ctx, xs: AShare, weights: np.ndarray | None, *, out_features: i
     experts, xs AShare (n, t, d1), weights (n, d1, d2) at the server.  ``batched``: all
     experts' n t rows in shared ciphertexts (one BSGS plan); False: one SIMD plan per
     expert (the per-expert packing, for comparison).  Rotation counts are in `simd_stats`."""
-    from .linear import _to_in_frac
     if not isinstance(xs, AShare) or xs.ndim != 3:
         raise MPCError("batch_linear expects shares of shape (n, t, d_in)")
     n_e, t, d = (int(v) for v in xs.shape)
