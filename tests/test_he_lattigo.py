@@ -351,6 +351,27 @@ def test_not_implemented_and_bad_handles(lat):
         mod._call("clg_rescale", 0)
 
 
+def test_forked_child_refuses(lat):
+    """The Go runtime's threads are gone in a fork()ed child: an HEError, not a hang."""
+    import multiprocessing as mp
+
+    mod, *_ = lat
+    q = mp.get_context("fork").Queue()
+
+    def child(q):
+        try:
+            mod._call("clg_rescale", 0)
+            q.put("called")
+        except HEError as e:
+            q.put(str(e))
+
+    p = mp.get_context("fork").Process(target=child, args=(q,))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    assert "forked" in q.get(timeout=5)
+
+
 def test_handles_are_freed(lat):
     mod, be, ctx, keys, gk = lat
     lib = mod._load()

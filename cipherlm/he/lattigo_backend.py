@@ -8,7 +8,9 @@ fails; a missing library raises `HEError` with the build command when the
 backend is used.  Go objects stay in Go behind integer handles (freed when the
 Python wrapper is collected); numpy arrays cross the boundary as pointers (no
 per-value Python loop) and ctypes releases the GIL for every call (Lattigo
-v6.2.0's evaluators and encoders may be called concurrently).
+v6.2.0's evaluators and encoders may be called concurrently).  The Go runtime
+does not survive ``fork()``: a forked child refuses to call the library
+(`HEError`); worker processes must use the ``spawn`` context.
 
 What it does (CKKS only, parameters from an `HEParams` set with
 ``scheme="ckks"``: the last prime of ``coeff_modulus_bits`` is the special
@@ -128,6 +130,7 @@ _SIGNATURES: dict[str, tuple] = {
 }
 
 _lib = None
+_lib_pid = 0
 _lib_lock = threading.Lock()
 
 
@@ -137,8 +140,11 @@ def library_path() -> Path:
 
 
 def _load():
-    global _lib
+    global _lib, _lib_pid
     if _lib is not None:
+        if _lib_pid != os.getpid():  # the Go runtime's threads do not survive fork(): calls would hang
+            raise HEError("the Lattigo library was loaded before this process was forked; "
+                          "use the 'spawn' multiprocessing context")
         return _lib
     with _lib_lock:
         if _lib is not None:
@@ -161,7 +167,7 @@ def _load():
         lib.clg_free.argtypes, lib.clg_free.restype = [_i64], None
         lib.clg_free_buf.argtypes, lib.clg_free_buf.restype = [_p_u8], None
         lib.clg_live_objects.argtypes, lib.clg_live_objects.restype = [], _i64
-        _lib = lib
+        _lib, _lib_pid = lib, os.getpid()
         return lib
 
 
@@ -223,7 +229,7 @@ class _Handle:
 
     def __del__(self):
         lib = _lib
-        if lib is not None and self.h:
+        if lib is not None and self.h and _lib_pid == os.getpid():
             try:
                 lib.clg_free(self.h)
             except Exception:  # interpreter shutdown
@@ -272,7 +278,7 @@ class LattigoCiphertext(_Handle):
     def _replace(self, h: int) -> None:
         """Take over Go object ``h`` (in-place operations that allocate a result)."""
         old, self.h = self.h, h
-        if old and _lib is not None:
+        if old and _lib is not None and _lib_pid == os.getpid():
             _lib.clg_free(old)
 
 
