@@ -236,16 +236,23 @@ def test_calibrated_router_is_centred_and_scaled():
 
 
 def test_secure_layer_weights_and_reference_match_the_executor():
-    """`MoEWeights.from_server_linears` + `layer.plain_layer` (the secure layer's reference)
-    compute the executor's own MoE block, unbalanced and balanced."""
-    from cipherlm.moe.layer import MoEShape, MoEWeights, plain_layer
+    """The 2pc server's MoE weights and shape of a graph's ``moe`` node (`passes.moe_blocks`)
+    + `layer.plain_layer` (the secure layer's reference) compute the executor's own MoE
+    block, unbalanced and balanced."""
+    from cipherlm.compile import bind, build_graph
+    from cipherlm.compile.passes import moe_blocks
+    from cipherlm.moe.layer import plain_layer
+    from cipherlm.runtime.twopc import moe_shape, moe_weights
 
     cfg, w = _tiny_llama(seed=5)
     ucfg, uw = upcycle(cfg, w, n_experts=4, top_k=2, layers=[1], noise=0.3, router_scale=3.0, seed=2)
-    shape = MoEShape.from_config(ucfg)
+    g = build_graph(ucfg)
+    node = moe_blocks.run(g).node("L1.moe")
+    shape = moe_shape(node)
     assert (shape.d, shape.n, shape.k, shape.f, shape.norm_topk_prob) == (32, 4, 2, 48, True)
-    client, server = split_params(ucfg, uw)
-    mw = MoEWeights.from_server_linears(server, "model.layers.1.mlp", shape)
+    from cipherlm.models import normalize_weights
+
+    mw = moe_weights(node, bind(g, normalize_weights(ucfg, uw)))
     mw.check(shape)
     h = np.random.default_rng(6).standard_normal((10, 32))
     for routing, c in ((None, None), (BalancedRouting(c=1.0), 1.0)):

@@ -52,7 +52,8 @@ VARIANTS = ("cryptomoe", "insecure", "dense", "cipherprune")
 @dataclass(frozen=True)
 class MoEShape:
     """Public architecture of one MoE layer: hidden d, n experts, top-k, expert FFN f,
-    ``norm_topk_prob``, shared-expert FFN width (0: none)."""
+    ``norm_topk_prob``, shared-expert FFN width (0: none). A model's layers get theirs
+    from the model graph (`cipherlm.runtime.twopc.moe_shape` of a ``moe`` node)."""
 
     d: int
     n: int
@@ -64,23 +65,6 @@ class MoEShape:
     def __post_init__(self):
         if min(self.d, self.n, self.k, self.f) < 1 or self.k > self.n or self.shared_f < 0:
             raise ValueError(f"bad MoE shape {self}")
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> "MoEShape":
-        """From a Hugging Face Qwen2-MoE / OLMoE / Mixtral config."""
-        mt = cfg.get("model_type")
-        d = cfg["hidden_size"]
-        if mt == "qwen2_moe":
-            return cls(d, cfg.get("num_experts", 60), cfg.get("num_experts_per_tok", 4),
-                       cfg.get("moe_intermediate_size", 1408), bool(cfg.get("norm_topk_prob", False)),
-                       cfg.get("shared_expert_intermediate_size", 5632))
-        if mt == "olmoe":
-            return cls(d, cfg.get("num_experts", 64), cfg.get("num_experts_per_tok", 8),
-                       cfg["intermediate_size"], bool(cfg.get("norm_topk_prob", False)))
-        if mt == "mixtral":
-            return cls(d, cfg.get("num_local_experts", 8), cfg.get("num_experts_per_tok", 2),
-                       cfg["intermediate_size"], True)
-        raise ValueError(f"not an MoE config: model_type {mt!r}")
 
 
 @dataclass
@@ -124,23 +108,6 @@ class MoEWeights:
         w = cls(router=g(d, n), gate=g(ne, d, f), up=g(ne, d, f), down=g(ne, f, d))
         if fs:
             w.shared_gate, w.shared_up, w.shared_down, w.shared_router = g(d, fs), g(d, fs), g(fs, d), g(d, 1)
-        return w
-
-    @classmethod
-    def from_server_linears(cls, server_linears: dict, prefix: str, shape: MoEShape) -> "MoEWeights":
-        """From `runtime.plain.split_params`'s server linears ({name: (W (out, in), b)}) at
-        ``prefix`` (e.g. "model.layers.0.mlp")."""
-        T = lambda name: np.asarray(server_linears[name][0], np.float32).T
-        e = lambda e, p: T(f"{prefix}.experts.{e}.{p}")
-        w = cls(router=T(f"{prefix}.gate"),
-                gate=np.stack([e(i, "gate_proj") for i in range(shape.n)]),
-                up=np.stack([e(i, "up_proj") for i in range(shape.n)]),
-                down=np.stack([e(i, "down_proj") for i in range(shape.n)]))
-        if shape.shared_f:
-            w.shared_gate = T(f"{prefix}.shared_expert.gate_proj")
-            w.shared_up = T(f"{prefix}.shared_expert.up_proj")
-            w.shared_down = T(f"{prefix}.shared_expert.down_proj")
-            w.shared_router = T(f"{prefix}.shared_expert_gate")
         return w
 
 

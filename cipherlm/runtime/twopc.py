@@ -190,7 +190,7 @@ class ServerModel:
         for gi, (names, _, _) in enumerate(g.meta["linear_groups"]):
             self.projs[gi] = stack_projections(
                 [(params[f"{n}.weight"], params.get(f"{n}.bias")) for n in names])
-        self.moe = {n.name: _moe_weights(n, params) for n in g.nodes if n.op == "moe"}
+        self.moe = {n.name: moe_weights(n, params) for n in g.nodes if n.op == "moe"}
         linear_tensors = {t for n in g.nodes if n.op in ("linear", "moe") for t in n.weights}
         self.params = {k: v for k, v in params.items() if k not in linear_tensors}
         self.classifier = None
@@ -207,7 +207,7 @@ def server_weights(config: dict, weights: dict[str, np.ndarray], classifier: tup
     return ServerModel(config, weights, classifier, fold_norms)
 
 
-def _moe_weights(node: Node, params: dict):
+def moe_weights(node: Node, params: dict):
     """`MoEWeights` ((d_in, d_out) orientation) of a ``moe`` node (`passes.moe_blocks`)."""
     from cipherlm.moe.layer import MoEWeights
 
@@ -225,7 +225,7 @@ def _moe_weights(node: Node, params: dict):
     return w
 
 
-def _moe_shape(node: Node):
+def moe_shape(node: Node):
     from cipherlm.moe.layer import MoEShape
 
     a = node.attrs
@@ -369,7 +369,7 @@ class TwoPCExecutor(GraphExecutor):
 
         moe = self.plan["moe"]
         w = None if self.server is None else self.server.moe[node.name]
-        r = moe_layer(self.ctx, x, w, _moe_shape(node), variant=moe["variant"], c=float(moe["capacity"]),
+        r = moe_layer(self.ctx, x, w, moe_shape(node), variant=moe["variant"], c=float(moe["capacity"]),
                       key=self.linear.cache_key(node.name, x.shape[0]))
         self.moe_phases[node.layer] = {"t": r.t, "phases": r.phases}
         return r.y
