@@ -176,6 +176,44 @@ def test_multiply_plain_add_rescale(lat):
         be.level(ctx, 3)
 
 
+def _diag_matvec(diags, x):
+    """numpy reference: y[i] = sum_d v_d[i] x[(i + d) % n]."""
+    return sum(v * np.roll(x, -d) for d, v in diags.items())
+
+
+@pytest.mark.parametrize("ratio", [1, -1])
+def test_bsgs_linear_transform(lat, ratio):
+    _mod, be, ctx, keys, _gk = lat
+    slots = ctx.slots
+    rng = np.random.default_rng(20)
+    # a banded 4096 x 4096 matrix: 24 diagonals, some negative indices, values ~ 1/sqrt(24)
+    idx = list(range(20)) + [-1, -2, 100, slots - 3]
+    diags = {d: rng.uniform(-1, 1, slots) / 5 for d in idx}
+    x = _vec(21)
+    lt = be.linear_transform_encode(ctx, diags, log_bsgs_ratio=ratio)
+    els = lt.galois_elements()
+    assert els and all(g % 2 == 1 and g < 2 * N for g in els)
+    if ratio >= 0:
+        assert len(els) < len(idx)  # BSGS: fewer keys than diagonals
+    gk = keys.galois_keys_for_elements(els)
+    gk2 = be.galois_keys_from_bytes(ctx, keys.galois_keys_bytes_for_elements(els))
+    ct = keys.encrypt(be.encode_slots(ctx, x))
+    y = be.linear_transform(ctx, ct, lt, gk2)
+    be.rescale_inplace(ctx, y)
+    assert y.level == 0 and abs(y.scale_bits - 40) < 0.01
+    assert np.abs(_dec(be, ctx, keys, y) - _diag_matvec(diags, x)).max() < 1e-4
+    with pytest.raises(HEError):  # keys for other automorphisms
+        be.linear_transform(ctx, ct, lt, keys.galois_keys([1]))
+    with pytest.raises(HEError):
+        be.linear_transform_encode(ctx, {0: np.ones(slots), slots: np.ones(slots)})
+    with pytest.raises(HEError):
+        be.linear_transform_encode(ctx, {0: np.ones(slots - 1)})
+    with pytest.raises(HEError):
+        be.linear_transform_encode(ctx, {1: np.ones(slots), 1 - slots: np.ones(slots)})  # the same diagonal
+    with pytest.raises(HEError):
+        keys.galois_keys_for_elements([2])
+
+
 def test_threads_release_the_gil(lat):
     _mod, be, ctx, keys, gk = lat
     x = _vec(10)
@@ -340,8 +378,7 @@ def test_not_implemented_and_bad_handles(lat):
     ct = keys.encrypt(be.encode_slots(ctx, _vec(13)))
     for call in (lambda: be.encode_coeffs(ctx, np.zeros(4, np.uint64)), lambda: be.to_ntt_inplace(ctx, ct),
                  lambda: be.from_ntt_inplace(ctx, ct), lambda: be.pack_lwes_stream(ctx, gk, 2, iter([])),
-                 lambda: be.plaintext_to_numpy(keys.decrypt(ct)),
-                 lambda: keys.galois_keys_bytes_for_elements([3])):
+                 lambda: be.plaintext_to_numpy(keys.decrypt(ct))):
         with pytest.raises(NotImplementedError):
             call()
     # a handle of the wrong kind is an error from Go, not a crash

@@ -29,7 +29,9 @@ secret and sigma = 3.2 error, i.e. the HomomorphicEncryption.org setting that
   `add_plain_inplace`, `rotate_rows` / `rotate_rows_inplace` (CKKS slot
   rotation to the left: CKKS has one row of N/2 slots), `rotate_hoisted`
   (several rotations of one ciphertext sharing one decomposition of c1:
-  Lattigo's ``RotateHoisted``), `rescale_inplace`, `mod_switch_to_inplace`
+  Lattigo's ``RotateHoisted``), `linear_transform_encode` / `linear_transform`
+  (a matrix by its diagonals, Lattigo's BSGS ``lintrans`` with hoisted baby
+  steps), `rescale_inplace`, `mod_switch_to_inplace`
   (drop primes without dividing, as SEAL's CKKS mod switch), `is_ntt` (always
   True);
 * `ciphertext_to_numpy` / `numpy_to_ciphertext` (NTT-form RNS coefficients);
@@ -45,9 +47,7 @@ Not implemented (raise NotImplementedError): BFV (the conformance suite of
 tests/test_he_backend.py and the 2pc protocols are BFV with SEAL's
 coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
-`pack_lwes_stream`, `plaintext_to_numpy`,
-`LattigoSecretKeys.galois_keys_bytes_for_elements`.  Bootstrapping is not
-wrapped yet.  `encrypt_seeded` sends a 32-byte seed in place of the uniform half
+`pack_lwes_stream`, `plaintext_to_numpy`.  Bootstrapping is not wrapped yet.  `encrypt_seeded` sends a 32-byte seed in place of the uniform half
 (the receiver expands it with the same code).
 `cost_model` is the interface's default (SEAL's 2pc constants): the 2pc
 planners do not run on this backend.
@@ -75,8 +75,8 @@ from .backend import HEBackend, SecretKeys, register_backend
 from .errors import HEError
 from .params import HEParams, check_security, max_logq
 
-__all__ = ["LattigoBackend", "LattigoContext", "LattigoSecretKeys", "library_path", "available",
-           "BUILD_HINT"]
+__all__ = ["LattigoBackend", "LattigoContext", "LattigoSecretKeys", "LattigoLinearTransform", "library_path",
+           "available", "ckks_params", "BUILD_HINT"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
@@ -105,6 +105,10 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_keygen": (_i64, _p_i64, _p_i64),
     "clg_gen_rotation_keys": (_i64, _p_i64, _int, _int, _p_i64),
     "clg_evk_has_steps": (_i64, _p_i64, _int, _p_int),
+    "clg_gen_galois_keys": (_i64, _p_u64, _int, _p_i64),
+    "clg_lt_new": (_i64, _p_i64, _int, _p_dbl, _int, _dbl, _int, _p_i64),
+    "clg_lt_galois_elements": (_i64, _p_u64, _int, _p_int),
+    "clg_lt_eval": (_i64, _i64, _i64, _p_i64),
     "clg_encode": (_i64, _p_dbl, _p_dbl, _i64, _int, _dbl, _p_i64),
     "clg_decode": (_i64, _p_dbl, _p_dbl, _i64),
     "clg_encrypt_sk": (_i64, _i64, _p_i64),
@@ -301,6 +305,20 @@ class LattigoGaloisKeys(_Handle):
         return _bytes_out("clg_evk_to_bytes", self.h)
 
 
+class LattigoLinearTransform(_Handle):
+    """A slots x slots matrix encoded by its diagonals for Lattigo's BSGS evaluation."""
+
+    __slots__ = ()
+
+    def galois_elements(self) -> list[int]:
+        """The automorphisms X -> X^g its evaluation needs (keys: `galois_keys_for_elements`)."""
+        n = _int(0)
+        _call("clg_lt_galois_elements", self.h, None, 0, ctypes.byref(n))
+        out = np.zeros(max(n.value, 1), np.uint64)
+        _call("clg_lt_galois_elements", self.h, out.ctypes.data_as(_p_u64), out.size, ctypes.byref(n))
+        return [int(g) for g in out[: n.value]]
+
+
 # ----------------------------------------------------------------------------- context
 class LattigoContext:
     """Public state for one CKKS parameter set (a Go ``ckks.Parameters`` + encoder + evaluator)."""
@@ -380,16 +398,22 @@ class LattigoSecretKeys(SecretKeys):
     def galois_keys_bytes(self, steps) -> bytes:
         return self.galois_keys(steps).to_bytes()
 
+    def galois_keys_for_elements(self, elements: Iterable[int]) -> LattigoGaloisKeys:
+        """A local Galois key set for the automorphisms X -> X^g (e.g. a linear transform's
+        `LattigoLinearTransform.galois_elements`)."""
+        els = np.ascontiguousarray(np.asarray(list(elements), dtype=np.uint64).reshape(-1))
+        return LattigoGaloisKeys(_new("clg_gen_galois_keys", self._sk.h, els.ctypes.data_as(_p_u64), els.size),
+                                 self.ctx)
+
     def galois_keys_bytes_for_elements(self, elements) -> bytes:
-        raise NotImplementedError("Lattigo backend: Galois keys for arbitrary automorphisms "
-                                  "(PackLWEs) are not wrapped; use galois_keys_bytes(steps)")
+        return self.galois_keys_for_elements(elements).to_bytes()
 
 
 # ----------------------------------------------------------------------------- backend
 class LattigoBackend(HEBackend):
     """CKKS on Lattigo v6 (module docstring: what is implemented and what raises
     NotImplementedError: BFV, encode_coeffs, to_ntt_inplace / from_ntt_inplace,
-    pack_lwes_stream, plaintext_to_numpy, galois_keys_bytes_for_elements)."""
+    pack_lwes_stream, plaintext_to_numpy)."""
 
     name = "lattigo"
 
@@ -495,6 +519,36 @@ class LattigoBackend(HEBackend):
         out = np.zeros(n, np.int64)
         _call("clg_rotate_hoisted", galois_keys.h, ct.h, p, n, out.ctypes.data_as(_p_i64))
         return [LattigoCiphertext(int(h), ctx) for h in out]
+
+    def linear_transform_encode(self, ctx: LattigoContext, diagonals, *, level=None,
+                                scale_bits: float | None = None,
+                                log_bsgs_ratio: int = 1) -> LattigoLinearTransform:
+        """Encode a slots x slots matrix M from its non-zero diagonals: ``{d: v}`` with
+        ``v[i] = M[i][(i + d) % slots]`` (length N/2 each; a (k, N/2) array plus a list of k
+        indices also works as ``(indices, array)``), at ``level`` (default: the top), with
+        plaintext scale 2^``scale_bits`` (default: the level's last prime, so `rescale_inplace`
+        restores the input's scale).  ``log_bsgs_ratio``: log2 of baby steps / giant steps
+        (-1: no BSGS)."""
+        if isinstance(diagonals, tuple):
+            idx, vals = diagonals
+        else:
+            idx, vals = list(diagonals.keys()), [diagonals[k] for k in diagonals]
+        arr = np.ascontiguousarray(np.asarray(vals, dtype=np.float64))
+        if arr.ndim != 2 or arr.shape[1] != ctx.slots or arr.shape[0] != len(idx) or not arr.shape[0]:
+            raise HEError(f"expected k diagonals of {ctx.slots} values, got {arr.shape} for {len(idx)} indices")
+        if not np.all(np.isfinite(arr)):
+            raise HEError("diagonal values must be finite")
+        _a, ip, n = _i64_array(idx)
+        lvl = ctx.max_level if level is None else int(level)
+        sb = 0.0 if scale_bits is None else float(scale_bits)
+        h = _new("clg_lt_new", ctx.handle, ip, n, arr.ctypes.data_as(_p_dbl), lvl, sb, int(log_bsgs_ratio))
+        return LattigoLinearTransform(h, ctx)
+
+    def linear_transform(self, ctx, ct: LattigoCiphertext, lt: LattigoLinearTransform,
+                         galois_keys: LattigoGaloisKeys) -> LattigoCiphertext:
+        """M(ct) by Lattigo's BSGS with hoisted baby steps (no rescale: the result's scale is
+        the input's times the transform's)."""
+        return LattigoCiphertext(_new("clg_lt_eval", galois_keys.h, ct.h, lt.h), ctx)
 
     def rescale_inplace(self, ctx, ct: LattigoCiphertext) -> None:
         """Divide by the last prime of the ciphertext's level (scale / q_l, one level down)."""

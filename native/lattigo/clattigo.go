@@ -32,6 +32,7 @@ import (
 	"sync"
 	"unsafe"
 
+	ltckks "github.com/tuneinsight/lattigo/v6/circuits/ckks/lintrans"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
@@ -65,9 +66,16 @@ type pkObj struct {
 }
 
 type evkObj struct {
-	ctx  *ctxObj
-	set  *rlwe.MemEvaluationKeySet
-	eval *ckks.Evaluator
+	ctx    *ctxObj
+	set    *rlwe.MemEvaluationKeySet
+	eval   *ckks.Evaluator
+	ltOnce sync.Once
+	ltEval *ltckks.Evaluator // BSGS linear transformations over eval (lazily built)
+}
+
+type ltObj struct {
+	ctx *ctxObj
+	lt  ltckks.LinearTransformation
 }
 
 type ptObj struct {
@@ -350,6 +358,35 @@ func clg_evk_has_steps(h C.int64_t, steps *C.int64_t, n C.int, ok *C.int, errbuf
 			*ok = 0
 		}
 	}
+	return 0
+}
+
+// clg_gen_galois_keys: Galois keys for the automorphisms X -> X^g, g in els (odd, < 2N; 1 is skipped).
+//
+//export clg_gen_galois_keys
+func clg_gen_galois_keys(skh C.int64_t, els *C.uint64_t, n C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if n < 1 || els == nil {
+		return fail(errbuf, errlen, errors.New("no Galois elements"))
+	}
+	twoN := uint64(2 * s.ctx.params.N())
+	seen := map[uint64]bool{}
+	var gs []uint64
+	for _, g := range unsafe.Slice((*uint64)(unsafe.Pointer(els)), int(n)) {
+		if g&1 == 0 || g == 0 || g >= twoN {
+			return fail(errbuf, errlen, fmt.Errorf("invalid Galois element %d", g))
+		}
+		if g != 1 && !seen[g] { // 1 is the identity: no key
+			seen[g] = true
+			gs = append(gs, g)
+		}
+	}
+	set := rlwe.NewMemEvaluationKeySet(nil, rlwe.NewKeyGenerator(s.ctx.params).GenGaloisKeysNew(gs, s.sk)...)
+	*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
 	return 0
 }
 
@@ -716,6 +753,130 @@ func clg_rotate_hoisted(evh C.int64_t, cth C.int64_t, steps *C.int64_t, n C.int,
 		}
 		dst[i] = put(&ctObj{ctx: c.ctx, ct: ct})
 	}
+	return 0
+}
+
+// ----------------------------------------------------------------------------- linear transformations
+
+// clg_lt_new: encode a slots x slots matrix given by its non-zero diagonals (diagonal d: the
+// vector v with v[i] = M[i][(i + d) mod slots]; values: nDiag rows of `slots` float64) for the
+// BSGS evaluation at `level`, plaintext scale 2^logScale (<= 0: the level's last prime, so a
+// rescale brings the product back to the input's scale), log2 baby/giant ratio logRatio
+// (< 0: no BSGS, one rotation per diagonal).
+//
+//export clg_lt_new
+func clg_lt_new(h C.int64_t, diag *C.int64_t, nDiag C.int, values *C.double, level C.int, logScale C.double,
+	logRatio C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	slots := c.params.MaxSlots()
+	if nDiag < 1 || int(nDiag) > slots {
+		return fail(errbuf, errlen, fmt.Errorf("%d diagonals (1..%d)", int(nDiag), slots))
+	}
+	lvl := int(level)
+	if lvl < 0 || lvl > c.params.MaxLevel() {
+		return fail(errbuf, errlen, fmt.Errorf("level %d out of range [0, %d]", lvl, c.params.MaxLevel()))
+	}
+	if logRatio > 16 || logRatio < -1 {
+		return fail(errbuf, errlen, fmt.Errorf("log2 baby/giant ratio %d out of range [-1, 16]", int(logRatio)))
+	}
+	vals := unsafe.Slice((*float64)(unsafe.Pointer(values)), int(nDiag)*slots)
+	diags := ltckks.Diagonals[float64]{}
+	for k, d := range i64s(diag, nDiag) {
+		if d <= -int64(slots) || d >= int64(slots) {
+			return fail(errbuf, errlen, fmt.Errorf("diagonal index %d out of range", d))
+		}
+		idx := int((d + int64(slots)) % int64(slots))
+		if _, dup := diags[idx]; dup {
+			return fail(errbuf, errlen, fmt.Errorf("diagonal %d given twice", idx))
+		}
+		v := make([]float64, slots)
+		copy(v, vals[k*slots:(k+1)*slots])
+		diags[idx] = v
+	}
+	scale := rlwe.NewScale(c.params.Q()[lvl])
+	if logScale > 0 {
+		if logScale > 120 {
+			return fail(errbuf, errlen, fmt.Errorf("log2 scale %g too large", float64(logScale)))
+		}
+		scale = rlwe.NewScale(math.Exp2(float64(logScale)))
+	}
+	ltp := ltckks.Parameters{
+		DiagonalsIndexList:        diags.DiagonalsIndexList(),
+		LevelQ:                    lvl,
+		LevelP:                    c.params.MaxLevelP(),
+		Scale:                     scale,
+		LogDimensions:             ring.Dimensions{Rows: 0, Cols: c.params.LogMaxSlots()},
+		LogBabyStepGiantStepRatio: int(logRatio),
+	}
+	lt := ltckks.NewTransformation(c.params, ltp)
+	if err = ltckks.Encode(c.encoder, diags, lt); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ltObj{ctx: c, lt: lt}))
+	return 0
+}
+
+// clg_lt_galois_elements: the Galois elements the transformation's evaluation needs (n of them
+// written into out when n <= cap; *n is always set).
+//
+//export clg_lt_galois_elements
+func clg_lt_galois_elements(lth C.int64_t, out *C.uint64_t, cap_ C.int, n *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	l, err := get[*ltObj](lth, "linear transformation")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	var els []uint64
+	for _, g := range l.lt.GaloisElements(l.ctx.params) {
+		if g != 1 { // the identity needs no key
+			els = append(els, g)
+		}
+	}
+	*n = C.int(len(els))
+	if len(els) <= int(cap_) && len(els) > 0 {
+		copy(unsafe.Slice((*uint64)(unsafe.Pointer(out)), len(els)), els)
+	}
+	return 0
+}
+
+// clg_lt_eval: M(ct) by the BSGS algorithm with hoisted baby steps (Lattigo's lintrans), no rescale.
+//
+//export clg_lt_eval
+func clg_lt_eval(evh C.int64_t, cth C.int64_t, lth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	e, err := get[*evkObj](evh, "Galois key set")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	l, err := get[*ltObj](lth, "linear transformation")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ctx != e.ctx || l.ctx != e.ctx {
+		return fail(errbuf, errlen, errors.New("ciphertext, keys and transformation belong to different contexts"))
+	}
+	if c.ct.Degree() != 1 {
+		return fail(errbuf, errlen, errors.New("linear transformation needs a degree-1 ciphertext"))
+	}
+	for _, g := range l.lt.GaloisElements(e.ctx.params) {
+		if _, ok := e.set.GaloisKeys[g]; !ok && g != 1 {
+			return fail(errbuf, errlen, fmt.Errorf("the key set lacks the Galois key for element %d", g))
+		}
+	}
+	e.ltOnce.Do(func() { e.ltEval = ltckks.NewEvaluator(e.eval) })
+	res := ckks.NewCiphertext(e.ctx.params, 1, min(c.ct.Level(), l.lt.LevelQ))
+	if err = e.ltEval.Evaluate(c.ct, l.lt, res); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
 	return 0
 }
 
