@@ -8,7 +8,9 @@ on the same CKKS operations, same N and prime count, in one run (issue 15).
 Per parameter set: encode (N/2 slots), symmetric encrypt, ct x pt multiply (no rescale), add,
 rescale, one rotation, 8 rotations of one ciphertext (SEAL: 8 sequential rotate_vector calls,
 it has no hoisting; Lattigo: 8 sequential Rotate calls and one RotateHoisted call of 8 steps;
-both: the 8 split over 2 Python threads), decrypt + decode at all data primes and at 1 prime
+both: the 8 split over 2 Python threads), a BSGS matrix-vector product with 64 diagonals and a
+rescale (SEAL: 8 baby x 8 giant steps in Python, the loop the offload engine runs; Lattigo: one
+lintrans call, hoisted baby steps, LOG_BSGS_RATIO), decrypt + decode at all data primes and at 1 prime
 (a product rescaled and switched down to q0, what the offload client decrypts).  Medians over
 --reps, the two backends interleaved rep by rep so that load changes on a shared machine hit
 both; ratio = SEAL / Lattigo (> 1: Lattigo faster).  One thread, one call at a time, except
@@ -37,6 +39,10 @@ from cipherlm.he import ClientKeys, HEContext, HEParams
 from cipherlm.he.lattigo_backend import LattigoBackend, available, ckks_params, library_path
 
 STEPS8 = [1, 2, 3, 4, 5, 6, 7, 8]
+N_DIAG, N1 = 64, 8  # the BSGS matvec: 64 diagonals = 8 baby x 8 giant steps (SEAL)
+#: Lattigo's log2(baby / giant) for the matvec: the fastest of -1..3 here (its baby steps are
+#: hoisted, so more of them cost less than in SEAL)
+LOG_BSGS_RATIO = 3
 _POOL = ThreadPoolExecutor(2)
 
 
@@ -75,7 +81,7 @@ def _timer(fn):
 class Seal:
     name = "SEAL 4.3 (tenseal)"
 
-    def __init__(self, params: HEParams, x, w):
+    def __init__(self, params: HEParams, x, w, diags):
         self.ctx = HEContext(params)
         self.keys = ClientKeys(self.ctx)
         self.ev = self.ctx.evaluator
@@ -88,6 +94,11 @@ class Seal:
         self.ct = self.keys.encrypt(self.pt_x)
         self.prod = seal.Ciphertext()
         self.ev.multiply_plain(self.ct, self.pt_w, self.prod)
+        # BSGS: y = sum_j rot_{j n1}(sum_i roll(v_{j n1 + i}, j n1) * rot_i(x)), as he.matmul does
+        self.diags = diags
+        self.gk_bsgs = self.keys.galois_keys(list(range(1, N1)) + [j * N1 for j in range(1, N_DIAG // N1)])
+        self.bsgs_pts = [[self._encode(np.roll(diags[j * N1 + i], j * N1).tolist()) for i in range(N1)]
+                         for j in range(N_DIAG // N1)]
         self.low = seal.Ciphertext()  # the product rescaled, then down to q0 (what offload decrypts)
         self.ev.rescale_to_next(self.prod, self.low)
         self.ev.mod_switch_to_inplace(self.low, self.ctx.parms_id_at(1))
@@ -123,11 +134,38 @@ class Seal:
             "8 rotations (sequential)": lambda: _timer(
                 lambda: [ev.rotate_vector(ct, s, gk, outs[i]) for i, s in enumerate(STEPS8)]),
             "8 rotations (hoisted)": None,
+            f"BSGS matvec, {N_DIAG} diagonals + rescale": lambda: _timer(self.bsgs),
             "8 rotations (2 threads x 4)": lambda: _two_threads(
                 lambda st: [ev.rotate_vector(ct, s, gk, seal.Ciphertext()) for s in st]),
             "decrypt + decode (all data primes)": lambda: _timer(lambda: dec(ct)),
             "decrypt + decode (1 prime)": lambda: _timer(lambda: dec(self.low)),
         }
+
+    def bsgs(self):
+        ev, gk, ct = self.ev, self.gk_bsgs, self.ct
+        baby = [ct] + [seal.Ciphertext() for _ in range(1, N1)]
+        for i in range(1, N1):
+            ev.rotate_vector(ct, i, gk, baby[i])
+        acc, t = None, seal.Ciphertext()
+        for j, row in enumerate(self.bsgs_pts):
+            inner = seal.Ciphertext()
+            ev.multiply_plain(baby[0], row[0], inner)
+            for i in range(1, N1):
+                ev.multiply_plain(baby[i], row[i], t)
+                ev.add_inplace(inner, t)
+            if j:
+                ev.rotate_vector_inplace(inner, j * N1, gk)
+            if acc is None:
+                acc = inner
+            else:
+                ev.add_inplace(acc, inner)
+        ev.rescale_to_next_inplace(acc)
+        return acc
+
+    def bsgs_error(self, want) -> float:
+        pt = seal.Plaintext()
+        self.keys._decryptor.decrypt(self.bsgs(), pt)
+        return float(np.abs(np.asarray(self.enc.decode_double(pt)) - want).max())
 
     def error(self, want) -> float:
         c = seal.Ciphertext()
@@ -140,7 +178,7 @@ class Seal:
 class Lattigo:
     name = "Lattigo v6.2.0"
 
-    def __init__(self, params: HEParams, x, w):
+    def __init__(self, params: HEParams, x, w, diags):
         self.be = be = LattigoBackend()
         self.ctx = be.context(params)
         self.keys = be.keygen(self.ctx)
@@ -149,6 +187,8 @@ class Lattigo:
         self.pt_x, self.pt_w = be.encode_slots(self.ctx, x), be.encode_slots(self.ctx, w)
         self.ct = self.keys.encrypt(self.pt_x)
         self.prod = be.multiply_plain(self.ctx, self.ct, self.pt_w)
+        self.lt = be.linear_transform_encode(self.ctx, dict(enumerate(diags)), log_bsgs_ratio=LOG_BSGS_RATIO)
+        self.gk_lt = self.keys.galois_keys_for_elements(self.lt.galois_elements())
         self.low = be.ciphertext_from_bytes(self.ctx, be.ciphertext_to_bytes(self.prod))
         be.rescale_inplace(self.ctx, self.low)
         be.mod_switch_to_inplace(self.ctx, self.low, be.level(self.ctx, 1))
@@ -178,11 +218,20 @@ class Lattigo:
             "rotate": lambda: _timer(lambda: be.rotate_rows(ctx, ct, 1, gk)),
             "8 rotations (sequential)": lambda: _timer(lambda: [be.rotate_rows(ctx, ct, s, gk) for s in STEPS8]),
             "8 rotations (hoisted)": lambda: _timer(lambda: be.rotate_hoisted(ctx, ct, STEPS8, gk)),
+            f"BSGS matvec, {N_DIAG} diagonals + rescale": lambda: _timer(self.bsgs),
             "8 rotations (2 threads x 4)": lambda: _two_threads(
                 lambda st: [be.rotate_rows(ctx, ct, s, gk) for s in st]),
             "decrypt + decode (all data primes)": lambda: _timer(lambda: be.decode_slots(ctx, self.keys.decrypt(ct))),
             "decrypt + decode (1 prime)": lambda: _timer(lambda: be.decode_slots(ctx, self.keys.decrypt(self.low))),
         }
+
+    def bsgs(self):
+        y = self.be.linear_transform(self.ctx, self.ct, self.lt, self.gk_lt)
+        self.be.rescale_inplace(self.ctx, y)
+        return y
+
+    def bsgs_error(self, want) -> float:
+        return float(np.abs(self.be.decode_slots(self.ctx, self.keys.decrypt(self.bsgs())) - want).max())
 
     def error(self, want) -> float:
         c = self.be.ciphertext_from_bytes(self.ctx, self.be.ciphertext_to_bytes(self.prod))
@@ -194,7 +243,8 @@ def bench_set(n: int, bits: tuple[int, ...], reps: int) -> dict:
     params = ckks_params(f"bench-ckks-{n}", n, bits)
     rng = np.random.default_rng(0)
     x, w = rng.uniform(-1, 1, n // 2), rng.uniform(-1, 1, n // 2)
-    s, l = Seal(params, x, w), Lattigo(params, x, w)
+    diags = rng.uniform(-1, 1, (N_DIAG, n // 2)) / 8
+    s, l = Seal(params, x, w, diags), Lattigo(params, x, w, diags)
     so, lo = s.ops(), l.ops()
     rows = []
     for op in so:
@@ -214,8 +264,10 @@ def bench_set(n: int, bits: tuple[int, ...], reps: int) -> dict:
     seq = next(r for r in rows if r["op"] == "8 rotations (sequential)")
     hoisted["ratio"] = seq["seal_ms"] / hoisted["lattigo_ms"]  # SEAL's only option is sequential
     want = x * w
+    want_mv = sum(diags[d] * np.roll(x, -d) for d in range(N_DIAG))
     return {"n": n, "bits": list(bits), "slots": n // 2, "rows": rows,
-            "max_err_mul_rescale": {"seal": s.error(want), "lattigo": l.error(want)}}
+            "max_err_mul_rescale": {"seal": s.error(want), "lattigo": l.error(want)},
+            "max_err_bsgs": {"seal": s.bsgs_error(want_mv), "lattigo": l.bsgs_error(want_mv)}}
 
 
 def _fmt(v, nd=3):
@@ -262,7 +314,9 @@ def main() -> None:
             print(f"| {row['op']} | {_fmt(row['seal_ms'])} | {_fmt(row['lattigo_ms'])} | "
                   f"{_fmt(row['ratio'], 2)}{note} |")
         e = r["max_err_mul_rescale"]
-        print(f"max |error| of x*w after rescale (|x|, |w| <= 1): SEAL {e['seal']:.2e}, Lattigo {e['lattigo']:.2e}")
+        print(f"\nmax |error| of x*w after rescale (|x|, |w| <= 1): SEAL {e['seal']:.2e}, Lattigo {e['lattigo']:.2e}")
+        e = r["max_err_bsgs"]
+        print(f"max |error| of the BSGS matvec (|y| <= 8): SEAL {e['seal']:.2e}, Lattigo {e['lattigo']:.2e}")
     if args.json:
         Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=1))
 
