@@ -10,12 +10,12 @@ rescale, one rotation, 8 rotations of one ciphertext (SEAL: 8 sequential rotate_
 it has no hoisting; Lattigo: 8 sequential Rotate calls and one RotateHoisted call of 8 steps;
 both: the 8 split over 2 Python threads), a BSGS matrix-vector product with 64 diagonals and a
 rescale (SEAL: 8 baby x 8 giant steps in Python, the loop the offload engine runs; Lattigo: one
-lintrans call, hoisted baby steps, LOG_BSGS_RATIO), decrypt + decode at all data primes and at 1 prime
-(a product rescaled and switched down to q0, what the offload client decrypts).  Medians over
---reps, the two backends interleaved rep by rep so that load changes on a shared machine hit
-both; ratio = SEAL / Lattigo (> 1: Lattigo faster).  One thread, one call at a time, except
-the 2-thread row.  Also prints nproc, the load average before and after, the CPU and the
-command line.
+lintrans call with hoisted baby steps, LOG_BSGS_RATIO), decrypt + decode at all data primes and
+at 1 prime (a product rescaled and switched down to q0, what the offload client decrypts).
+Medians over --reps, the two backends interleaved rep by rep so that load changes on a shared
+machine hit both; ratio = SEAL / Lattigo (> 1: Lattigo faster).  One thread, one call at a
+time, except the 2-thread row.  Also prints nproc, the load average before and after, the CPU
+and the command line.
 """
 
 from __future__ import annotations

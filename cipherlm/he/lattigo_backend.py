@@ -47,10 +47,10 @@ Not implemented (raise NotImplementedError): BFV (the conformance suite of
 tests/test_he_backend.py and the 2pc protocols are BFV with SEAL's
 coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
-`pack_lwes_stream`, `plaintext_to_numpy`.  Bootstrapping is not wrapped yet.  `encrypt_seeded` sends a 32-byte seed in place of the uniform half
-(the receiver expands it with the same code).
-`cost_model` is the interface's default (SEAL's 2pc constants): the 2pc
-planners do not run on this backend.
+`pack_lwes_stream`, `plaintext_to_numpy`.  Bootstrapping is not wrapped yet.
+`encrypt_seeded` sends a 32-byte seed in place of the uniform half (the
+receiver expands it with the same code).  `cost_model` is the interface's
+default (SEAL's 2pc constants): the 2pc planners do not run on this backend.
 
 Because the conformance suite of tests/test_he_backend.py is parametrised over
 every name in the registry and is BFV-only, this backend is not in
