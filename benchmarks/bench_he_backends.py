@@ -36,7 +36,12 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from cipherlm.he import ClientKeys, HEContext, HEParams
-from cipherlm.he.lattigo_backend import LattigoBackend, available, ckks_params, library_path
+from cipherlm.he.lattigo_backend import (
+    LattigoBackend,
+    available,
+    ckks_params,
+    library_path,
+)
 
 STEPS8 = [1, 2, 3, 4, 5, 6, 7, 8]
 N_DIAG, N1 = 64, 8  # the BSGS matvec: 64 diagonals = 8 baby x 8 giant steps (SEAL)
@@ -293,14 +298,14 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
         "nproc": os.cpu_count(),
-        "nproc_cmd": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+        "nproc_cmd": subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip(),
         "cpu": _cpu(),
         "loadavg_before": load0,
         "loadavg_after": _load(),
         "wall_s": round(time.time() - t0, 1),
         "reps": args.reps,
     }
-    print(f"# HE backends: SEAL 4.3 (tenseal) vs Lattigo v6.2.0, CKKS, one thread")
+    print("# HE backends: SEAL 4.3 (tenseal) vs Lattigo v6.2.0, CKKS, one thread")
     print(f"# {info['date']}  nproc={info['nproc_cmd']}  cpu={info['cpu']}")
     print(f"# loadavg before {info['loadavg_before']}  after {info['loadavg_after']}  wall {info['wall_s']} s")
     print(f"# command: {info['command']}")

@@ -66,8 +66,8 @@ import math
 import os
 import struct
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -75,8 +75,16 @@ from .backend import HEBackend, SecretKeys, register_backend
 from .errors import HEError
 from .params import HEParams, check_security, max_logq
 
-__all__ = ["LattigoBackend", "LattigoContext", "LattigoSecretKeys", "LattigoLinearTransform", "library_path",
-           "available", "ckks_params", "BUILD_HINT"]
+__all__ = [
+    "BUILD_HINT",
+    "LattigoBackend",
+    "LattigoContext",
+    "LattigoLinearTransform",
+    "LattigoSecretKeys",
+    "available",
+    "ckks_params",
+    "library_path",
+]
 
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
@@ -225,9 +233,9 @@ def _i64_array(values: Iterable[int]) -> tuple:
 class _Handle:
     """A Go object; freed when collected."""
 
-    __slots__ = ("h", "ctx", "__weakref__")
+    __slots__ = ("__weakref__", "ctx", "h")
 
-    def __init__(self, h: int, ctx: "LattigoContext | None"):
+    def __init__(self, h: int, ctx: LattigoContext | None):
         self.h = h
         self.ctx = ctx
 
@@ -236,7 +244,7 @@ class _Handle:
         if lib is not None and self.h and _lib_pid == os.getpid():
             try:
                 lib.clg_free(self.h)
-            except Exception:  # interpreter shutdown
+            except Exception:  # noqa: BLE001, S110 (interpreter shutdown)
                 pass
             self.h = 0
 
@@ -294,7 +302,7 @@ class LattigoGaloisKeys(_Handle):
     __slots__ = ()
 
     def has_steps(self, steps: Iterable[int]) -> bool:
-        arr, p, n = _i64_array(steps)
+        _arr, p, n = _i64_array(steps)
         if n == 0:
             return True
         ok = _int(0)
@@ -340,8 +348,8 @@ class LattigoContext:
         self.n = n
         self.slots = n // 2
         self.default_scale_bits = bits[-2] if len(bits) > 2 else min(bits[0] - 10, 40)
-        q_arr, q_p, q_n = _i64_array(bits[:-1])
-        p_arr, p_p, p_n = _i64_array(bits[-1:])
+        _q_arr, q_p, q_n = _i64_array(bits[:-1])
+        _p_arr, p_p, p_n = _i64_array(bits[-1:])
         self._h = _Handle(_new("clg_ckks_new", log_n, q_p, q_n, p_p, p_n, self.default_scale_bits), None)
         self.handle = self._h.h
         nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
@@ -392,7 +400,7 @@ class LattigoSecretKeys(SecretKeys):
 
     def galois_keys(self, steps: Iterable[int], *, conjugate: bool = False) -> LattigoGaloisKeys:
         """A local Galois key set for slot rotations by ``steps`` (left, |step| < N/2)."""
-        arr, p, n = _i64_array(steps)
+        _arr, p, n = _i64_array(steps)
         return LattigoGaloisKeys(_new("clg_gen_rotation_keys", self._sk.h, p, n, int(conjugate)), self.ctx)
 
     def galois_keys_bytes(self, steps) -> bytes:
@@ -433,7 +441,7 @@ class LattigoBackend(HEBackend):
         log_n = int(n).bit_length() - 1
         if n != 1 << log_n:
             raise HEError(f"N = {n} is not a power of two")
-        arr, p, k = _i64_array(bits)
+        _arr, p, k = _i64_array(bits)
         out = np.zeros(k, np.uint64)
         _call("clg_primes", log_n, p, k, out.ctypes.data_as(_p_u64))
         return [int(x) for x in out]
@@ -513,7 +521,7 @@ class LattigoBackend(HEBackend):
                        galois_keys: LattigoGaloisKeys) -> list[LattigoCiphertext]:
         """Rotations of ``ct`` by each step (left), one shared decomposition of c1
         (Lattigo's RotateHoisted); step 0 gives a copy."""
-        arr, p, n = _i64_array(steps)
+        _arr, p, n = _i64_array(steps)
         if n == 0:
             return []
         out = np.zeros(n, np.int64)

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -1268,6 +1269,7 @@ func clg_evk_to_bytes(evh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C
 		return fail(errbuf, errlen, err)
 	}
 	els := e.set.GetGaloisKeysList()
+	slices.Sort(els) // deterministic bytes (the set is a map)
 	b := []byte{'C', 'L', 'G', 'K', wireVersion, 0, 0, 0}
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(els)))
 	for _, g := range els {
