@@ -50,7 +50,8 @@ coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `pack_lwes_stream`, `plaintext_to_numpy`.  Bootstrapping is not wrapped yet.
 `encrypt_seeded` sends a 32-byte seed in place of the uniform half (the
 receiver expands it with the same code).  `cost_model` is the interface's
-default (SEAL's 2pc constants): the 2pc planners do not run on this backend.
+default (``HECostModel()``: SEAL's constants, not measured for Lattigo); the 2pc
+planners do not run on this backend.
 
 Because the conformance suite of tests/test_he_backend.py is parametrised over
 every name in the registry and is BFV-only, this backend is not in
