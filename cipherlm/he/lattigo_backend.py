@@ -90,7 +90,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _PARAMS_MAGIC = b"CLGPARAMS1"
 _CT_HEADER = struct.Struct("<4sBBBBB3sd")  # see clattigo.go
 _ERRLEN = 1024
@@ -106,7 +106,7 @@ _p_u8 = ctypes.POINTER(ctypes.c_ubyte)
 _pp_u8 = ctypes.POINTER(_p_u8)
 _err = (ctypes.c_char_p, _int)
 
-#: name -> argument types before the (errbuf, errlen) pair; None: no error pair
+#: name -> argument types before the (errbuf, errlen) pair every one of these takes
 _SIGNATURES: dict[str, tuple] = {
     "clg_primes": (_int, _p_i64, _int, _p_u64),
     "clg_ckks_new": (_int, _p_i64, _int, _p_i64, _int, _int, _p_i64),
@@ -174,7 +174,10 @@ def _load():
         if lib.clg_abi_version() != _ABI_VERSION:
             raise HEError(f"{path}: ABI version {lib.clg_abi_version()} != {_ABI_VERSION}; rebuild it")
         for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name)
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise HEError(f"{path} lacks {name}: an old build; {BUILD_HINT}") from None
             fn.argtypes = list(args) + list(_err)
             fn.restype = _int
         lib.clg_free.argtypes, lib.clg_free.restype = [_i64], None

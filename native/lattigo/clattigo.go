@@ -41,7 +41,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
-const abiVersion = 1
+const abiVersion = 2
 
 // ----------------------------------------------------------------------------- handles
 
