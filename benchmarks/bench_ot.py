@@ -3,7 +3,21 @@
 over `inprocess_pair`, a socketpair), base OTs done beforehand and timed apart.
 
     .venv/bin/python benchmarks/bench_ot.py [--json reports/bench_ot.json]
+        [--rcot 20000000] [--rcot-kinds iknp,ferret]
         [--random 10000000] [--cot 1000000] [--one-of-n 1000000] [--chosen 1000000]
+        [--compare OLD_ROOT [--repeat 3]]
+
+Random COT (``--rcot``, the issue 14 figure): ``OTSession.send_rcot`` /
+``recv_rcot`` from each OT extension (`cipherlm.mpc.ot_extension`: IKNP,
+Ferret), after a warm-up that runs the base OTs and (Ferret) puts the pool on
+the main parameter set.  Reported: COTs per second of wall clock (each party
+on its own core: "per core"), COTs per CPU-second of the busier party (its
+thread CPU time), and bits per COT counted through the channel (both
+directions, frame headers and the Ferret refills included, base OTs not).
+``--compare OLD_ROOT`` runs the random-COT rows A/B in one run: alternately
+with the package under OLD_ROOT (a directory holding an older ``cipherlm/``
+with its own ``_core.abi3.so``) and with this checkout, ``--repeat`` times
+each, in fresh subprocesses, and prints the best and median of each.
 
 Per kind: seconds (wall clock, both parties done), OTs per second, bytes per
 OT on the wire (both directions, frame headers included) against the formula
@@ -18,6 +32,9 @@ import argparse
 import json
 import os
 import platform
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,15 +45,20 @@ from cipherlm.mpc.ot import OTSession, bytes_per_ot
 from cipherlm.net.channel import inprocess_pair
 
 
-def both(s0, s1, f0, f1):
+def both(s0, s1, f0, f1, cpu: list | None = None):
+    """f0(s0) and f1(s1) in two threads; (results, wall seconds).  ``cpu``: receives
+    each party's thread CPU seconds."""
     res = [None, None]
     errs = []
+    cpu_t = [0.0, 0.0]
 
     def w(i, s, f):
+        c0 = time.thread_time()
         try:
             res[i] = f(s)
         except BaseException as e:  # noqa: BLE001
             errs.append(e)
+        cpu_t[i] = time.thread_time() - c0
 
     th = [threading.Thread(target=w, args=(0, s0, f0)), threading.Thread(target=w, args=(1, s1, f1))]
     t0 = time.perf_counter()
@@ -47,7 +69,119 @@ def both(s0, s1, f0, f1):
     dt = time.perf_counter() - t0
     if errs:
         raise errs[0]
+    if cpu is not None:
+        cpu[:] = cpu_t
     return res, dt
+
+
+def machine_info() -> dict:
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "platform": platform.platform(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def bench_rcot(kind: str, n: int, batch: int, chunk: int = 1 << 20) -> dict:
+    """Random COTs from the `kind` extension: n of them in requests of `chunk`,
+    after a warm-up (base OTs; Ferret: the pool on its main parameter set)."""
+    from cipherlm.mpc.ferret import FERRET_SETUP
+
+    a, b = inprocess_pair(timeout=600)
+    s0 = OTSession(a, 0, batch=batch, ferret=kind == "ferret")
+    s1 = OTSession(b, 1, batch=batch, ferret=kind == "ferret")
+    warm = 2 * FERRET_SETUP.usable + 1 if kind == "ferret" else 1000
+    both(s0, s1, lambda s: s.send_rcot(warm), lambda s: s.recv_rcot(warm))
+    a.reset_stats()
+    b.reset_stats()
+    d = np.frombuffer(s0.ext.sender_delta(), np.uint64)
+
+    def snd(s):
+        last = None
+        for lo in range(0, n, chunk):
+            last, _ = s.send_rcot(min(chunk, n - lo))
+        return last
+
+    def rcv(s):
+        last = None
+        for lo in range(0, n, chunk):
+            last = s.recv_rcot(min(chunk, n - lo))
+        return last
+
+    cpu = [0.0, 0.0]
+    (v, (u, w)), dt = both(s0, s1, snd, rcv, cpu)
+    np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))  # the last chunk
+    tot = a.totals()
+    wire = tot["bytes_sent"] + tot["bytes_received"]
+    a.close()
+    b.close()
+    row = {
+        "kind": f"random COT ({kind})",
+        "extension": kind,
+        "n": n,
+        "seconds": round(dt, 4),
+        "cots_per_second_per_core": round(n / dt),
+        "cpu_seconds_sender_receiver": [round(x, 4) for x in cpu],
+        "cots_per_cpu_second": round(n / max(cpu)),
+        "bits_per_cot": round(8 * wire / n, 4),
+        "bytes_total": wire,
+    }
+    print(
+        f"random COT {kind:7s} n={n:>11,d}  {dt:7.3f} s  {n / dt / 1e6:7.2f} M COT/s per core (wall)  "
+        f"{n / max(cpu) / 1e6:7.2f} M/CPU-s (cpu s/r {cpu[0]:.2f}/{cpu[1]:.2f})  {8 * wire / n:8.4f} bits/COT"
+    )
+    return row
+
+
+def compare(old_root: str, argv: list[str], repeat: int) -> list[dict]:
+    """A/B in one run: the random-COT rows alternately under OLD_ROOT's package and this checkout."""
+    here = str(Path(__file__).resolve().parents[1])
+    roots = {"before": str(Path(old_root).resolve()), "after": here}
+    runs: dict[str, list] = {"before": [], "after": []}
+    for r in range(repeat):
+        for label, root in roots.items():
+            env = {**os.environ, "PYTHONPATH": root}
+            out = subprocess.run([sys.executable, __file__, *argv, "--json", "-", "--random", "0", "--cot", "0",
+                                  "--chosen", "0", "--one-of-n", "0"], env=env, cwd=root,
+                                 capture_output=True, text=True, check=True)
+            rep = json.loads(out.stdout.split("JSON:", 1)[1])
+            assert rep["core"].startswith(root), (rep["core"], root)
+            runs[label].append(rep)
+            print(f"[{label} #{r + 1}] " + "; ".join(
+                f"{x['extension']}: {x['cots_per_second_per_core'] / 1e6:.2f} M/s, {x['bits_per_cot']:.3f} bits"
+                for x in rep["results"] if "extension" in x), flush=True)
+    summary = []
+    for label, reps in runs.items():
+        for kind in sorted({x["extension"] for rep in reps for x in rep["results"] if "extension" in x}):
+            rows = [x for rep in reps for x in rep["results"] if x.get("extension") == kind]
+            rates = [x["cots_per_second_per_core"] for x in rows]
+            cpu_rates = [x["cots_per_cpu_second"] for x in rows]
+            summary.append({
+                "version": label, "extension": kind, "runs": len(rows),
+                "best_cots_per_second_per_core": max(rates),
+                "median_cots_per_second_per_core": round(statistics.median(rates)),
+                "best_cots_per_cpu_second": max(cpu_rates),
+                "bits_per_cot": [x["bits_per_cot"] for x in rows],
+            })
+    print(f"\nA/B ({repeat} alternating runs each; before = {roots['before']})")
+    for row in summary:
+        print(f"  {row['version']:6s} {row['extension']:7s} best {row['best_cots_per_second_per_core'] / 1e6:7.2f} M COT/s "
+              f"per core, median {row['median_cots_per_second_per_core'] / 1e6:7.2f}, best "
+              f"{row['best_cots_per_cpu_second'] / 1e6:7.2f} M/CPU-s, bits/COT {row['bits_per_cot']}")
+    return summary
 
 
 def measure(name, n, s0, s1, a, b, f0, f1, formula, check):
@@ -82,10 +216,35 @@ def main(argv=None) -> int:
     ap.add_argument("--one-of-n", type=int, default=1_000_000)
     ap.add_argument("--chosen", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=1 << 16)
+    ap.add_argument("--rcot", type=int, default=20_000_000, help="random COTs per extension (0: skip)")
+    ap.add_argument("--rcot-kinds", default="iknp,ferret")
+    ap.add_argument("--compare", metavar="OLD_ROOT", help="A/B the random-COT rows against the package under OLD_ROOT")
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
+    info = machine_info()
+    print(f"machine: {info['nproc']} CPUs ({info['cpu']}), load average {info['load_average']}, {info['date']}")
+    print(f"command: {info['command']}")
+
+    if args.compare:
+        sub = ["--rcot", str(args.rcot), "--rcot-kinds", args.rcot_kinds, "--batch", str(args.batch)]
+        summary = compare(args.compare, sub, args.repeat)
+        report = {"benchmark": "ot_ab", "machine": info, "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                  "before": str(Path(args.compare).resolve()), "summary": summary}
+        if args.json and args.json != "-":
+            p = Path(args.json)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(report, indent=2))
+            print(f"wrote {p}")
+        return 0
+
+    rows = []
+    for kind in [k for k in args.rcot_kinds.split(",") if k] if args.rcot else ():
+        rows.append(bench_rcot(kind, args.rcot, args.batch))
+    if not (args.random or args.cot or args.chosen or args.one_of_n):
+        return _write(args, info, rows)
 
     a, b = inprocess_pair(timeout=600)
-    s0, s1 = OTSession(a, 0, batch=args.batch), OTSession(b, 1, batch=args.batch)
+    s0, s1 = OTSession(a, 0, batch=args.batch, ferret=False), OTSession(b, 1, batch=args.batch, ferret=False)
     rows = []
 
     _, dt = both(s0, s1, lambda s: s.setup(kk13=True), lambda s: s.setup(kk13=True))
@@ -157,17 +316,22 @@ def main(argv=None) -> int:
         )
     a.close()
     b.close()
+    return _write(args, info, rows)
+
+
+def _write(args, info: dict, rows: list) -> int:
+    from cipherlm import _core
+
     report = {
         "benchmark": "ot",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": {**info, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "core": str(Path(_core.__file__).resolve()),
         "setting": "in-process, two threads over a socketpair; base OTs excluded from the per-kind rows",
         "results": rows,
     }
-    if args.json:
+    if args.json == "-":
+        print("JSON:" + json.dumps(report))
+    elif args.json:
         p = Path(args.json)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(report, indent=2))

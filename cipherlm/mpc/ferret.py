@@ -144,11 +144,94 @@ class _FerretSide:
             return
         self._iterate(P, serve=True)
 
+    def _take(self, m: int, empty: list[np.ndarray]) -> list[np.ndarray]:
+        """m COTs off the pool (subclass `pool`, a `_Fifo`): what is there first, then
+        refills (so that the served-out block's arrays are free for the refill).
+        `served` counts as they are popped, so the refill decisions see
+        served + m and m - available exactly as when the whole request waited."""
+        parts = []
+        left = m
+        while left:
+            if self.pool.avail == 0:
+                self._refill(left)
+                continue
+            k = min(left, self.pool.avail)
+            parts.append(self.pool.pop(k))
+            self.served += k
+            left -= k
+        if not parts:
+            return empty
+        if len(parts) == 1:
+            return parts[0]
+        return [np.concatenate(col) for col in zip(*parts)]
+
     def _next_iteration(self, P: LPNParams) -> tuple[int, int]:
         it, tw = self.iterations, self.ggm_tweak
         self.iterations += 1
         self.ggm_tweak += P.t * P.h
         return it, tw
+
+
+def _rows(n: int) -> np.ndarray:
+    """An uninitialised (n, 2) uint64 array, 16-byte aligned (the native core
+    writes the COTs of an iteration straight into it)."""
+    a = np.empty((n + 1) * 2, np.uint64)
+    off = (-a.ctypes.data % 16) // 8
+    return a[off:off + 2 * n].reshape(n, 2)
+
+
+# whether this build of the native core writes an iteration into given arrays
+_OUT = "out" in (getattr(_core.ferret_sender, "__text_signature__", None) or "")
+
+
+class _Fifo:
+    """The served COTs: a queue of row blocks (views of whole iterations' outputs;
+    an iteration is appended without copying it into one big pool).  The output
+    arrays of a block that has been served completely are kept (``spare``) and
+    reused by the next iteration of the same size: a fresh 170 MB array costs
+    more in the kernel's page zeroing than the copy of the COTs out of it."""
+
+    def __init__(self):
+        self.blocks: list[list] = []  # [arrays..., owners, pos]
+        self.avail = 0
+        self.spare: dict[tuple, np.ndarray] = {}
+
+    def push(self, *arrays: np.ndarray, owners: tuple = ()) -> None:
+        if arrays[0].shape[0]:
+            self.blocks.append([*arrays, owners, 0])
+            self.avail += arrays[0].shape[0]
+
+    def array(self, shape: tuple, make) -> np.ndarray:
+        """A spare array of this shape, or make() a new one."""
+        a = self.spare.pop(shape, None)
+        return a if a is not None else make()
+
+    def pop(self, m: int) -> list[np.ndarray]:
+        """The next m rows of every array of the blocks, as fresh arrays."""
+        assert m <= self.avail
+        parts: list[list[np.ndarray]] = []
+        done = []
+        left = m
+        while left:
+            blk = self.blocks[0]
+            pos = blk[-1]
+            size = blk[0].shape[0]
+            take = min(left, size - pos)
+            parts.append([a[pos:pos + take] for a in blk[:-2]])
+            left -= take
+            if pos + take == size:
+                done.append(self.blocks.pop(0)[-2])
+            else:
+                blk[-1] = pos + take
+        self.avail -= m
+        if len(parts) == 1:
+            out = [p.copy() for p in parts[0]]
+        else:
+            out = [np.concatenate(col) for col in zip(*parts)]
+        for owners in done:  # served completely (and copied out): reusable
+            for a in owners:
+                self.spare[a.shape] = a
+        return out
 
 
 class FerretSender(_FerretSide):
@@ -159,11 +242,10 @@ class FerretSender(_FerretSide):
         self.delta = base.sender_delta()  # IKNP sender: same Delta
         self.delta64 = np.frombuffer(self.delta, np.uint64).copy()
         self.reserve = np.empty((0, 2), np.uint64)
-        self.pool = np.empty((0, 2), np.uint64)
-        self.pos = 0
+        self.pool = _Fifo()
 
     def _avail(self) -> int:
-        return self.pool.shape[0] - self.pos
+        return self.pool.avail
 
     def _reserve_len(self) -> int:
         return self.reserve.shape[0]
@@ -175,10 +257,16 @@ class FerretSender(_FerretSide):
         it, tw = self._next_iteration(P)
         seed = secrets.token_bytes(16)  # public LPN matrix seed, fresh per iteration
         base = np.ascontiguousarray(self.reserve[:P.base])
-        msg, v = _core.ferret_sender(self.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, tw)
+        args = (self.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, tw)
+        if _OUT:
+            v = self.pool.array((P.n, 2), lambda: _rows(P.n))
+            msg, _ = _core.ferret_sender(*args, out=v.view(np.uint8).reshape(-1))
+        else:
+            msg, v = _core.ferret_sender(*args)
+            v = np.frombuffer(v, np.uint64).reshape(-1, 2)
         self.base.chan.send({"op": "ferret", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8),
                            "msg": np.frombuffer(msg, np.uint8)})
-        self._absorb(P, np.frombuffer(v, np.uint64).reshape(-1, 2), serve)
+        self._absorb(P, v, serve)
 
     def _absorb(self, P: LPNParams, out: np.ndarray, serve: bool) -> None:
         rest = self.reserve[P.base:]
@@ -187,17 +275,12 @@ class FerretSender(_FerretSide):
             return
         need = max(0, P.base - rest.shape[0])
         self.reserve = np.concatenate([rest, out[:need]])
-        self.pool = np.concatenate([self.pool[self.pos:], out[need:]])
-        self.pos = 0
+        self.pool.push(out[need:], owners=(out,))
 
     def take(self, m: int) -> np.ndarray:
         """m random COTs v (m, 2) uint64 (a fresh array); refills as needed
         (which sends Ferret messages to the peer)."""
-        while self._avail() < m:
-            self._refill(m)
-        v = self.pool[self.pos:self.pos + m].copy()
-        self.pos += m
-        self.served += m
+        (v,) = self._take(m, [np.empty((0, 2), np.uint64)])
         return v
 
 
@@ -209,12 +292,10 @@ class FerretReceiver(_FerretSide):
         base.receiver_setup()
         self.reserve_u = np.empty(0, np.uint8)
         self.reserve_w = np.empty((0, 2), np.uint64)
-        self.pool_u = np.empty(0, np.uint8)
-        self.pool_w = np.empty((0, 2), np.uint64)
-        self.pos = 0
+        self.pool = _Fifo()
 
     def _avail(self) -> int:
-        return self.pool_u.shape[0] - self.pos
+        return self.pool.avail
 
     def _reserve_len(self) -> int:
         return self.reserve_u.shape[0]
@@ -230,13 +311,18 @@ class FerretReceiver(_FerretSide):
         msg = expect(self.base.chan, "ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
         bu = np.ascontiguousarray(self.reserve_u[:P.base])
         bw = np.ascontiguousarray(self.reserve_w[:P.base])
+        args = (bu, bw.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, msg["seed"], tw, msg["msg"])
         try:
-            u, w = _core.ferret_receiver(bu, bw.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h,
-                                         msg["seed"], tw, msg["msg"])
+            if _OUT:
+                u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
+                w = self.pool.array((P.n, 2), lambda: _rows(P.n))
+                _core.ferret_receiver(*args, out_u=u, out_w=w.view(np.uint8).reshape(-1))
+            else:
+                u, w = _core.ferret_receiver(*args)
+                u = np.frombuffer(u, np.uint8)
+                w = np.frombuffer(w, np.uint64).reshape(-1, 2)
         except ValueError as e:
             raise OTError(f"Ferret: {e}") from e
-        u = np.frombuffer(u, np.uint8)
-        w = np.frombuffer(w, np.uint64).reshape(-1, 2)
         rest_u, rest_w = self.reserve_u[P.base:], self.reserve_w[P.base:]
         if not serve:
             self.reserve_u = np.concatenate([rest_u, u])
@@ -245,16 +331,9 @@ class FerretReceiver(_FerretSide):
         need = max(0, P.base - rest_u.shape[0])
         self.reserve_u = np.concatenate([rest_u, u[:need]])
         self.reserve_w = np.concatenate([rest_w, w[:need]])
-        self.pool_u = np.concatenate([self.pool_u[self.pos:], u[need:]])
-        self.pool_w = np.concatenate([self.pool_w[self.pos:], w[need:]])
-        self.pos = 0
+        self.pool.push(u[need:], w[need:], owners=(u, w))
 
     def take(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """m random COTs: (u (m,) uint8 0/1, w (m, 2) uint64), fresh arrays."""
-        while self._avail() < m:
-            self._refill(m)
-        u = self.pool_u[self.pos:self.pos + m].copy()
-        w = self.pool_w[self.pos:self.pos + m].copy()
-        self.pos += m
-        self.served += m
+        u, w = self._take(m, [np.empty(0, np.uint8), np.empty((0, 2), np.uint64)])
         return u, w
