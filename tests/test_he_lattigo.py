@@ -267,9 +267,13 @@ def test_serialisation_round_trip(lat):
     with pytest.raises(HEError):
         be.numpy_to_ciphertext(ctx, bad)
     # keys: the peer's Galois keys and public key
-    gblob = keys.galois_keys_bytes([1, 3])
+    gblob = keys.galois_keys_bytes([1, 3])  # seeded: about half of the expanded keys
     g2 = be.galois_keys_from_bytes(ctx, gblob, required_steps=[1, 3])
-    assert g2.to_bytes() == gblob
+    full = g2.to_bytes()
+    assert gblob[5] == 1 and full[5] == 0 and len(gblob) < 0.55 * len(full)
+    g3 = be.galois_keys_from_bytes(ctx, full, required_steps=[1, 3])
+    assert g3.to_bytes() == full
+    assert np.abs(_dec(be, ctx, keys, be.rotate_rows(ctx, ct, 1, g3)) - np.roll(x, -1)).max() < TOL
     assert np.abs(_dec(be, ctx, keys, be.rotate_hoisted(ctx, ct, [3], g2)[0]) - np.roll(x, -3)).max() < TOL
     with pytest.raises(HEError):
         be.galois_keys_from_bytes(ctx, gblob, required_steps=[2])
@@ -341,11 +345,21 @@ def test_malformed_bytes_give_heerror(lat):
             except HEError:
                 pass
     # keys
-    gblob = keys.galois_keys_bytes([1])
     gload = lambda d: be.galois_keys_from_bytes(ctx, d)
-    for cut in (0, 8, 12, 20, len(gblob) - 1):
-        _expect_heerror(gload, gblob[:cut])
-    _expect_heerror(gload, gblob + b"\0" * 8)
+    for seeded in (True, False):
+        gb = keys.galois_keys_bytes([1]) if seeded else keys.galois_keys([1]).to_bytes()
+        for cut in (0, 8, 12, 20, 52, len(gb) - 1):
+            _expect_heerror(gload, gb[:cut])
+        _expect_heerror(gload, gb + b"\0" * 8)
+        bad = bytearray(gb)
+        bad[5] = 0 if seeded else 1  # the other layout's flag: the length no longer matches
+        _expect_heerror(gload, bytes(bad))
+        bad[5] = 2
+        _expect_heerror(gload, bytes(bad))
+        bad = bytearray(gb)
+        struct.pack_into("<Q", bad, len(gb) - 8, 2 ** 64 - 1)  # unreduced last word
+        _expect_heerror(gload, bytes(bad))
+    gblob = keys.galois_keys([1]).to_bytes()
     gb = bytearray(gblob)
     struct.pack_into("<I", gb, 8, 2 ** 31)  # a huge key count: refused before any allocation
     _expect_heerror(gload, bytes(gb))
@@ -356,7 +370,7 @@ def test_malformed_bytes_give_heerror(lat):
     gb = bytearray(gblob)
     struct.pack_into("<Q", gb, 20, 2 ** 64 - 1)  # unreduced key coefficient
     _expect_heerror(gload, bytes(gb))
-    two = keys.galois_keys_bytes([1, 2])
+    two = keys.galois_keys([1, 2]).to_bytes()
     dup = bytearray(two)
     per = (len(two) - 12) // 2
     dup[12 + per: 20 + per] = dup[12:20]  # the same Galois element twice

@@ -40,7 +40,8 @@ secret and sigma = 3.2 error, i.e. the HomomorphicEncryption.org setting that
   ``native/lattigo``'s own fixed layouts (clattigo.go): the expected length
   follows from the parameters and is checked before anything is allocated,
   every coefficient must be reduced, and Lattigo's own parsers never see a
-  peer's bytes.  Any malformed blob gives `HEError`; a Go panic is recovered
+  peer's bytes.  Galois keys go out seeded (Lattigo's compressed keys: a seed
+  in place of the uniform halves, about half the bytes).  Any malformed blob gives `HEError`; a Go panic is recovered
   on the Go side and also becomes `HEError`.
 
 Not implemented (raise NotImplementedError): BFV (the conformance suite of
@@ -90,7 +91,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _PARAMS_MAGIC = b"CLGPARAMS1"
 _CT_HEADER = struct.Struct("<4sBBBBB3sd")  # see clattigo.go
 _ERRLEN = 1024
@@ -115,6 +116,8 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_gen_rotation_keys": (_i64, _p_i64, _int, _int, _p_i64),
     "clg_evk_has_steps": (_i64, _p_i64, _int, _p_int),
     "clg_gen_galois_keys": (_i64, _p_u64, _int, _p_i64),
+    "clg_steps_to_elements": (_i64, _p_i64, _int, _int, _p_u64, _int, _p_int),
+    "clg_galois_keys_compressed": (_i64, _p_u64, _int, _pp_u8, _p_i64),
     "clg_lt_new": (_i64, _p_i64, _int, _p_dbl, _int, _dbl, _int, _p_i64),
     "clg_lt_galois_elements": (_i64, _p_u64, _int, _p_int),
     "clg_lt_eval": (_i64, _i64, _i64, _p_i64),
@@ -314,6 +317,7 @@ class LattigoGaloisKeys(_Handle):
         return bool(ok.value)
 
     def to_bytes(self) -> bytes:
+        """The whole (expanded) keys; `LattigoSecretKeys.galois_keys_bytes` sends seeded ones."""
         return _bytes_out("clg_evk_to_bytes", self.h)
 
 
@@ -408,7 +412,13 @@ class LattigoSecretKeys(SecretKeys):
         return LattigoGaloisKeys(_new("clg_gen_rotation_keys", self._sk.h, p, n, int(conjugate)), self.ctx)
 
     def galois_keys_bytes(self, steps) -> bytes:
-        return self.galois_keys(steps).to_bytes()
+        """Seeded (compressed, about half-size) Galois keys for slot rotations by ``steps``,
+        for the peer (`LattigoBackend.galois_keys_from_bytes` expands them)."""
+        _arr, p, n = _i64_array(steps)
+        els = np.zeros(max(n, 1) + 1, np.uint64)
+        k = _int(0)
+        _call("clg_steps_to_elements", self.ctx.handle, p, n, 0, els.ctypes.data_as(_p_u64), els.size, ctypes.byref(k))
+        return self.galois_keys_bytes_for_elements(els[: k.value])
 
     def galois_keys_for_elements(self, elements: Iterable[int]) -> LattigoGaloisKeys:
         """A local Galois key set for the automorphisms X -> X^g (e.g. a linear transform's
@@ -418,7 +428,9 @@ class LattigoSecretKeys(SecretKeys):
                                  self.ctx)
 
     def galois_keys_bytes_for_elements(self, elements) -> bytes:
-        return self.galois_keys_for_elements(elements).to_bytes()
+        """Seeded (compressed) Galois keys for the automorphisms X -> X^g."""
+        els = np.ascontiguousarray(np.asarray(list(elements), dtype=np.uint64).reshape(-1))
+        return _bytes_out("clg_galois_keys_compressed", self._sk.h, els.ctypes.data_as(_p_u64), els.size)
 
 
 # ----------------------------------------------------------------------------- backend

@@ -41,7 +41,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
-const abiVersion = 2
+const abiVersion = 3
 
 // ----------------------------------------------------------------------------- handles
 
@@ -49,8 +49,10 @@ type ctxObj struct {
 	params  ckks.Parameters
 	encoder *ckks.Encoder
 	eval    *ckks.Evaluator // without keys: add, mul by plaintext, rescale
-	gkSize  int             // serialised size of one Galois key (lazily computed)
+	gkSize  int             // words of one Galois key (lazily computed)
 	gkOnce  sync.Once
+	gkcSize int // words of one compressed (seeded, degree-0) Galois key
+	gkcOnce sync.Once
 }
 
 type skObj struct {
@@ -952,7 +954,9 @@ func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, 
 //             scale float64 LE | (degree+1)(level+1)N uint64 LE coefficients (poly, prime, index).
 // Seeded:     "CLGS" | the same 16 header bytes | 32-byte seed of c1 | (level+1)N words of c0.
 // Public key:  "CLGP" | version u8 | 3 zero bytes | the 2 QP polys of the key, raw (prime-major).
-// Galois keys: "CLGK" | version u8 | 3 zero bytes | count u32 | count x (galEl u64 | key polys raw).
+// Galois keys: "CLGK" | version u8 | flag u8 | 2 zero bytes | count u32 | count x (galEl u64 | key).
+//             flag 0: the key's polys raw; flag 1 (compressed): a 32-byte seed, then the degree-0
+//             polys (the uniform halves are expanded from the seed on loading).
 // Key polynomials are written in Lattigo's (NTT, Montgomery) representation; their shape is the one
 // rlwe.NewPublicKey / rlwe.NewGaloisKey allocate for the parameters, so the reader knows every size.
 
@@ -1261,6 +1265,77 @@ func (c *ctxObj) galoisKeyWords() int {
 	return c.gkSize
 }
 
+var compressedKey = rlwe.EvaluationKeyParameters{Compressed: true}
+
+func (c *ctxObj) compressedGaloisKeyWords() int {
+	c.gkcOnce.Do(func() { c.gkcSize = polysWords(gkPolys(rlwe.NewGaloisKey(c.params, compressedKey))) })
+	return c.gkcSize
+}
+
+// clg_steps_to_elements: the Galois elements of slot rotations by steps (and conjugation).
+//
+//export clg_steps_to_elements
+func clg_steps_to_elements(h C.int64_t, steps *C.int64_t, n C.int, conj C.int, out *C.uint64_t, cap_ C.int,
+	nOut *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	els, err := galoisElements(c, i64s(steps, n), conj != 0)
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if len(els) > int(cap_) {
+		return fail(errbuf, errlen, errors.New("output buffer too small"))
+	}
+	copy(unsafe.Slice((*uint64)(unsafe.Pointer(out)), len(els)), els)
+	*nOut = C.int(len(els))
+	return 0
+}
+
+// clg_galois_keys_compressed: fresh seeded Galois keys for the automorphisms X -> X^g, written
+// directly as bytes (flag 1 in the header): per key its element, the 32-byte seed of the uniform
+// halves and the degree-0 gadget ciphertext; about half the size of the expanded keys.
+//
+//export clg_galois_keys_compressed
+func clg_galois_keys_compressed(skh C.int64_t, els *C.uint64_t, n C.int, out **C.uchar, outLen *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	s, err := get[*skObj](skh, "secret key")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if n < 1 || els == nil {
+		return fail(errbuf, errlen, errors.New("no Galois elements"))
+	}
+	twoN := uint64(2 * s.ctx.params.N())
+	var gs []uint64
+	for _, g := range unsafe.Slice((*uint64)(unsafe.Pointer(els)), int(n)) {
+		if g&1 == 0 || g == 0 || g >= twoN {
+			return fail(errbuf, errlen, fmt.Errorf("invalid Galois element %d", g))
+		}
+		if g != 1 && !slices.Contains(gs, g) {
+			gs = append(gs, g)
+		}
+	}
+	slices.Sort(gs)
+	kg := rlwe.NewKeyGenerator(s.ctx.params)
+	b := []byte{'C', 'L', 'G', 'K', wireVersion, 1, 0, 0}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(gs)))
+	for _, g := range gs {
+		gk := kg.GenGaloisKeyNew(g, s.sk, compressedKey)
+		if gk.Seed == nil || !gk.IsCompressed() {
+			return fail(errbuf, errlen, errors.New("Lattigo returned an uncompressed key"))
+		}
+		b = binary.LittleEndian.AppendUint64(b, g)
+		b = append(b, gk.Seed[:]...)
+		b = writePolys(b, gkPolys(gk))
+	}
+	bytesOut(b, out, outLen)
+	return 0
+}
+
 //export clg_evk_to_bytes
 func clg_evk_to_bytes(evh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	defer guard(&rc, errbuf, errlen)
@@ -1295,14 +1370,18 @@ func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, o
 	if len(b) < keyHeader+4 {
 		return fail(errbuf, errlen, fmt.Errorf("Galois key blob of %d bytes is shorter than its header", len(b)))
 	}
-	if string(b[:4]) != "CLGK" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+	if string(b[:4]) != "CLGK" || b[4] != wireVersion || b[5] > 1 || b[6] != 0 || b[7] != 0 {
 		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo Galois key set (bad header)"))
 	}
+	compressed := b[5] == 1
 	count := int(binary.LittleEndian.Uint32(b[8:12]))
 	if count < 1 || count > int(maxKeys) {
 		return fail(errbuf, errlen, fmt.Errorf("%d Galois keys (allowed 1..%d)", count, int(maxKeys)))
 	}
 	per := 8 + 8*c.galoisKeyWords()
+	if compressed {
+		per = 8 + seedLen + 8*c.compressedGaloisKeyWords()
+	}
 	if want := keyHeader + 4 + count*per; len(b) != want {
 		return fail(errbuf, errlen, fmt.Errorf("Galois key blob of %d bytes, expected %d for %d keys", len(b), want, count))
 	}
@@ -1317,14 +1396,31 @@ func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, o
 		if _, dup := set.GaloisKeys[g]; dup {
 			return fail(errbuf, errlen, fmt.Errorf("duplicate Galois element %d", g))
 		}
-		gk := rlwe.NewGaloisKey(c.params)
-		gk.GaloisElement = g
+		var gk *rlwe.GaloisKey
 		rest = rest[8:]
+		var seed [seedLen]byte
+		if compressed {
+			gk = rlwe.NewGaloisKey(c.params, compressedKey)
+			copy(seed[:], rest[:seedLen])
+			rest = rest[seedLen:]
+		} else {
+			gk = rlwe.NewGaloisKey(c.params)
+		}
+		gk.GaloisElement = g
 		for i := range gk.Value {
 			for j := range gk.Value[i] {
 				if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
 					return fail(errbuf, errlen, err)
 				}
+			}
+		}
+		if compressed {
+			gk.Seed = &seed
+			if err = gk.EvaluationKey.Expand(c.params, nil); err != nil {
+				return fail(errbuf, errlen, err)
+			}
+			if gk.Degree() != 1 {
+				return fail(errbuf, errlen, errors.New("Galois key did not expand"))
 			}
 		}
 		set.GaloisKeys[g] = gk
