@@ -399,6 +399,16 @@ def test_not_implemented_and_bad_handles(lat):
                  lambda: be.plaintext_to_numpy(keys.decrypt(ct))):
         with pytest.raises(NotImplementedError):
             call()
+    # objects of another context (even with the same parameters) are refused
+    ctx2 = be.context(ctx.params)
+    keys2 = be.keygen(ctx2)
+    ct2 = keys2.encrypt(be.encode_slots(ctx2, _vec(13)))
+    pt = be.encode_slots(ctx, _vec(13))
+    for call in (lambda: be.multiply_plain(ctx, ct, pt, out=ct2), lambda: be.add_inplace(ctx, ct, ct2),
+                 lambda: keys.decrypt(ct2), lambda: be.multiply_plain(ctx2, ct2, pt),
+                 lambda: be.rotate_rows(ctx, ct, 1, keys2.galois_keys([1]))):
+        with pytest.raises(HEError):
+            call()
     # a handle of the wrong kind is an error from Go, not a crash
     with pytest.raises(HEError):
         mod._call("clg_rescale", gk.h)

@@ -583,6 +583,9 @@ func clg_mul_plain(cth C.int64_t, ph C.int64_t, into C.int64_t, out *C.int64_t, 
 		if dst, err = get[*ctObj](into, "ciphertext"); err != nil {
 			return fail(errbuf, errlen, err)
 		}
+		if dst.ctx != c.ctx {
+			return fail(errbuf, errlen, errors.New("output ciphertext belongs to another context"))
+		}
 		if dst.ct.Degree() != 1 || dst.ct.Level() < lvl {
 			dst.ct = ckks.NewCiphertext(c.ctx.params, 1, lvl)
 		} else if dst.ct.Level() > lvl {
