@@ -10,7 +10,7 @@ import numpy as np
 # UserError and the server-process helpers live in cipherlm.launch (the benchmarks use them
 # too); they stay importable from here (cipherlm.commands.UserError, .start_server_process).
 from cipherlm.launch import DEFAULT_PROMPT, UserError, start_server_process, stop_process  # noqa: F401
-from cipherlm.runtime.plain import OpTimer
+from cipherlm.runtime.meter import Meter
 
 
 def dispatch(args) -> int:
@@ -375,7 +375,7 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
         tokenizer, config = client.tokenizer, client.config
         prompt_ids = tokenizer.encode(chat_prompt(tokenizer, prompt, getattr(args, "raw", False))).ids
         _err(f"session ready in {client.setup_seconds:.1f} s; {len(prompt_ids)} prompt tokens, generating ...")
-        timer = OpTimer()
+        timer = Meter()
         executor = client.executor(profiler=timer)
         streamer = TokenStreamer(tokenizer) if stream else (lambda t: None)
         token_times: list[float] = []
@@ -558,7 +558,7 @@ def cmd_classify(args) -> int:
         with OffloadClient(*args.server, model=args.model, progress=_err) as client:
             if client.labels is None:
                 raise UserError(f"the server's model {client.model!r} has no classifier head")
-            timer = OpTimer()
+            timer = Meter()
             executor = client.executor(profiler=timer)
             logits = classify_texts(executor, client.tokenizer, texts, "classifying under HE")
             labels = client.labels

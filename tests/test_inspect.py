@@ -173,11 +173,11 @@ def test_offload_run_report_shows_prediction(offload_server, tiny_llama_dir):
     from cipherlm.commands import _add_offload_stats, add_run_prediction, generation_passes
     from cipherlm.report import RunReport
     from cipherlm.runtime.offload_client import OffloadClient
-    from cipherlm.runtime.plain import OpTimer
+    from cipherlm.runtime.meter import Meter
 
     report = RunReport("offload", "tiny-llama", command="test")
     with OffloadClient(*offload_server.address) as client:
-        timer = OpTimer()
+        timer = Meter()
         new_ids = client.executor(profiler=timer).generate([1, 2, 3, 4], max_new_tokens=3, eos_token_ids=[])
         _add_offload_stats(report, client, timer)
         add_run_prediction(report, client.config, "offload", generation_passes(4, len(new_ids)))

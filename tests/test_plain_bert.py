@@ -4,7 +4,8 @@ import numpy as np
 
 from _hf_oracle import build_hf, rel_err, torch_setup
 from cipherlm.models import normalize_weights
-from cipherlm.runtime.plain import EncoderExecutor, OpTimer, PlainLinear, split_params
+from cipherlm.runtime.meter import Meter
+from cipherlm.runtime.plain import EncoderExecutor, PlainLinear, split_params
 
 torch = torch_setup()
 import transformers as T  # noqa: E402
@@ -26,7 +27,7 @@ def test_bert_hidden_pooler_and_mask_match_hf():
     assert "embeddings.word_embeddings.weight" in w
     client, server = split_params(config, w)
     assert "encoder.layer.0.attention.self.query" in server and "pooler.dense" in server
-    timer = OpTimer()
+    timer = Meter()
     ex = EncoderExecutor(config, client, PlainLinear(server, dtype=np.float64), profiler=timer)
     ids = np.array([[2, 17, 33, 90, 5, 3, 0, 0], [2, 8, 9, 10, 11, 12, 13, 3]])
     mask = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8])

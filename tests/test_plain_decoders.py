@@ -6,8 +6,9 @@ import pytest
 from _hf_oracle import build_hf, rel_err, torch_setup
 from test_compile_graph import _cases, _hf_logits, _Recorder  # one table of families for plain mode
 from cipherlm.models import normalize_weights
+from cipherlm.runtime.meter import Meter
 from cipherlm.runtime.plain import (
-    DecoderExecutor, OpTimer, PlainLinear, make_executor, sample_next, split_params,
+    DecoderExecutor, PlainLinear, make_executor, sample_next, split_params,
 )
 
 torch = torch_setup()
@@ -95,7 +96,7 @@ def _weights_of(model, config):
 def test_backend_groups_and_profiler(case):
     name, model, config, ex, server = case
     rec = _Recorder(PlainLinear(server))
-    timer = OpTimer()
+    timer = Meter()
     ex2 = make_executor(config, split_params(config, _weights_of(model, config))[0], rec, profiler=timer)
     ex2.forward([1, 2, 3])
     first = rec.calls[0]

@@ -12,14 +12,14 @@ re-exported here):
   and experts, the pooler, a "classifier" head, "lm_head");
 * `LinearBackend` / `PlainLinear`: the projections, in the clear (float32 by default,
   the weights' precision, or float64 when asked); a private mode swaps the backend;
-* `KVCache`, `sample_next` (greedy / temperature / top-k / top-p), `OpTimer`;
-* `OpTimer`. (Every mode reads a config through the architecture table,
-  `cipherlm.compile.arch`: no config parsing here.)
+* `KVCache`, `sample_next` (greedy / temperature / top-k / top-p). (Every mode reads
+  a config through the architecture table, `cipherlm.compile.arch`: no config parsing
+  here.)
 
 Operator classes, for profiling: `cipherlm.compile.ir.OP_CLASSES` (every mode's
 vocabulary: embedding, linear, norm, rope, attention_matmul, softmax, activation, moe,
 sampling, ...). A profiler is any object
-with `add_seconds(op_class, seconds)` (e.g. `cipherlm.report.RunReport`, `OpTimer`)
+with `add_seconds(op_class, seconds)` (e.g. `cipherlm.report.RunReport`, `runtime.meter.Meter`)
 or a callable `(op_class, seconds)`.
 """
 
@@ -43,21 +43,6 @@ MOE_TYPES = ("qwen2_moe", "olmoe", "mixtral")
 
 
 # --------------------------------------------------------------------------- profiling
-
-
-class OpTimer:
-    """Accumulates seconds and call counts per operator class."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-
-    def add_seconds(self, op_class: str, seconds: float) -> None:
-        self.seconds[op_class] = self.seconds.get(op_class, 0.0) + seconds
-        self.counts[op_class] = self.counts.get(op_class, 0) + 1
-
-    def __call__(self, op_class: str, seconds: float) -> None:
-        self.add_seconds(op_class, seconds)
 
 
 # --------------------------------------------------------------------------- params
