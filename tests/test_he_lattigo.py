@@ -101,6 +101,8 @@ def test_registered(lat):
     mod, *_ = lat
     assert isinstance(get_backend("lattigo"), mod.LattigoBackend)
     assert get_backend("lattigo").name == "lattigo"
+    cm = get_backend("lattigo").cost_model
+    assert cm is mod.LATTIGO_COSTS and 0 < cm.offload.multiply_plain < cm.offload.rotate_low < cm.offload.rotate
 
 
 def test_encrypt_decrypt_round_trip(lat):

@@ -50,9 +50,9 @@ coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
 `pack_lwes_stream`, `plaintext_to_numpy`.  Bootstrapping is not wrapped yet.
 `encrypt_seeded` sends a 32-byte seed in place of the uniform half (the
-receiver expands it with the same code).  `cost_model` is the interface's
-default (``HECostModel()``: SEAL's constants, not measured for Lattigo); the 2pc
-planners do not run on this backend.
+receiver expands it with the same code).  `cost_model` is `LATTIGO_COSTS`:
+its offload constants are measured here, its 2pc ones are SEAL's (the 2pc
+planners do not run on this backend).
 
 Because the conformance suite of tests/test_he_backend.py is parametrised over
 every name in the registry and is BFV-only, this backend is not in
@@ -73,12 +73,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import HEBackend, SecretKeys, register_backend
+from .backend import (
+    HEBackend,
+    HECostModel,
+    OffloadCostModel,
+    SecretKeys,
+    TwoPCCostModel,
+    register_backend,
+)
 from .errors import HEError
 from .params import HEParams, check_security, max_logq
 
 __all__ = [
     "BUILD_HINT",
+    "LATTIGO_COSTS",
     "LattigoBackend",
     "LattigoContext",
     "LattigoLinearTransform",
@@ -434,12 +442,24 @@ class LattigoSecretKeys(SecretKeys):
 
 
 # ----------------------------------------------------------------------------- backend
+#: Lattigo's machine constants.  ``offload``: per op at N = 8192, primes (60, 40 | 60), measured
+#: with benchmarks/bench_he_backends.py on the 2-vCPU reference machine on 2026-11-24 (load 2.5-4,
+#: medians, the wrapper's Python cost included; the SEAL defaults of `OffloadCostModel` are from
+#: the dev machine); ``twopc``: SEAL's (the 2pc packings are BFV and do not run on this backend).
+LATTIGO_COSTS = HECostModel(
+    twopc=TwoPCCostModel(),
+    offload=OffloadCostModel(rotate=1.9e-3, rotate_low=0.9e-3, multiply_plain=0.06e-3, add=0.02e-3,
+                             rescale=0.42e-3, decrypt_decode=0.24e-3),
+)
+
+
 class LattigoBackend(HEBackend):
     """CKKS on Lattigo v6 (module docstring: what is implemented and what raises
     NotImplementedError: BFV, encode_coeffs, to_ntt_inplace / from_ntt_inplace,
     pack_lwes_stream, plaintext_to_numpy)."""
 
     name = "lattigo"
+    cost_model = LATTIGO_COSTS
 
     # -- parameters / context ---------------------------------------------------------
     def context(self, params: HEParams) -> LattigoContext:
