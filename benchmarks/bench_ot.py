@@ -5,7 +5,7 @@ over `inprocess_pair`, a socketpair), base OTs done beforehand and timed apart.
     .venv/bin/python benchmarks/bench_ot.py [--json reports/bench_ot.json]
         [--rcot 20000000] [--rcot-kinds iknp,ferret]
         [--random 10000000] [--cot 1000000] [--one-of-n 1000000] [--chosen 1000000]
-        [--compare OLD_ROOT [--repeat 3]]
+        [--compare OLD_ROOT [--repeat 3]] [--core-ab OLD_SO [--repeat 3]]
 
 Random COT (``--rcot``, the issue 14 figure): ``OTSession.send_rcot`` /
 ``recv_rcot`` from each OT extension (`cipherlm.mpc.ot_extension`: IKNP,
@@ -18,6 +18,11 @@ directions, frame headers and the Ferret refills included, base OTs not).
 with the package under OLD_ROOT (a directory holding an older ``cipherlm/``
 with its own ``_core.abi3.so``) and with this checkout, ``--repeat`` times
 each, in fresh subprocesses, and prints the best and median of each.
+``--core-ab OLD_SO`` times the native kernels alone, old build (a
+``_core.abi3.so`` file) against this checkout's, alternately in one process
+(thread CPU time): one Ferret iteration at the main parameters (sender,
+receiver) and the 1-out-of-16 pads from correlated OTs (``np1ofn_*``,
+2-bit messages, 1M instances).
 
 Per kind: seconds (wall clock, both parties done), OTs per second, bytes per
 OT on the wire (both directions, frame headers included) against the formula
@@ -146,6 +151,77 @@ def bench_rcot(kind: str, n: int, batch: int, chunk: int = 1 << 20) -> dict:
     return row
 
 
+def _load_core(path: str):
+    """A build of the native core from a file, as its own module object."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader("_core", path)
+    spec = importlib.util.spec_from_file_location("_core", path, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def core_ab(old_so: str, repeat: int) -> list[dict]:
+    """Native kernels, old build vs this checkout's, alternating, thread CPU seconds (best of `repeat`)."""
+    from cipherlm import _core as new
+    from cipherlm.mpc.ferret import FERRET_MAIN as P
+
+    builds = {"before": _load_core(str(Path(old_so).resolve())), "after": new}
+    rng = np.random.default_rng(5)
+    delta = rng.bytes(16)
+    d64 = np.frombuffer(delta, np.uint64)
+    v = rng.integers(0, 2**64, (P.base, 2), dtype=np.uint64)
+    u = rng.integers(0, 2, P.base).astype(np.uint8)
+    w = v ^ (u.astype(np.uint64)[:, None] * d64)
+    seed = rng.bytes(16)
+    n1, N, m = 1 << 20, 16, 4
+    q = rng.integers(0, 2**64, (n1 * m, 2), dtype=np.uint64)
+    ch = rng.integers(0, N, n1).astype(np.uint8)
+    cb = ((ch[:, None] >> np.arange(m, dtype=np.uint8)) & 1).reshape(-1).astype(np.uint64)
+    t = q ^ (cb[:, None] * d64)
+    msgs = rng.integers(0, 4, (n1, N), dtype=np.uint64)
+    best: dict = {}
+    has_out = "out" in (getattr(new.ferret_sender, "__text_signature__", None) or "")
+    outs = (np.empty(P.n * 16 + 16, np.uint8), np.empty(P.n, np.uint8), np.empty(P.n * 16 + 16, np.uint8))
+    al = [o[(-o.ctypes.data) % 16:][:P.n * 16] if o.size > P.n else o for o in outs]
+
+    def kw(core, *names):  # the new build writes into reused arrays (as the Ferret pools do)
+        return dict(zip(names, [al[0]] if len(names) == 1 else al[1:])) if core is new and has_out else {}
+
+    def timed(key, f):
+        c0 = time.thread_time()
+        r = f()
+        dt = time.thread_time() - c0
+        best[key] = min(best.get(key, dt), dt)
+        return r
+
+    for _ in range(repeat):
+        for label, core in builds.items():
+            msg, vo = timed((label, "ferret_sender"), lambda: core.ferret_sender(
+                delta, v.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, 1 << 62, **kw(core, "out")))
+            uo, wo = timed((label, "ferret_receiver"), lambda: core.ferret_receiver(
+                u, w.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, 1 << 62, msg, **kw(core, "out_u", "out_w")))
+            vv = np.frombuffer(vo, np.uint64).reshape(-1, 2)
+            ww = np.frombuffer(wo, np.uint64).reshape(-1, 2)
+            uu = np.frombuffer(uo, np.uint8)
+            assert (ww[:1000] == vv[:1000] ^ (uu[:1000].astype(np.uint64)[:, None] * d64)).all()
+            del vo, wo, vv, ww
+            y = timed((label, "np1ofn_sender (1-of-16, 1M)"), lambda: core.np1ofn_sender(
+                q.view(np.uint8).reshape(-1), delta, 7, N, msgs.view(np.uint8).reshape(-1), 2))
+            got = timed((label, "np1ofn_receiver (1-of-16, 1M)"), lambda: core.np1ofn_receiver(
+                t.view(np.uint8).reshape(-1), ch, 7, N, y, 2))
+            assert (np.frombuffer(got, np.uint64) == msgs[np.arange(n1), ch]).all()
+    rows = []
+    print(f"\nnative kernels, thread CPU seconds, best of {repeat} (before = {old_so})")
+    for kernel in dict.fromkeys(k for _, k in best):
+        b, a = best[("before", kernel)], best[("after", kernel)]
+        rows.append({"kernel": kernel, "before_s": round(b, 4), "after_s": round(a, 4), "speedup": round(b / a, 2)})
+        print(f"  {kernel:32s} before {b:7.3f} s   after {a:7.3f} s   x{b / a:5.2f}")
+    return rows
+
+
 def compare(old_root: str, argv: list[str], repeat: int) -> list[dict]:
     """A/B in one run: the random-COT rows alternately under OLD_ROOT's package and this checkout."""
     here = str(Path(__file__).resolve().parents[1])
@@ -219,11 +295,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rcot", type=int, default=20_000_000, help="random COTs per extension (0: skip)")
     ap.add_argument("--rcot-kinds", default="iknp,ferret")
     ap.add_argument("--compare", metavar="OLD_ROOT", help="A/B the random-COT rows against the package under OLD_ROOT")
+    ap.add_argument("--core-ab", metavar="OLD_SO", help="A/B the native kernels against an older _core.abi3.so")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
     info = machine_info()
     print(f"machine: {info['nproc']} CPUs ({info['cpu']}), load average {info['load_average']}, {info['date']}")
     print(f"command: {info['command']}")
+
+    if args.core_ab:
+        rows = core_ab(args.core_ab, args.repeat)
+        report = {"benchmark": "ot_core_ab", "machine": info,
+                  "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "kernels": rows}
+        if args.json and args.json != "-":
+            p = Path(args.json)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(report, indent=2))
+            print(f"wrote {p}")
+        return 0
 
     if args.compare:
         sub = ["--rcot", str(args.rcot), "--rcot-kinds", args.rcot_kinds, "--batch", str(args.batch)]

@@ -18,6 +18,10 @@
 //!   K_c + c*d = r + c*corr.
 //! * KK13 1-out-of-N: S sends y_x = msg_x xor H'(j, q_j xor (WH(x) AND Delta))
 //!   for x < N (N*bits per OT); H' is SHA-256 (random oracle as in KK13).
+//! * 1-out-of-2^m from m correlated OTs (the Ferret path, Naor-Pinkas 1999):
+//!   S sends y_x = msg_x xor pad(x), pad(x) = XOR_i H(w(j, i, x), q_i xor x_i Delta)
+//!   with the fixed-key AES TCCR hash and a tweak per (instance, bit, x)
+//!   (`np_pads_sender`, which explains why that is secure).
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -439,27 +443,111 @@ pub fn unpack_bits<'py>(py: Python<'py>, buf: PyBuffer<u8>, n: usize, bits: u32)
     Ok(ba(py, &out))
 }
 
-/// H''(j, k_1 .. k_m) = first 64 bits of SHA-256("cipherlm" || j || k_1 || .. || k_m),
-/// m <= 8 keys of 16 bytes (at most 144 bytes: three blocks after padding).
-fn np_hash(tweak: u64, keys: &[[u8; 16]]) -> u64 {
-    const IV: [u32; 8] = [
-        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
-    ];
-    let len = 16 + 16 * keys.len();
-    let nblocks = (len + 9 + 63) / 64;
-    let mut buf = [0u8; 192];
-    buf[..8].copy_from_slice(b"cipherlm");
-    buf[8..16].copy_from_slice(&tweak.to_le_bytes());
-    for (i, k) in keys.iter().enumerate() {
-        buf[16 + 16 * i..32 + 16 * i].copy_from_slice(k);
+/// Tweak of the 1-out-of-N hash for instance `inst` (the session's OT index),
+/// bit `i` of the index and message index `x`: its own domain (bit 100 set;
+/// every other CCR-hash tweak of a session is below 2^64).
+#[inline]
+fn np_tweak(inst: u64, i: usize, x: usize) -> u128 {
+    (1u128 << 100) | ((inst as u128) << 16) | ((i as u128) << 8) | x as u128
+}
+
+/// The pads of the 1-out-of-N OT from m = log2 N correlated OTs (Naor-Pinkas,
+/// "Oblivious Transfer and Polynomial Evaluation", STOC 1999, sec. 3.1: N random
+/// keys from log N 1-out-of-2 OTs, message x masked with XOR_i F_{K_i^{x_i}}(x)).
+/// Here K_i^b = q_i xor b*Delta (the COT) and F_K(x) = H(w(j, i, x), K) with H
+/// the tweakable circular correlation-robust hash of Guo-Katz-Wang-Yu (IEEE S&P
+/// 2020, sec. 7.4; `Tccr`, one fixed-key AES permutation pi:
+/// H(w, k) = pi(pi(k) xor w) xor pi(k), in the MMO form pi(y) xor y), and a tweak
+/// w(j, i, x) unique to (instance, bit, message index):
+///
+///   pad_j(x) = low 64 bits of XOR_{i < m} H(w(j, i, x), q_{j,i} xor x_i Delta).
+///
+/// Why it is secure (semi-honest): the receiver with choice c holds
+/// t_{j,i} = q_{j,i} xor c_i Delta; for x != c some bit i has x_i != c_i, and
+/// that term is H(w, t_{j,i} xor Delta), an output of GKWY's TCCR oracle on a
+/// (tweak, input) pair that is queried once only (the tweak includes x), hence
+/// pseudorandom and independent of every other pad; the tweak including x is
+/// what the PRF evaluation at x does in NP99 (without it the XOR of per-bit keys
+/// would make the pads of four messages XOR to zero).  The sender learns nothing
+/// (its view is the COT's).  This replaces SHA-256 over the concatenated keys
+/// (one pad per x hashed 16 + 16 m bytes: 2 compressions at N = 16), at
+/// 2m + N m AES blocks per instance for the sender (pi(K) computed once per key)
+/// and 2m for the receiver.
+fn np_pads_sender(q: &[u8], d: u128, tweak: u64, n: usize, m: usize, nn: usize, out: &mut [u64]) {
+    let tccr = Tccr::new();
+    // instances per group: enough blocks per AES call to pipeline
+    let g = (64 / (nn * m)).max(1);
+    let mut pk = vec![0u128; g * 2 * m];
+    let mut z = vec![0u128; g * nn * m];
+    let mut j0 = 0;
+    while j0 < n {
+        let gn = g.min(n - j0);
+        for jj in 0..gn {
+            for i in 0..m {
+                let r = 16 * ((j0 + jj) * m + i);
+                let qi = u128::from_le_bytes(q[r..r + 16].try_into().unwrap());
+                pk[(jj * m + i) * 2] = qi;
+                pk[(jj * m + i) * 2 + 1] = qi ^ d;
+            }
+        }
+        tccr.pi_u128(&mut pk[..gn * 2 * m]);
+        for jj in 0..gn {
+            let inst = tweak.wrapping_add((j0 + jj) as u64);
+            for x in 0..nn {
+                for i in 0..m {
+                    z[(jj * nn + x) * m + i] = pk[(jj * m + i) * 2 + ((x >> i) & 1)] ^ np_tweak(inst, i, x);
+                }
+            }
+        }
+        tccr.pi_u128(&mut z[..gn * nn * m]);
+        for jj in 0..gn {
+            for x in 0..nn {
+                let mut acc = 0u128;
+                for i in 0..m {
+                    acc ^= z[(jj * nn + x) * m + i] ^ pk[(jj * m + i) * 2 + ((x >> i) & 1)];
+                }
+                out[(j0 + jj) * nn + x] = acc as u64;
+            }
+        }
+        j0 += gn;
     }
-    buf[len] = 0x80;
-    buf[64 * nblocks - 8..64 * nblocks].copy_from_slice(&((len as u64) * 8).to_be_bytes());
-    let mut st = IV;
-    for b in 0..nblocks {
-        sha2::compress256(&mut st, &[*GenericArray::from_slice(&buf[64 * b..64 * b + 64])]);
+}
+
+/// The receiver's pads: pad_j(c_j) from its keys t_{j,i} (see `np_pads_sender`),
+/// 64 keys per AES call through a stack buffer.
+fn np_pads_receiver(t: &[u8], ch: &[u8], tweak: u64, n: usize, m: usize) -> Vec<u64> {
+    const G: usize = 64;
+    let tccr = Tccr::new();
+    let mut out = vec![0u64; n];
+    let g = (G / m).max(1); // instances per group
+    let mut y = [0u128; G * 8];
+    let mut z = [0u128; G * 8];
+    let mut j0 = 0;
+    while j0 < n {
+        let gn = g.min(n - j0);
+        let len = gn * m;
+        for (o, c) in y[..len].iter_mut().zip(t[16 * j0 * m..16 * (j0 * m + len)].chunks_exact(16)) {
+            *o = u128::from_le_bytes(c.try_into().unwrap());
+        }
+        tccr.pi_u128(&mut y[..len]); // pi(k)
+        for jj in 0..gn {
+            let inst = tweak.wrapping_add((j0 + jj) as u64);
+            let x = ch[j0 + jj] as usize;
+            for i in 0..m {
+                z[jj * m + i] = y[jj * m + i] ^ np_tweak(inst, i, x);
+            }
+        }
+        tccr.pi_u128(&mut z[..len]);
+        for jj in 0..gn {
+            let mut acc = 0u128;
+            for i in 0..m {
+                acc ^= z[jj * m + i] ^ y[jj * m + i];
+            }
+            out[j0 + jj] = acc as u64;
+        }
+        j0 += gn;
     }
-    ((st[0] as u64) << 32) | st[1] as u64
+    out
 }
 
 fn check_np(nn: usize) -> PyResult<usize> {
@@ -473,7 +561,7 @@ fn check_np(nn: usize) -> PyResult<usize> {
 /// construction on random OTs; the Ferret path of `OTSession.send_1ofN`), sender:
 /// q (n * m rows of 16 bytes, instance j owns rows j m .. j m + m - 1, row i for
 /// bit i of the index), Delta (16 bytes), msgs (n*N uint64) ->
-/// pack(msgs_{j,x} xor H''(tweak + j, q_{j,i} xor x_i Delta for i < m), bits).
+/// pack(msgs_{j,x} xor pad_j(x), bits), pad from fixed-key AES (`np_pads_sender`).
 #[pyfunction]
 pub fn np1ofn_sender<'py>(
     py: Python<'py>,
@@ -494,22 +582,9 @@ pub fn np1ofn_sender<'py>(
     let y = py.allow_threads(|| {
         let mv = u64s(msgs);
         let mut v = vec![0u64; n * nn];
-        let mut pairs = vec![[[0u8; 16]; 2]; m];
-        let mut keys = vec![[0u8; 16]; m];
-        for j in 0..n {
-            for i in 0..m {
-                let r: [u8; 16] = q[16 * (j * m + i)..16 * (j * m + i) + 16].try_into().unwrap();
-                pairs[i][0] = r;
-                for b in 0..16 {
-                    pairs[i][1][b] = r[b] ^ d[b];
-                }
-            }
-            for x in 0..nn {
-                for i in 0..m {
-                    keys[i] = pairs[i][(x >> i) & 1];
-                }
-                v[j * nn + x] = (mv[j * nn + x] ^ np_hash(tweak.wrapping_add(j as u64), &keys)) & mk;
-            }
+        np_pads_sender(q, u128::from_le_bytes(d), tweak, n, m, nn, &mut v);
+        for (o, &x) in v.iter_mut().zip(mv.iter()) {
+            *o = (*o ^ x) & mk;
         }
         pack(&v, bits)
     });
@@ -530,12 +605,13 @@ pub fn np1ofn_receiver<'py>(
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let m = check_np(nn)?;
     let a = ot_args(&t, 16 * m, None, Some((&choices, nn)), Some(bits))?;
-    let rows = a.rows;
-    receive_1ofn(py, &y, &a, nn, bits, |j| {
-        let mut keys = [[0u8; 16]; 8];
-        for (i, k) in keys.iter_mut().take(m).enumerate() {
-            *k = rows[16 * (j * m + i)..16 * (j * m + i) + 16].try_into().unwrap();
-        }
-        np_hash(tweak.wrapping_add(j as u64), &keys[..m])
-    })
+    let (rows, n, ch, mk) = (a.rows, a.n, a.choices, a.mask);
+    let y = sized(&y, packed_len(n * nn, bits), "1-of-N reply")?;
+    let out = py.allow_threads(|| {
+        let pads = np_pads_receiver(rows, ch, tweak, n, m);
+        let yv = unpack(y, n * nn, bits);
+        let o: Vec<u64> = (0..n).map(|j| (yv[j * nn + ch[j] as usize] ^ pads[j]) & mk).collect();
+        u64_bytes(&o)
+    });
+    Ok(ba(py, &out))
 }

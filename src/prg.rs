@@ -121,3 +121,15 @@ impl Tccr {
         }
     }
 }
+
+impl Tccr {
+    /// pi applied in place to every u128 (the fixed-key permutation; u128 values
+    /// are the little-endian AES blocks).
+    pub fn pi_u128(&self, xs: &mut [u128]) {
+        // SAFETY: a u128 is 16 bytes; Block is [u8; 16]-like with align 1.
+        let blocks = unsafe { std::slice::from_raw_parts_mut(xs.as_mut_ptr() as *mut Block, xs.len()) };
+        for c in blocks.chunks_mut(CHUNK) {
+            self.pi.encrypt_blocks(c);
+        }
+    }
+}

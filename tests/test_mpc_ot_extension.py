@@ -159,3 +159,39 @@ def test_ferret_pools_on_a_bare_iknp_extension():
     np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
     assert delta == ia.sender_delta()
     assert a.stats()["ot.ferret"]["bytes_received"] >= FERRET_SETUP.msg_len
+
+
+@pytest.mark.parametrize("N", [2, 4, 16, 256])
+def test_np1ofN_fixed_key_aes_pads(N):
+    """The Ferret path's 1-out-of-N from log2 N COTs (pads from fixed-key AES,
+    src/otops.rs np_pads_*), straight on synthetic COTs: the receiver gets its
+    message, and the N - 1 messages it did not choose stay hidden (their masked
+    values are uniform and independent of the messages)."""
+    from cipherlm import _core
+    from test_mpc_ot_views import P_MIN, p_independent, p_uniform
+
+    m = N.bit_length() - 1
+    n, bits = 4096, 2
+    delta = np.frombuffer(np.random.default_rng(1).bytes(16), np.uint64)
+    q = RNG.integers(0, 2**63, (n * m, 2), dtype=np.uint64)
+    ch = RNG.integers(0, N, n).astype(np.uint8)
+    cbits = ((ch[:, None] >> np.arange(m, dtype=np.uint8)) & 1).reshape(-1).astype(np.uint64)
+    t = q ^ (cbits[:, None] * delta)
+    msgs = RNG.integers(0, 4, (n, N), dtype=np.uint64)
+    tw = 12345
+    y = _core.np1ofn_sender(q.view(np.uint8).reshape(-1), delta.view(np.uint8), tw, N, msgs.view(np.uint8).reshape(-1), bits)
+    got = np.frombuffer(_core.np1ofn_receiver(t.view(np.uint8).reshape(-1), ch, tw, N, y, bits), np.uint64)
+    np.testing.assert_array_equal(got, msgs[np.arange(n), ch])
+    # a different tweak gives other pads (the receiver's message is then wrong)
+    bad = np.frombuffer(_core.np1ofn_receiver(t.view(np.uint8).reshape(-1), ch, tw + 1, N, y, bits), np.uint64)
+    assert (bad != got).mean() > 0.6
+    yv = np.frombuffer(_core.unpack_bits(y, n * N, bits), np.uint64).reshape(n, N)
+    other = np.ones((n, N), bool)
+    other[np.arange(n), ch] = False
+    assert p_uniform(yv[other][:200_000], 4) > P_MIN
+    assert p_independent(msgs[other][:200_000], yv[other][:200_000], 4, 4) > P_MIN
+    if N >= 4:
+        # the XOR of per-bit keys alone would make the pads of x, x^1, x^2, x^3 cancel:
+        # with the tweak including x, those four masked values XOR to a uniform value
+        x4 = yv[:, 0] ^ yv[:, 1] ^ yv[:, 2] ^ yv[:, 3] ^ msgs[:, 0] ^ msgs[:, 1] ^ msgs[:, 2] ^ msgs[:, 3]
+        assert p_uniform(x4[ch >= 4] if N > 4 else x4, 4) > P_MIN
