@@ -1,0 +1,379 @@
+"""The OpenAI-compatible proxy (cipherlm.runtime.proxy) in front of real offload and 2pc
+servers on tiny random models with a tiny character tokenizer: the official `openai`
+client and `curl` against it, answers equal to the plaintext executor's, errors,
+a client that disconnects mid-stream, and logs free of prompts and answers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import string
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from cipherlm.models import LoadedModel, load_model  # noqa: E402
+from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
+from cipherlm.runtime.plain import EncoderExecutor, PlainLinear, make_executor, split_params  # noqa: E402
+from cipherlm.runtime.proxy import ChatTemplate, ProxyApp, TextAssembler, find_chat_template  # noqa: E402
+
+# 96 tokens: the tiny Llama's vocabulary size (ids 0..2 special; <|im_end|> = 2 = LlamaConfig's eos)
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHARS = string.ascii_letters + string.digits + " \n.,!?:;'-" + "\"#$%&()*+/<=>@[]^_{|}"
+TEMPLATE = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nBe brief.<|im_end|>\n{% endif %}"
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PROMPT = "zebras?"  # distinctive: asserted absent from every log line
+
+
+def char_tokenizer():
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    assert len(vocab) == 96
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    return tok
+
+
+def _with_tokenizer(src: str | None, dst: Path, template: str | None) -> Path:
+    if src is not None:
+        shutil.copytree(src, dst)
+    char_tokenizer().save(str(dst / "tokenizer.json"))
+    if template is not None:
+        (dst / "tokenizer_config.json").write_text(json.dumps(
+            {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": template}))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tiny_llama_dir, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+    return _with_tokenizer(tiny_llama_dir, tmp_path_factory.mktemp("m") / "tiny-chat", TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory, chat_dir):
+    torch.manual_seed(1)
+    cfg = transformers.BertConfig(vocab_size=96, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=96, max_position_embeddings=512, initializer_range=0.1)
+    path = tmp_path_factory.mktemp("m") / "tiny-embed"
+    transformers.BertModel(cfg).eval().save_pretrained(path)
+    return _with_tokenizer(None, path, None)
+
+
+def _serve(server):
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def servers(chat_dir, bert_dir):
+    chat = _serve(OffloadServer(ModelHost(str(chat_dir)), "127.0.0.1", 0, session_timeout=30.0))
+    embed = _serve(OffloadServer(ModelHost(str(bert_dir)), "127.0.0.1", 0, session_timeout=30.0))
+    yield chat, embed
+    chat.shutdown()
+    embed.shutdown()
+
+
+class RunningProxy:
+    def __init__(self, proxy: ProxyApp):
+        self.proxy = proxy
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = uvicorn.Config(proxy.app, host="127.0.0.1", port=self.port, log_config=None, log_level="info")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        t0 = time.time()
+        while not self.server.started:
+            assert time.time() - t0 < 20, "proxy did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = "none", **kw):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def proxy(servers, chat_dir):
+    chat, embed = servers
+    p = RunningProxy(ProxyApp([chat.address, embed.address], "offload",
+                              chat_template=ChatTemplate.from_file(chat_dir / "tokenizer_config.json")))
+    yield p
+    p.stop()
+
+
+def _plain_answer(model_dir, messages, max_tokens):
+    lm = load_model(str(model_dir))
+    cp, sl = split_params(lm.config, lm.weights)
+    ex = make_executor(lm.config, cp, PlainLinear(sl))
+    prompt = ChatTemplate.from_file(Path(model_dir) / "tokenizer_config.json").render(messages)
+    ids = lm.tokenizer.encode(prompt, add_special_tokens=False).ids
+    new = ex.generate(ids, max_new_tokens=max_tokens, eos_token_ids=[2])
+    return lm.tokenizer.decode(new, skip_special_tokens=True), len(ids), new
+
+
+# ----------------------------------------------------------------------------- offload
+
+
+def test_models_listed(proxy):
+    ids = {m.id for m in proxy.client().models.list().data}
+    assert ids == {"tiny-chat", "tiny-embed"}
+
+
+def test_chat_greedy_equals_plaintext_and_stream_equals_non_stream(proxy, chat_dir):
+    msgs = [{"role": "user", "content": PROMPT}]
+    want, n_prompt, new = _plain_answer(chat_dir, msgs, 10)
+    assert want  # the random model says something
+    c = proxy.client()
+    r = c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=10, temperature=0)
+    assert r.choices[0].message.content == want
+    assert r.choices[0].finish_reason == ("stop" if 2 in new else "length")
+    assert r.usage.prompt_tokens == n_prompt and r.usage.completion_tokens == len(new)
+    cost = r.model_extra["cipherlm"]
+    assert cost["mode"] == "offload" and cost["bytes_up"] > 0 and cost["bytes_down"] > 0 and cost["rounds"] > 0
+    assert cost["server_saw"]["ciphertexts"] >= n_prompt and cost["server_saw"]["plaintext"] == "none"
+
+    parts, finish, usage = [], None, None
+    for ch in c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=10, stream=True,
+                                        stream_options={"include_usage": True}):
+        if ch.choices:
+            parts.append(ch.choices[0].delta.content or "")
+            finish = ch.choices[0].finish_reason or finish
+        if ch.usage:
+            usage = ch.usage
+    assert "".join(parts) == want
+    assert finish == r.choices[0].finish_reason and usage.completion_tokens == len(new)
+
+
+def test_stop_string_and_seeded_sampling(proxy, chat_dir):
+    msgs = [{"role": "user", "content": "hi"}]
+    want, _, _ = _plain_answer(chat_dir, msgs, 8)
+    c = proxy.client()
+    stop = want[3:5]
+    r = c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=8, stop=[stop])
+    assert r.choices[0].message.content == want[:want.find(stop)] and r.choices[0].finish_reason == "stop"
+    a, b = (c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=6, temperature=1.0, top_p=0.9,
+                                      seed=7).choices[0].message.content for _ in range(2))
+    assert a == b  # the same seed, the same sample
+
+
+def test_completions_with_curl(proxy, chat_dir):
+    body = {"model": "tiny-chat", "prompt": "abc", "max_tokens": 5}
+    out = subprocess.run(["curl", "-sS", "-H", "Content-Type: application/json", "-d", json.dumps(body),
+                          proxy.url + "/v1/completions"], capture_output=True, text=True, timeout=60, check=True)
+    r = json.loads(out.stdout)
+    lm = load_model(str(chat_dir))
+    cp, sl = split_params(lm.config, lm.weights)
+    new = make_executor(lm.config, cp, PlainLinear(sl)).generate(lm.tokenizer.encode("abc").ids, max_new_tokens=5,
+                                                                 eos_token_ids=[2])
+    assert r["object"] == "text_completion"
+    assert r["choices"][0]["text"] == lm.tokenizer.decode(new, skip_special_tokens=True)
+    out = subprocess.run(["curl", "-sS", "-N", "-H", "Content-Type: application/json", "-d",
+                          json.dumps(body | {"stream": True}), proxy.url + "/v1/completions"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    events = [line[6:] for line in out.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == r["choices"][0]["text"]
+    # an error through curl: OpenAI error JSON and its status
+    out = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", "-H", "Content-Type: application/json", "-d",
+                          json.dumps({"model": "nope", "prompt": "x"}), proxy.url + "/v1/completions"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    text, code = out.stdout.rsplit("\n", 1)
+    assert code == "404" and json.loads(text)["error"]["code"] == "model_not_found"
+
+
+def test_embeddings_equal_plaintext(proxy, bert_dir):
+    texts = ["hello there", "a zebra"]
+    r = proxy.client().embeddings.create(model="tiny-embed", input=texts)
+    got = np.array([d.embedding for d in r.data])
+    lm = load_model(str(bert_dir))
+    cp, sl = split_params(lm.config, lm.weights)
+    ex = EncoderExecutor(lm.config, cp, PlainLinear(sl))
+    want = np.stack([ex.sentence_embedding(np.array(lm.tokenizer.encode(t).ids)) for t in texts])
+    assert got.shape == want.shape and np.max(np.abs(got - want)) < 1e-4
+    assert r.usage.prompt_tokens == sum(len(lm.tokenizer.encode(t).ids) for t in texts)
+    b64 = proxy.client().embeddings.create(model="tiny-embed", input="a zebra", encoding_format="base64")
+    import base64
+
+    vec = np.frombuffer(base64.b64decode(b64.data[0].embedding), "<f4")
+    assert np.max(np.abs(vec - want[1])) < 1e-4
+
+
+def test_errors_are_openai_errors(proxy, servers):
+    c = proxy.client()
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="no-such-model", messages=msgs)
+    assert e.value.code == "model_not_found"
+    for bad in ({"temperature": 5}, {"max_tokens": 0}, {"stop": ["a"] * 5}, {"n": 2}, {"top_p": "x"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny-chat", messages=msgs, **bad)
+        assert e.value.body["param"] == next(iter(bad))
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="tiny-chat", messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "x" * 80}])
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=60)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        c.embeddings.create(model="tiny-chat", input="x")
+    r = httpx.post(proxy.url + "/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.get(proxy.url + "/v1/nothing-here")
+    assert r.status_code == 404 and "error" in r.json()
+
+    # a bearer token
+    chat, _ = servers
+    keyed = RunningProxy(ProxyApp([chat.address], "offload", api_key="s3cret",
+                                  chat_template=ChatTemplate("{{ messages[0]['content'] }}")))
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            keyed.client("wrong").models.list()
+        assert httpx.get(keyed.url + "/v1/models").status_code == 401
+        assert [m.id for m in keyed.client("s3cret").models.list().data] == ["tiny-chat"]
+    finally:
+        keyed.stop()
+
+    # a server that is not there: 503
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()
+    gone = RunningProxy(ProxyApp([dead], "offload", timeout=1.0))
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            gone.client().chat.completions.create(model="tiny-chat", messages=msgs)
+        assert e.value.status_code == 503 and e.value.code == "server_unreachable"
+    finally:
+        gone.stop()
+
+
+def test_client_disconnect_cancels_and_session_ends_cleanly(proxy, servers):
+    chat, _ = servers
+    failed0, served0 = chat.sessions_failed, chat.sessions_served
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
+            "stream": True}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", proxy.url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"content": ""' not in line:
+                    break  # the first token: hang up
+    t0 = time.time()
+    while proxy.proxy.active_jobs or chat.active_sessions:
+        assert time.time() - t0 < 20, "the session did not end"
+        time.sleep(0.05)
+    res = proxy.proxy.last_result
+    assert res["finish_reason"] == "cancelled" and res["completion_tokens"] < 20
+    assert chat.sessions_served == served0 + 1 and chat.sessions_failed == failed0  # closed with bye
+
+
+def test_logs_hold_no_prompt_or_answer(proxy, chat_dir, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    msgs = [{"role": "user", "content": PROMPT}]
+    c = proxy.client()
+    r = c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=10)
+    answer = r.choices[0].message.content
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=10, stream=True)
+                       if ch.choices)
+    assert streamed == answer and len(answer) >= 4
+    logs = caplog.text
+    assert "cipherlm.proxy" in logs and "chat.completions" in logs  # the proxy did log its requests
+    assert "cipherlm.serve" in logs  # and the server its sessions
+    assert PROMPT not in logs and "zebra" not in logs and answer not in logs
+
+
+# ----------------------------------------------------------------------------- units
+
+
+def test_text_assembler_holds_back_stop_prefixes():
+    tok = char_tokenizer()
+    ids = tok.encode("ab--cd").ids
+    asm = TextAssembler(tok, stop=("--c",))
+    out = [asm.feed(i) for i in ids]
+    assert "".join(out) + asm.flush() == "ab" and asm.done
+    asm = TextAssembler(tok, stop=("xyz",))
+    assert "".join(asm.feed(i) for i in tok.encode("abx").ids) == "ab" and asm.flush() == "x"
+
+
+def test_chat_template_from_model_dir(chat_dir):
+    tpl = find_chat_template(str(chat_dir))
+    assert tpl is not None and tpl.source == TEMPLATE
+    assert tpl.render([{"role": "user", "content": "x"}]).startswith("<|im_start|>system\nBe brief.")
+
+
+# ----------------------------------------------------------------------------- 2pc
+
+
+@pytest.fixture(scope="module")
+def twopc_proxy():
+    from test_twopc import llama_model
+
+    from cipherlm.runtime.twopc_session import TwoPCHost, TwoPCServer
+
+    config, w = llama_model(seed=2)
+    lm = LoadedModel("tiny-2pc", config, w, char_tokenizer())
+    server = _serve(TwoPCServer(TwoPCHost("tiny-2pc", embedding="onehot-linear", lm=lm), "127.0.0.1", 0,
+                                session_timeout=60))
+    p = RunningProxy(ProxyApp([server.address], "2pc", chat_template=ChatTemplate(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}\n{% endfor %}")))
+    yield p, server, config, w
+    p.stop()
+    server.shutdown()
+
+
+def test_twopc_behind_the_proxy(twopc_proxy):
+    from test_twopc import plain_decoder
+
+    p, server, config, w = twopc_proxy
+    c = p.client()
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny-2pc", messages=msgs, temperature=0.7)
+    assert e.value.param == "temperature"
+    r = c.chat.completions.create(model="tiny-2pc", messages=msgs, max_tokens=2)
+    tok = char_tokenizer()
+    ids = tok.encode("<|im_start|>hi\n", add_special_tokens=False).ids
+    assert r.usage.prompt_tokens == len(ids) and 1 <= r.usage.completion_tokens <= 2
+    assert r.model_extra["cipherlm"]["mode"] == "2pc" and r.model_extra["cipherlm"]["bytes_up"] > 0
+    # greedy equals plaintext where the plaintext top-2 margin is clear of the fixed-point error
+    ref, logits = plain_decoder(config, w).generate(ids, max_new_tokens=2, eos_token_ids=[2], return_logits=True)
+    margin = np.diff(np.sort(logits[0])[-2:])[0]
+    if margin > 0.1:
+        assert tok.decode(ref[:1], skip_special_tokens=True) == r.choices[0].message.content[:1] or ref[0] in (0, 1, 2)
+    t0 = time.time()
+    while server.active_sessions:
+        assert time.time() - t0 < 10
+        time.sleep(0.05)
+    assert server.sessions_failed == 0
