@@ -45,7 +45,22 @@ moe                one whole MoE layer (router, top-k, dispatch, experts,
                    the builders; `passes.moe_blocks` lowers an MoE subgraph to
                    it for backends whose MoE protocol is one piece (2pc's
                    CryptoMoE); attrs: the layer's shape and tensor names
+reduce_sum         sum over the last axis (kept as size 1), times attrs
+                   ``scale`` (1/d for a mean); BLB's Reduction
+reduce_max         maximum over the last axis (kept as size 1): comparisons
+sub                a - b, b broadcast along the last axis where its size is 1
+affine             x * gamma + beta (public vectors; either may be None): a
+                   norm's learnable part once `passes.blb_decompose` split it
+rsqrt              1 / sqrt(x * scale + eps) (attrs scale, eps)
+reciprocal         1 / x
+exp                exp(x * scale) (attrs scale)
+act_gate           the gate g(x) of an activation x * g(x) (attrs fn: gelu ->
+                   Phi(x), gelu_tanh -> its tanh form, silu -> sigmoid(x))
 =================  ===========================================================
+
+The last eight are the pieces `passes.blb_decompose` splits LayerNorm, RMSNorm,
+softmax and the GeLU / SiLU activations into (BLB, Algorithms 3-5): the builders
+never make them, and only the plain backend evaluates them.
 
 The experts of an MoE layer are explicit subgraphs (dispatch -> expert FFN linears,
 tagged with ``attrs["expert"]``), so the passes see every expert projection.
@@ -59,6 +74,7 @@ from typing import Iterable
 OPS = (
     "embed", "linear", "layer_norm", "rms_norm", "rope", "kv_cache", "qk", "softmax", "av", "activation",
     "mul", "add", "clip", "split", "concat", "topk", "dispatch", "combine", "head", "argmax", "moe",
+    "reduce_sum", "reduce_max", "sub", "affine", "rsqrt", "reciprocal", "exp", "act_gate",
 )
 
 #: The one operator-class vocabulary of every mode's meter, report and plot (issue 13
@@ -76,6 +92,9 @@ OP_CLASS = {
     "activation": "activation", "mul": "activation", "add": "residual", "clip": "activation",
     "split": "layout", "concat": "layout", "topk": "moe", "dispatch": "moe",
     "combine": "moe", "head": "layout", "argmax": "sampling", "moe": "moe",
+    # the pieces of passes.blb_decompose: the class of the layer they usually come from
+    "reduce_sum": "norm", "reduce_max": "softmax", "sub": "norm", "affine": "norm", "rsqrt": "norm",
+    "reciprocal": "softmax", "exp": "softmax", "act_gate": "activation",
 }
 
 

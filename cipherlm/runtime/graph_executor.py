@@ -321,6 +321,43 @@ class PlainBackend:
     def argmax(self, node, logits, ctx):
         return np.argmax(logits, axis=-1)
 
+    # ---- the pieces of compile.passes.blb_decompose (BLB, Algorithms 3-5)
+
+    def reduce_sum(self, node, x, ctx):
+        s = np.sum(x, axis=-1, keepdims=True)
+        scale = node.attrs.get("scale", 1.0)
+        return s * scale if scale != 1.0 else s
+
+    def reduce_max(self, node, x, ctx):
+        return np.max(x, axis=-1, keepdims=True)
+
+    def sub(self, node, a, b, ctx):
+        return a - b
+
+    def affine(self, node, x, ctx):
+        g, b = self._vec(node.attrs.get("gamma")), self._vec(node.attrs.get("beta"))
+        y = x * g if g is not None else x
+        return y + b if b is not None else y
+
+    def rsqrt(self, node, x, ctx):
+        return 1.0 / np.sqrt(x * node.attrs.get("scale", 1.0) + node.attrs.get("eps", 0.0))
+
+    def reciprocal(self, node, x, ctx):
+        return 1.0 / x
+
+    def exp(self, node, x, ctx):
+        return np.exp(x * node.attrs.get("scale", 1.0))
+
+    def act_gate(self, node, x, ctx):
+        fn = node.attrs["fn"]
+        if fn == "gelu":
+            return 0.5 * (1.0 + ops.erf(x / np.sqrt(2.0)))
+        if fn == "gelu_tanh":
+            return 0.5 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+        if fn == "silu":
+            return ops.sigmoid(x)
+        raise ValueError(f"{node.name}: no gate form for activation {fn!r}")
+
 
 class GraphExecutor:
     """Walks a graph over a backend; `linear` is any `LinearBackend` (default: `PlainLinear`

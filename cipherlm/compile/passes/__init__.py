@@ -5,9 +5,13 @@ graph is left as it was.
 * `group_linears`: the projections that read one value, evaluated as one stacked matrix;
 * `fold_norms`: RMSNorm gammas into the projections that read the norm;
 * `fold_attention_scale`: the 1/sqrt(head_dim) of Q K^T into what produces Q;
-* `moe_blocks`: each MoE layer's subgraph lowered to one ``moe`` node (2pc's CryptoMoE).
+* `moe_blocks`: each MoE layer's subgraph lowered to one ``moe`` node (2pc's CryptoMoE);
+* `blb_decompose`: LayerNorm, RMSNorm, softmax, GeLU / SiLU split into linear pieces and
+  nonlinear cores (BLB Algorithms 3-5);
+* `blb_fusion`: BLB's FineGrainFusion: the linear pieces grouped into fused HE blocks
+  (Table 2 types, Table 4 patterns), ``meta["blb_blocks"]``.
 """
 
-from . import fold_attention_scale, fold_norms, group_linears, moe_blocks
+from . import blb_decompose, fold_attention_scale, fold_norms, group_linears, moe_blocks
 
-__all__ = ["fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
+__all__ = ["blb_decompose", "fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
