@@ -195,3 +195,29 @@ def test_np1ofN_fixed_key_aes_pads(N):
         # with the tweak including x, those four masked values XOR to a uniform value
         x4 = yv[:, 0] ^ yv[:, 1] ^ yv[:, 2] ^ yv[:, 3] ^ msgs[:, 0] ^ msgs[:, 1] ^ msgs[:, 2] ^ msgs[:, 3]
         assert p_uniform(x4[ch >= 4] if N > 4 else x4, 4) > P_MIN
+
+
+@pytest.mark.slow  # two main iterations per run (~20 s on the 2-vCPU machine)
+def test_ferret_sender_ahead_same_messages(monkeypatch):
+    """With the sender's next main iteration computed in the background
+    (``FerretSender.ahead``), the COTs are correct and the Ferret messages are the
+    same in number, order and size as without it."""
+    from cipherlm.mpc import ferret as fm
+
+    def run(ahead):
+        monkeypatch.setattr(fm.FerretSender, "ahead", ahead)
+        n = 2 * fm.FERRET_MAIN.usable + 10
+
+        def r(e):
+            u, w = e.recv_rcot(n)
+            return u[-1000:], w[-1000:]
+
+        (v, (u, w)), (a, _), ext = both("ferret", lambda e: e.send_rcot(n)[-1000:], r)
+        d = np.frombuffer(ext[0].sender_delta(), np.uint64)
+        np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
+        return ext[0].sender_pool.iterations, a.stats()["ot.ferret"]
+
+    it0, st0 = run(False)
+    it1, st1 = run(True)
+    assert it0 == it1 >= 3
+    assert st0["messages_sent"] == st1["messages_sent"] and st0["bytes_sent"] == st1["bytes_sent"]
