@@ -103,3 +103,149 @@ def test_exp_squarings_are_exact_for_any_n():
     for n in (0, 3, 9):
         gd = blb_decompose.run(g, exp_squarings=n)
         assert rel_err(GraphExecutor(gd, p, dtype=np.float64).forward(ids), ref) < 1e-11
+
+
+# ----------------------------------------------------------------------------- fusion
+
+from cipherlm.compile.passes import blb_fusion  # noqa: E402
+
+_BERT_BLOCKS = [  # Figure 10: (pieces that must be in the block, MPC core before, core after)
+    ({"q", "k", "v", "qk"}, "rsqrt", "max"),
+    ({"softmax.sq1", "softmax.sum"}, "exp", "reciprocal"),
+    ({"softmax", "av", "o", "attn_res", "attn_norm.mean", "attn_norm.center", "attn_norm.square",
+      "attn_norm.sumsq"}, "reciprocal", "rsqrt"),
+    ({"attn_norm.norm", "attn_norm", "ffn.up"}, "rsqrt", "Phi (gelu gate)"),
+    ({"ffn.act", "ffn.down", "ffn_res", "ffn_norm.mean", "ffn_norm.sumsq"}, "Phi (gelu gate)", "rsqrt"),
+]
+
+
+def _layer_blocks(g, i):
+    return [b for b in g.meta["blb_blocks"] if b["layer"] == i]
+
+
+def _check_invariants(g):
+    blocks = g.meta["blb_blocks"]
+    in_block = {n for b in blocks for n in b["nodes"]}
+    for n in g.nodes:
+        assert n.attrs["blb_class"] in blb_fusion.LINEAR + (blb_fusion.NONLINEAR,)
+        assert (n.attrs["blb_block"] is not None) == (n.name in in_block)
+        if n.attrs["blb_class"] == blb_fusion.NONLINEAR:
+            assert n.attrs["blb_block"] is None  # the cores stay in MPC
+        if n.op in ("linear", "qk", "av", "mul"):
+            assert n.attrs["blb_block"] is not None  # every product is in an HE block
+    for b in blocks:
+        assert all(g.node(x).attrs["blb_block"] == b["id"] for x in b["nodes"])
+        assert all(p["fused"] in blb_fusion.LINEAR for p in b["patterns"])  # a Table 4 cell with a type
+        assert b["packing"]["layout"] == "spatial-first"
+        for s in b["packing"]["rotate_and_sum"]:
+            if isinstance(s["length"], int):
+                assert s["rotations"] == int(np.ceil(np.log2(s["length"])))
+            else:  # softmax's row sum: over the key positions S, known at run time
+                assert s["length"] == "S" and s["rotations"] is None
+    assert not g.meta["blb_cuts"]
+
+
+@pytest.mark.parametrize("name", ["bert", "minilm"])
+def test_bert_layers_have_the_five_blocks_of_figure_10(name):
+    cfg = _bert_cases()[name]
+    config, g0, p = _model(cfg, T.BertModel)
+    g = blb_fusion.run(g0)
+    _check_invariants(g)
+    per = blb_fusion.blocks_by_layer(g)
+    assert sorted(k for k in per if k is not None) == list(range(cfg.num_hidden_layers))
+    for i in range(cfg.num_hidden_layers):
+        blocks = _layer_blocks(g, i)
+        assert len(blocks) == 5
+        for b, (must, before, after) in zip(blocks, _BERT_BLOCKS):
+            short = {x[len(f"L{i}."):] for x in b["nodes"] if x.startswith(f"L{i}.")}
+            assert must <= short, (i, b["ops"])
+            assert b["mpc_in_cores"] == [before] and b["mpc_out_cores"] == [after], b
+        # the norm before the layer opens its first block (embeddings' LN for layer 0)
+        prev = "embed_norm" if i == 0 else f"L{i - 1}.ffn_norm"
+        assert {f"{prev}.norm", prev} <= set(blocks[0]["nodes"])
+        assert [b["depth"] for b in blocks] == [3, 6, 5, 2, 4]
+        assert [len(b["packing"]["rotate_and_sum"]) for b in blocks] == [0, 1, 2, 0, 2]
+        assert blocks[0]["folded"] == [prev]  # gamma / beta into Q, K, V (h itself is still made: residual)
+        assert blocks[0]["products"] == {"ct_pt": 3, "ct_ct_matmul": 1, "ct_ct_elementwise": 1}
+        # the 6 nonlinear cores of a BERT layer stay in MPC; softmax's s - max is local
+        cores = sorted(c["core"] for c in g.meta["blb_mpc"] if c["layer"] == i)
+        assert cores == sorted(["max", "exp", "reciprocal", "rsqrt", "rsqrt", "Phi (gelu gate)"])
+        assert [x["nodes"] for x in g.meta["blb_local"] if x["layer"] == i] == [[f"L{i}.softmax.shift"]]
+    roles = [b["role"] for b in per[None]]
+    assert roles == ["prologue", "epilogue"]  # embeddings + LN statistics; last LN scaling + pooler
+    # the fused graph is the decomposed graph with attributes: same outputs
+    ids = np.array([[2, 17, 33, 90, 5, 3]])
+    h0, q0 = GraphExecutor(g0, p, dtype=np.float64).encode(ids)
+    h1, q1 = GraphExecutor(g, p, dtype=np.float64).encode(ids)
+    assert rel_err(h1, h0) < 1e-12 and rel_err(q1, q0) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["llama", "llama_tied_bias", "qwen2", "gpt2"])
+def test_decoder_layers_have_five_blocks(name):
+    cfg, cls = _cases()[name]
+    config, g0, p = _model(cfg, cls)
+    g = blb_fusion.run(g0)
+    _check_invariants(g)
+    gelu = name == "gpt2"
+    gate = "tanh (gelu gate)" if gelu else "sigmoid"
+    for i in range(cfg.num_hidden_layers if hasattr(cfg, "num_hidden_layers") else cfg.n_layer):
+        blocks = _layer_blocks(g, i)
+        assert len(blocks) == 5, [b["ops"] for b in blocks]
+        short = [{x[len(f"L{i}."):] for x in b["nodes"] if x.startswith(f"L{i}.")} for b in blocks]
+        assert ({"qkv", "qk"} if gelu else {"q", "k", "v", "q_rope", "k_rope", "kv", "qk"}) <= short[0]
+        assert {"softmax.sq1", "softmax.sum"} == short[1] - {f"softmax.sq{k}" for k in range(2, 7)}
+        assert {"softmax", "av", "o", "attn_res", "ffn_norm.square", "ffn_norm.sumsq"} <= short[2]
+        assert ({"ffn.up"} if gelu else {"ffn.gate", "ffn.up"}) <= short[3]
+        assert ({"ffn.act", "ffn.down", "ffn_res"} if gelu else {"ffn.act", "ffn.mul", "ffn.down", "ffn_res"}) \
+            <= short[4]
+        assert [b["mpc_out_cores"] for b in blocks] == [["max"], ["reciprocal"], ["rsqrt"], [gate], ["rsqrt"]]
+        if not gelu:
+            assert blocks[0]["depth"] == 4  # x * rsqrt, the projection, RoPE's cos / sin, Q K^T
+            assert blocks[4]["products"]["ct_ct_elementwise"] == 3  # gate * sigmoid, * up, the next x * x
+    epi = [b for b in g.meta["blb_blocks"] if b["role"] == "epilogue"]
+    assert len(epi) == 1 and epi[0]["mpc_out_cores"] == ["argmax"] and "lm_head" in epi[0]["nodes"]
+    ids = [3, 17, 5, 60]
+    assert rel_err(GraphExecutor(g, p, dtype=np.float64).forward(ids),
+                   GraphExecutor(g0, p, dtype=np.float64).forward(ids)) < 1e-12
+
+
+def test_fold_norms_then_fusion():
+    cfg, cls = _cases()["llama"]
+    config, g0, p = _model(cfg, cls)
+    gf, _ = passes.fold_norms.run(g0, p)
+    g = blb_fusion.run(gf)
+    _check_invariants(g)
+    b0 = _layer_blocks(g, 0)
+    assert len(b0) == 5 and b0[0]["folded"] == [] and "L0.attn_norm" in b0[0]["nodes"]
+    assert b0[0]["depth"] == 4
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "olmoe", "deepseek_v3", "mistral"])
+def test_fusion_runs_on_every_family(name):
+    cfg, cls = _cases()[name]
+    g = blb_fusion.run(build_graph(cfg.to_dict()))
+    _check_invariants(g)
+    # an MoE expert's gate and up read the dispatched rows once: one block
+    for b in g.meta["blb_blocks"]:
+        gates = [x for x in b["nodes"] if x.endswith(".gate") and ".e" in x]
+        for x in gates:
+            assert x[: -len("gate")] + "up" in b["nodes"]
+
+
+def test_table4_and_classes():
+    T4 = blb_fusion.TABLE4
+    for k in blb_fusion.LINEAR:  # Identity fuses with anything and keeps the other's type
+        assert T4[(blb_fusion.IDENTITY, k)] == k and T4[(k, blb_fusion.IDENTITY)] == k
+    assert T4[("reduction", "expansion")] == "identity" and T4[("expansion", "reduction")] == "identity"
+    assert T4[("transformation", "reduction")] == "reduction"
+    assert T4[("transformation", "transformation")] == "transformation"
+    assert T4[("expansion", "transformation")] == "expansion"
+    cfg, cls = _cases()["gpt2"]
+    g = blb_fusion.run(build_graph(cfg.to_dict()))
+    c = {n.name: n.attrs["blb_class"] for n in g.nodes}
+    assert c["L0.attn_norm.mean"] == "reduction" and c["L0.attn_norm.center"] == "expansion"
+    assert c["L0.attn_norm.square"] == "identity" and c["L0.attn_norm.rsqrt"] == "nonlinear"
+    assert c["L0.qkv"] == c["L0.qk"] == c["L0.av"] == "transformation"
+    assert c["L0.softmax"] == "expansion" and c["L0.softmax.exp"] == "nonlinear" and c["embed"] == "nonlinear"
+    text = blb_fusion.format_blocks(g)
+    assert "5 per layer" in text and "L0" in text and "prologue" in text and "epilogue" in text

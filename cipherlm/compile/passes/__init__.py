@@ -12,6 +12,6 @@ graph is left as it was.
   (Table 2 types, Table 4 patterns), ``meta["blb_blocks"]``.
 """
 
-from . import blb_decompose, fold_attention_scale, fold_norms, group_linears, moe_blocks
+from . import blb_decompose, blb_fusion, fold_attention_scale, fold_norms, group_linears, moe_blocks
 
-__all__ = ["blb_decompose", "fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
+__all__ = ["blb_decompose", "blb_fusion", "fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
