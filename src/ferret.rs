@@ -25,7 +25,8 @@
 //!    block of 2^h positions.
 //! 3. **Primal-LPN expansion** with a local linear code (Ferret sec. 4,
 //!    eq. "x = u A + e"): every output i XORs D = 10 base COTs of the first k
-//!    (indices from AES-CTR on a public seed), plus the MPCOT output:
+//!    (uniform indices from AES-CTR on a public seed, `IndexStream`), plus the
+//!    MPCOT output:
 //!    sender  y_i = s_i xor XOR_j v_base[idx_ij],
 //!    receiver x_i = e_i xor XOR_j u_base[idx_ij],  z_i = r_i xor XOR_j w_base[idx_ij],
 //!    so z_i = y_i xor x_i * Delta.

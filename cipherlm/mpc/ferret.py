@@ -34,8 +34,9 @@ regular noise (see `FERRET_MAIN`, `FERRET_SETUP`).  The first iterations of a
 session use the small set; the session switches to the main set once it has
 served more than `MAIN_AFTER` COTs in that direction (or a single request
 needs more than one small iteration gives), because a main iteration costs
-~1-3 s of compute and ~600 MB of memory for the two parties, which only pays
-off for large workloads.
+~0.3-0.5 s of compute per party (2-vCPU EPYC, docs/benchmarks.md "OT extension
+throughput") and ~350 MB of memory per party (its output, and the previous
+output kept for reuse), which only pays off for large workloads.
 """
 
 from __future__ import annotations
