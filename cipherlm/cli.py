@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
                    help="2pc: linear layers' packing the prediction assumes")
     i.add_argument("--json", metavar="FILE", help="write the plan and the prediction as JSON")
+    i.add_argument("--fusion", choices=("none", "blb"), default="none", help="blb: also the BLB fused blocks per layer (FineGrainFusion passes, docs/blb.md)")
 
     s = sub.add_parser("serve", help="serve a model to private-inference clients")
     s.add_argument("--mode", choices=("offload", "2pc"), default="offload")

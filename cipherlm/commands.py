@@ -265,6 +265,15 @@ def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "co
     return "\n".join(lines), doc
 
 
+def inspect_blb(config: dict, all_layers: bool = False) -> str:
+    """BLB's fused blocks (passes blb_decompose + blb_fusion) as a table: per block its layer,
+    HE depth, rotate-and-sum reductions, products, the MPC cores around it and its ops."""
+    from cipherlm.compile import build_graph
+    from cipherlm.compile.passes import blb_fusion
+
+    return blb_fusion.format_blocks(blb_fusion.run(build_graph(config)), all_layers=all_layers)
+
+
 def cmd_inspect(args) -> int:
     name, config = model_config(args.model)
     print(inspect_text(config, name, all_nodes=args.all, groups=args.groups))
@@ -274,6 +283,8 @@ def cmd_inspect(args) -> int:
         raise UserError("--tokens must be at least 1")
     text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"))
     print(text)
+    if getattr(args, "fusion", "none") == "blb":
+        print(inspect_blb(config, all_layers=args.all))
     if getattr(args, "json", None):
         import json
 

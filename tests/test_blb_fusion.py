@@ -249,3 +249,20 @@ def test_table4_and_classes():
     assert c["L0.softmax"] == "expansion" and c["L0.softmax.exp"] == "nonlinear" and c["embed"] == "nonlinear"
     text = blb_fusion.format_blocks(g)
     assert "5 per layer" in text and "L0" in text and "prologue" in text and "epilogue" in text
+
+
+def test_cli_inspect_fusion_blb(tmp_path, capsys):
+    import json
+
+    from cipherlm import cli
+
+    (tmp_path / "config.json").write_text(json.dumps(_bert_cases()["minilm"].to_dict()))
+    assert cli.main(["inspect", str(tmp_path), "--fusion", "blb"]) == 0
+    out = capsys.readouterr().out
+    assert "BLB fused blocks" in out and "5 per layer" in out and "Phi (gelu gate) -> rsqrt" in out
+    assert "layers 1..2: the same blocks" in out
+    assert cli.main(["inspect", str(tmp_path), "--fusion", "blb", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert sum(" L2 " in line for line in out.splitlines()) == 5
+    assert cli.main(["inspect", str(tmp_path)]) == 0
+    assert "BLB fused blocks" not in capsys.readouterr().out

@@ -408,7 +408,11 @@ def format_blocks(graph: Graph, all_layers: bool = False) -> str:
         lines.append(f"  {b['id']:<6} {where:<9} {b['depth']:>5} {len(b['packing']['rotate_and_sum']):>4} "
                      f"{p['ct_pt']:>3} {p['ct_ct_matmul']:>4}  {mpc:<34} {b['ops']}")
     if not all_layers and graph.n_layers > 1:
-        lines.append(f"  (layers 1..{graph.n_layers - 1}: the same blocks; --all shows them)")
+        def sig(i):
+            return [(b["depth"], b["mpc_in_cores"], b["mpc_out_cores"], b["products"]) for b in per.get(i, [])]
+        same = all(sig(i) == sig(0) for i in range(1, graph.n_layers))
+        lines.append(f"  (layers 1..{graph.n_layers - 1}: {'the same blocks' if same else 'not shown'}; "
+                     "--all shows them)")
     lines.append("  depth: multiplicative depth from fresh inputs; sums: rotate-and-sum reductions (Figure 6); "
                  "pt / ctct: ct-pt projections / ct-ct matmuls")
     return "\n".join(lines)
