@@ -49,7 +49,7 @@ DECODERS = ["llama", "llama_tied_bias", "gpt2", "qwen2_moe", "olmoe", "deepseek_
 @pytest.mark.parametrize("name", DECODERS)
 def test_decompose_keeps_decoder_outputs(name):
     cfg, cls = _cases()[name]
-    config, g, p = _model(cfg, cls)
+    _, g, p = _model(cfg, cls)
     gd = blb_decompose.run(g)
     assert not {n.op for n in gd.nodes} & {"layer_norm", "rms_norm", "softmax"}
     assert all(n.attrs.get("fn") not in blb_decompose.GATED for n in gd.nodes if n.op == "activation")
@@ -64,7 +64,7 @@ def test_decompose_keeps_decoder_outputs(name):
 
 def test_decompose_after_fold_norms_and_attention_scale():
     cfg, cls = _cases()["llama"]
-    config, g, p = _model(cfg, cls)
+    _, g, p = _model(cfg, cls)
     g2, p2 = passes.fold_norms.run(g, p)
     g2, p2 = passes.fold_attention_scale.run(g2, p2)
     gd = blb_decompose.run(g2)
@@ -77,7 +77,7 @@ def test_decompose_after_fold_norms_and_attention_scale():
 
 @pytest.mark.parametrize("name", ["bert", "minilm"])
 def test_decompose_keeps_encoder_outputs(name):
-    config, g, p = _model(_bert_cases()[name], T.BertModel)
+    _, g, p = _model(_bert_cases()[name], T.BertModel)
     gd = blb_decompose.run(g)
     ids = np.array([[2, 17, 33, 90, 5, 3, 0, 0], [2, 8, 9, 10, 11, 12, 13, 3]])
     mask = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8])
@@ -97,7 +97,7 @@ def test_decompose_keeps_encoder_outputs(name):
 
 def test_exp_squarings_are_exact_for_any_n():
     cfg, cls = _cases()["gpt2"]
-    config, g, p = _model(cfg, cls)
+    _, g, p = _model(cfg, cls)
     ids = [1, 2, 3, 4, 5]
     ref = GraphExecutor(g, p, dtype=np.float64).forward(ids)
     for n in (0, 3, 9):
@@ -148,7 +148,7 @@ def _check_invariants(g):
 @pytest.mark.parametrize("name", ["bert", "minilm"])
 def test_bert_layers_have_the_five_blocks_of_figure_10(name):
     cfg = _bert_cases()[name]
-    config, g0, p = _model(cfg, T.BertModel)
+    _, g0, p = _model(cfg, T.BertModel)
     g = blb_fusion.run(g0)
     _check_invariants(g)
     per = blb_fusion.blocks_by_layer(g)
@@ -183,7 +183,7 @@ def test_bert_layers_have_the_five_blocks_of_figure_10(name):
 @pytest.mark.parametrize("name", ["llama", "llama_tied_bias", "qwen2", "gpt2"])
 def test_decoder_layers_have_five_blocks(name):
     cfg, cls = _cases()[name]
-    config, g0, p = _model(cfg, cls)
+    _, g0, p = _model(cfg, cls)
     g = blb_fusion.run(g0)
     _check_invariants(g)
     gelu = name == "gpt2"
@@ -211,7 +211,7 @@ def test_decoder_layers_have_five_blocks(name):
 
 def test_fold_norms_then_fusion():
     cfg, cls = _cases()["llama"]
-    config, g0, p = _model(cfg, cls)
+    _, g0, p = _model(cfg, cls)
     gf, _ = passes.fold_norms.run(g0, p)
     g = blb_fusion.run(gf)
     _check_invariants(g)
@@ -222,7 +222,7 @@ def test_fold_norms_then_fusion():
 
 @pytest.mark.parametrize("name", ["qwen2_moe", "olmoe", "deepseek_v3", "mistral"])
 def test_fusion_runs_on_every_family(name):
-    cfg, cls = _cases()[name]
+    cfg, _ = _cases()[name]
     g = blb_fusion.run(build_graph(cfg.to_dict()))
     _check_invariants(g)
     # an MoE expert's gate and up read the dispatched rows once: one block
@@ -240,7 +240,7 @@ def test_table4_and_classes():
     assert T4[("transformation", "reduction")] == "reduction"
     assert T4[("transformation", "transformation")] == "transformation"
     assert T4[("expansion", "transformation")] == "expansion"
-    cfg, cls = _cases()["gpt2"]
+    cfg, _ = _cases()["gpt2"]
     g = blb_fusion.run(build_graph(cfg.to_dict()))
     c = {n.name: n.attrs["blb_class"] for n in g.nodes}
     assert c["L0.attn_norm.mean"] == "reduction" and c["L0.attn_norm.center"] == "expansion"

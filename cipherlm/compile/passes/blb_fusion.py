@@ -64,6 +64,7 @@ statistics. docs/blb.md has the decoders' blocks.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections import Counter
 
@@ -273,7 +274,7 @@ def run(graph: Graph, exp_squarings: int = blb_decompose.EXP_SQUARINGS) -> Graph
             continue
         for v in n.outputs:
             readers = [c for c in cons.get(v, []) if classes[c.name] != NONLINEAR]
-            for a, b in zip(readers, readers[1:]):
+            for a, b in itertools.pairwise(readers):
                 if st[a.name] == st[b.name]:
                     uf.union(a.name, b.name)
     comps: dict[str, list[Node]] = {}
@@ -409,7 +410,7 @@ def format_blocks(graph: Graph, all_layers: bool = False) -> str:
                      f"{p['ct_pt']:>3} {p['ct_ct_matmul']:>4}  {mpc:<34} {b['ops']}")
     if not all_layers and graph.n_layers > 1:
         def sig(i):
-            return [(b["depth"], b["mpc_in_cores"], b["mpc_out_cores"], b["products"]) for b in per.get(i, [])]
+            return [(b["depth"], b["mpc_out_cores"], b["products"]) for b in per.get(i, [])]
         same = all(sig(i) == sig(0) for i in range(1, graph.n_layers))
         lines.append(f"  (layers 1..{graph.n_layers - 1}: {'the same blocks' if same else 'not shown'}; "
                      "--all shows them)")
