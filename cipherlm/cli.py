@@ -1,4 +1,4 @@
-"""cipherlm command line: models | generate | classify | inspect | serve | demo | bench.
+"""cipherlm command line: models | generate | classify | inspect | serve | proxy | demo | bench.
 
 Every run command accepts ``--report FILE`` (JSON) and ``--plot FILE`` (PNG of
 the per-operator-class breakdown).
@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_args(s)
     s.add_argument("--workers", type=int, default=1,
                    help="HE worker processes (SEAL holds the GIL; use the machine's physical cores)")
+    s.add_argument("--he-backend", choices=("seal", "lattigo"), default=None,
+                   help="offload: the HE library the projections run on (default seal, or "
+                        "$CIPHERLM_OFFLOAD_HE_BACKEND); lattigo needs `make lattigo`, and --workers "
+                        "are then goroutines in the server process; the client follows the server")
     s.add_argument("--embedding", default="auto",
                    help="2pc: private embedding lookup (auto = FastQuery protocol with a 12-bit table; "
                         "onehot-linear, exact, fastquery, cheetah, ...)")
@@ -119,6 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="2pc, MoE models: CryptoMoE capacity factor c (each expert takes "
                         "ceil(c m k / n) of a pass's m tokens; public)")
     _add_packing_args(s, "2pc")
+
+    x = sub.add_parser("proxy", help="an OpenAI-compatible HTTP API on this machine, in front of a `cipherlm serve` "
+                                     "(the keys stay in the proxy; docs/proxy.md)")
+    x.add_argument("--server", type=_server_address, action="append", required=True,
+                   help="HOST:PORT of a `cipherlm serve` (repeat for several models, e.g. a chat model "
+                        "and an embedding model)")
+    x.add_argument("--mode", choices=("offload", "2pc"), required=True, help="the servers' mode")
+    x.add_argument("--host", default="127.0.0.1", help="address the HTTP API listens on (default 127.0.0.1)")
+    x.add_argument("--port", type=int, default=8080)
+    x.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer TOKEN' on /v1 (or set CIPHERLM_PROXY_API_KEY)")
+    x.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="the chat template: a tokenizer_config.json or a Jinja file (default: the model's own "
+                        "when it is on this machine, else ChatML)")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
     d.add_argument("--mode", choices=MODES, default="offload")

@@ -20,6 +20,7 @@ def dispatch(args) -> int:
         "classify": cmd_classify,
         "inspect": cmd_inspect,
         "serve": cmd_serve,
+        "proxy": cmd_proxy,
         "demo": cmd_demo,
         "bench": cmd_bench,
     }[args.command]
@@ -631,7 +632,27 @@ def cmd_serve(args) -> int:
     from cipherlm.runtime import offload_server
 
     limits = serve_limits(args, offload_server.DEFAULT_LIMITS)
-    offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers, limits=limits)
+    offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers, limits=limits,
+                              he_backend=getattr(args, "he_backend", None))
+    return 0
+
+
+def cmd_proxy(args) -> int:
+    import os
+
+    from cipherlm.runtime import proxy
+
+    api_key = args.api_key or os.environ.get("CIPHERLM_PROXY_API_KEY") or None
+    template = None
+    if args.chat_template:
+        try:
+            template = proxy.ChatTemplate.from_file(args.chat_template)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--chat-template: {exc}") from exc
+    if not 0 <= args.port < 65536:
+        raise UserError("--port must be in 0..65535")
+    proxy.serve(list(args.server), args.mode, host=args.host, port=args.port, api_key=api_key,
+                chat_template=template)
     return 0
 
 
