@@ -266,3 +266,28 @@ def test_cli_inspect_fusion_blb(tmp_path, capsys):
     assert sum(" L2 " in line for line in out.splitlines()) == 5
     assert cli.main(["inspect", str(tmp_path)]) == 0
     assert "BLB fused blocks" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("T_,d", [(4, 6), (3, 8), (5, 1), (2, 768)])
+def test_rotate_and_sum_packing_against_numpy(T_, d):
+    """Figure 6 / Table 3 in numpy: spatial-first packing, log2 d rotations for a row sum,
+    the sum left broadcast along the row, so LayerNorm's x - mean and x * rsqrt keep the
+    packing with no mask and no further rotation."""
+    rng = np.random.default_rng(d)
+    x = rng.normal(size=(T_, d))
+    v = blb_fusion.pack_spatial_first(x)
+    w = v.size // T_
+    assert w >= d and w & (w - 1) == 0
+    s, rots = blb_fusion.rotate_and_sum(v, T_)
+    assert rots == max(0, int(np.ceil(np.log2(d))))
+    full = np.broadcast_to(x.sum(axis=1)[:, None], (T_, w))  # every column slot: the row sum
+    assert np.allclose(s, full.T.reshape(-1))
+    # fused Reduction -> Expansion (Figure 6): x - mean in the same packing, no mask when the
+    # row fills its slots (a power of two: the columns one ciphertext holds); a padded row
+    # needs one mask product to keep its padding at zero
+    want = blb_fusion.pack_spatial_first(x - x.mean(axis=1, keepdims=True))
+    if w == d:
+        assert np.allclose(v - s / d, want)
+    else:
+        assert not np.allclose(v - s / d, want)
+        assert np.allclose((v - s / d) * blb_fusion.pack_spatial_first(np.ones_like(x)), want)

@@ -383,6 +383,36 @@ def run(graph: Graph, exp_squarings: int = blb_decompose.EXP_SQUARINGS) -> Graph
     return g
 
 
+def pack_spatial_first(x, width: int | None = None):
+    """A (T, d) matrix as one slot vector, spatial-first (section 4.2.1): slot j * T + t
+    holds x[t, j], the reduce dimension zero-padded to `width` (default: the next power of
+    two, so that rotate-and-sum wraps around cleanly)."""
+    import numpy as np
+
+    x = np.asarray(x, np.float64)
+    T, d = x.shape
+    w = width or 1 << max(0, (d - 1).bit_length())
+    out = np.zeros(T * w)
+    out[: T * d] = x.T.reshape(-1)
+    return out
+
+
+def rotate_and_sum(slots, T: int) -> tuple:
+    """Figure 6's rotate-and-sum on a spatial-first slot vector of T-token columns: after
+    log2(width) rotations by T, 2T, 4T, ... every slot j * T + t holds the row sum of
+    token t, i.e. the sum already broadcast along the reduce dimension (so the
+    Expansion after it needs no mask and no rotation). Returns (slots, rotations)."""
+    import numpy as np
+
+    v = np.asarray(slots, np.float64).copy()
+    n, step, rots = v.size, T, 0
+    while step < n:
+        v = v + np.roll(v, -step)  # a left rotation by `step` slots
+        step *= 2
+        rots += 1
+    return v, rots
+
+
 def blocks_by_layer(graph: Graph) -> dict:
     """{layer (None for prologue / epilogue): [block, ...]} of a fused graph."""
     out: dict = {}
