@@ -87,6 +87,7 @@ from .params import HEParams, check_security, max_logq
 __all__ = [
     "BUILD_HINT",
     "LATTIGO_COSTS",
+    "LattigoBSGSMatrix",
     "LattigoBackend",
     "LattigoContext",
     "LattigoLinearTransform",
@@ -99,7 +100,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 _PARAMS_MAGIC = b"CLGPARAMS1"
 _CT_HEADER = struct.Struct("<4sBBBBB3sd")  # see clattigo.go
 _ERRLEN = 1024
@@ -141,6 +142,10 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_rotate": (_i64, _i64, _i64, _p_i64),
     "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
     "clg_copy": (_i64, _p_i64),
+    "clg_bsgs_new": (_i64, _int, _int, _int, _p_i64, _int, _int, _dbl, _p_i64),
+    "clg_bsgs_set": (_i64, _int, _p_dbl, _p_dbl, _p_u8, _int),
+    "clg_bsgs_plaintexts": (_i64, _p_i64),
+    "clg_bsgs_eval": (_i64, _i64, _i64, _int, _p_i64, _p_i64),
     "clg_ct_info": (_i64, _int, _p_int, _p_int, _p_dbl, _p_int),
     "clg_ct_coeffs": (_i64, _p_u64, _i64),
     "clg_ct_to_bytes": (_i64, _pp_u8, _p_i64),
@@ -341,6 +346,24 @@ class LattigoLinearTransform(_Handle):
         out = np.zeros(max(n.value, 1), np.uint64)
         _call("clg_lt_galois_elements", self.h, out.ctypes.data_as(_p_u64), out.size, ctypes.byref(n))
         return [int(g) for g in out[: n.value]]
+
+
+class LattigoBSGSMatrix(_Handle):
+    """A matrix encoded for the offload matmul (`cipherlm.he.matmul`): per output block its
+    pre-rotated diagonals as plaintexts (`LattigoBackend.bsgs_matrix`), evaluated in one call
+    (`LattigoBackend.bsgs_apply`)."""
+
+    __slots__ = ("n_blocks",)
+
+    def __init__(self, h: int, ctx, n_blocks: int):
+        super().__init__(h, ctx)
+        self.n_blocks = n_blocks
+
+    @property
+    def n_plaintexts(self) -> int:
+        n = _i64(0)
+        _call("clg_bsgs_plaintexts", self.h, ctypes.byref(n))
+        return int(n.value)
 
 
 # ----------------------------------------------------------------------------- context
@@ -593,6 +616,48 @@ class LattigoBackend(HEBackend):
         """M(ct) by Lattigo's BSGS with hoisted baby steps (no rescale: the result's scale is
         the input's times the transform's)."""
         return LattigoCiphertext(_new("clg_lt_eval", galois_keys.h, ct.h, lt.h), ctx)
+
+    def bsgs_matrix(self, ctx: LattigoContext, diagonals: np.ndarray, *, g: int, chunk_steps: Sequence[int],
+                    scale: float, level=None, workers: int = 2) -> LattigoBSGSMatrix:
+        """The offload matmul's encoded matrix (`cipherlm.he.matmul.encode_matrix`): ``diagonals``
+        complex (n_blocks, m, slots), the pre-rotated diagonals of each output block (all-zero
+        ones are not stored), encoded at ``level`` (default: the top) with plaintext scale
+        ``scale``; ``g`` baby steps, giant steps of g slots, ``chunk_steps`` the chunk sum's
+        rotations.  ``workers`` goroutines encode."""
+        d = np.asarray(diagonals)
+        if d.ndim != 3 or d.shape[2] != ctx.slots or not d.shape[0] or not d.shape[1]:
+            raise HEError(f"expected diagonals (n_blocks, m, {ctx.slots}), got {d.shape}")
+        if not (scale > 0 and math.isfinite(scale)):
+            raise HEError(f"bad plaintext scale {scale}")
+        n_blocks, m = int(d.shape[0]), int(d.shape[1])
+        lvl = ctx.max_level if level is None else int(level)
+        _c, cp, cn = _i64_array(chunk_steps)
+        h = _new("clg_bsgs_new", ctx.handle, n_blocks, m, int(g), cp if cn else None, cn, lvl, math.log2(scale))
+        mat = LattigoBSGSMatrix(h, ctx, n_blocks)
+        for o in range(n_blocks):
+            blk = d[o]
+            re = np.ascontiguousarray(blk.real, dtype=np.float64)
+            im = np.ascontiguousarray(blk.imag, dtype=np.float64)
+            if not (np.all(np.isfinite(re)) and np.all(np.isfinite(im))):
+                raise HEError("diagonal values must be finite")
+            nz = np.ascontiguousarray(np.any(blk != 0, axis=1), dtype=np.uint8)
+            _call("clg_bsgs_set", h, o, re.ctypes.data_as(_p_dbl), im.ctypes.data_as(_p_dbl),
+                  nz.ctypes.data_as(_p_u8), int(workers))
+        return mat
+
+    def bsgs_apply(self, ctx, ct: LattigoCiphertext, mat: LattigoBSGSMatrix, galois_keys: LattigoGaloisKeys,
+                   *, workers: int = 1) -> tuple[list[LattigoCiphertext | None], dict[str, int]]:
+        """The offload matmul of one input ciphertext in one call (``workers`` goroutines):
+        hoisted baby steps, per (block, giant step) the products, a rescale and the giant
+        rotation, then the chunk sum.  Returns each block's result (None: all-zero block; one
+        level below the input) and the op counts."""
+        out = np.zeros(mat.n_blocks, np.int64)
+        cnt = np.zeros(4, np.int64)
+        _call("clg_bsgs_eval", galois_keys.h, ct.h, mat.h, int(workers), out.ctypes.data_as(_p_i64),
+              cnt.ctypes.data_as(_p_i64))
+        res = [LattigoCiphertext(int(h), ctx) if h else None for h in out]
+        return res, {"rotations": int(cnt[0]), "multiply_plain": int(cnt[1]), "add": int(cnt[2]),
+                     "rescale": int(cnt[3])}
 
     def rescale_inplace(self, ctx, ct: LattigoCiphertext) -> None:
         """Divide by the last prime of the ciphertext's level (scale / q_l, one level down)."""

@@ -65,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -76,9 +77,65 @@ from .backend import DEFAULT_BACKEND, OffloadCostModel, get_backend
 from .context import HEContext
 from .errors import HEError
 
-#: the HE backend this engine runs on (it calls SEAL directly); its cost model's
-#: ``offload`` constants are the planner's default
+#: the default HE backend of this engine (SEAL, called directly); its cost model's
+#: ``offload`` constants are the planner's default.  ``"lattigo"`` (`OFFLOAD_BACKENDS`) runs
+#: the same plans on Lattigo: a context from `make_context(params, "lattigo")` selects it
+#: in every function below (`LattigoEncodedMatrix`, one native call per request)
 OFFLOAD_BACKEND = DEFAULT_BACKEND
+#: the HE backends the offload matmul runs on
+OFFLOAD_BACKENDS = ("seal", "lattigo")
+
+
+def make_context(params, backend: str = OFFLOAD_BACKEND):
+    """The offload matmul's context for ``params`` on HE backend ``backend`` ("seal": an
+    `HEContext`; "lattigo": a `lattigo_backend.LattigoContext`, `HEError` when the library
+    is not built)."""
+    if backend == "seal":
+        return HEContext(params)
+    if backend == "lattigo":
+        from . import lattigo_backend  # noqa: F401 (registers "lattigo"; not at import: test_he_backend's BFV suite)
+
+        return get_backend("lattigo").context(params)
+    raise HEError(f"the offload matmul runs on {OFFLOAD_BACKENDS}, not {backend!r}")
+
+
+def offload_params_to_bytes(params, backend: str = OFFLOAD_BACKEND) -> bytes:
+    """The parameter blob of backend ``backend`` (what the welcome carries)."""
+    if backend == "seal":
+        return serialize.params_to_bytes(params)
+    if backend not in OFFLOAD_BACKENDS:
+        raise HEError(f"the offload matmul runs on {OFFLOAD_BACKENDS}, not {backend!r}")
+    from . import lattigo_backend  # noqa: F401 (registers "lattigo")
+
+    return get_backend(backend).params_to_bytes(params)
+
+
+def offload_params_from_bytes(data: bytes, backend: str = OFFLOAD_BACKEND):
+    """Parse and security-check a server's parameter blob with backend ``backend``'s own parser
+    (a blob of the other backend is refused: `HEError`)."""
+    if backend == "seal":
+        return serialize.params_from_bytes(data)
+    if backend not in OFFLOAD_BACKENDS:
+        raise HEError(f"the offload matmul runs on {OFFLOAD_BACKENDS}, not {backend!r}")
+    from . import lattigo_backend  # noqa: F401 (registers "lattigo")
+
+    return get_backend(backend).params_from_bytes(data)
+
+
+def backend_of(ctx) -> str:
+    """The HE backend of an offload context ("seal" or "lattigo")."""
+    mod = sys.modules.get("cipherlm.he.lattigo_backend")
+    return "lattigo" if mod is not None and isinstance(ctx, mod.LattigoContext) else "seal"
+
+
+def client_keys(ctx):
+    """A fresh secret key for the client side (`keys.ClientKeys` for SEAL, the backend's
+    `SecretKeys` for Lattigo): ``encrypt_seeded``, ``decrypt``, ``galois_keys_bytes``."""
+    if backend_of(ctx) == "lattigo":
+        return get_backend("lattigo").keygen(ctx)
+    from .keys import ClientKeys
+
+    return ClientKeys(ctx)
 
 # --------------------------------------------------------------------------- counters
 
@@ -339,6 +396,24 @@ def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> n
     return out
 
 
+@dataclasses.dataclass
+class LattigoEncodedMatrix:
+    """Server-side cache on the Lattigo backend: the same pre-rotated diagonals, encoded
+    in Go (`lattigo_backend.LattigoBSGSMatrix`); `apply` evaluates a request in one native
+    call with ``workers`` goroutines (hoisted baby steps)."""
+
+    ctx: object
+    plan: MatmulPlan
+    matrix: object
+    weight_scale: float
+    n_plaintexts: int
+    workers: int = 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_plaintexts * (self.ctx.max_level + 1) * self.ctx.n * 8
+
+
 def encode_matrix(
     ctx: HEContext,
     W: np.ndarray,
@@ -368,8 +443,17 @@ def encode_matrix(
     wbits = weight_scale_bits(ctx, plan.n)
     scale = 2.0**wbits / (wmax if wmax > 0 else 1.0)
     D = diagonals(plan, W, b)
-    pid = ctx.parms_id_at(len(ctx.coeff_moduli))
     total = plan.n_blocks * plan.m
+    if backend_of(ctx) == "lattigo":
+        if keep is not None:
+            raise HEError("the Lattigo backend encodes whole matrices (its workers are goroutines)")
+        mat = get_backend("lattigo").bsgs_matrix(ctx, D, g=plan.g, chunk_steps=plan.chunk_steps, scale=scale)
+        n_pt = mat.n_plaintexts
+        _count(counter, encode=n_pt)
+        if progress is not None:
+            progress(total, total)
+        return LattigoEncodedMatrix(ctx, plan, mat, scale, n_pt)
+    pid = ctx.parms_id_at(len(ctx.coeff_moduli))
     pts: list[list[seal.Plaintext | None]] = []
     done = 0
     for o in range(plan.n_blocks):
@@ -465,6 +549,12 @@ def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | 
         raise HEError("input has non-finite entries")
     xmax = max(float(np.max(np.abs(x))) if x.size else 0.0, 1.0 if plan.has_bias else 0.0)
     scale = 2.0 ** ctx.params.input_scale_bits / (xmax if xmax > 0 else 1.0)
+    if backend_of(ctx) == "lattigo":
+        be = get_backend("lattigo")
+        pt = be.encode_slots(ctx, input_layout(plan, x), level=ctx.max_level, scale_bits=math.log2(scale))
+        data = keys.encrypt_seeded(pt)
+        _count(counter, encode=1, encrypt=1, bytes_in=len(data))
+        return data
     pt = seal.Plaintext()
     ctx.encoder.encode(input_layout(plan, x).tolist(), ctx.parms_id_at(len(ctx.coeff_moduli)), scale, pt)
     data = keys.encrypt_seeded(pt)
@@ -476,6 +566,9 @@ def decrypt_slots(keys, blob: bytes) -> np.ndarray:
     """Client: every (complex) slot of one result ciphertext (tests inspect what a
     result carries besides the outputs)."""
     ctx = keys.ctx
+    if backend_of(ctx) == "lattigo":
+        be = get_backend("lattigo")
+        return be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), complex_out=True)
     ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
     return np.asarray(ctx.encoder.decode_complex(keys.decrypt(ct)))
 
@@ -491,8 +584,12 @@ def decrypt_output(
     for o, blob in enumerate(blobs):
         if not blob:
             continue  # all-zero block
-        ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
-        v = np.asarray(ctx.encoder.decode_double(keys.decrypt(ct)))
+        if backend_of(ctx) == "lattigo":
+            be = get_backend("lattigo")
+            v = be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), n=plan.rows)
+        else:
+            ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
+            v = np.asarray(ctx.encoder.decode_double(keys.decrypt(ct)))
         y[o * plan.rows : (o + 1) * plan.rows] = v[: plan.rows]
         _count(counter, decrypt=1)
     _count(counter, bytes_out=len(data))
@@ -513,6 +610,8 @@ def split_output(plan: MatmulPlan, y: np.ndarray) -> list[np.ndarray]:
 
 def load_galois_keys(ctx: HEContext, data: bytes, plans: Sequence[MatmulPlan] = ()) -> seal.GaloisKeys:
     steps = sorted({s for p in plans for s in p.rotation_steps})
+    if backend_of(ctx) == "lattigo":
+        return get_backend("lattigo").galois_keys_from_bytes(ctx, data, required_steps=steps or None)
     return serialize.galois_keys_from_bytes(ctx, data, required_steps=steps or None)
 
 
@@ -598,6 +697,12 @@ def apply(
     p = enc.plan
     if isinstance(galois_keys, (bytes, bytearray, memoryview)):
         galois_keys = load_galois_keys(enc.ctx, bytes(galois_keys), [p])
+    if isinstance(enc, LattigoEncodedMatrix):
+        be = get_backend("lattigo")
+        ct = be.ciphertext_from_bytes(enc.ctx, ct_bytes, level=enc.ctx.max_level)
+        res, n = be.bsgs_apply(enc.ctx, ct, enc.matrix, galois_keys, workers=enc.workers)
+        _count(counter, server_seconds=time.perf_counter() - t0, **n)
+        return pack_cts([b"" if r is None else be.ciphertext_to_bytes(r) for r in res])
     blocks = [(o, range(p.b)) for o in range(p.n_blocks)]
     out, n = evaluate_blocks(enc, ct_bytes, galois_keys, blocks, p.g)
     _count(counter, server_seconds=time.perf_counter() - t0, **n)

@@ -38,8 +38,6 @@ import numpy as np
 
 from cipherlm.he import (
     OFFLOAD_CKKS,
-    ClientKeys,
-    HEContext,
     HEError,
     HEOpCounter,
     MatmulPlan,
@@ -48,11 +46,18 @@ from cipherlm.he import (
     encode_group,
     encrypt_input,
     load_galois_keys,
-    params_from_bytes,
     params_to_bytes,
     plan_matmul,
 )
-from cipherlm.he.matmul import pack_cts, unpack_cts
+from cipherlm.he.matmul import (
+    OFFLOAD_BACKENDS,
+    client_keys,
+    make_context,
+    offload_params_from_bytes,
+    offload_params_to_bytes,
+    pack_cts,
+    unpack_cts,
+)
 from cipherlm.he.params import check_security
 from cipherlm.runtime.linear_groups import LinearGroup
 
@@ -124,11 +129,18 @@ class ServerEngine:
         params=OFFLOAD_CKKS,
         progress=None,
         workers: int = 1,
+        he_backend: str = "seal",
     ):
+        if he_backend not in OFFLOAD_BACKENDS:
+            raise HEError(f"unknown offload HE backend {he_backend!r}; known: {OFFLOAD_BACKENDS}")
         self.params = params
-        self.ctx = HEContext(params)
+        self.he_backend = he_backend
+        self.ctx = make_context(params, he_backend)
         self.groups = list(groups)
         self.workers = max(1, int(workers))
+        # Lattigo: the workers are goroutines inside one native call per request (baby steps
+        # shared, not repeated per worker): its plans are those of one worker
+        plan_workers = self.workers if he_backend == "seal" else 1
         self.pool = None
         self.parts: list[list[int]] = []  # group -> indices into self.plans / encoded
         self.plans = []
@@ -142,7 +154,8 @@ class ServerEngine:
                 part_bs = bs if k == 0 else [None] * len(bs)
                 plan = plan_matmul(
                     g.d_out, cols.stop - cols.start, self.ctx.slots,
-                    has_bias=k == 0 and has_bias, splits=g.d_outs, workers=self.workers,
+                    has_bias=k == 0 and has_bias, splits=g.d_outs, workers=plan_workers,
+                    backend=he_backend,
                 )
                 ids.append(len(self.plans))
                 self.plans.append(plan)
@@ -151,7 +164,7 @@ class ServerEngine:
         total = sum(p.n_blocks * p.m for p in self.plans)
         offset = 0
         self.encoded = []
-        if self.workers > 1:
+        if self.workers > 1 and he_backend == "seal":
             from cipherlm.he.parallel import ApplyPool
 
             self.pool = ApplyPool(params, self.workers)
@@ -167,7 +180,10 @@ class ServerEngine:
         else:
             for plan, (Ws, bs) in zip(self.plans, part_weights):
                 report = None if progress is None else (lambda done, _t, off=offset: progress(off + done, total))
-                self.encoded.append(encode_group(self.ctx, Ws, bs, plan=plan, progress=report))
+                enc = encode_group(self.ctx, Ws, bs, plan=plan, progress=report)
+                if he_backend == "lattigo":
+                    enc.workers = self.workers
+                self.encoded.append(enc)
                 offset += plan.n_blocks * plan.m
         self.steps = rotation_steps(self.plans)
 
@@ -178,9 +194,19 @@ class ServerEngine:
         return sum(e.nbytes for e in self.encoded)
 
     def public_setup(self) -> dict:
-        """What a client needs to talk to this engine (nothing secret: params and plans)."""
+        """What a client needs to talk to this engine (nothing secret: params and plans).
+        ``he_backend`` only when it is not SEAL (a SEAL welcome stays as it was); the
+        parameter blob is the backend's own (`HEBackend.params_to_bytes`)."""
+        if self.he_backend == "seal":
+            return {
+                "he_params": params_to_bytes(self.params),
+                "plans": [p.to_dict() for p in self.plans],
+                "parts": self.parts,
+                "rotation_steps": self.steps,
+            }
         return {
-            "he_params": params_to_bytes(self.params),
+            "he_backend": self.he_backend,
+            "he_params": offload_params_to_bytes(self.params, self.he_backend),
             "plans": [p.to_dict() for p in self.plans],
             "parts": self.parts,
             "rotation_steps": self.steps,
@@ -235,10 +261,15 @@ class ClientEngine(_Counters):
 
     def __init__(self, welcome: dict, groups: Sequence[LinearGroup]):
         super().__init__()
-        params = params_from_bytes(welcome["he_params"])
+        he_backend = welcome.get("he_backend", "seal")
+        if he_backend not in OFFLOAD_BACKENDS:
+            raise HEError(f"the server's HE backend {he_backend!r} is not one this client runs {OFFLOAD_BACKENDS}")
+        # the backend's own blob and parser: a SEAL blob announced as Lattigo's is refused, and back
+        params = offload_params_from_bytes(welcome["he_params"], he_backend)
         check_security(params)  # never use parameters a server proposes below 128 bits
-        self.ctx = HEContext(params)
-        self.keys = ClientKeys(self.ctx)
+        self.he_backend = he_backend
+        self.ctx = make_context(params, he_backend)
+        self.keys = client_keys(self.ctx)
         self.groups = list(groups)
         self.plans = [MatmulPlan.from_dict(d) for d in welcome["plans"]]
         self.parts = [list(map(int, ids)) for ids in welcome.get("parts", [[i] for i in range(len(self.plans))])]

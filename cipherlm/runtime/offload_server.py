@@ -21,6 +21,7 @@ session.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections import defaultdict
@@ -37,6 +38,9 @@ log = logging.getLogger("cipherlm.serve")
 
 DEFAULT_TIMEOUT = 300.0  # seconds a session may stay silent (the per-frame idle timeout)
 DEFAULT_LIMITS = ServerLimits()
+#: the environment variable `run_server` reads when no HE backend is given (so that a server
+#: started by another tool, e.g. ``cipherlm bench offload``, can be put on Lattigo)
+HE_BACKEND_ENV = "CIPHERLM_OFFLOAD_HE_BACKEND"
 
 
 def discover_groups(config: dict, client_params: dict, server_linears: dict) -> list[LinearGroup]:
@@ -59,7 +63,7 @@ def discover_groups(config: dict, client_params: dict, server_linears: dict) -> 
 class ModelHost:
     """One model, its client bundle and its HE-encoded projections (built once)."""
 
-    def __init__(self, model_name: str, progress=None, workers: int = 1):
+    def __init__(self, model_name: str, progress=None, workers: int = 1, he_backend: str = "seal"):
         from cipherlm.models import load_model
         from cipherlm.runtime.bundle import bundle_digest
         from cipherlm.runtime.plain import split_params
@@ -84,7 +88,8 @@ class ModelHost:
             "tokenizer": lm.tokenizer.to_str() if lm.tokenizer is not None else None,
         }
         self.bundle_digest = bundle_digest(self.bundle["tensors"], self.bundle["tokenizer"])
-        self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers)
+        self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers,
+                                                  he_backend=he_backend)
         self.startup_seconds = time.perf_counter() - t0
 
     def welcome(self) -> dict:
@@ -194,17 +199,20 @@ class Session(MessageSession):
 
 
 def run_server(model: str, host: str, port: int, timeout: float | None = None, workers: int = 1,
-               limits: ServerLimits | None = None) -> None:
+               limits: ServerLimits | None = None, he_backend: str | None = None) -> None:
     """Entry point of ``cipherlm serve --mode offload`` (`timeout` None: `DEFAULT_TIMEOUT`;
-    `limits` None: `DEFAULT_LIMITS`)."""
+    `limits` None: `DEFAULT_LIMITS`; `he_backend` None: `$CIPHERLM_OFFLOAD_HE_BACKEND`, else
+    "seal"; "lattigo": the Lattigo backend, `workers` goroutines per request)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from cipherlm.progress import Progress
 
-    with Progress("encoding weights as CKKS plaintexts", stream=sys.stderr) as bar:
-        model_host = ModelHost(model, progress=bar.update, workers=workers)
+    he_backend = he_backend or os.environ.get(HE_BACKEND_ENV) or "seal"
+    with Progress(f"encoding weights as CKKS plaintexts ({he_backend})", stream=sys.stderr) as bar:
+        model_host = ModelHost(model, progress=bar.update, workers=workers, he_backend=he_backend)
     server = OffloadServer(model_host, host, port, session_timeout=timeout, limits=limits)
     h, p = server.address
-    log.info("model %s ready in %.1f s", model_host.name, model_host.startup_seconds)
+    log.info("model %s ready in %.1f s (HE backend %s, %d worker%s)", model_host.name, model_host.startup_seconds,
+             he_backend, model_host.engine.workers, "" if model_host.engine.workers == 1 else "s")
     print(f"LISTENING {h}:{p}", flush=True)
     try:
         server.serve_forever()

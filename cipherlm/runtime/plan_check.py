@@ -48,6 +48,8 @@ MOE_VARIANTS = ("cryptomoe",)
 MAX_CLASSES = 1 << 16
 #: the largest projection dimension / token limit an offload or 2pc welcome may announce
 MAX_DIM = 1 << 24
+#: the HE backends an offload welcome may name (``he_backend``; `cipherlm.he.matmul.OFFLOAD_BACKENDS`)
+OFFLOAD_HE_BACKENDS = ("seal", "lattigo")
 PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms"})
 
 __all__ = ["check_twopc_plan", "check_twopc_welcome", "check_offload_welcome", "secure_embedding_methods",
@@ -316,6 +318,9 @@ def check_offload_welcome(w, protocol_version: int) -> dict:
     if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
         raise ProtocolError("server sent a malformed bundle digest")
     _labels(w.get("labels"))
+    hb = w.get("he_backend")  # absent: SEAL (a SEAL server's welcome has no such field)
+    if hb is not None and hb not in OFFLOAD_HE_BACKENDS:
+        raise ProtocolError(f"the server's HE backend {_short(hb)} is not one of {OFFLOAD_HE_BACKENDS}")
     if not isinstance(w.get("he_params"), bytes):
         raise ProtocolError("he_params must be bytes")
     plans = _list(w.get("plans"), "plans")

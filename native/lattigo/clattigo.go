@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"unsafe"
@@ -41,7 +42,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
-const abiVersion = 3
+const abiVersion = 4
 
 // ----------------------------------------------------------------------------- handles
 
@@ -79,6 +80,19 @@ type evkObj struct {
 type ltObj struct {
 	ctx *ctxObj
 	lt  ltckks.LinearTransformation
+}
+
+// bsgsObj: a matrix encoded for cipherlm's offload matmul (cipherlm/he/matmul.py): per output
+// block o and diagonal k the pre-rotated diagonal plaintext pts[o][k] (nil: all zero), g baby
+// steps, giant steps of g slots, then the chunk sum's rotations.
+type bsgsObj struct {
+	ctx        *ctxObj
+	nBlocks    int
+	m, g       int
+	chunkSteps []int
+	level      int
+	scale      rlwe.Scale
+	pts        [][]*rlwe.Plaintext
 }
 
 type ptObj struct {
@@ -883,6 +897,361 @@ func clg_lt_eval(evh C.int64_t, cth C.int64_t, lth C.int64_t, out *C.int64_t, er
 		return fail(errbuf, errlen, err)
 	}
 	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+	return 0
+}
+
+// ----------------------------------------------------------------------------- offload matmul
+
+// clg_bsgs_new: an empty encoded matrix for cipherlm's offload BSGS matmul: nBlocks output
+// blocks of m diagonals, g baby steps (giant steps of g slots), the chunk sum's rotation
+// steps, plaintexts at `level` with scale 2^logScale.  clg_bsgs_set fills one block.
+//
+//export clg_bsgs_new
+func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, chunk *C.int64_t, nChunk C.int, level C.int,
+	logScale C.double, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	c, err := get[*ctxObj](h, "context")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	slots := c.params.MaxSlots()
+	if nBlocks < 1 || nBlocks > 1<<16 || m < 1 || int(m) > slots || g < 1 || g > m {
+		return fail(errbuf, errlen, fmt.Errorf("bad matmul shape: %d blocks, %d diagonals, %d baby steps",
+			int(nBlocks), int(m), int(g)))
+	}
+	lvl := int(level)
+	if lvl < 1 || lvl > c.params.MaxLevel() {
+		return fail(errbuf, errlen, fmt.Errorf("level %d out of range [1, %d] (the product is rescaled)", lvl, c.params.MaxLevel()))
+	}
+	if !(logScale > 0 && logScale <= 120) {
+		return fail(errbuf, errlen, fmt.Errorf("log2 scale %g out of range", float64(logScale)))
+	}
+	var steps []int
+	if nChunk > 0 {
+		for _, s := range i64s(chunk, nChunk) {
+			if s <= 0 || s >= int64(slots) {
+				return fail(errbuf, errlen, fmt.Errorf("chunk-sum step %d out of range", s))
+			}
+			steps = append(steps, int(s))
+		}
+	}
+	b := &bsgsObj{ctx: c, nBlocks: int(nBlocks), m: int(m), g: int(g), chunkSteps: steps, level: lvl,
+		scale: rlwe.NewScale(math.Exp2(float64(logScale))), pts: make([][]*rlwe.Plaintext, int(nBlocks))}
+	for o := range b.pts {
+		b.pts[o] = make([]*rlwe.Plaintext, b.m)
+	}
+	*out = C.int64_t(put(b))
+	return 0
+}
+
+// clg_bsgs_set: encode block `block`'s m diagonals (re, im: m rows of `slots` float64;
+// nonzero[k] == 0: diagonal k is all zero and not stored), `workers` goroutines.
+//
+//export clg_bsgs_set
+func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero *C.uchar, workers C.int,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	b, err := get[*bsgsObj](bh, "encoded matrix")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if block < 0 || int(block) >= b.nBlocks {
+		return fail(errbuf, errlen, fmt.Errorf("block %d out of range", int(block)))
+	}
+	slots := b.ctx.params.MaxSlots()
+	r := unsafe.Slice((*float64)(unsafe.Pointer(re)), b.m*slots)
+	ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), b.m*slots)
+	nz := unsafe.Slice((*byte)(unsafe.Pointer(nonzero)), b.m)
+	pts := make([]*rlwe.Plaintext, b.m)
+	errs := make([]error, b.m)
+	w := max(1, min(int(workers), runtime.NumCPU()))
+	var wg sync.WaitGroup
+	for t := 0; t < w; t++ {
+		wg.Add(1)
+		go func(t int) {
+			defer wg.Done()
+			v := make([]complex128, slots)
+			for k := t; k < b.m; k += w {
+				if nz[k] == 0 {
+					continue
+				}
+				for s := 0; s < slots; s++ {
+					v[s] = complex(r[k*slots+s], ii[k*slots+s])
+				}
+				pt := ckks.NewPlaintext(b.ctx.params, b.level)
+				pt.Scale = b.scale
+				if errs[k] = b.ctx.encoder.Encode(v, pt); errs[k] == nil {
+					// stored in Montgomery form: the products skip Lattigo's per-product MForm
+					b.ctx.params.RingQ().AtLevel(b.level).MForm(pt.Value, pt.Value)
+					pts[k] = pt
+				}
+			}
+		}(t)
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return fail(errbuf, errlen, e)
+		}
+	}
+	b.pts[int(block)] = pts
+	return 0
+}
+
+// clg_bsgs_plaintexts: the number of stored (non-zero) diagonal plaintexts.
+//
+//export clg_bsgs_plaintexts
+func clg_bsgs_plaintexts(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	b, err := get[*bsgsObj](bh, "encoded matrix")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	k := 0
+	for _, row := range b.pts {
+		for _, p := range row {
+			if p != nil {
+				k++
+			}
+		}
+	}
+	*n = C.int64_t(k)
+	return 0
+}
+
+// clg_bsgs_eval: the offload matmul of one input ciphertext (cipherlm/he/matmul.py evaluate_blocks):
+// baby steps rot(x, j), j < g, hoisted (one decomposition per worker); for every (block o, giant
+// step i) rot(rescale(sum_j diag_{ig+j} * rot(x, j)), ig) accumulated per block; then the chunk
+// sum acc += rot(acc, s) for each chunk step.  The (o, i) units and the baby steps are shared out
+// over `workers` goroutines (Lattigo v6.2's evaluator may be called concurrently).  out[o]: the
+// block's result (one level below the plaintexts), 0 when all its diagonals are zero.  counts:
+// rotations, products, additions, rescales.
+//
+//export clg_bsgs_eval
+func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, out *C.int64_t, counts *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	e, err := get[*evkObj](evh, "Galois key set")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	c, err := get[*ctObj](cth, "ciphertext")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	b, err := get[*bsgsObj](bh, "encoded matrix")
+	if err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	if c.ctx != e.ctx || b.ctx != e.ctx {
+		return fail(errbuf, errlen, errors.New("ciphertext, keys and matrix belong to different contexts"))
+	}
+	if c.ct.Degree() != 1 || c.ct.Level() != b.level {
+		return fail(errbuf, errlen, fmt.Errorf("the input must be a degree-1 ciphertext at level %d (got degree %d, level %d)",
+			b.level, c.ct.Degree(), c.ct.Level()))
+	}
+	params := c.ctx.params
+	needed := []int{}
+	for j := 1; j < b.g; j++ {
+		needed = append(needed, j)
+	}
+	for i := 1; i*b.g < b.m; i++ {
+		needed = append(needed, i*b.g)
+	}
+	needed = append(needed, b.chunkSteps...)
+	for _, s := range needed {
+		if _, ok := e.set.GaloisKeys[params.GaloisElement(s)]; !ok {
+			return fail(errbuf, errlen, fmt.Errorf("the key set lacks the rotation by %d", s))
+		}
+	}
+	w := max(1, min(int(workers), 64))
+	eval := e.eval
+	ringQ := params.RingQ().AtLevel(b.level)
+
+	// baby steps, hoisted, shared out over the workers
+	baby := make([]*rlwe.Ciphertext, b.g)
+	baby[0] = c.ct
+	var wg sync.WaitGroup
+	errs := make([]error, w)
+	for t := 0; t < w; t++ {
+		var mine []int
+		for j := 1 + t; j < b.g; j += w {
+			mine = append(mine, j)
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		res := map[int]*rlwe.Ciphertext{}
+		for _, j := range mine {
+			res[j] = ckks.NewCiphertext(params, 1, b.level)
+		}
+		wg.Add(1)
+		go func(t int, mine []int, res map[int]*rlwe.Ciphertext) {
+			defer wg.Done()
+			if errs[t] = eval.RotateHoisted(c.ct, mine, res); errs[t] == nil {
+				for _, j := range mine {
+					baby[j] = res[j]
+				}
+			}
+		}(t, mine, res)
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return fail(errbuf, errlen, e)
+		}
+	}
+
+	// the (block, giant step) units that have a non-zero diagonal
+	type unit struct{ o, i int }
+	var units []unit
+	nGiant := (b.m + b.g - 1) / b.g
+	for o := 0; o < b.nBlocks; o++ {
+		for i := 0; i < nGiant; i++ {
+			for j := 0; j < b.g && i*b.g+j < b.m; j++ {
+				if b.pts[o][i*b.g+j] != nil {
+					units = append(units, unit{o, i})
+					break
+				}
+			}
+		}
+	}
+	// contiguous shares: a worker's units mostly fall in one block (fewer partial sums)
+	acc := make([][]*rlwe.Ciphertext, w) // [worker][block]
+	cnt := make([][4]int64, w)
+	for t := 0; t < w; t++ {
+		acc[t] = make([]*rlwe.Ciphertext, b.nBlocks)
+		lo, hi := t*len(units)/w, (t+1)*len(units)/w
+		wg.Add(1)
+		go func(t int, share []unit) {
+			defer wg.Done()
+			for _, u := range share {
+				var inner *rlwe.Ciphertext
+				for j := 0; j < b.g; j++ {
+					k := u.i*b.g + j
+					if k >= b.m {
+						break
+					}
+					pt := b.pts[u.o][k]
+					if pt == nil {
+						continue
+					}
+					// pt is in Montgomery form (clg_bsgs_set): one Montgomery product per polynomial
+					if inner == nil {
+						inner = ckks.NewCiphertext(params, 1, b.level)
+						inner.Scale = baby[j].Scale.Mul(pt.Scale)
+						ringQ.MulCoeffsMontgomery(baby[j].Value[0], pt.Value, inner.Value[0])
+						ringQ.MulCoeffsMontgomery(baby[j].Value[1], pt.Value, inner.Value[1])
+					} else {
+						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pt.Value, inner.Value[0])
+						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pt.Value, inner.Value[1])
+						cnt[t][2]++
+					}
+					cnt[t][1]++
+				}
+				r := ckks.NewCiphertext(params, 1, b.level-1)
+				if errs[t] = eval.Rescale(inner, r); errs[t] != nil {
+					return
+				}
+				cnt[t][3]++
+				if u.i > 0 {
+					rr := ckks.NewCiphertext(params, 1, b.level-1)
+					if errs[t] = eval.Rotate(r, u.i*b.g, rr); errs[t] != nil {
+						return
+					}
+					r = rr
+					cnt[t][0]++
+				}
+				if acc[t][u.o] == nil {
+					acc[t][u.o] = r
+				} else {
+					if errs[t] = eval.Add(acc[t][u.o], r, acc[t][u.o]); errs[t] != nil {
+						return
+					}
+					cnt[t][2]++
+				}
+			}
+		}(t, units[lo:hi])
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return fail(errbuf, errlen, e)
+		}
+	}
+	var total [4]int64
+	total[0] = int64(b.g - 1)
+	for t := 0; t < w; t++ {
+		for k := range total {
+			total[k] += cnt[t][k]
+		}
+	}
+	// merge the workers' partials, then the chunk sum (blocks shared out over the workers)
+	sums := make([]*rlwe.Ciphertext, b.nBlocks)
+	for o := 0; o < b.nBlocks; o++ {
+		for t := 0; t < w; t++ {
+			a := acc[t][o]
+			if a == nil {
+				continue
+			}
+			if sums[o] == nil {
+				sums[o] = a
+			} else {
+				if err = eval.Add(sums[o], a, sums[o]); err != nil {
+					return fail(errbuf, errlen, err)
+				}
+				total[2]++
+			}
+		}
+	}
+	var chunkCnt [2]int64
+	var cmu sync.Mutex
+	for t := 0; t < w; t++ {
+		wg.Add(1)
+		go func(t int) {
+			defer wg.Done()
+			var rot, add int64
+			for o := t; o < b.nBlocks; o += w {
+				y := sums[o]
+				if y == nil {
+					continue
+				}
+				for _, s := range b.chunkSteps {
+					r := ckks.NewCiphertext(params, 1, y.Level())
+					if errs[t] = eval.Rotate(y, s, r); errs[t] != nil {
+						return
+					}
+					if errs[t] = eval.Add(y, r, y); errs[t] != nil {
+						return
+					}
+					rot++
+					add++
+				}
+			}
+			cmu.Lock()
+			chunkCnt[0] += rot
+			chunkCnt[1] += add
+			cmu.Unlock()
+		}(t)
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return fail(errbuf, errlen, e)
+		}
+	}
+	total[0] += chunkCnt[0]
+	total[2] += chunkCnt[1]
+	dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), b.nBlocks)
+	for o, y := range sums {
+		if y == nil {
+			dst[o] = 0
+		} else {
+			dst[o] = put(&ctObj{ctx: c.ctx, ct: y})
+		}
+	}
+	cs := unsafe.Slice((*int64)(unsafe.Pointer(counts)), 4)
+	copy(cs, total[:])
 	return 0
 }
 

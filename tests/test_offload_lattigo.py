@@ -1,0 +1,198 @@
+"""Offload mode on the Lattigo HE backend (``--he-backend lattigo``, issue 15): a tiny
+random Llama over TCP gives the plaintext executor's logits (the tolerance of
+tests/test_offload.py), the handshake names the backend and the client checks it, a
+SEAL server's welcome is unchanged, and bad ciphertexts end only their session.
+
+Skipped only when the Lattigo library is not built (`make lattigo`); CI builds it.
+The backend module is imported in a fixture, never at collection (see `lattigo`)."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cipherlm.he import OFFLOAD_CKKS, HEError
+from cipherlm.he.matmul import (
+    apply,
+    client_keys,
+    decrypt_output,
+    encode_matrix,
+    encrypt_input,
+    load_galois_keys,
+    make_context,
+    plan_matmul,
+)
+from cipherlm.net.channel import TCPChannel
+from cipherlm.runtime import offload_engine
+from cipherlm.runtime.linear_groups import LinearGroup
+from cipherlm.runtime.offload_client import OffloadClient
+from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, ProtocolError
+from cipherlm.runtime.offload_server import ModelHost, OffloadServer
+from cipherlm.runtime.plan_check import check_offload_welcome
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lattigo():
+    """The backend module, imported here and not at collection (importing it registers
+    "lattigo", and tests/test_he_backend.py's BFV suite is parametrised over the registry
+    when it is collected); skips when the library is not built."""
+    mod = importlib.import_module("cipherlm.he.lattigo_backend")
+    if not mod.available():
+        pytest.skip(f"the Lattigo library {mod.library_path()} is not built: {mod.BUILD_HINT}")
+    return mod
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+    host = ModelHost(str(tiny_llama_dir), workers=2, he_backend="lattigo")
+    srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=5.0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+
+
+def plain_logits(model_dir, ids):
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import PlainLinear, make_executor, split_params
+
+    lm = load_model(str(model_dir))
+    cp, sl = split_params(lm.config, lm.weights)
+    ex = make_executor(lm.config, cp, PlainLinear(sl))
+    return ex, ex.forward(np.asarray(ids), ex.new_cache())
+
+
+def test_offload_lattigo_matches_plaintext(server, tiny_llama_dir):
+    ids = [3, 17, 42, 5, 9]
+    with OffloadClient(*server.address) as client:
+        assert client.engine.he_backend == "lattigo"
+        ex = client.executor()
+        logits = ex.forward(np.asarray(ids), ex.new_cache())
+    _, ref = plain_logits(tiny_llama_dir, ids)
+    err = np.max(np.abs(logits - ref)) / np.max(np.abs(ref))
+    assert err < 1e-5, err
+
+
+def test_offload_lattigo_greedy_generation_identical(server, tiny_llama_dir):
+    prompt = [1, 2, 3, 4]
+    with OffloadClient(*server.address) as client:
+        new_ids, _ = client.executor().generate(prompt, max_new_tokens=6, return_logits=True)
+        stats = client.server_stats()
+    ref_ex, _ = plain_logits(tiny_llama_dir, prompt)
+    ref_ids, _ = ref_ex.generate(prompt, max_new_tokens=6, return_logits=True)
+    assert list(new_ids) == list(ref_ids)
+    ops = stats["he_ops"]
+    assert set(ops) >= {"attn_qkv", "attn_out", "ffn_in", "ffn_out", "lm_head"}
+    assert sum(o.get("multiply_plain", 0) for o in ops.values()) > 0
+    assert sum(o.get("rotations", 0) for o in ops.values()) > 0
+
+
+def test_welcome_names_the_backend(server):
+    w = server.host.welcome()
+    assert w["he_backend"] == "lattigo"
+    assert w["he_params"].startswith(b"CLGPARAMS")
+    check_offload_welcome(w, PROTOCOL_VERSION)
+    with pytest.raises(ProtocolError):
+        check_offload_welcome({**w, "he_backend": "palisade"}, PROTOCOL_VERSION)
+    groups = [LinearGroup(i, tuple(g["names"]), g["d_in"], tuple(g["d_outs"])) for i, g in enumerate(w["groups"])]
+    # a welcome whose blob is not the named backend's is refused before any key is made
+    seal_blob = offload_engine.params_to_bytes(OFFLOAD_CKKS)
+    with pytest.raises(HEError):
+        offload_engine.ClientEngine({**w, "he_params": seal_blob}, groups)
+    no_name = {k: v for k, v in w.items() if k != "he_backend"}  # read as SEAL: a Lattigo blob fails
+    with pytest.raises(HEError):
+        offload_engine.ClientEngine(no_name, groups)
+
+
+def test_seal_welcome_unchanged():
+    """A SEAL engine's public set-up has exactly the fields it had before the backend choice."""
+    rng = np.random.default_rng(0)
+    g = LinearGroup(0, ("w",), 16, (8,))
+    eng = offload_engine.ServerEngine([g], {"w": (rng.standard_normal((8, 16)), None)})
+    assert set(eng.public_setup()) == {"he_params", "plans", "parts", "rotation_steps"}
+    assert eng.public_setup()["he_params"] == offload_engine.params_to_bytes(OFFLOAD_CKKS)
+
+
+def test_bad_ciphertext_ends_only_that_session(server):
+    chan = TCPChannel.connect(*server.address, timeout=10.0)
+    try:
+        chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "model": None})
+        w = chan.recv()
+        groups = [LinearGroup(i, tuple(g["names"]), g["d_in"], tuple(g["d_outs"])) for i, g in enumerate(w["groups"])]
+        ce = offload_engine.ClientEngine(w, groups)
+        chan.send({"type": "keys", "galois_keys": ce.galois_keys_blob()})
+        assert chan.recv()["type"] == "ready"
+        good = ce.encrypt(0, np.ones(groups[0].d_in))
+        bad = bytearray(good)
+        bad[-1] ^= 0xFF  # the last coefficient pushed out of range, or a different residue
+        bad = bytes(bad[:-9])  # and truncated: must be refused, never reach Lattigo's parser
+        chan.send({"type": "linear", "group": 0, "cts": [bad]})
+        reply = chan.recv()
+        assert reply["type"] == "error"
+    finally:
+        chan.close()
+    with OffloadClient(*server.address) as client:  # the server goes on serving
+        ex = client.executor()
+        ex.forward(np.asarray([1, 2]), ex.new_cache())
+
+
+def test_client_refuses_a_seal_result_on_lattigo():
+    """Each side parses only its backend's ciphertexts: a SEAL ciphertext is an HEError."""
+    ctx_l = make_context(OFFLOAD_CKKS, "lattigo")
+    ctx_s = make_context(OFFLOAD_CKKS, "seal")
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((20, 30))
+    plan = plan_matmul(20, 30, ctx_l.slots, backend="lattigo")
+    ks, kl = client_keys(ctx_s), client_keys(ctx_l)
+    ct_seal = encrypt_input(ks, rng.standard_normal(30), plan)
+    enc = encode_matrix(ctx_l, W, plan=plan)
+    gk = load_galois_keys(ctx_l, kl.galois_keys_bytes(plan.rotation_steps), [plan])
+    with pytest.raises(HEError):
+        apply(enc, ct_seal, gk)
+    x = rng.standard_normal(30)
+    out = apply(enc, encrypt_input(kl, x, plan), gk)
+    np.testing.assert_allclose(decrypt_output(kl, out, plan), W @ x, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,bias", [((96, 64), True), ((160, 64), False), ((64, 160), False), ((700, 3000), True)])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_lattigo_matmul_matches_numpy(shape, bias, workers):
+    """The one-call Lattigo matmul (`LattigoEncodedMatrix`) against numpy, for plans with
+    chunks, several output blocks, input parts' sizes and the goroutine split."""
+    d_out, d_in = shape
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    rng = np.random.default_rng(d_out + d_in)
+    W = rng.standard_normal((d_out, d_in)) * 0.1
+    b = rng.standard_normal(d_out) if bias else None
+    plan = plan_matmul(d_out, d_in, ctx.slots, has_bias=bias, backend="lattigo")
+    enc = encode_matrix(ctx, W, b, plan=plan)
+    enc.workers = workers
+    gk = load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps), [plan])
+    x = rng.standard_normal(d_in)
+    y = decrypt_output(keys, apply(enc, encrypt_input(keys, x, plan), gk), plan)
+    ref = W @ x + (b if b is not None else 0)
+    assert np.max(np.abs(y - ref)) < 1e-5 * max(1.0, np.max(np.abs(ref)))
+
+
+def test_lattigo_keys_must_cover_the_plan():
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    plan = plan_matmul(300, 500, ctx.slots, backend="lattigo")
+    assert len(plan.rotation_steps) > 1
+    with pytest.raises(HEError):
+        load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps[:-1]), [plan])
