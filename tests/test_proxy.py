@@ -278,6 +278,7 @@ def test_errors_are_openai_errors(proxy, servers):
 
 def test_client_disconnect_cancels_and_session_ends_cleanly(proxy, servers):
     chat, _ = servers
+    proxy.client().models.list()  # the proxy has learnt the models (a session of its own)
     failed0, served0 = chat.sessions_failed, chat.sessions_served
     body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
             "stream": True}
@@ -377,3 +378,72 @@ def test_twopc_behind_the_proxy(twopc_proxy):
         assert time.time() - t0 < 10
         time.sleep(0.05)
     assert server.sessions_failed == 0
+
+
+def test_twopc_disconnect_ends_with_continue_false(twopc_proxy):
+    p, server, _, _ = twopc_proxy
+    p.client().models.list()
+    failed0, served0 = server.sessions_failed, server.sessions_served
+    body = {"model": "tiny-2pc", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "stream": True}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", p.url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"content": ""' not in line:
+                    break
+    t0 = time.time()
+    while p.proxy.active_jobs or server.active_sessions:
+        assert time.time() - t0 < 30, "the 2pc session did not end"
+        time.sleep(0.05)
+    res = p.proxy.last_result
+    assert res["finish_reason"] == "cancelled" and res["completion_tokens"] < 30
+    assert server.sessions_served == served0 + 1 and server.sessions_failed == failed0
+
+
+def test_cli_proxy_process(servers):
+    """`cipherlm proxy` as its own process: binds 127.0.0.1, answers /v1/models, stops on SIGINT."""
+    import os
+    import signal
+    import sys
+
+    chat, _ = servers
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, CIPHERLM_PROXY_API_KEY="k3y")
+    proc = subprocess.Popen([sys.executable, "-m", "cipherlm", "proxy", "--server", "%s:%d" % chat.address,
+                             "--mode", "offload", "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"PROXY http://127.0.0.1:{port}/v1"), line
+        t0 = time.time()
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer k3y"})
+                break
+            except httpx.ConnectError:
+                assert time.time() - t0 < 30
+                time.sleep(0.1)
+        assert [m["id"] for m in r.json()["data"]] == ["tiny-chat"]
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_concurrent_requests_are_isolated(proxy, chat_dir):
+    """Two chats at once: two sessions with their own keys; each answer equals its solo answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asks = [[{"role": "user", "content": "one"}], [{"role": "user", "content": "two?"}]]
+    want = [_plain_answer(chat_dir, m, 6)[0] for m in asks]
+    c = proxy.client()
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda m: c.chat.completions.create(model="tiny-chat", messages=m, max_tokens=6)
+                            .choices[0].message.content, asks))
+    assert got == want
