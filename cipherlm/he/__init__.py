@@ -3,7 +3,17 @@ get_backend; docs/he_backend.md) with SEAL behind it (`seal_backend`); SEAL (via
 tenseal.sealapi) parameter sets, keys, serialisation, raw coefficient I/O, and the
 client-aided offload ct x pt MatMul."""
 
-from .backend import HEBackend, SecretKeys, TwoPCCostModel, backend_names, get_backend, register_backend
+from .backend import (
+    HEBackend,
+    HECostModel,
+    OffloadCostModel,
+    RingBackend,
+    SecretKeys,
+    TwoPCCostModel,
+    backend_names,
+    get_backend,
+    register_backend,
+)
 from .context import HEContext
 from .errors import HEError
 from .keys import ClientKeys
