@@ -447,3 +447,45 @@ def test_concurrent_requests_are_isolated(proxy, chat_dir):
         got = list(pool.map(lambda m: c.chat.completions.create(model="tiny-chat", messages=m, max_tokens=6)
                             .choices[0].message.content, asks))
     assert got == want
+
+
+def test_chat_page_served_from_the_package(proxy):
+    """The page at / is one file from the package: no other origin (CDN, fonts) is referenced, and
+    its content security policy forbids loading from one; it uses the streaming chat API and shows
+    the cost fields the API returns. (The headless-browser test of issue 19 is not here yet.)"""
+    import re
+
+    r = httpx.get(proxy.url + "/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I)
+    assert "@import" not in page and "url(" not in page and "https://" not in page and "http://" not in page
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    for needle in ('id="prompt"', 'id="send"', "/v1/chat/completions", "stream: true", "bytes_up", "bytes_down",
+                   "rounds", "per_token_seconds", "server_saw", "textContent", 'name="viewport"'):
+        assert needle in page, needle
+    assert "innerHTML" not in page  # model output is never parsed as HTML
+
+
+def test_chat_page_script_streams_a_reply(proxy, chat_dir):
+    """The page's own script, run by Node over a minimal DOM stand-in (tests/data/page_driver.js),
+    sends a prompt to the proxy and shows the streamed reply (equal to the plaintext greedy
+    answer) and the cost and "what the server saw" beside it. Not the headless-browser test."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    import cipherlm.runtime.proxy as proxy_mod
+
+    want, _, _ = _plain_answer(chat_dir, [{"role": "user", "content": "hi"}], 5)
+    out = subprocess.run([node, str(Path(__file__).parent / "data" / "page_driver.js"),
+                          str(proxy_mod.STATIC_DIR / "index.html"), proxy.url, "hi", "5"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    state = json.loads(out.stdout)
+    assert state["models"] == ["tiny-chat"]  # the encoder is not offered for chat
+    assert state["reply"] == want and "error" not in state["replyClass"]
+    for needle in ("Cost of this reply", "mode", "offload", "bytes up", "rounds", "per later token",
+                   "What the server saw", "ciphertexts", "plaintext", "none"):
+        assert needle in state["cost"], needle
+    assert want not in state["cost"]
