@@ -179,7 +179,7 @@ def test_stop_string_and_seeded_sampling(proxy, chat_dir):
     stop = want[3:5]
     r = c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=8, stop=[stop])
     assert r.choices[0].message.content == want[:want.find(stop)] and r.choices[0].finish_reason == "stop"
-    a, b = (c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=6, temperature=1.0, top_p=0.9,
+    a, b = (c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=3, temperature=1.0, top_p=0.9,
                                       seed=7).choices[0].message.content for _ in range(2))
     assert a == b  # the same seed, the same sample
 
@@ -489,3 +489,18 @@ def test_chat_page_script_streams_a_reply(proxy, chat_dir):
                    "What the server saw", "ciphertexts", "plaintext", "none"):
         assert needle in state["cost"], needle
     assert want not in state["cost"]
+
+
+def test_non_stream_client_leaving_cancels(proxy, servers):
+    chat, _ = servers
+    proxy.client().models.list()
+    failed0 = chat.sessions_failed
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    t0 = time.time()
+    while proxy.proxy.active_jobs or chat.active_sessions:
+        assert time.time() - t0 < 20, "the session did not end"
+        time.sleep(0.05)
+    assert proxy.proxy.last_result["finish_reason"] == "cancelled"
+    assert chat.sessions_failed == failed0

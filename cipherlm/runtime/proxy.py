@@ -607,6 +607,29 @@ def session_cost(client, up: Upstream, result: dict, seconds: float, job: Job) -
 # ----------------------------------------------------------------------------- the app
 
 
+class _BearerAuth:
+    """ASGI middleware: every /v1 path needs ``Authorization: Bearer <api_key>`` (401 otherwise).
+    A plain ASGI wrapper, not Starlette's BaseHTTPMiddleware, so that the handlers still see the
+    client's disconnect (`Request.is_disconnected`)."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path", "").startswith("/v1"):
+            got = dict(scope.get("headers") or []).get(b"authorization", b"")
+            scheme, _, token = got.partition(b" ")
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.key):
+                from starlette.responses import JSONResponse
+
+                err = ProxyError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                                 "invalid_request_error", None, "invalid_api_key")
+                await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class ProxyApp:
     """The proxy: upstream servers, the request handlers, the FastAPI application (`app`)."""
 
@@ -725,17 +748,8 @@ class ProxyApp:
         async def _validation_error(request, exc):
             return JSONResponse(_bad("invalid request").body(), status_code=400)
 
-        @app.middleware("http")
-        async def _auth(request: Request, call_next):
-            if proxy.api_key and request.url.path.startswith("/v1"):
-                got = request.headers.get("authorization", "")
-                scheme, _, token = got.partition(" ")
-                if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
-                                                                           proxy.api_key.encode()):
-                    err = ProxyError(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                     "invalid_request_error", None, "invalid_api_key")
-                    return JSONResponse(err.body(), status_code=401)
-            return await call_next(request)
+        if self.api_key:
+            app.add_middleware(_BearerAuth, api_key=self.api_key)
 
         async def body_of(request: Request) -> dict:
             try:
