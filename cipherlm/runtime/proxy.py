@@ -13,7 +13,10 @@ Endpoints: ``GET /v1/models``, ``GET /v1/models/{id}``,
 ``POST /v1/chat/completions`` (messages rendered with the model's own chat
 template), ``POST /v1/completions``, ``POST /v1/embeddings`` (encoder models
 in the offload mode: mean-pooled, L2-normalised sentence embeddings, as
-`EncoderExecutor.sentence_embedding`), and ``GET /health``.
+`EncoderExecutor.sentence_embedding`), ``GET /health``, and ``GET /``: a chat page
+from the package (``proxy_static/index.html``, no other origin) that streams replies
+and shows each reply's cost and what the server saw (the ``cipherlm`` field every
+response carries: channel counters, ciphertext and message counts, never data).
 
 Sessions: every request opens its own private session (fresh keys, fresh
 shares: nothing is shared between requests or users) in a worker thread, and
