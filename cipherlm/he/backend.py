@@ -20,7 +20,11 @@ actually use, nothing more:
   `is_ntt`, and `pack_lwes_stream` (PackLWEs over automorphisms, FastQuery) with
   its public facts `pack_lwes_elements` / `pack_lwes_order` (concrete);
 * raw numpy views: `ciphertext_to_numpy` / `numpy_to_ciphertext` (uint64
-  (size, k, N)), `plaintext_to_numpy`;
+  (size, k, N)), `plaintext_to_numpy`; for the CKKS <-> MPC conversions (BLB
+  section 6, `protocols.ckks_convert`) also `decrypt_coeffs` (raw decryption in
+  coefficient form, no decoding), `plaintext_from_coeffs`, `ntt_forward` /
+  `ntt_inverse` (residue arrays) and `ciphertext_scale`
+  (optional: not abstract);
 * serialisation: `ciphertext_to_bytes` / `ciphertext_from_bytes`,
   `galois_keys_from_bytes`, `params_to_bytes` / `params_from_bytes`.  Every
   ``*_from_bytes`` takes untrusted bytes and must validate them fully before the
@@ -272,6 +276,33 @@ class HEBackend(abc.ABC):
     @abc.abstractmethod
     def plaintext_to_numpy(self, pt) -> np.ndarray:
         """Plaintext coefficients, flat (coefficient form: up to N values mod t)."""
+
+    # -- CKKS raw coefficient access (BLB section 6: `protocols.ckks_convert`) ----------
+    # Not abstract: a backend without them cannot run the CKKS <-> MPC conversions.
+    def decrypt_coeffs(self, ctx, keys: SecretKeys, ct) -> np.ndarray:
+        """Raw decryption *without decoding*: c0 + c1 s, coefficient form, (n_primes, N)
+        uint64 residues (BLB Algorithm 1, the client's step).  Either NTT form of ``ct``."""
+        raise NotImplementedError(f"backend {self.name!r} has no raw CKKS coefficient decryption")
+
+    def plaintext_from_coeffs(self, ctx, coeffs: np.ndarray, *, level=None, scale: float = 1.0) -> Any:
+        """A plaintext from coefficient-form residues (n_primes, N) at ``level`` (default: the
+        level with n_primes primes) carrying the CKKS ``scale``, in the form ``encrypt`` and
+        ``add_plain_inplace`` take for this scheme (BLB Algorithm 2)."""
+        raise NotImplementedError(f"backend {self.name!r} has no raw CKKS plaintexts")
+
+    def ntt_forward(self, ctx, coeffs: np.ndarray, *, level=None) -> np.ndarray:
+        """Residues (n_primes, N) from coefficient form into the backend's NTT (evaluation)
+        form, the form its CKKS ciphertexts hold (a uniform polynomial stays uniform: the
+        NTT is a bijection)."""
+        raise NotImplementedError(f"backend {self.name!r} has no residue NTT")
+
+    def ntt_inverse(self, ctx, vals: np.ndarray, *, level=None) -> np.ndarray:
+        """The inverse of `ntt_forward`."""
+        raise NotImplementedError(f"backend {self.name!r} has no residue NTT")
+
+    def ciphertext_scale(self, ct) -> float:
+        """The CKKS scale a ciphertext carries (1.0 for BFV)."""
+        raise NotImplementedError(f"backend {self.name!r} does not expose ciphertext scales")
 
     # -- serialisation -------------------------------------------------------------------
     @abc.abstractmethod

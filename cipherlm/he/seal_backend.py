@@ -127,11 +127,64 @@ class SealBackend(HEBackend):
     def ciphertext_to_numpy(self, ct) -> np.ndarray:
         return serialize.ciphertext_to_numpy(ct)
 
-    def numpy_to_ciphertext(self, ctx: HEContext, arr, *, level=None, ntt: bool = False):
-        return serialize.numpy_to_ciphertext(ctx, arr, parms_id=level, is_ntt_form=ntt)
+    def numpy_to_ciphertext(self, ctx: HEContext, arr, *, level=None, ntt: bool = False, scale: float = 1.0):
+        return serialize.numpy_to_ciphertext(ctx, arr, parms_id=level, is_ntt_form=ntt, scale=float(scale))
 
     def plaintext_to_numpy(self, pt) -> np.ndarray:
         return serialize.plaintext_to_numpy(pt)
+
+    # -- CKKS raw coefficient access (BLB section 6) -------------------------------------
+    # SEAL keeps CKKS ciphertexts and plaintexts in NTT form, has no NTT for plaintexts at a
+    # level and refuses coefficient-form CKKS ciphertexts.  The residues therefore go through
+    # a ciphertext (c0 = values, c1 = 1: SEAL refuses transparent ones): the inverse NTT in
+    # the CKKS context itself, the forward NTT in a BFV twin context with the same ring
+    # degree and primes (SEAL's NTT tables depend only on N and the prime).
+    def _bfv_twin(self, ctx: HEContext) -> HEContext:
+        twin = getattr(ctx, "_ntt_twin", None)
+        if twin is None:
+            p = ctx.params
+            twin = HEContext(HEParams(p.name + "-ntt-twin", "bfv", p.poly_modulus_degree,
+                                      p.coeff_modulus_bits, plain_modulus=65537))
+            if twin.coeff_moduli != ctx.coeff_moduli:
+                raise RuntimeError("BFV twin context has different primes")
+            ctx._ntt_twin = twin
+        return twin
+
+    def ntt_forward(self, ctx: HEContext, coeffs, *, level=None) -> np.ndarray:
+        """Coefficient-form residues (k, N) -> SEAL's NTT form at the level with k primes."""
+        coeffs = np.asarray(coeffs, np.uint64)
+        twin = self._bfv_twin(ctx)
+        ct = serialize.numpy_to_ciphertext(twin, np.stack([coeffs, np.ones_like(coeffs)]),
+                                           parms_id=twin.parms_id_at(coeffs.shape[0]), is_ntt_form=False)
+        twin.evaluator.transform_to_ntt_inplace(ct)
+        return serialize.ciphertext_to_numpy(ct)[0]
+
+    def ntt_inverse(self, ctx: HEContext, vals, *, level=None) -> np.ndarray:
+        """NTT-form residues (k, N) -> coefficient form."""
+        vals = np.asarray(vals, np.uint64)
+        pid = list(level) if level is not None else ctx.parms_id_at(vals.shape[0])
+        ct = serialize.numpy_to_ciphertext(ctx, np.stack([vals, np.ones_like(vals)]), parms_id=pid,
+                                           is_ntt_form=True)
+        ctx.evaluator.transform_from_ntt_inplace(ct)
+        return serialize.ciphertext_to_numpy(ct)[0]
+
+    def decrypt_coeffs(self, ctx: HEContext, keys: ClientKeys, ct) -> np.ndarray:
+        if ctx.params.scheme != "ckks":
+            raise NotImplementedError("decrypt_coeffs: CKKS only (BFV's decrypt already gives coefficients)")
+        if not ct.is_ntt_form():
+            raise ValueError("CKKS ciphertexts are in NTT form")
+        pt = keys.decrypt(ct)
+        return self.ntt_inverse(ctx, serialize.plaintext_to_numpy(pt, ctx), level=list(ct.parms_id()))
+
+    def plaintext_from_coeffs(self, ctx: HEContext, coeffs, *, level=None, scale: float = 1.0):
+        if ctx.params.scheme != "ckks":
+            raise NotImplementedError("plaintext_from_coeffs: CKKS only (BFV: encode_coeffs)")
+        coeffs = np.asarray(coeffs, np.uint64)
+        pid = list(level) if level is not None else ctx.parms_id_at(coeffs.shape[0])
+        return serialize.numpy_to_plaintext(ctx, self.ntt_forward(ctx, coeffs), parms_id=pid, scale=float(scale))
+
+    def ciphertext_scale(self, ct) -> float:
+        return float(ct.scale)
 
     # -- serialisation -------------------------------------------------------------------
     def ciphertext_to_bytes(self, ct) -> bytes:

@@ -1,0 +1,335 @@
+"""Secure conversions between CKKS ciphertexts and additive shares over Z_{2^64}
+(BLB section 6, Algorithms 1 and 2; Appendices A, C.3, C.4).
+
+Roles: the *client* holds the CKKS secret key (party ``1 - server``), the *server*
+(party ``server``, default 1 as in `protocols.linear`) evaluates under it.
+
+Algorithm 1, CKKS -> MPC (`ckks_to_shares`), for a ciphertext of the message
+polynomial m (CKKS scale Delta, slot values z = decode(m) / Delta):
+
+1. Server: mod-switch to the last data level (one prime q; CKKS modulus
+   switching drops primes and keeps the scale), re-randomise with a public-key
+   encryption of zero (c1 becomes a fresh RLWE sample: it no longer depends on
+   the weights), add to c0 a mask polynomial r drawn *uniformly* from R_q =
+   Z_q[X]/(X^N + 1) (coefficient domain, every residue; never a CKKS encoding)
+   and a flooding polynomial e_f with coefficients uniform in
+   [-2^F, 2^F]; send the ciphertext.  Its share is -r mod q.  (`mask_ciphertext`)
+2. Client: raw decryption without decoding: m + e + e_f + r mod q, uniform over
+   R_q whatever m is (Theorem 1).  (`client_decrypt`)
+   Now x_c + x_s = m + e + e_f (mod q): additive shares over the field Z_q.
+3. Field -> ring (Appendix C.3, the construction of `mpc.protocols.field.field_to_ring`):
+   with u = m + floor(q/2) (party 0 adds the offset), u_0 + u_1 = u + q w and one
+   millionaire on ceil(log2 q) bits gives Boolean shares of the wrap w, one COT
+   (`b2a_bits`) arithmetic shares W of it over Z_{2^64}.
+4. Local decode (Appendix C.4): slot j is Re m(omega^(e_j)) / Delta,
+   omega = exp(i pi / N), e_j = 3^j mod 2N (SEAL's slot order).  Wanted:
+   shares of y_j 2^(f+g), g = ``guard`` extra bits.  Writing
+   m = (u_0 - floor(q/2)) + u_1 - q w, each party evaluates the embedding of
+   its own *integer* vector u_b (known integers in [0, q), not ring shares, so
+   a floating-point FFT with 30-bit limbs is accurate to far below one unit
+   at scale 2^(f+g)) and rounds, and subtracts G W_b mod 2^64 with the
+   integer matrix G_ji = round(q 2^(f+g) cos(pi e_j i / N) / Delta) (an exact
+   linear map over Z_{2^64}, so the two results are shares of
+   2^(f+g) y_j + (small rounding error)).  This is the "extension to a larger
+   ring" of C.4 taken to its limit: the field shares are used as integers (the
+   only modular wrap, w, is known in shared form), so nothing overflows.
+5. Local probabilistic truncation by g bits (SecureML, `trunc_local_bits`):
+   the value truncated is only 2^(f+g) |y|, so it fails (off by 2^(64-g))
+   with probability about 2^(f+g) |y| / 2^64 per slot; with f = 16, g = 6 and
+   |y| < 2^8 that is below 2^-34 (2^-40 for |y| < 4).  Error: +-1 ulp from the
+   truncation plus ~0.3 sqrt(N/2) / 2^g ulp from rounding G (0.3 ulp at N = 8192).
+
+Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
+
+1. Both parties locally encode (inverse canonical embedding, fixed point):
+   m_i = sum_j A_ij Y_j mod 2^64 with the integer matrix
+   A_ij = round(Delta 2^-f (2/N) cos(pi e_j i / N)), Y the shares of y 2^f.
+   Exact over the ring (|m| < 2^62 is required: Delta |y| sqrt(N) bounded);
+   the rounding of A costs about 0.3 (N/2) |y| 2^f / Delta per slot.
+2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): one
+   millionaire on 64 bits for the wrap of the ring shares, then one chosen OT
+   per prime (`b2a_mod`) for its Z_q shares; the coefficient shares become
+   shares mod every prime of the target level.
+3. Client: encrypts its share polynomial (seeded symmetric encryption: half a
+   ciphertext on the wire), sends it; server adds its share as a plaintext
+   (one homomorphic addition).  Result: a CKKS ciphertext of y with scale Delta.
+
+Security (Appendix A): the client's view in Algorithm 1 is the masked ciphertext,
+whose decryption is uniform over R_q and independent of m and of the CKKS noise
+(both hidden by r), plus sub-protocol views (millionaire, COT) that are
+simulatable; c1 is re-randomised.  The server sees only OT / millionaire
+messages and a fresh encryption (Algorithm 2).  Flooding: ``flood_bits`` F
+(default scale_bits - f - 12, i.e. 28 bits at Delta = 2^56... 12 bits at Delta =
+2^40, f = 16) is *not* needed for the client's view (the uniform mask already
+makes it independent of the weights); it smudges the CKKS noise e that stays in
+the output shares, for whatever the outputs later reveal, at a cost of ~2^-6 ulp.
+
+The MP2ML leak (section 6.2): MP2ML masks with Encode(s) for a uniform slot
+vector s; Encode(s) is bell-shaped around 0 with standard deviation about
+Delta |s|_max / sqrt(1.5 N), far below q, so the client's decryption m + Encode(s)
+reveals the high bits of m (tests/test_ckks_convert.py shows it).
+
+Cost (N = 8192, one prime of 60 bits; docs/blb.md): Algorithm 1 sends one
+2-polynomial ciphertext (131 KB) plus per coefficient one millionaire(60) and
+one COT(64); Algorithm 2 a seeded ciphertext (half) plus per coefficient one
+millionaire(64) and one OT per prime.  Channel labels: "ckks2mpc" (the
+ciphertext), "mpc2ckks" (the encryption), "ckks_setup" (the public key), and
+the sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
+Local work: the wrap terms are dense N x slots integer products (O(N^2 / 2));
+BLB evaluates the decode by FFT with fixed-point twiddles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ..he.backend import HEBackend, SecretKeys
+from ..mpc.protocols.b2a import b2a_bits, b2a_mod
+from ..mpc.protocols.millionaire import millionaire
+from ..mpc.protocols.trunc import trunc_local_bits
+from ..mpc.ring import mask, mulmod_scalar, uniform_mod
+from ..mpc.shares import AShare
+
+__all__ = ["CKKSSide", "setup", "ckks_to_shares", "shares_to_ckks", "mask_ciphertext", "client_decrypt",
+           "decode_shares", "encode_shares", "slot_exponents", "canonical_decode", "canonical_encode",
+           "GUARD_BITS", "default_flood_bits"]
+
+GUARD_BITS = 6  # g: extra fraction bits of the decode, removed by local truncation
+_CHUNK = 1 << 21  # entries of a dense wrap-term block (16 MiB of int64)
+
+
+@dataclasses.dataclass
+class CKKSSide:
+    """One party's HE state for the conversions: the backend, its context, and the
+    client's secret keys (client) or the client's public key (server)."""
+
+    backend: HEBackend
+    hectx: Any
+    keys: SecretKeys | None = None  # client only
+    pk: Any = None  # server only: for re-randomisation
+    server: int = 1
+
+    def is_server(self, ctx) -> bool:
+        return ctx.party == self.server
+
+
+def setup(ctx, backend: HEBackend, hectx, keys: SecretKeys | None = None, *, server: int = 1) -> CKKSSide:
+    """The client sends its public key (re-randomisation of Algorithm 1), once."""
+    side = CKKSSide(backend, hectx, keys, None, server)
+    with ctx.step("ckks_setup"):
+        if ctx.party == server:
+            side.pk = backend.load_public_key(hectx, ctx.recv()["pk"])
+        else:
+            if keys is None:
+                raise ValueError("the client needs its secret keys")
+            ctx.send({"pk": keys.public_key_bytes()})
+    return side
+
+
+# ----------------------------------------------------------------------------- the embedding
+def slot_exponents(n: int, n_slots: int | None = None) -> np.ndarray:
+    """e_j = 3^j mod 2N: slot j of a CKKS plaintext is m(omega^(e_j)) / Delta (SEAL's order;
+    for real slot values the conjugate root -e_j gives the same value)."""
+    n_slots = n // 2 if n_slots is None else n_slots
+    out = np.empty(n_slots, np.int64)
+    x = 1
+    for j in range(n_slots):
+        out[j] = x
+        x = x * 3 % (2 * n)
+    return out
+
+
+def _twist(n: int) -> np.ndarray:
+    return np.exp(1j * np.pi * np.arange(n) / n)
+
+
+def _odd_evals(a: np.ndarray) -> np.ndarray:
+    """sum_i a_i omega^((2k+1) i) for k = 0..N-1 (float FFT of a float vector)."""
+    n = a.shape[-1]
+    return np.fft.ifft(a * _twist(n), axis=-1) * n
+
+
+def canonical_decode(coeffs, n_slots: int | None = None) -> np.ndarray:
+    """Real slot values Re m(omega^(e_j)) of integer coefficients (exact int64 input, any size:
+    split into 30-bit limbs so the FFT input is exact)."""
+    a = np.asarray(coeffs, np.int64)
+    n = a.shape[-1]
+    hi = (a >> np.int64(30)).astype(np.float64)
+    lo = (a & np.int64((1 << 30) - 1)).astype(np.float64)
+    v = _odd_evals(hi) * float(1 << 30) + _odd_evals(lo)
+    e = slot_exponents(n, n_slots)
+    return v[..., (e - 1) // 2].real
+
+
+def canonical_encode(z, n: int) -> np.ndarray:
+    """Real coefficients (float) of the polynomial whose slots are the real vector z
+    (zero-padded to N/2): m_i = (2/N) sum_j z_j cos(pi e_j i / N)."""
+    z = np.asarray(z, np.float64)
+    e = slot_exponents(n, z.shape[-1])
+    full = np.zeros(n, np.complex128)  # the values at the odd powers omega^(2k+1), k = (e - 1) / 2
+    full[(e - 1) // 2] = z
+    return (2.0 / n) * (np.conj(_twist(n)) * np.fft.fft(full)).real
+
+
+def _cos_table(n: int, c: float) -> np.ndarray:
+    """round(c cos(pi t / N)) for t in [0, 2N), symmetric rounding (entry t + N = -entry t)."""
+    return np.rint(c * np.cos(np.pi * np.arange(2 * n) / n)).astype(np.int64)
+
+
+def _wrap_product(table: np.ndarray, rows_e: np.ndarray, cols_i: np.ndarray, W: np.ndarray, *, transpose: bool) -> np.ndarray:
+    """out_r = sum_c table[(e_r i_c) mod 2N] W_c mod 2^64 (exact: uint64 wraps), for the rows
+    e (or, with ``transpose``, rows i and columns e), in blocks."""
+    n2 = table.shape[0]
+    tab = table.astype(np.uint64)
+    rows, cols = (cols_i, rows_e) if transpose else (rows_e, cols_i)
+    out = np.empty(rows.shape[0], np.uint64)
+    step = max(1, _CHUNK // max(1, cols.shape[0]))
+    W = np.asarray(W, np.uint64)
+    for s in range(0, rows.shape[0], step):
+        idx = (rows[s:s + step, None] * cols[None, :]) % n2
+        out[s:s + step] = tab[idx] @ W
+    return out
+
+
+# ----------------------------------------------------------------------------- Algorithm 1
+def default_flood_bits(scale_bits: float, frac: int) -> int:
+    return max(0, int(math.floor(scale_bits)) - frac - 12)
+
+
+def mask_ciphertext(side: CKKSSide, ct, rng: np.random.Generator, flood_bits: int | None = None,
+                    frac: int = 16) -> tuple[bytes, np.ndarray, float]:
+    """Algorithm 1, server steps: switch to one prime, re-randomise, add the uniform mask r
+    and the flooding e_f.  Returns (the ciphertext's bytes, this party's field share -r mod q
+    (N,), the scale)."""
+    b, hc = side.backend, side.hectx
+    lvl = b.level(hc, 1)
+    b.mod_switch_to_inplace(hc, ct, lvl)
+    scale = b.ciphertext_scale(ct)
+    arr = b.ciphertext_to_numpy(ct)
+    if arr.shape[:2] != (2, 1):
+        raise ValueError(f"expected a 2-polynomial ciphertext at one prime, got {arr.shape}")
+    q = int(hc.coeff_moduli[0])
+    n = arr.shape[2]
+    Q = np.uint64(q)
+    ntt = b.is_ntt(ct)
+    if side.pk is not None:  # re-randomise: + Enc_pk(0) (added as residues: its scale is 1)
+        z = b.encrypt_zero(hc, side.pk, lvl)
+        if b.is_ntt(z) != ntt:
+            (b.to_ntt_inplace if ntt else b.from_ntt_inplace)(hc, z)
+        arr = (arr + b.ciphertext_to_numpy(z)) % Q
+    r = uniform_mod(rng, (1, n), q)
+    F = default_flood_bits(math.log2(scale), frac) if flood_bits is None else int(flood_bits)
+    noise = r
+    if F > 0:
+        ef = rng.integers(-(1 << F), (1 << F) + 1, size=(1, n), dtype=np.int64)
+        noise = (r + np.mod(ef, np.int64(q)).astype(np.uint64)) % Q
+    add = b.ntt_forward(hc, noise) if ntt else noise
+    arr[0] = (arr[0] + add) % Q
+    masked = b.numpy_to_ciphertext(hc, arr, level=lvl, ntt=ntt, scale=scale)
+    return b.ciphertext_to_bytes(masked), ((Q - r[0]) % Q), scale
+
+
+def client_decrypt(side: CKKSSide, data: bytes) -> tuple[np.ndarray, float, int]:
+    """Algorithm 1, client step: load (validated) and decrypt raw, no decoding.  Returns
+    (m + e + e_f + r mod q (N,), the scale, q)."""
+    b, hc = side.backend, side.hectx
+    lvl = b.level(hc, 1)
+    ct = b.ciphertext_from_bytes(hc, data, level=lvl)
+    return b.decrypt_coeffs(hc, side.keys, ct)[0], b.ciphertext_scale(ct), int(hc.coeff_moduli[0])
+
+
+def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, frac: int | None = None,
+                  guard: int = GUARD_BITS) -> AShare:
+    """Steps 3-5 of Algorithm 1: this party's Z_q share of a coefficient vector (N,) ->
+    AShare over Z_{2^64} (``frac`` fraction bits) of its first ``n_slots`` real slot values
+    divided by ``scale``."""
+    frac = ctx.ring.frac if frac is None else int(frac)
+    x = np.asarray(x, np.uint64).reshape(-1)
+    n = x.size
+    Q = np.uint64(q)
+    H = q // 2
+    lq = int(q - 1).bit_length()
+    sh = frac + guard
+    with ctx.step("field_to_ring"):
+        u = (x + np.uint64(H)) % Q if ctx.party == 0 else x
+        v = (np.uint64(q - 1) - u) if ctx.party == 0 else u
+        w = millionaire(ctx, v, lq)
+        W = b2a_bits(ctx, w, 64)
+    own = u.astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
+    P = canonical_decode(own, n_slots) * (2.0 ** sh / scale)
+    loc = np.rint(P).astype(np.int64).astype(np.uint64)
+    e = slot_exponents(n, n_slots)
+    G = _cos_table(n, q * 2.0 ** sh / scale)
+    V = loc - _wrap_product(G, e, np.arange(n, dtype=np.int64), W, transpose=False)
+    return AShare(ctx, trunc_local_bits(ctx, V, guard, 64), 64, frac)
+
+
+def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood_bits: int | None = None,
+                   guard: int = GUARD_BITS) -> AShare:
+    """BLB Algorithm 1.  The server passes its ciphertext (consumed: switched to one prime),
+    the client None; both get an AShare (64 bits, the ring's fraction bits) of the first
+    ``n_slots`` real slot values."""
+    frac = ctx.ring.frac
+    n = side.hectx.n
+    n_slots = n // 2 if n_slots is None else int(n_slots)
+    with ctx.step("ckks2mpc"):
+        if side.is_server(ctx):
+            data, x, scale = mask_ciphertext(side, ct, ctx.rng, flood_bits, frac)
+            ctx.send({"ct": data})
+            q = int(side.hectx.coeff_moduli[0])
+        else:
+            x, scale, q = client_decrypt(side, ctx.recv()["ct"])
+    return decode_shares(ctx, x, q, scale, n_slots, frac=frac, guard=guard)
+
+
+# ----------------------------------------------------------------------------- Algorithm 2
+def encode_shares(ctx, y: AShare, n: int, scale: float, primes) -> np.ndarray:
+    """Steps 1-2 of Algorithm 2: AShare of slot values -> this party's shares (k, N) of the
+    CKKS coefficient polynomial round(scale * encode(y)) modulo each prime."""
+    frac = y.frac
+    Y = np.asarray(y.data, np.uint64).reshape(-1)
+    e = slot_exponents(n, Y.size)
+    A = _cos_table(n, scale * 2.0 ** (1 - frac) / n)
+    m = _wrap_product(A, e, np.arange(n, dtype=np.int64), Y, transpose=True)
+    half = np.uint64(1 << 63)
+    with ctx.step("ring_to_field"):
+        u = m + half if ctx.party == 0 else m
+        v = (mask(64) - u) if ctx.party == 0 else u
+        w = millionaire(ctx, v, 64)
+        out = []
+        for q in primes:
+            q = int(q)
+            Q = np.uint64(q)
+            Wq = b2a_mod(ctx, w, q)
+            o = (u % Q + Q - mulmod_scalar(Wq, (1 << 64) % q, q)) % Q
+            if ctx.party == 0:
+                o = (o + Q - np.uint64((1 << 63) % q)) % Q
+            out.append(o)
+    return np.stack(out)
+
+
+def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: int = 40):
+    """BLB Algorithm 2.  Both parties pass their AShare of at most N/2 real slot values; the
+    server gets a CKKS ciphertext (scale 2^scale_bits, ``n_primes`` primes, default the first
+    data level) of them, the client None."""
+    b, hc = side.backend, side.hectx
+    n = hc.n
+    if y.size > n // 2:
+        raise ValueError(f"{y.size} values do not fit the {n // 2} slots")
+    k = len(hc.coeff_moduli) if n_primes is None else int(n_primes)
+    lvl = b.level(hc, k)
+    primes = hc.coeff_moduli[:k]
+    scale = float(2.0 ** scale_bits)
+    share = encode_shares(ctx, y, n, scale, primes)
+    with ctx.step("mpc2ckks"):
+        pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)
+        if side.is_server(ctx):
+            ct = b.ciphertext_from_bytes(hc, ctx.recv()["ct"], level=lvl)
+            b.add_plain_inplace(hc, ct, pt)
+            return ct
+        ctx.send({"ct": side.keys.encrypt_seeded(pt)})
+        return None

@@ -1,0 +1,265 @@
+"""BLB section 6: the CKKS <-> MPC conversions (`cipherlm.protocols.ckks_convert`).
+
+* the canonical embedding (decode / encode) against SEAL's CKKS encoder;
+* the decode of field shares with the wrap term and local truncation against numpy;
+* Algorithm 1 (CKKS -> shares), Algorithm 2 (shares -> CKKS) and both in a row,
+  against the plaintext values (fixed-point + CKKS precision), bytes and rounds;
+* the client's view: its decrypted polynomial is uniform over Z_q and distributed
+  the same whatever the message (chi-square, as tests/test_mpc_views.py);
+* the MP2ML leak: with a CKKS-*encoded* uniform mask the client recovers the high
+  bits of the message; with the uniform polynomial mask it cannot.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+tenseal = pytest.importorskip("tenseal")
+import tenseal.sealapi as seal  # noqa: E402
+
+from cipherlm.he.backend import get_backend  # noqa: E402
+from cipherlm.he.params import HEParams, check_security  # noqa: E402
+from cipherlm.mpc.runner import run_inprocess  # noqa: E402
+from cipherlm.protocols import ckks_convert as cc  # noqa: E402
+
+P_MIN = 1e-6
+SMALL = HEParams("blb-conv-4096", "ckks", 4096, (60, 49))  # 109 <= 109 bits: data level = one 60-bit prime
+WIDE = HEParams("blb-conv-8192", "ckks", 8192, (60, 40, 60))  # two data primes (conversion switches to q0)
+TINY = HEParams("blb-conv-1024", "ckks", 1024, (27,))  # view statistics on a small ring
+F = 16
+ULP = 2.0 ** -F
+
+
+def chi2_sf(x: float, df: int) -> float:
+    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def p_uniform(v: np.ndarray, bins: int) -> float:
+    c = np.bincount(v.astype(np.int64), minlength=bins).astype(float)
+    e = c.sum() / bins
+    return chi2_sf(((c - e) ** 2 / e).sum(), bins - 1)
+
+
+def p_same(a: np.ndarray, b: np.ndarray, bins: int) -> float:
+    t = np.stack([np.bincount(a.astype(np.int64), minlength=bins),
+                  np.bincount(b.astype(np.int64), minlength=bins)]).astype(float)
+    t = t[:, t.sum(0) > 0]
+    e = t.sum(1, keepdims=True) * t.sum(0, keepdims=True) / t.sum()
+    return chi2_sf(((t - e) ** 2 / e).sum(), t.shape[1] - 1)
+
+
+_HE = {}
+
+
+def he(params):
+    """(backend, client context, keys, server context), cached per parameter set."""
+    if params.name not in _HE:
+        check_security(params)
+        b = get_backend("seal")
+        hc = b.context(params)
+        _HE[params.name] = (b, hc, b.keygen(hc), b.context(params))
+    return _HE[params.name]
+
+
+def seal_encrypt(params, z, scale_bits=40, n_primes=None):
+    b, hc, keys, _ = he(params)
+    pt = seal.Plaintext()
+    pid = hc.parms_id_at(n_primes) if n_primes else hc.first_parms_id
+    hc.encoder.encode(np.asarray(z, float).tolist(), pid, 2.0 ** scale_bits, pt)
+    return keys.encrypt(pt)
+
+
+def seal_decrypt(params, ct, n):
+    b, hc, keys, _ = he(params)
+    return np.array(hc.encoder.decode_double(keys.decrypt(ct)))[:n]
+
+
+def signed(x, q):
+    x = np.asarray(x, np.uint64)
+    return np.where(x > np.uint64(q // 2), x.astype(np.int64) - np.int64(q), x.astype(np.int64))
+
+
+def top(v, q, bins):
+    """The bin of each residue in [0, q) (floats: v * bins overflows uint64)."""
+    return np.minimum((np.asarray(v, np.float64).reshape(-1) / q * bins).astype(np.int64), bins - 1)
+
+
+def reveal(y0, y1):
+    return (y0 + y1).view(np.int64) / 2.0 ** F
+
+
+def run(params, server_fn, client_fn):
+    """Party 0 = client (key holder), party 1 = server; returns (client, server, stats)."""
+    b, hc_c, keys, hc_s = he(params)
+
+    def party(ctx):
+        side = cc.setup(ctx, b, hc_s if ctx.party == 1 else hc_c, keys if ctx.party == 0 else None)
+        base = ctx.chan.stats()
+        out = (server_fn if ctx.party == 1 else client_fn)(ctx, side)
+        st = ctx.chan.stats()
+        return out, {k: {kk: v[kk] - base.get(k, {}).get(kk, 0) for kk in v} for k, v in st.items()}
+
+    r0, r1 = run_inprocess(party, timeout=300)
+    return r0, r1
+
+
+# ----------------------------------------------------------------------------- embedding
+def test_canonical_embedding_matches_seal():
+    b, hc, keys, _ = he(SMALL)
+    n = SMALL.poly_modulus_degree
+    z = np.random.default_rng(1).uniform(-8, 8, n // 2)
+    m = b.decrypt_coeffs(hc, keys, seal_encrypt(SMALL, z))[0]
+    q = hc.coeff_moduli[0]
+    assert np.abs(cc.canonical_decode(signed(m, q)) / 2.0 ** 40 - z).max() < 1e-6
+    # encode: SEAL's coefficients are round(Delta * encode(z)) (+ the fresh encryption noise)
+    assert np.abs(cc.canonical_encode(z, n) * 2.0 ** 40 - signed(m, q)).max() < 200
+    # the backend's residue NTT round-trips
+    x = np.random.default_rng(2).integers(0, q, (1, n), dtype=np.uint64)
+    assert (b.ntt_inverse(hc, b.ntt_forward(hc, x)) == x).all()
+
+
+def test_decode_shares_against_numpy():
+    """The FFT decode of field shares (wrap term + guard bits + local truncation) against
+    numpy's canonical embedding of the reconstructed polynomial."""
+    n, q, scale = 4096, he(SMALL)[1].coeff_moduli[0], 2.0 ** 40
+    rng = np.random.default_rng(3)
+    z = rng.uniform(-100, 100, n // 2)
+    z[:4] = [0.0, -100.0, 100.0, ULP]
+    m = np.rint(cc.canonical_encode(z, n) * scale).astype(np.int64) + rng.integers(-50, 50, n)
+    r = rng.integers(0, q, n, dtype=np.uint64)
+    x_c = ((m % q).astype(np.uint64) + r) % np.uint64(q)
+    x_s = (np.uint64(q) - r) % np.uint64(q)
+    want = cc.canonical_decode(m) / scale
+
+    def f(ctx):
+        return cc.decode_shares(ctx, x_c if ctx.party == 0 else x_s, q, scale, n // 2).data
+
+    y0, y1 = run_inprocess(f, timeout=120)
+    got = reveal(y0, y1)
+    assert np.abs(got - want).max() < 3 * ULP, np.abs(got - want).max()
+
+
+# ----------------------------------------------------------------------------- Algorithms 1-2
+@pytest.mark.parametrize("params", [SMALL, WIDE], ids=["n4096-1prime", "n8192-2primes"])
+def test_algorithm1_ckks_to_shares(params):
+    n = params.poly_modulus_degree
+    slots = n // 2 if params is SMALL else 512
+    z = np.random.default_rng(4).uniform(-8, 8, n // 2)
+    ct = seal_encrypt(params, z)
+    b = he(params)[0]
+    data = b.ciphertext_to_bytes(ct)
+
+    def server(ctx, side):
+        return cc.ckks_to_shares(ctx, b.ciphertext_from_bytes(side.hectx, data), side, n_slots=slots).data
+
+    def client(ctx, side):
+        return cc.ckks_to_shares(ctx, None, side, n_slots=slots).data
+
+    (y0, st0), (y1, st1) = run(params, server, client)
+    err = np.abs(reveal(y0, y1) - z[:slots]).max()
+    assert err < 4 * ULP, err
+    ck = st1["ckks2mpc"]  # the masked ciphertext, server -> client, one message
+    assert ck["messages_sent"] == 1 and 2 * n * 8 < ck["bytes_sent"] < 2 * n * 8 + 1024
+    assert sum(v["rounds"] for v in st0.values()) <= 12
+
+
+@pytest.mark.parametrize("scale_bits", [40, 50])
+def test_algorithm2_shares_to_ckks_and_back(scale_bits):
+    params = SMALL
+    n = params.poly_modulus_degree
+    rng = np.random.default_rng(5)
+    z = rng.uniform(-8, 8, n // 2)
+    Z = np.rint(z * 2 ** F).astype(np.int64)
+    s0 = rng.integers(0, 2 ** 64, n // 2, dtype=np.uint64)
+    s1 = Z.astype(np.uint64) - s0
+    b = he(params)[0]
+    from cipherlm.mpc.shares import AShare
+
+    def server(ctx, side):
+        ct = cc.shares_to_ckks(ctx, AShare(ctx, s1, 64, F), side, scale_bits=scale_bits)
+        back = cc.ckks_to_shares(ctx, ct, side).data
+        return b.ciphertext_to_bytes(ct), back
+
+    def client(ctx, side):
+        assert cc.shares_to_ckks(ctx, AShare(ctx, s0, 64, F), side, scale_bits=scale_bits) is None
+        return None, cc.ckks_to_shares(ctx, None, side).data
+
+    (c, st0), (s, st1) = run(params, server, client)
+    hc = he(params)[1]
+    ct = b.ciphertext_from_bytes(hc, s[0])
+    assert b.ciphertext_scale(ct) == 2.0 ** scale_bits
+    got = seal_decrypt(params, ct, n // 2)
+    # encode rounding: ~0.3 (N/2) |y| 2^f / Delta per slot
+    tol = 2e-3 if scale_bits == 40 else 4e-6
+    assert np.abs(got - Z / 2 ** F).max() < tol
+    assert np.abs(reveal(c[1], s[1]) - Z / 2 ** F).max() < tol + 4 * ULP
+    enc = st0["mpc2ckks"]  # the client's seeded encryption: about half a ciphertext
+    assert enc["messages_sent"] == 1 and n * 8 < enc["bytes_sent"] < n * 8 + 1024
+
+
+# ----------------------------------------------------------------------------- views
+def _client_views(params, messages, mask="uniform", R=2.0 ** 12, scale_bits=None):
+    """The client's decrypted polynomial (N,) for each message (slot vector)."""
+    b, hc, keys, hs = he(params)
+    side_s = cc.CKKSSide(b, hs, None, b.load_public_key(hs, keys.public_key_bytes()), 1)
+    side_c = cc.CKKSSide(b, hc, keys, None, 1)
+    n = params.poly_modulus_degree
+    q = hc.coeff_moduli[0]
+    sb = scale_bits if scale_bits is not None else 40
+    rng = np.random.default_rng(7)
+    out = []
+    for z in messages:
+        ct = b.ciphertext_from_bytes(hs, b.ciphertext_to_bytes(seal_encrypt(params, z, sb)))
+        if mask == "uniform":  # BLB Algorithm 1, the server's step
+            data, _, _ = cc.mask_ciphertext(side_s, ct, rng, flood_bits=0)
+        else:  # MP2ML: Encode(s) for a uniform slot vector s in [-R, R]
+            s = rng.uniform(-R, R, n // 2)
+            enc = np.mod(np.rint(cc.canonical_encode(s, n) * 2.0 ** sb).astype(np.int64), q).astype(np.uint64)
+            arr = b.ciphertext_to_numpy(ct)
+            arr[0, 0] = (arr[0, 0] + b.ntt_forward(hs, enc[None])[0]) % np.uint64(q)
+            data = b.ciphertext_to_bytes(b.numpy_to_ciphertext(hs, arr, ntt=True, scale=2.0 ** sb))
+        out.append(cc.client_decrypt(side_c, data)[0])
+    return np.array(out), q
+
+
+def test_client_view_uniform_and_independent_of_message():
+    """Theorem 1: the client's decryption m + e + r is uniform over Z_q, the same for a zero
+    message and a large one (N = 1024, q of 27 bits; top 6 bits of every coefficient)."""
+    n = TINY.poly_modulus_degree
+    rng = np.random.default_rng(8)
+    zero = [np.zeros(n // 2)] * 8
+    big = [rng.uniform(500, 1000, n // 2) for _ in range(8)]  # large expectation: MP2ML's bad case
+    va, q = _client_views(TINY, zero, scale_bits=10)
+    vb, _ = _client_views(TINY, big, scale_bits=10)
+    bins = 64
+    ba, bb = top(va, q, bins), top(vb, q, bins)
+    assert min(p_uniform(ba, bins), p_uniform(bb, bins)) > P_MIN
+    assert p_same(ba, bb, bins) > P_MIN
+    # the low bits too (uniform over the whole of Z_q, not only the top)
+    assert p_uniform(va.reshape(-1) % 64, 64) > P_MIN
+
+
+def test_mp2ml_leak_and_uniform_mask():
+    """MP2ML (section 6.2): a uniform *slot* mask s in [-2^12, 2^12], CKKS-encoded, is bell
+    shaped in the coefficient domain (std ~ Delta 2^12 / sqrt(1.5 N) << q): the client reads
+    the message's mean slot value c (coefficient 0 = Delta * mean) off its decryption.  With
+    BLB's uniform polynomial mask the same estimate is noise."""
+    n = SMALL.poly_modulus_degree
+    rng = np.random.default_rng(9)
+    cs = rng.uniform(-1000, 1000, 24)
+    msgs = [c + rng.uniform(-1, 1, n // 2) for c in cs]
+    v_mp2ml, q = _client_views(SMALL, msgs, mask="encoded")
+    v_blb, _ = _client_views(SMALL, msgs, mask="uniform")
+    est_mp2ml = signed(v_mp2ml[:, 0], q) / 2.0 ** 40
+    est_blb = signed(v_blb[:, 0], q) / 2.0 ** 40
+    sigma = 2.0 ** 12 / math.sqrt(1.5 * n)  # ~52
+    assert np.abs(est_mp2ml - cs).max() < 6 * sigma  # the high bits of m_0 leak
+    assert np.corrcoef(est_mp2ml, cs)[0, 1] > 0.95
+    assert abs(np.corrcoef(est_blb, cs)[0, 1]) < 0.7
+    assert np.median(np.abs(est_blb - cs)) > 1000 * sigma  # estimates spread over all of Z_q
+    # and the views themselves: MP2ML's is far from uniform over Z_q, BLB's is uniform
+    bins = 64
+    assert p_uniform(top(v_mp2ml, q, bins), bins) < P_MIN
+    assert p_uniform(top(v_blb, q, bins), bins) > P_MIN
