@@ -254,12 +254,20 @@ def test_errors_are_openai_errors(proxy, servers):
     # a bearer token
     chat, _ = servers
     keyed = RunningProxy(ProxyApp([chat.address], "offload", api_key="s3cret",
-                                  chat_template=ChatTemplate("{{ messages[0]['content'] }}")))
+                                  chat_template=ChatTemplate("{{ messages[0]['content'] }}"),
+                                  allowed_hosts={"127.0.0.1", "localhost"}))
     try:
         with pytest.raises(openai.AuthenticationError):
             keyed.client("wrong").models.list()
         assert httpx.get(keyed.url + "/v1/models").status_code == 401
         assert [m.id for m in keyed.client("s3cret").models.list().data] == ["tiny-chat"]
+        # DNS rebinding: a request naming another host is refused, even with the key
+        r = httpx.get(keyed.url + "/v1/models", headers={"Host": "evil.example", "Authorization": "Bearer s3cret"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
+        assert httpx.get(keyed.url.replace("127.0.0.1", "localhost") + "/").status_code == 200
+        r = httpx.post(keyed.url + "/v1/completions", content=b" " * (17 << 20),
+                       headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 413
     finally:
         keyed.stop()
 

@@ -610,40 +610,64 @@ def session_cost(client, up: Upstream, result: dict, seconds: float, job: Job) -
 # ----------------------------------------------------------------------------- the app
 
 
-class _BearerAuth:
-    """ASGI middleware: every /v1 path needs ``Authorization: Bearer <api_key>`` (401 otherwise).
-    A plain ASGI wrapper, not Starlette's BaseHTTPMiddleware, so that the handlers still see the
-    client's disconnect (`Request.is_disconnected`)."""
+class _Guard:
+    """ASGI middleware in front of every handler.
 
-    def __init__(self, app, api_key: str):
+    ``allowed_hosts``: the Host header must name one of them (the proxy on loopback answers
+    only to 127.0.0.1 / localhost / ::1, so a web page cannot reach it through DNS
+    rebinding); ``api_key``: every /v1 path needs ``Authorization: Bearer <api_key>`` (401
+    otherwise).  A plain ASGI wrapper, not Starlette's BaseHTTPMiddleware, so that the
+    handlers still see the client's disconnect (`Request.is_disconnected`)."""
+
+    def __init__(self, app, api_key: str | None = None, allowed_hosts: frozenset | None = None):
         self.app = app
-        self.key = api_key.encode()
+        self.key = api_key.encode() if api_key else None
+        self.allowed_hosts = allowed_hosts
+
+    @staticmethod
+    async def _refuse(scope, receive, send, err: ProxyError) -> None:
+        from starlette.responses import JSONResponse
+
+        await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("path", "").startswith("/v1"):
-            got = dict(scope.get("headers") or []).get(b"authorization", b"")
-            scheme, _, token = got.partition(b" ")
-            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.key):
-                from starlette.responses import JSONResponse
-
-                err = ProxyError(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                 "invalid_request_error", None, "invalid_api_key")
-                await JSONResponse(err.body(), status_code=401)(scope, receive, send)
-                return
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if self.allowed_hosts is not None:
+                host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+                name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+                if name.strip("[]") not in self.allowed_hosts:
+                    return await self._refuse(scope, receive, send, ProxyError(
+                        400, "this proxy answers only to requests for its own address (Host header)",
+                        "invalid_request_error", None, "invalid_host"))
+            if self.key is not None and scope.get("path", "").startswith("/v1"):
+                scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+                if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.key):
+                    return await self._refuse(scope, receive, send, ProxyError(
+                        401, "missing or wrong API key (Authorization: Bearer <key>)", "invalid_request_error",
+                        None, "invalid_api_key"))
         await self.app(scope, receive, send)
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+MAX_BODY_BYTES = 16 << 20  # a request body beyond it is refused (413)
 
 
 class ProxyApp:
     """The proxy: upstream servers, the request handlers, the FastAPI application (`app`)."""
 
     def __init__(self, servers: list[tuple[str, int]], mode: str, api_key: str | None = None,
-                 chat_template: ChatTemplate | None = None, timeout: float = SESSION_TIMEOUT):
+                 chat_template: ChatTemplate | None = None, timeout: float = SESSION_TIMEOUT,
+                 allowed_hosts=None):
+        """`allowed_hosts`: host names the Host header may carry (None: any; `serve` passes
+        `LOOPBACK_HOSTS` when the proxy listens on loopback)."""
         if mode not in ("offload", "2pc"):
             raise ValueError(f"mode must be offload or 2pc, not {mode!r}")
         if not servers:
             raise ValueError("at least one server is needed")
         self.mode = mode
         self.api_key = api_key or None
+        self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
         self.upstreams = [Upstream(h, p, mode, chat_template, timeout) for h, p in servers]
         self._lock = threading.Lock()
         self.active_jobs = 0
@@ -751,12 +775,19 @@ class ProxyApp:
         async def _validation_error(request, exc):
             return JSONResponse(_bad("invalid request").body(), status_code=400)
 
-        if self.api_key:
-            app.add_middleware(_BearerAuth, api_key=self.api_key)
+        if self.api_key or self.allowed_hosts is not None:
+            app.add_middleware(_Guard, api_key=self.api_key, allowed_hosts=self.allowed_hosts)
 
         async def body_of(request: Request) -> dict:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise ProxyError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB",
+                                     "invalid_request_error", None, "request_too_large")
+                chunks.append(chunk)
             try:
-                body = await request.json()
+                body = json.loads(b"".join(chunks))
             except Exception:
                 raise _bad("the request body must be a JSON object") from None
             if not isinstance(body, dict):
@@ -1039,9 +1070,11 @@ def serve(servers: list[tuple[str, int]], mode: str, host: str = "127.0.0.1", po
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    proxy = ProxyApp(servers, mode, api_key=api_key, chat_template=chat_template)
+    loopback = host in LOOPBACK_HOSTS
+    proxy = ProxyApp(servers, mode, api_key=api_key, chat_template=chat_template,
+                     allowed_hosts=LOOPBACK_HOSTS if loopback else None)
     proxy.probe_all()
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+    if not loopback and not api_key:
         log.warning("the proxy listens on %s without an API key: anyone who reaches it uses your sessions", host)
     print(f"PROXY http://{host}:{port}/v1 (models: "
           f"{', '.join(u.model or '?' for u in proxy.upstreams)})", flush=True)
