@@ -165,8 +165,8 @@ def test_algorithm1_ckks_to_shares(params):
     assert sum(v["rounds"] for v in st0.values()) <= 12
 
 
-@pytest.mark.parametrize("scale_bits", [40, 50])
-def test_algorithm2_shares_to_ckks_and_back(scale_bits):
+@pytest.mark.parametrize("scale_bits,value_bits", [(40, None), (50, 4)])
+def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
     params = SMALL
     n = params.poly_modulus_degree
     rng = np.random.default_rng(5)
@@ -178,12 +178,13 @@ def test_algorithm2_shares_to_ckks_and_back(scale_bits):
     from cipherlm.mpc.shares import AShare
 
     def server(ctx, side):
-        ct = cc.shares_to_ckks(ctx, AShare(ctx, s1, 64, F), side, scale_bits=scale_bits)
+        ct = cc.shares_to_ckks(ctx, AShare(ctx, s1, 64, F), side, scale_bits=scale_bits, value_bits=value_bits)
         back = cc.ckks_to_shares(ctx, ct, side).data
         return b.ciphertext_to_bytes(ct), back
 
     def client(ctx, side):
-        assert cc.shares_to_ckks(ctx, AShare(ctx, s0, 64, F), side, scale_bits=scale_bits) is None
+        assert cc.shares_to_ckks(ctx, AShare(ctx, s0, 64, F), side, scale_bits=scale_bits,
+                                value_bits=value_bits) is None
         return None, cc.ckks_to_shares(ctx, None, side).data
 
     (c, st0), (s, st1) = run(params, server, client)

@@ -44,8 +44,11 @@ Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
 1. Both parties locally encode (inverse canonical embedding, fixed point):
    m_i = sum_j A_ij Y_j mod 2^64 with the integer matrix
    A_ij = round(Delta 2^-f (2/N) cos(pi e_j i / N)), Y the shares of y 2^f.
-   Exact over the ring (|m| < 2^62 is required: Delta |y| sqrt(N) bounded);
-   the rounding of A costs about 0.3 (N/2) |y| 2^f / Delta per slot.
+   Exact over the ring (the coefficients must stay below 2^63: Delta max|y| <
+   2^62 suffices).  The rounding of A costs about 0.3 (N/2) rms(y) 2^f / Delta
+   per slot: 1.5e-4 rms(y) at N = 8192, Delta = 2^40; 1.5e-7 at Delta = 2^50
+   (any *integer* linear encode of 2^f-scaled values has this floor: pick Delta
+   >= 2^(f + log2 N + 20) when the next block needs ~2^-20 relative precision).
 2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): one
    millionaire on 64 bits for the wrap of the ring shares, then one chosen OT
    per prime (`b2a_mod`) for its Z_q shares; the coefficient shares become
@@ -59,10 +62,13 @@ whose decryption is uniform over R_q and independent of m and of the CKKS noise
 (both hidden by r), plus sub-protocol views (millionaire, COT) that are
 simulatable; c1 is re-randomised.  The server sees only OT / millionaire
 messages and a fresh encryption (Algorithm 2).  Flooding: ``flood_bits`` F
-(default scale_bits - f - 12, i.e. 28 bits at Delta = 2^56... 12 bits at Delta =
-2^40, f = 16) is *not* needed for the client's view (the uniform mask already
-makes it independent of the weights); it smudges the CKKS noise e that stays in
-the output shares, for whatever the outputs later reveal, at a cost of ~2^-6 ulp.
+(default floor(log2 Delta) - f - 12: 12 bits at Delta = 2^40, f = 16) is *not*
+needed for the client's view (the uniform mask already makes it independent of
+the weights and of the noise); it smudges the CKKS noise e (a few bits after
+the public-key re-randomisation) that stays in the output shares, for whatever
+the outputs later reveal, at a cost of about 2^-7 ulp per slot.  It is not a
+2^-40 statistical flooding: that would need F = log2|e| + 40 bits and, to keep
+f fraction bits, Delta >= 2^(F + f + log2 sqrt N), beyond one 60-bit prime.
 
 The MP2ML leak (section 6.2): MP2ML masks with Encode(s) for a uniform slot
 vector s; Encode(s) is bell-shaped around 0 with standard deviation about
@@ -287,35 +293,42 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
 
 
 # ----------------------------------------------------------------------------- Algorithm 2
-def encode_shares(ctx, y: AShare, n: int, scale: float, primes) -> np.ndarray:
+def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64) -> np.ndarray:
     """Steps 1-2 of Algorithm 2: AShare of slot values -> this party's shares (k, N) of the
-    CKKS coefficient polynomial round(scale * encode(y)) modulo each prime."""
+    CKKS coefficient polynomial round(scale * encode(y)) modulo each prime.  ``bits``: the
+    coefficients are known to lie in (-2^(bits-1), 2^(bits-1)) (a public bound): the shares are
+    reduced mod 2^bits locally and the wrap costs a millionaire on ``bits`` bits, not 64."""
     frac = y.frac
     Y = np.asarray(y.data, np.uint64).reshape(-1)
     e = slot_exponents(n, Y.size)
     A = _cos_table(n, scale * 2.0 ** (1 - frac) / n)
     m = _wrap_product(A, e, np.arange(n, dtype=np.int64), Y, transpose=True)
-    half = np.uint64(1 << 63)
+    bits = int(bits)
+    mk = mask(bits)
+    half = np.uint64(1 << (bits - 1))
     with ctx.step("ring_to_field"):
-        u = m + half if ctx.party == 0 else m
-        v = (mask(64) - u) if ctx.party == 0 else u
-        w = millionaire(ctx, v, 64)
+        u = ((m + half) if ctx.party == 0 else m) & mk
+        v = (mk - u) if ctx.party == 0 else u
+        w = millionaire(ctx, v, bits)
         out = []
         for q in primes:
             q = int(q)
             Q = np.uint64(q)
             Wq = b2a_mod(ctx, w, q)
-            o = (u % Q + Q - mulmod_scalar(Wq, (1 << 64) % q, q)) % Q
+            o = (u % Q + Q - mulmod_scalar(Wq, (1 << bits) % q, q)) % Q
             if ctx.party == 0:
-                o = (o + Q - np.uint64((1 << 63) % q)) % Q
+                o = (o + Q - np.uint64((1 << (bits - 1)) % q)) % Q
             out.append(o)
     return np.stack(out)
 
 
-def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: int = 40):
+def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: int = 50,
+                   value_bits: int | None = None):
     """BLB Algorithm 2.  Both parties pass their AShare of at most N/2 real slot values; the
     server gets a CKKS ciphertext (scale 2^scale_bits, ``n_primes`` primes, default the first
-    data level) of them, the client None."""
+    data level) of them, the client None.  ``value_bits``: a public bound |y| < 2^value_bits
+    (then every coefficient is below 2^(scale_bits + value_bits) and the ring -> field wrap
+    runs on scale_bits + value_bits + 2 bits instead of 64)."""
     b, hc = side.backend, side.hectx
     n = hc.n
     if y.size > n // 2:
@@ -324,7 +337,8 @@ def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = Non
     lvl = b.level(hc, k)
     primes = hc.coeff_moduli[:k]
     scale = float(2.0 ** scale_bits)
-    share = encode_shares(ctx, y, n, scale, primes)
+    bits = 64 if value_bits is None else min(64, int(scale_bits) + int(value_bits) + 2)
+    share = encode_shares(ctx, y, n, scale, primes, bits)
     with ctx.step("mpc2ckks"):
         pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)
         if side.is_server(ctx):
