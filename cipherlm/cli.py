@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--chat-template", default=None, metavar="FILE",
                    help="the chat template: a tokenizer_config.json or a Jinja file (default: the model's own "
                         "when it is on this machine, else ChatML)")
+    x.add_argument("--compare-plaintext", action="store_true",
+                   help="allow 'compare with plaintext' (the chat page's box, or compare_plaintext: true in a "
+                        "request) for models that are on this machine: runs the plaintext model too")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
     d.add_argument("--mode", choices=MODES, default="offload")

@@ -652,7 +652,7 @@ def cmd_proxy(args) -> int:
     if not 0 <= args.port < 65536:
         raise UserError("--port must be in 0..65535")
     proxy.serve(list(args.server), args.mode, host=args.host, port=args.port, api_key=api_key,
-                chat_template=template)
+                chat_template=template, compare_plaintext=args.compare_plaintext)
     return 0
 
 

@@ -26,7 +26,8 @@ uvicorn = pytest.importorskip("uvicorn")
 from cipherlm.models import LoadedModel, load_model  # noqa: E402
 from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
 from cipherlm.runtime.plain import EncoderExecutor, PlainLinear, make_executor, split_params  # noqa: E402
-from cipherlm.runtime.proxy import ChatTemplate, ProxyApp, TextAssembler, find_chat_template  # noqa: E402
+from cipherlm.runtime.proxy import (ChatTemplate, PlaintextReference, ProxyApp, TextAssembler,  # noqa: E402
+                                    find_chat_template)
 
 # 96 tokens: the tiny Llama's vocabulary size (ids 0..2 special; <|im_end|> = 2 = LlamaConfig's eos)
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
@@ -124,7 +125,8 @@ class RunningProxy:
 def proxy(servers, chat_dir):
     chat, embed = servers
     p = RunningProxy(ProxyApp([chat.address, embed.address], "offload",
-                              chat_template=ChatTemplate.from_file(chat_dir / "tokenizer_config.json")))
+                              chat_template=ChatTemplate.from_file(chat_dir / "tokenizer_config.json"),
+                              plaintext=PlaintextReference({"tiny-chat": str(chat_dir)})))
     yield p
     p.stop()
 
@@ -487,16 +489,17 @@ def test_chat_page_script_streams_a_reply(proxy, chat_dir):
 
     want, _, _ = _plain_answer(chat_dir, [{"role": "user", "content": "hi"}], 5)
     out = subprocess.run([node, str(Path(__file__).parent / "data" / "page_driver.js"),
-                          str(proxy_mod.STATIC_DIR / "index.html"), proxy.url, "hi", "5"],
+                          str(proxy_mod.STATIC_DIR / "index.html"), proxy.url, "hi", "5", "compare"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     state = json.loads(out.stdout)
     assert state["models"] == ["tiny-chat"]  # the encoder is not offered for chat
     assert state["reply"] == want and "error" not in state["replyClass"]
     for needle in ("Cost of this reply", "mode", "offload", "bytes up", "rounds", "per later token",
-                   "What the server saw", "ciphertexts", "plaintext", "none"):
+                   "What the server saw", "ciphertexts", "plaintext", "none", "Compare with plaintext",
+                   "same tokensyes"):
         assert needle in state["cost"], needle
-    assert want not in state["cost"]
+    assert state["compareShown"] and want not in state["cost"]
 
 
 def test_non_stream_client_leaving_cancels(proxy, servers):
@@ -512,3 +515,17 @@ def test_non_stream_client_leaving_cancels(proxy, servers):
         time.sleep(0.05)
     assert proxy.proxy.last_result["finish_reason"] == "cancelled"
     assert chat.sessions_failed == failed0
+
+
+def test_compare_with_plaintext(proxy, twopc_proxy):
+    msgs = [{"role": "user", "content": "hi"}]
+    r = proxy.client().chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=4,
+                                               extra_body={"compare_plaintext": True})
+    p = r.model_extra["cipherlm"]["plaintext"]
+    assert p["same_tokens"] and p["text"] == r.choices[0].message.content
+    cards = {m.id: m.model_extra["cipherlm"] for m in proxy.client().models.list().data}
+    assert cards["tiny-chat"]["plaintext_available"] and not cards["tiny-embed"]["plaintext_available"]
+    with pytest.raises(openai.BadRequestError) as e:  # a proxy without the model's weights
+        twopc_proxy[0].client().chat.completions.create(model="tiny-2pc", messages=msgs, max_tokens=1,
+                                                        extra_body={"compare_plaintext": True})
+    assert e.value.param == "compare_plaintext"

@@ -337,6 +337,7 @@ class GenParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple = ()
+    compare: bool = False  # also run the local plaintext model (`PlaintextReference`)
 
 
 def _opt_number(body: dict, key: str, lo: float, hi: float, default):
@@ -486,6 +487,8 @@ class Job:
         self._cancel = threading.Event()
         self.cancelled = False
         self.result: dict | None = None
+        self.private_ids: list[int] = []
+        self.after = None  # called with the result once the session is closed (plaintext comparison)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -514,6 +517,8 @@ class Job:
                 result["cost"] = session_cost(client, up, result, time.perf_counter() - t0, self)
             finally:
                 client.close()
+            if self.after is not None and not self.cancelled:
+                result["cost"]["plaintext"] = self.after(result)
             self.result = result
             self._emit("done", result)
         except ProxyError as exc:
@@ -538,6 +543,7 @@ class Job:
 
         def on_token(tok: int) -> None:
             times.append(time.perf_counter())
+            self.private_ids.append(int(tok))
             if int(tok) in up.eos_ids:
                 return
             delta = asm.feed(tok)
@@ -607,6 +613,57 @@ def session_cost(client, up: Upstream, result: dict, seconds: float, job: Job) -
             "per_token_seconds": result.get("per_token_seconds"), "server_saw": saw}
 
 
+class PlaintextReference:
+    """The optional "compare with plaintext": the same request on the plaintext executor of
+    a model that is on this machine (a debugging and demonstration aid: it needs the
+    weights, which a real user of a private server does not have).  `paths` maps served
+    model names to local model names or paths; with `by_name`, a served name that
+    `cipherlm.models.resolve` knows is used as it is.  Nothing of it is logged."""
+
+    def __init__(self, paths: dict | None = None, by_name: bool = False):
+        self.paths = dict(paths or {})
+        self.by_name = by_name
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+
+    def source(self, model: str | None) -> str | None:
+        if model is None:
+            return None
+        if model in self.paths:
+            return str(self.paths[model])
+        if self.by_name:
+            from cipherlm.models import resolve
+
+            try:
+                resolve(model)
+                return model
+            except (ValueError, OSError):
+                return None
+        return None
+
+    def executor(self, model: str):
+        with self._lock:
+            if model not in self._cache:
+                from cipherlm.models import load_model
+                from cipherlm.runtime.plain import plain_executor
+
+                self._cache[model] = plain_executor(load_model(self.source(model)))
+            return self._cache[model]
+
+    def compare(self, up: "Upstream", params: GenParams, private_ids: list[int]) -> dict:
+        t0 = time.perf_counter()
+        ex = self.executor(up.model)
+        ref = ex.generate(params.prompt_ids, max_new_tokens=max(len(private_ids), 1), temperature=params.temperature,
+                          top_p=params.top_p, seed=params.seed, eos_token_ids=up.eos_ids)
+        ref = [int(t) for t in ref]
+        asm = TextAssembler(up.tokenizer, params.stop)
+        for t in ref:
+            if t not in up.eos_ids and not asm.done:
+                asm.feed(t)
+        return {"text": asm.text, "same_tokens": ref == list(private_ids), "tokens": len(ref),
+                "seconds": round(time.perf_counter() - t0, 4)}
+
+
 # ----------------------------------------------------------------------------- the app
 
 
@@ -658,7 +715,7 @@ class ProxyApp:
 
     def __init__(self, servers: list[tuple[str, int]], mode: str, api_key: str | None = None,
                  chat_template: ChatTemplate | None = None, timeout: float = SESSION_TIMEOUT,
-                 allowed_hosts=None):
+                 allowed_hosts=None, plaintext: PlaintextReference | None = None):
         """`allowed_hosts`: host names the Host header may carry (None: any; `serve` passes
         `LOOPBACK_HOSTS` when the proxy listens on loopback)."""
         if mode not in ("offload", "2pc"):
@@ -667,6 +724,7 @@ class ProxyApp:
             raise ValueError("at least one server is needed")
         self.mode = mode
         self.api_key = api_key or None
+        self.plaintext = plaintext
         self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
         self.upstreams = [Upstream(h, p, mode, chat_template, timeout) for h, p in servers]
         self._lock = threading.Lock()
@@ -741,8 +799,14 @@ class ProxyApp:
         elif max_tokens > room:
             raise _bad(f"this model's context is {up.context} tokens: {n} in the prompt leave room for at most "
                        f"{room} completion tokens, not {max_tokens}", "max_tokens", "context_length_exceeded")
+        compare = body.get("compare_plaintext", False)
+        if not isinstance(compare, bool):
+            raise _bad("'compare_plaintext' must be true or false", "compare_plaintext")
+        if compare and (self.plaintext is None or self.plaintext.source(up.model) is None):
+            raise _bad(f"no plaintext copy of '{up.model}' on this proxy (start it with --compare-plaintext "
+                       "on a machine that has the model)", "compare_plaintext", "unsupported_parameter")
         return GenParams(list(prompt_ids), int(max_tokens), float(temperature), float(top_p),
-                         None if seed is None else int(seed) % (1 << 63), stop)
+                         None if seed is None else int(seed) % (1 << 63), stop, compare)
 
     def _encode(self, up: Upstream, text: str, special: bool) -> list[int]:
         if up.tokenizer is None:
@@ -884,7 +948,8 @@ class ProxyApp:
 
     def _model_card(self, up: Upstream) -> dict:
         return {"id": up.model, "object": "model", "created": up.created, "owned_by": f"cipherlm-{up.mode}",
-                "cipherlm": {"mode": up.mode, "kind": up.kind, "server": up.address, "context": up.context}}
+                "cipherlm": {"mode": up.mode, "kind": up.kind, "server": up.address, "context": up.context,
+                             "plaintext_available": bool(self.plaintext and self.plaintext.source(up.model))}}
 
     # ---- generation responses
 
@@ -912,6 +977,8 @@ class ProxyApp:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         kind = "chat.completions" if chat else "completions"
+        if params.compare:
+            job.after = lambda res: self.plaintext.compare(up, params, job.private_ids)
         job.start(lambda j, client: j.generate(client, params, lambda d: j._emit("delta", d)))
         first = await self._first_event(request, job)
         if first is None:
@@ -1065,14 +1132,16 @@ class ProxyApp:
 
 
 def serve(servers: list[tuple[str, int]], mode: str, host: str = "127.0.0.1", port: int = 8080,
-          api_key: str | None = None, chat_template: ChatTemplate | None = None) -> None:
+          api_key: str | None = None, chat_template: ChatTemplate | None = None,
+          compare_plaintext: bool = False) -> None:
     """Entry point of ``cipherlm proxy``: probe the servers, then serve HTTP until interrupted."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     loopback = host in LOOPBACK_HOSTS
     proxy = ProxyApp(servers, mode, api_key=api_key, chat_template=chat_template,
-                     allowed_hosts=LOOPBACK_HOSTS if loopback else None)
+                     allowed_hosts=LOOPBACK_HOSTS if loopback else None,
+                     plaintext=PlaintextReference(by_name=True) if compare_plaintext else None)
     proxy.probe_all()
     if not loopback and not api_key:
         log.warning("the proxy listens on %s without an API key: anyone who reaches it uses your sessions", host)
@@ -1081,5 +1150,5 @@ def serve(servers: list[tuple[str, int]], mode: str, host: str = "127.0.0.1", po
     uvicorn.run(proxy.app, host=host, port=port, log_level="info")
 
 
-__all__ = ["ProxyApp", "ProxyError", "ChatTemplate", "TextAssembler", "Upstream", "find_chat_template", "serve",
+__all__ = ["ProxyApp", "ProxyError", "PlaintextReference", "ChatTemplate", "TextAssembler", "Upstream", "find_chat_template", "serve",
            "CHATML_TEMPLATE", "DEFAULT_MAX_TOKENS"]

@@ -3,7 +3,7 @@
 // reply, prints the final DOM state as JSON. Used by tests/test_proxy.py (skipped without node).
 "use strict";
 const fs = require("fs");
-const [, , pagePath, baseUrl, promptText, maxTokens] = process.argv;
+const [, , pagePath, baseUrl, promptText, maxTokens, compare] = process.argv;
 const html = fs.readFileSync(pagePath, "utf8");
 const script = html.match(/<script>([\s\S]*)<\/script>/)[1];
 
@@ -38,6 +38,7 @@ eval(script);
   while (!ids.model.options.length) { if (Date.now() > deadline) throw new Error("no models"); await new Promise((r) => setTimeout(r, 50)); }
   ids.prompt.value = promptText;
   if (maxTokens) ids.maxtokens.value = maxTokens;
+  if (compare) { if (ids.cmpwrap.hidden) throw new Error("no compare box"); ids.compare.checked = true; }
   ids.form.dispatch("submit", {preventDefault() {}});
   let reply;
   while (!(reply = ids.log.all().find((e) => e.attrs["data-done"] === "1"))) {
@@ -46,5 +47,5 @@ eval(script);
   }
   const cost = ids.log.all().find((e) => e.tagName === "aside");
   console.log(JSON.stringify({reply: reply.textContent, replyClass: reply.className, cost: cost.textContent,
-                              status: ids.status.textContent, models: ids.model.options.map((o) => o.value)}));
+                              status: ids.status.textContent, compareShown: !ids.cmpwrap.hidden, models: ids.model.options.map((o) => o.value)}));
 })().catch((e) => { console.error(String(e)); process.exit(1); });
