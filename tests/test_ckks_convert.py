@@ -141,6 +141,32 @@ def test_decode_shares_against_numpy():
     assert np.abs(got - want).max() < 3 * ULP, np.abs(got - want).max()
 
 
+@pytest.mark.parametrize("modulus,lbits", [(1152921504606830593, 60), (2 ** 64, 64), (134215681, 27)])
+def test_wrap_small_against_exact(modulus, lbits):
+    """The wrap of shares of a value within modulus/2 +- modulus/4 from the top 6 bits of
+    each share (one 8-bit millionaire) equals the exact wrap, edges included."""
+    rng = np.random.default_rng(6)
+    n = 4000
+    quarter = modulus // 4 - 1
+    m = [int(v) for v in rng.integers(-(2 ** 62), 2 ** 62, n)]
+    m = [v % (2 * quarter + 1) - quarter for v in m]
+    m[:4] = [quarter, -quarter, 0, -1]
+    u = [(v + modulus // 2) % modulus for v in m]
+    u0 = [int(v) for v in rng.integers(0, 2 ** 62, n)]
+    u0 = [v % modulus for v in u0]
+    u0[4:8] = [0, modulus - 1, (modulus - u[6]) % modulus, (modulus - u[7] - 1) % modulus]
+    u1 = [(a - b) % modulus for a, b in zip(u, u0)]
+    want = np.array([int(a + b >= modulus) for a, b in zip(u0, u1)])
+    a0, a1 = np.array(u0, np.uint64), np.array(u1, np.uint64)
+
+    def f(ctx):
+        return cc.wrap_small(ctx, a0 if ctx.party == 0 else a1, modulus, lbits)
+
+    w0, w1 = run_inprocess(f, timeout=60)
+    assert ((w0 ^ w1).astype(int) == want).all()
+    assert 0 < want.sum() < n
+
+
 # ----------------------------------------------------------------------------- Algorithms 1-2
 @pytest.mark.parametrize("params", [SMALL, WIDE], ids=["n4096-1prime", "n8192-2primes"])
 def test_algorithm1_ckks_to_shares(params):

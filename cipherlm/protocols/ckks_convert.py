@@ -18,9 +18,12 @@ polynomial m (CKKS scale Delta, slot values z = decode(m) / Delta):
    R_q whatever m is (Theorem 1).  (`client_decrypt`)
    Now x_c + x_s = m + e + e_f (mod q): additive shares over the field Z_q.
 3. Field -> ring (Appendix C.3, the construction of `mpc.protocols.field.field_to_ring`):
-   with u = m + floor(q/2) (party 0 adds the offset), u_0 + u_1 = u + q w and one
-   millionaire on ceil(log2 q) bits gives Boolean shares of the wrap w, one COT
-   (`b2a_bits`) arithmetic shares W of it over Z_{2^64}.
+   with u = m + floor(q/2) (party 0 adds the offset), u_0 + u_1 = u + q w.  Since
+   |m| < q/4 (one bit more than CKKS decryption needs), u_0 + u_1 is either below
+   3q/4 or above 5q/4, and the top 6 bits of each share decide w (`wrap_small`:
+   one millionaire on 8 bits instead of ceil(log2 q); `field_to_ring` compares the
+   whole shares, exact for any value).  One COT (`b2a_bits`) gives arithmetic
+   shares W of w over Z_{2^64}.
 4. Local decode (Appendix C.4): slot j is Re m(omega^(e_j)) / Delta,
    omega = exp(i pi / N), e_j = 3^j mod 2N (SEAL's slot order).  Wanted:
    shares of y_j 2^(f+g), g = ``guard`` extra bits.  Writing
@@ -44,15 +47,17 @@ Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
 1. Both parties locally encode (inverse canonical embedding, fixed point):
    m_i = sum_j A_ij Y_j mod 2^64 with the integer matrix
    A_ij = round(Delta 2^-f (2/N) cos(pi e_j i / N)), Y the shares of y 2^f.
-   Exact over the ring (the coefficients must stay below 2^63: Delta max|y| <
+   Exact over the ring (the coefficients must stay below 2^62: Delta max|y| <
    2^62 suffices).  The rounding of A costs about 0.3 (N/2) rms(y) 2^f / Delta
    per slot: 1.5e-4 rms(y) at N = 8192, Delta = 2^40; 1.5e-7 at Delta = 2^50
    (any *integer* linear encode of 2^f-scaled values has this floor: pick Delta
    >= 2^(f + log2 N + 20) when the next block needs ~2^-20 relative precision).
-2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): one
-   millionaire on 64 bits for the wrap of the ring shares, then one chosen OT
-   per prime (`b2a_mod`) for its Z_q shares; the coefficient shares become
-   shares mod every prime of the target level.
+2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): the wrap
+   of the ring shares (mod 2^l, l = 64 or scale_bits + value_bits + 2 given a
+   public bound |y| < 2^value_bits; the coefficients must stay below 2^(l-2)) by
+   `wrap_small` (one 8-bit millionaire), then one chosen OT per prime
+   (`b2a_mod`) for its Z_q shares; the coefficient shares become shares mod
+   every prime of the target level.
 3. Client: encrypts its share polynomial (seeded symmetric encryption: half a
    ciphertext on the wire), sends it; server adds its share as a plaintext
    (one homomorphic addition).  Result: a CKKS ciphertext of y with scale Delta.
@@ -75,12 +80,13 @@ vector s; Encode(s) is bell-shaped around 0 with standard deviation about
 Delta |s|_max / sqrt(1.5 N), far below q, so the client's decryption m + Encode(s)
 reveals the high bits of m (tests/test_ckks_convert.py shows it).
 
-Cost (N = 8192, one prime of 60 bits; docs/blb.md): Algorithm 1 sends one
-2-polynomial ciphertext (131 KB) plus per coefficient one millionaire(60) and
-one COT(64); Algorithm 2 a seeded ciphertext (half) plus per coefficient one
-millionaire(64) and one OT per prime.  Channel labels: "ckks2mpc" (the
-ciphertext), "mpc2ckks" (the encryption), "ckks_setup" (the public key), and
-the sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
+Cost (N = 8192, one prime of 60 bits; docs/blb.md): Algorithm 1 about 1.2 MB
+(the 2-polynomial ciphertext, 131 KB, plus per coefficient one 8-bit
+millionaire and one COT of 64 bits), 3 rounds; Algorithm 2 about 1.5 MB (a
+seeded ciphertext plus per coefficient one 8-bit millionaire and one OT per
+prime), 2 + primes rounds.  Channel labels: "ckks2mpc" (the ciphertext),
+"mpc2ckks" (the encryption), "ckks_setup" (the public key), and the
+sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
 Local work: the wrap terms are dense N x slots integer products (O(N^2 / 2));
 BLB evaluates the decode by FFT with fixed-point twiddles.
 """
@@ -102,7 +108,7 @@ from ..mpc.shares import AShare
 
 __all__ = ["CKKSSide", "setup", "ckks_to_shares", "shares_to_ckks", "mask_ciphertext", "client_decrypt",
            "decode_shares", "encode_shares", "slot_exponents", "canonical_decode", "canonical_encode",
-           "GUARD_BITS", "default_flood_bits"]
+           "wrap_small", "GUARD_BITS", "WRAP_TOP", "default_flood_bits"]
 
 GUARD_BITS = 6  # g: extra fraction bits of the decode, removed by local truncation
 _CHUNK = 1 << 21  # entries of a dense wrap-term block (16 MiB of int64)
@@ -201,6 +207,28 @@ def _wrap_product(table: np.ndarray, rows_e: np.ndarray, cols_i: np.ndarray, W: 
     return out
 
 
+# ----------------------------------------------------------------------------- the wrap
+WRAP_TOP = 6  # bits of each share the wrap comparison looks at
+
+
+def wrap_small(ctx, u: np.ndarray, modulus: int, lbits: int) -> np.ndarray:
+    """Boolean shares of w = 1{u_0 + u_1 >= modulus} for shares u_b in [0, modulus) of a value
+    u = u_0 + u_1 mod modulus that is promised to lie in [modulus/2 - modulus/4,
+    modulus/2 + modulus/4] (a centred small value plus half the modulus; ``lbits`` =
+    ceil(log2 modulus)).  Then u_0 + u_1 is at most 3/4 modulus (w = 0) or at least 5/4
+    modulus (w = 1), so the top WRAP_TOP bits of each share decide: with t = lbits - 6,
+    a_b = u_b >> t, w = 1{a_0 + a_1 >= round(modulus / 2^t)} (the dropped low bits move the
+    sum by less than 2 * 2^t <= modulus / 16).  One millionaire on 8 bits instead of lbits
+    (`field_to_ring` / `ring_to_field` compare whole shares: exact for any value)."""
+    t = max(0, int(lbits) - WRAP_TOP)
+    a = np.asarray(u, np.uint64) >> np.uint64(t)
+    c = int(round(int(modulus) / (1 << t)))
+    K = 1 << WRAP_TOP  # a_b < 2^WRAP_TOP, c <= 2^WRAP_TOP: the inputs below are in [0, 2^(WRAP_TOP+2))
+    v = a + np.uint64(K) if ctx.party == 0 else np.uint64(c + K) - a
+    lt = millionaire(ctx, v, WRAP_TOP + 2)  # 1{a_0 + a_1 < c} = NOT w
+    return lt ^ np.uint8(1) if ctx.party == 0 else lt
+
+
 # ----------------------------------------------------------------------------- Algorithm 1
 def default_flood_bits(scale_bits: float, frac: int) -> int:
     return max(0, int(math.floor(scale_bits)) - frac - 12)
@@ -262,8 +290,7 @@ def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, fra
     sh = frac + guard
     with ctx.step("field_to_ring"):
         u = (x + np.uint64(H)) % Q if ctx.party == 0 else x
-        v = (np.uint64(q - 1) - u) if ctx.party == 0 else u
-        w = millionaire(ctx, v, lq)
+        w = wrap_small(ctx, u, q, lq)
         W = b2a_bits(ctx, w, 64)
     own = u.astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
     P = canonical_decode(own, n_slots) * (2.0 ** sh / scale)
@@ -278,7 +305,9 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
                    guard: int = GUARD_BITS) -> AShare:
     """BLB Algorithm 1.  The server passes its ciphertext (consumed: switched to one prime),
     the client None; both get an AShare (64 bits, the ring's fraction bits) of the first
-    ``n_slots`` real slot values."""
+    ``n_slots`` real slot values.  Promise (public, from the block's parameters): every
+    coefficient of the message at the last prime q is below q/4 in absolute value
+    (Delta max|y| < q/4 suffices)."""
     frac = ctx.ring.frac
     n = side.hectx.n
     n_slots = n // 2 if n_slots is None else int(n_slots)
@@ -308,8 +337,7 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64) 
     half = np.uint64(1 << (bits - 1))
     with ctx.step("ring_to_field"):
         u = ((m + half) if ctx.party == 0 else m) & mk
-        v = (mk - u) if ctx.party == 0 else u
-        w = millionaire(ctx, v, bits)
+        w = wrap_small(ctx, u, 1 << bits, bits)
         out = []
         for q in primes:
             q = int(q)
