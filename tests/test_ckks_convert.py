@@ -226,6 +226,38 @@ def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
     assert enc["messages_sent"] == 1 and n * 8 < enc["bytes_sent"] < n * 8 + 1024
 
 
+def test_complex_slots_round_trip():
+    """N real values per ciphertext: real parts then imaginary parts of the N/2 slots.
+    Algorithm 2 -> SEAL's complex decode, then Algorithm 1 back."""
+    params = SMALL
+    n = params.poly_modulus_degree
+    rng = np.random.default_rng(11)
+    z = rng.uniform(-8, 8, n)
+    Z = np.rint(z * 2 ** F).astype(np.int64)
+    s0 = rng.integers(0, 2 ** 64, n, dtype=np.uint64)
+    s1 = Z.astype(np.uint64) - s0
+    b, hc = he(params)[0], he(params)[1]
+    from cipherlm.mpc.shares import AShare
+
+    def server(ctx, side):
+        ct = cc.shares_to_ckks(ctx, AShare(ctx, s1, 64, F), side, value_bits=4, complex_slots=True)
+        data = b.ciphertext_to_bytes(ct)
+        return data, cc.ckks_to_shares(ctx, ct, side, complex_slots=True).data
+
+    def client(ctx, side):
+        cc.shares_to_ckks(ctx, AShare(ctx, s0, 64, F), side, value_bits=4, complex_slots=True)
+        return None, cc.ckks_to_shares(ctx, None, side, complex_slots=True).data
+
+    (c, _), (s, st1) = run(params, server, client)
+    keys = he(params)[2]
+    got = np.array(hc.encoder.decode_complex(keys.decrypt(b.ciphertext_from_bytes(hc, s[0]))))
+    want = (Z[: n // 2] + 1j * Z[n // 2:]) / 2 ** F
+    assert np.abs(got - want).max() < 1e-5
+    assert np.abs(reveal(c[1], s[1]) - Z / 2 ** F).max() < 4 * ULP
+    # the same masked ciphertext as for real slots: twice the values per byte
+    assert st1["ckks2mpc"]["messages_sent"] == 1
+
+
 # ----------------------------------------------------------------------------- views
 def _client_views(params, messages, mask="uniform", R=2.0 ** 12, scale_bits=None):
     """The client's decrypted polynomial (N,) for each message (slot vector)."""

@@ -36,6 +36,8 @@ polynomial m (CKKS scale Delta, slot values z = decode(m) / Delta):
    2^(f+g) y_j + (small rounding error)).  This is the "extension to a larger
    ring" of C.4 taken to its limit: the field shares are used as integers (the
    only modular wrap, w, is known in shared form), so nothing overflows.
+   With ``complex_slots`` the imaginary parts too (sin in place of cos): N real
+   values per ciphertext for the same bytes.
 5. Local probabilistic truncation by g bits (SecureML, `trunc_local_bits`):
    the value truncated is only 2^(f+g) |y|, so it fails (off by 2^(64-g))
    with probability about 2^(f+g) |y| / 2^64 per slot; with f = 16, g = 6 and
@@ -165,31 +167,34 @@ def _odd_evals(a: np.ndarray) -> np.ndarray:
     return np.fft.ifft(a * _twist(n), axis=-1) * n
 
 
-def canonical_decode(coeffs, n_slots: int | None = None) -> np.ndarray:
+def canonical_decode(coeffs, n_slots: int | None = None, complex_slots: bool = False) -> np.ndarray:
     """Real slot values Re m(omega^(e_j)) of integer coefficients (exact int64 input, any size:
-    split into 30-bit limbs so the FFT input is exact)."""
+    split into 30-bit limbs so the FFT input is exact); with ``complex_slots`` the real parts
+    then the imaginary parts (2 n_slots values)."""
     a = np.asarray(coeffs, np.int64)
     n = a.shape[-1]
     hi = (a >> np.int64(30)).astype(np.float64)
     lo = (a & np.int64((1 << 30) - 1)).astype(np.float64)
     v = _odd_evals(hi) * float(1 << 30) + _odd_evals(lo)
     e = slot_exponents(n, n_slots)
-    return v[..., (e - 1) // 2].real
+    s = v[..., (e - 1) // 2]
+    return np.concatenate([s.real, s.imag], axis=-1) if complex_slots else s.real
 
 
 def canonical_encode(z, n: int) -> np.ndarray:
-    """Real coefficients (float) of the polynomial whose slots are the real vector z
-    (zero-padded to N/2): m_i = (2/N) sum_j z_j cos(pi e_j i / N)."""
-    z = np.asarray(z, np.float64)
+    """Real coefficients (float) of the polynomial whose slots are z (real or complex,
+    zero-padded to N/2): m_i = (2/N) sum_j Re(z_j) cos(pi e_j i / N) + Im(z_j) sin(pi e_j i / N)."""
+    z = np.asarray(z)
     e = slot_exponents(n, z.shape[-1])
     full = np.zeros(n, np.complex128)  # the values at the odd powers omega^(2k+1), k = (e - 1) / 2
     full[(e - 1) // 2] = z
     return (2.0 / n) * (np.conj(_twist(n)) * np.fft.fft(full)).real
 
 
-def _cos_table(n: int, c: float) -> np.ndarray:
-    """round(c cos(pi t / N)) for t in [0, 2N), symmetric rounding (entry t + N = -entry t)."""
-    return np.rint(c * np.cos(np.pi * np.arange(2 * n) / n)).astype(np.int64)
+def _cos_table(n: int, c: float, fn=np.cos) -> np.ndarray:
+    """round(c cos(pi t / N)) (or sin) for t in [0, 2N), symmetric rounding (entry t + N =
+    -entry t)."""
+    return np.rint(c * fn(np.pi * np.arange(2 * n) / n)).astype(np.int64)
 
 
 def _wrap_product(table: np.ndarray, rows_e: np.ndarray, cols_i: np.ndarray, W: np.ndarray, *, transpose: bool) -> np.ndarray:
@@ -277,10 +282,11 @@ def client_decrypt(side: CKKSSide, data: bytes) -> tuple[np.ndarray, float, int]
 
 
 def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, frac: int | None = None,
-                  guard: int = GUARD_BITS) -> AShare:
+                  guard: int = GUARD_BITS, complex_slots: bool = False) -> AShare:
     """Steps 3-5 of Algorithm 1: this party's Z_q share of a coefficient vector (N,) ->
     AShare over Z_{2^64} (``frac`` fraction bits) of its first ``n_slots`` real slot values
-    divided by ``scale``."""
+    divided by ``scale`` (with ``complex_slots``: their real parts, then their imaginary
+    parts: N real values per ciphertext at n_slots = N/2)."""
     frac = ctx.ring.frac if frac is None else int(frac)
     x = np.asarray(x, np.uint64).reshape(-1)
     n = x.size
@@ -293,16 +299,20 @@ def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, fra
         w = wrap_small(ctx, u, q, lq)
         W = b2a_bits(ctx, w, 64)
     own = u.astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
-    P = canonical_decode(own, n_slots) * (2.0 ** sh / scale)
+    P = canonical_decode(own, n_slots, complex_slots) * (2.0 ** sh / scale)
     loc = np.rint(P).astype(np.int64).astype(np.uint64)
     e = slot_exponents(n, n_slots)
-    G = _cos_table(n, q * 2.0 ** sh / scale)
-    V = loc - _wrap_product(G, e, np.arange(n, dtype=np.int64), W, transpose=False)
+    i = np.arange(n, dtype=np.int64)
+    c = q * 2.0 ** sh / scale
+    wrap = _wrap_product(_cos_table(n, c), e, i, W, transpose=False)
+    if complex_slots:
+        wrap = np.concatenate([wrap, _wrap_product(_cos_table(n, c, np.sin), e, i, W, transpose=False)])
+    V = loc - wrap
     return AShare(ctx, trunc_local_bits(ctx, V, guard, 64), 64, frac)
 
 
 def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood_bits: int | None = None,
-                   guard: int = GUARD_BITS) -> AShare:
+                   guard: int = GUARD_BITS, complex_slots: bool = False) -> AShare:
     """BLB Algorithm 1.  The server passes its ciphertext (consumed: switched to one prime),
     the client None; both get an AShare (64 bits, the ring's fraction bits) of the first
     ``n_slots`` real slot values.  Promise (public, from the block's parameters): every
@@ -318,20 +328,29 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
             q = int(side.hectx.coeff_moduli[0])
         else:
             x, scale, q = client_decrypt(side, ctx.recv()["ct"])
-    return decode_shares(ctx, x, q, scale, n_slots, frac=frac, guard=guard)
+    return decode_shares(ctx, x, q, scale, n_slots, frac=frac, guard=guard, complex_slots=complex_slots)
 
 
 # ----------------------------------------------------------------------------- Algorithm 2
-def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64) -> np.ndarray:
+def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
+                  complex_slots: bool = False) -> np.ndarray:
     """Steps 1-2 of Algorithm 2: AShare of slot values -> this party's shares (k, N) of the
     CKKS coefficient polynomial round(scale * encode(y)) modulo each prime.  ``bits``: the
     coefficients are known to lie in (-2^(bits-1), 2^(bits-1)) (a public bound): the shares are
     reduced mod 2^bits locally and the wrap costs a millionaire on ``bits`` bits, not 64."""
     frac = y.frac
     Y = np.asarray(y.data, np.uint64).reshape(-1)
-    e = slot_exponents(n, Y.size)
-    A = _cos_table(n, scale * 2.0 ** (1 - frac) / n)
-    m = _wrap_product(A, e, np.arange(n, dtype=np.int64), Y, transpose=True)
+    c = scale * 2.0 ** (1 - frac) / n
+    i = np.arange(n, dtype=np.int64)
+    if complex_slots:  # real parts, then imaginary parts
+        if Y.size % 2:
+            raise ValueError("complex slots take an even count: the real parts, then the imaginary parts")
+        h = Y.size // 2
+        e = slot_exponents(n, h)
+        m = (_wrap_product(_cos_table(n, c), e, i, Y[:h], transpose=True)
+             + _wrap_product(_cos_table(n, c, np.sin), e, i, Y[h:], transpose=True))
+    else:
+        m = _wrap_product(_cos_table(n, c), slot_exponents(n, Y.size), i, Y, transpose=True)
     bits = int(bits)
     mk = mask(bits)
     half = np.uint64(1 << (bits - 1))
@@ -351,22 +370,23 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64) 
 
 
 def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: int = 50,
-                   value_bits: int | None = None):
+                   value_bits: int | None = None, complex_slots: bool = False):
     """BLB Algorithm 2.  Both parties pass their AShare of at most N/2 real slot values; the
     server gets a CKKS ciphertext (scale 2^scale_bits, ``n_primes`` primes, default the first
     data level) of them, the client None.  ``value_bits``: a public bound |y| < 2^value_bits
-    (then every coefficient is below 2^(scale_bits + value_bits) and the ring -> field wrap
-    runs on scale_bits + value_bits + 2 bits instead of 64)."""
+    (then every coefficient is below 2^(scale_bits + value_bits) (one bit more with complex
+    slots) and the ring -> field wrap reduces mod 2^(scale_bits + value_bits + 2 (+1))).
+    ``complex_slots``: y holds the real parts then the imaginary parts (up to N values)."""
     b, hc = side.backend, side.hectx
     n = hc.n
-    if y.size > n // 2:
+    if y.size > (n if complex_slots else n // 2):
         raise ValueError(f"{y.size} values do not fit the {n // 2} slots")
     k = len(hc.coeff_moduli) if n_primes is None else int(n_primes)
     lvl = b.level(hc, k)
     primes = hc.coeff_moduli[:k]
     scale = float(2.0 ** scale_bits)
-    bits = 64 if value_bits is None else min(64, int(scale_bits) + int(value_bits) + 2)
-    share = encode_shares(ctx, y, n, scale, primes, bits)
+    bits = 64 if value_bits is None else min(64, int(scale_bits) + int(value_bits) + 2 + int(complex_slots))
+    share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots)
     with ctx.step("mpc2ckks"):
         pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)
         if side.is_server(ctx):
