@@ -191,6 +191,35 @@ def test_algorithm1_ckks_to_shares(params):
     assert sum(v["rounds"] for v in st0.values()) <= 12
 
 
+def test_algorithm1_after_a_plaintext_product():
+    """The use case: the server's ciphertext is x * W (ct x pt product, rescaled: the scale is
+    2^80 / q1, not a power of two; the noise depends on W), default flooding."""
+    params = WIDE
+    n = params.poly_modulus_degree
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-4, 4, n // 2)
+    wv = rng.uniform(-4, 4, n // 2)
+    b, hc, keys, hs = he(params)
+    data = b.ciphertext_to_bytes(seal_encrypt(params, x))
+    slots = 256
+
+    def server(ctx, side):
+        ct = b.ciphertext_from_bytes(hs, data)
+        pt = seal.Plaintext()
+        hs.encoder.encode(wv.tolist(), list(ct.parms_id()), 2.0 ** 40, pt)
+        hs.evaluator.multiply_plain_inplace(ct, pt)
+        hs.evaluator.rescale_to_next_inplace(ct)
+        assert b.ciphertext_scale(ct) != 2.0 ** 40
+        return cc.ckks_to_shares(ctx, ct, side, n_slots=slots).data
+
+    def client(ctx, side):
+        return cc.ckks_to_shares(ctx, None, side, n_slots=slots).data
+
+    (y0, _), (y1, _) = run(params, server, client)
+    err = np.abs(reveal(y0, y1) - (x * wv)[:slots]).max()
+    assert err < 4 * ULP, err
+
+
 @pytest.mark.parametrize("scale_bits,value_bits", [(40, None), (50, 4)])
 def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
     params = SMALL

@@ -197,18 +197,18 @@ def _cos_table(n: int, c: float, fn=np.cos) -> np.ndarray:
     return np.rint(c * fn(np.pi * np.arange(2 * n) / n)).astype(np.int64)
 
 
-def _wrap_product(table: np.ndarray, rows_e: np.ndarray, cols_i: np.ndarray, W: np.ndarray, *, transpose: bool) -> np.ndarray:
-    """out_r = sum_c table[(e_r i_c) mod 2N] W_c mod 2^64 (exact: uint64 wraps), for the rows
-    e (or, with ``transpose``, rows i and columns e), in blocks."""
+def _wrap_product(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, vec) -> np.ndarray:
+    """out_r = sum_c table[(rows_r cols_c) mod 2N] vec_c mod 2^64, exact (uint64 wraps), in
+    blocks: the dense integer maps of the decode (rows = slot exponents, cols = coefficient
+    indices) and of the encode (the other way round)."""
     n2 = table.shape[0]
     tab = table.astype(np.uint64)
-    rows, cols = (cols_i, rows_e) if transpose else (rows_e, cols_i)
     out = np.empty(rows.shape[0], np.uint64)
     step = max(1, _CHUNK // max(1, cols.shape[0]))
-    W = np.asarray(W, np.uint64)
+    vec = np.asarray(vec, np.uint64)
     for s in range(0, rows.shape[0], step):
         idx = (rows[s:s + step, None] * cols[None, :]) % n2
-        out[s:s + step] = tab[idx] @ W
+        out[s:s + step] = tab[idx] @ vec
     return out
 
 
@@ -304,9 +304,9 @@ def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, fra
     e = slot_exponents(n, n_slots)
     i = np.arange(n, dtype=np.int64)
     c = q * 2.0 ** sh / scale
-    wrap = _wrap_product(_cos_table(n, c), e, i, W, transpose=False)
+    wrap = _wrap_product(_cos_table(n, c), e, i, W)
     if complex_slots:
-        wrap = np.concatenate([wrap, _wrap_product(_cos_table(n, c, np.sin), e, i, W, transpose=False)])
+        wrap = np.concatenate([wrap, _wrap_product(_cos_table(n, c, np.sin), e, i, W)])
     V = loc - wrap
     return AShare(ctx, trunc_local_bits(ctx, V, guard, 64), 64, frac)
 
@@ -347,10 +347,10 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
             raise ValueError("complex slots take an even count: the real parts, then the imaginary parts")
         h = Y.size // 2
         e = slot_exponents(n, h)
-        m = (_wrap_product(_cos_table(n, c), e, i, Y[:h], transpose=True)
-             + _wrap_product(_cos_table(n, c, np.sin), e, i, Y[h:], transpose=True))
+        m = (_wrap_product(_cos_table(n, c), i, e, Y[:h])
+             + _wrap_product(_cos_table(n, c, np.sin), i, e, Y[h:]))
     else:
-        m = _wrap_product(_cos_table(n, c), slot_exponents(n, Y.size), i, Y, transpose=True)
+        m = _wrap_product(_cos_table(n, c), i, slot_exponents(n, Y.size), Y)
     bits = int(bits)
     mk = mask(bits)
     half = np.uint64(1 << (bits - 1))
