@@ -364,18 +364,21 @@ def twopc_proxy():
     server.shutdown()
 
 
-def test_twopc_behind_the_proxy(twopc_proxy):
+def test_twopc_behind_the_proxy(twopc_proxy, caplog):
+    import logging
+
     from test_twopc import plain_decoder
 
+    caplog.set_level(logging.DEBUG)
     p, server, config, w = twopc_proxy
     c = p.client()
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs = [{"role": "user", "content": PROMPT}]
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="tiny-2pc", messages=msgs, temperature=0.7)
     assert e.value.param == "temperature"
     r = c.chat.completions.create(model="tiny-2pc", messages=msgs, max_tokens=2)
     tok = char_tokenizer()
-    ids = tok.encode("<|im_start|>hi\n", add_special_tokens=False).ids
+    ids = tok.encode(f"<|im_start|>{PROMPT}\n", add_special_tokens=False).ids
     assert r.usage.prompt_tokens == len(ids) and 1 <= r.usage.completion_tokens <= 2
     assert r.model_extra["cipherlm"]["mode"] == "2pc" and r.model_extra["cipherlm"]["bytes_up"] > 0
     # greedy equals plaintext where the plaintext top-2 margin is clear of the fixed-point error
@@ -388,6 +391,8 @@ def test_twopc_behind_the_proxy(twopc_proxy):
         assert time.time() - t0 < 10
         time.sleep(0.05)
     assert server.sessions_failed == 0
+    assert "cipherlm.serve2pc" in caplog.text and "cipherlm.proxy" in caplog.text
+    assert PROMPT not in caplog.text and "zebra" not in caplog.text
 
 
 def test_twopc_disconnect_ends_with_continue_false(twopc_proxy):
