@@ -192,6 +192,8 @@ def offload_costs(cost_model: CostModel | None = None, backend: str | None = Non
     (default `OFFLOAD_BACKEND`, the backend this engine runs on)."""
     if cost_model is not None:
         return cost_model
+    if backend == "lattigo":
+        from . import lattigo_backend  # noqa: F401 (registers "lattigo"; its costs need no library)
     return get_backend(backend or OFFLOAD_BACKEND).cost_model.offload
 
 
