@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 tenseal = pytest.importorskip("tenseal")
-import tenseal.sealapi as seal  # noqa: E402
+import tenseal.sealapi as seal
 
-from cipherlm.he.backend import get_backend  # noqa: E402
-from cipherlm.he.params import HEParams, check_security  # noqa: E402
-from cipherlm.mpc.runner import run_inprocess  # noqa: E402
-from cipherlm.protocols import ckks_convert as cc  # noqa: E402
+from cipherlm.he.backend import get_backend
+from cipherlm.he.params import HEParams, check_security
+from cipherlm.mpc.runner import run_inprocess
+from cipherlm.protocols import ckks_convert as cc
 
 P_MIN = 1e-6
 SMALL = HEParams("blb-conv-4096", "ckks", 4096, (60, 49))  # 109 <= 109 bits: data level = one 60-bit prime
@@ -64,7 +64,7 @@ def he(params):
 
 
 def seal_encrypt(params, z, scale_bits=40, n_primes=None):
-    b, hc, keys, _ = he(params)
+    _b, hc, keys, _ = he(params)
     pt = seal.Plaintext()
     pid = hc.parms_id_at(n_primes) if n_primes else hc.first_parms_id
     hc.encoder.encode(np.asarray(z, float).tolist(), pid, 2.0 ** scale_bits, pt)
@@ -72,7 +72,7 @@ def seal_encrypt(params, z, scale_bits=40, n_primes=None):
 
 
 def seal_decrypt(params, ct, n):
-    b, hc, keys, _ = he(params)
+    _b, hc, keys, _ = he(params)
     return np.array(hc.encoder.decode_double(keys.decrypt(ct)))[:n]
 
 
@@ -141,6 +141,21 @@ def test_decode_shares_against_numpy():
     assert np.abs(got - want).max() < 3 * ULP, np.abs(got - want).max()
 
 
+@pytest.mark.parametrize("n", [16, 1024, 8192])
+def test_fast_wrap_maps_equal_the_dense_ones(n):
+    """The O(N log N) Rader-style evaluation of the decode / encode integer maps is bit-exact
+    with the dense products, over Z_2^64 (cos and sin tables, full and partial slot counts)."""
+    rng = np.random.default_rng(n)
+    i = np.arange(n, dtype=np.int64)
+    for table in (cc._cos_table(n, 2.0 ** 43), cc._cos_table(n, 2.0 ** 20, np.sin)):
+        W = rng.integers(0, 2 ** 64, n, dtype=np.uint64)
+        for ns in (n // 2, max(1, n // 6)):
+            e = cc.slot_exponents(n, ns)
+            assert (cc._wrap_fast(table, n, W, ns, encode=False) == cc._wrap_product(table, e, i, W)).all()
+            Y = W[:ns]
+            assert (cc._wrap_fast(table, n, Y, None, encode=True) == cc._wrap_product(table, i, e, Y)).all()
+
+
 @pytest.mark.parametrize("modulus,lbits", [(1152921504606830593, 60), (2 ** 64, 64), (134215681, 27)])
 def test_wrap_small_against_exact(modulus, lbits):
     """The wrap of shares of a value within modulus/2 +- modulus/4 from the top 6 bits of
@@ -199,7 +214,7 @@ def test_algorithm1_after_a_plaintext_product():
     rng = np.random.default_rng(12)
     x = rng.uniform(-4, 4, n // 2)
     wv = rng.uniform(-4, 4, n // 2)
-    b, hc, keys, hs = he(params)
+    b, _hc, _keys, hs = he(params)
     data = b.ciphertext_to_bytes(seal_encrypt(params, x))
     slots = 256
 
@@ -242,7 +257,7 @@ def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
                                 value_bits=value_bits) is None
         return None, cc.ckks_to_shares(ctx, None, side).data
 
-    (c, st0), (s, st1) = run(params, server, client)
+    (c, st0), (s, _st1) = run(params, server, client)
     hc = he(params)[1]
     ct = b.ciphertext_from_bytes(hc, s[0])
     assert b.ciphertext_scale(ct) == 2.0 ** scale_bits

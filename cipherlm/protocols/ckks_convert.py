@@ -108,9 +108,23 @@ from ..mpc.protocols.trunc import trunc_local_bits
 from ..mpc.ring import mask, mulmod_scalar, uniform_mod
 from ..mpc.shares import AShare
 
-__all__ = ["CKKSSide", "setup", "ckks_to_shares", "shares_to_ckks", "mask_ciphertext", "client_decrypt",
-           "decode_shares", "encode_shares", "slot_exponents", "canonical_decode", "canonical_encode",
-           "wrap_small", "GUARD_BITS", "WRAP_TOP", "default_flood_bits"]
+__all__ = [
+    "GUARD_BITS",
+    "WRAP_TOP",
+    "CKKSSide",
+    "canonical_decode",
+    "canonical_encode",
+    "ckks_to_shares",
+    "client_decrypt",
+    "decode_shares",
+    "default_flood_bits",
+    "encode_shares",
+    "mask_ciphertext",
+    "setup",
+    "shares_to_ckks",
+    "slot_exponents",
+    "wrap_small",
+]
 
 GUARD_BITS = 6  # g: extra fraction bits of the decode, removed by local truncation
 _CHUNK = 1 << 21  # entries of a dense wrap-term block (16 MiB of int64)
@@ -212,6 +226,90 @@ def _wrap_product(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, vec) ->
     return out
 
 
+def _corr_mod64(H: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """Cyclic correlation c_j = sum_b H[(j + b) mod K] X[b] mod 2^64, exact: H (signed int64)
+    split into 15-bit limbs (the top one signed, below 2^15), X (uint64) into 16-bit limbs,
+    each limb product by float FFT (every partial sum stays below 2^(31 + log2 K), far
+    inside float64's exact range for K <= 2^14)."""
+    K = H.shape[-1]
+    H = np.asarray(H, np.int64)
+    top = int(np.abs(H).max()) if H.size else 0
+    nl = max(1, -(-(top.bit_length() + 1) // 15))
+    Hl = [(H >> np.int64(15 * k)) & np.int64((1 << 15) - 1) for k in range(nl - 1)] + [H >> np.int64(15 * (nl - 1))]
+    X = np.asarray(X, np.uint64)
+    Xl = [((X >> np.uint64(16 * k)) & np.uint64(0xFFFF)).astype(np.float64) for k in range(4)]
+    FH = [np.fft.rfft(h.astype(np.float64)) for h in Hl]
+    FX = [np.conj(np.fft.rfft(x)) for x in Xl]
+    out = np.zeros(K, np.uint64)
+    for p_, fh in enumerate(FH):
+        for l_, fx in enumerate(FX):
+            sh = 15 * p_ + 16 * l_
+            if sh >= 64:
+                continue
+            c = np.rint(np.fft.irfft(fh * fx, n=K)).astype(np.int64).astype(np.uint64)
+            out += c << np.uint64(sh)
+    return out
+
+
+_GROUPS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _group(n: int, a: int) -> tuple[np.ndarray, np.ndarray]:
+    """For the coefficient indices i = 2^a o (o odd): with M = 2N / 2^a, K = M / 4, the
+    residues o = s 3^b mod M (s = +-1, b < K), as the two index rows 2^a (s 3^b mod M)."""
+    key = (n, a)
+    g = _GROUPS.get(key)
+    if g is None:
+        M = (2 * n) >> a
+        K = M // 4
+        p = np.empty(K, np.int64)
+        x = 1
+        for b in range(K):
+            p[b] = x
+            x = x * 3 % M
+        g = _GROUPS[key] = ((p << a), (((M - p) % M) << a))
+    return g
+
+
+def _wrap_fast(table: np.ndarray, n: int, vec, n_out: int, *, encode: bool) -> np.ndarray:
+    """The dense maps of `_wrap_product` in O(N log N), exactly.  decode (encode=False):
+    out_j = sum_{i<N} table[(e_j i) mod 2N] vec_i for j < n_out, e_j = 3^j; encode:
+    out_i = sum_{j<len(vec)} table[(i e_j) mod 2N] vec_j for i < N.  The odd residues mod
+    M = 2N / 2^a are {+-3^b} (Rader): for the indices i = 2^a (+-3^b), i e_j = 2^a (+-3^(b+j)),
+    so each 2-adic level a is two cyclic correlations of length K = N / 2^(a+1) over the
+    powers of 3 (`_corr_mod64`); i = 0 and i = N/2 directly."""
+    L = n.bit_length() - 1
+    vec = np.asarray(vec, np.uint64)
+    tab = np.asarray(table, np.int64)
+    two_n = 2 * n
+    if encode:
+        ns = vec.shape[0]
+        e = slot_exponents(n, ns)
+        out = np.zeros(n, np.uint64)
+        out[0] = (np.full(ns, tab[0], np.int64).astype(np.uint64) * vec).sum(dtype=np.uint64)
+        out[n // 2] = tab[(e * (n // 2)) % two_n].astype(np.uint64) @ vec
+        for a in range(L - 1):
+            K = n >> (a + 1)
+            rows = _group(n, a)
+            yf = np.zeros(K, np.uint64)
+            np.add.at(yf, np.arange(ns) % K, vec)
+            for idx in rows:
+                ok = idx < n
+                c = _corr_mod64(tab[idx], yf)
+                out[idx[ok]] = c[ok]
+        return out
+    e = slot_exponents(n, n_out)
+    j = np.arange(n_out)
+    out = np.full(n_out, tab[0], np.int64).astype(np.uint64) * vec[0:1]
+    out += tab[(e * (n // 2)) % two_n].astype(np.uint64) * vec[n // 2:n // 2 + 1]
+    for a in range(L - 1):
+        K = n >> (a + 1)
+        for idx in _group(n, a):
+            x = np.where(idx < n, vec[np.minimum(idx, n - 1)], np.uint64(0))
+            out += _corr_mod64(tab[idx], x)[j % K]
+    return out
+
+
 # ----------------------------------------------------------------------------- the wrap
 WRAP_TOP = 6  # bits of each share the wrap comparison looks at
 
@@ -227,7 +325,7 @@ def wrap_small(ctx, u: np.ndarray, modulus: int, lbits: int) -> np.ndarray:
     (`field_to_ring` / `ring_to_field` compare whole shares: exact for any value)."""
     t = max(0, int(lbits) - WRAP_TOP)
     a = np.asarray(u, np.uint64) >> np.uint64(t)
-    c = int(round(int(modulus) / (1 << t)))
+    c = (int(modulus) + ((1 << t) >> 1)) >> t  # round(modulus / 2^t)
     K = 1 << WRAP_TOP  # a_b < 2^WRAP_TOP, c <= 2^WRAP_TOP: the inputs below are in [0, 2^(WRAP_TOP+2))
     v = a + np.uint64(K) if ctx.party == 0 else np.uint64(c + K) - a
     lt = millionaire(ctx, v, WRAP_TOP + 2)  # 1{a_0 + a_1 < c} = NOT w
@@ -236,7 +334,7 @@ def wrap_small(ctx, u: np.ndarray, modulus: int, lbits: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- Algorithm 1
 def default_flood_bits(scale_bits: float, frac: int) -> int:
-    return max(0, int(math.floor(scale_bits)) - frac - 12)
+    return max(0, math.floor(scale_bits) - frac - 12)
 
 
 def mask_ciphertext(side: CKKSSide, ct, rng: np.random.Generator, flood_bits: int | None = None,
@@ -301,12 +399,10 @@ def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, fra
     own = u.astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
     P = canonical_decode(own, n_slots, complex_slots) * (2.0 ** sh / scale)
     loc = np.rint(P).astype(np.int64).astype(np.uint64)
-    e = slot_exponents(n, n_slots)
-    i = np.arange(n, dtype=np.int64)
     c = q * 2.0 ** sh / scale
-    wrap = _wrap_product(_cos_table(n, c), e, i, W)
+    wrap = _wrap_fast(_cos_table(n, c), n, W, n_slots, encode=False)
     if complex_slots:
-        wrap = np.concatenate([wrap, _wrap_product(_cos_table(n, c, np.sin), e, i, W)])
+        wrap = np.concatenate([wrap, _wrap_fast(_cos_table(n, c, np.sin), n, W, n_slots, encode=False)])
     V = loc - wrap
     return AShare(ctx, trunc_local_bits(ctx, V, guard, 64), 64, frac)
 
@@ -341,16 +437,14 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
     frac = y.frac
     Y = np.asarray(y.data, np.uint64).reshape(-1)
     c = scale * 2.0 ** (1 - frac) / n
-    i = np.arange(n, dtype=np.int64)
     if complex_slots:  # real parts, then imaginary parts
         if Y.size % 2:
             raise ValueError("complex slots take an even count: the real parts, then the imaginary parts")
         h = Y.size // 2
-        e = slot_exponents(n, h)
-        m = (_wrap_product(_cos_table(n, c), i, e, Y[:h])
-             + _wrap_product(_cos_table(n, c, np.sin), i, e, Y[h:]))
+        m = (_wrap_fast(_cos_table(n, c), n, Y[:h], None, encode=True)
+             + _wrap_fast(_cos_table(n, c, np.sin), n, Y[h:], None, encode=True))
     else:
-        m = _wrap_product(_cos_table(n, c), i, slot_exponents(n, Y.size), Y)
+        m = _wrap_fast(_cos_table(n, c), n, Y, None, encode=True)
     bits = int(bits)
     mk = mask(bits)
     half = np.uint64(1 << (bits - 1))
