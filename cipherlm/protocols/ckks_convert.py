@@ -89,8 +89,11 @@ seeded ciphertext plus per coefficient one 8-bit millionaire and one OT per
 prime), 2 + primes rounds.  Channel labels: "ckks2mpc" (the ciphertext),
 "mpc2ckks" (the encryption), "ckks_setup" (the public key), and the
 sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
-Local work: the wrap terms are dense N x slots integer products (O(N^2 / 2));
-BLB evaluates the decode by FFT with fixed-point twiddles.
+Local work: the integer maps G and A are not FFT-structured (rounded twiddles),
+but their index pattern (e_j i mod 2N) is: `_wrap_fast` evaluates them exactly in
+O(N log N) by Rader-style cyclic correlations over the powers of 3 (bit-equal to
+the dense product `_wrap_product`, the reference); BLB evaluates the decode by FFT
+with fixed-point twiddles and local truncations.
 """
 
 from __future__ import annotations
