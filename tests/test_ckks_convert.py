@@ -344,6 +344,35 @@ def test_client_view_uniform_and_independent_of_message():
     assert p_uniform(va.reshape(-1) % 64, 64) > P_MIN
 
 
+def test_client_view_independent_of_weights():
+    """The acceptance case: the server's ciphertext is Enc(x) * W (ct x pt, W the server's
+    weights; the product's noise and c1 depend on W).  The client's decryption after BLB's
+    masking is uniform over Z_q and distributed the same for two very different W."""
+    b, hc, keys, hs = he(SMALL)
+    n = SMALL.poly_modulus_degree
+    side_s = cc.CKKSSide(b, hs, None, b.load_public_key(hs, keys.public_key_bytes()), 1)
+    side_c = cc.CKKSSide(b, hc, keys, None, 1)
+    rng = np.random.default_rng(10)
+    x = rng.uniform(-4, 4, n // 2)
+    W1, W2 = np.zeros(n // 2) + 0.001, rng.uniform(8, 16, n // 2)  # tiny vs large, far from zero
+    views = []
+    for W in (W1, W2):
+        vs = []
+        for _ in range(4):
+            ct = seal_encrypt(SMALL, x, 20)
+            pt = seal.Plaintext()
+            hs.encoder.encode(W.tolist(), list(ct.parms_id()), 2.0 ** 20, pt)
+            hs.evaluator.multiply_plain_inplace(ct, pt)  # scale 2^40, weight-dependent c1 and noise
+            data, _, _ = cc.mask_ciphertext(side_s, ct, rng)
+            vs.append(cc.client_decrypt(side_c, data)[0])
+        views.append(np.array(vs))
+    q = hc.coeff_moduli[0]
+    bins = 64
+    a, c = top(views[0], q, bins), top(views[1], q, bins)
+    assert min(p_uniform(a, bins), p_uniform(c, bins)) > P_MIN
+    assert p_same(a, c, bins) > P_MIN
+
+
 def test_mp2ml_leak_and_uniform_mask():
     """MP2ML (section 6.2): a uniform *slot* mask s in [-2^12, 2^12], CKKS-encoded, is bell
     shaped in the coefficient domain (std ~ Delta 2^12 / sqrt(1.5 N) << q): the client reads
