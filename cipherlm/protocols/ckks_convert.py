@@ -57,9 +57,9 @@ Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
 2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): the wrap
    of the ring shares (mod 2^l, l = 64 or scale_bits + value_bits + 2 given a
    public bound |y| < 2^value_bits; the coefficients must stay below 2^(l-2)) by
-   `wrap_small` (one 8-bit millionaire), then one chosen OT per prime
-   (`b2a_mod`) for its Z_q shares; the coefficient shares become shares mod
-   every prime of the target level.
+   `wrap_small` (one 8-bit millionaire), then one chosen OT carrying a residue
+   per prime (`b2a_primes`: `b2a_mod` for all primes at once) for its Z_q
+   shares; the coefficient shares become shares mod every prime of the level.
 3. Client: encrypts its share polynomial (seeded symmetric encryption: half a
    ciphertext on the wire), sends it; server adds its share as a plaintext
    (one homomorphic addition).  Result: a CKKS ciphertext of y with scale Delta.
@@ -84,9 +84,9 @@ reveals the high bits of m (tests/test_ckks_convert.py shows it).
 
 Cost (N = 8192, one prime of 60 bits; docs/blb.md): Algorithm 1 about 1.2 MB
 (the 2-polynomial ciphertext, 131 KB, plus per coefficient one 8-bit
-millionaire and one COT of 64 bits), 3 rounds; Algorithm 2 about 1.5 MB (a
-seeded ciphertext plus per coefficient one 8-bit millionaire and one OT per
-prime), 2 + primes rounds.  Channel labels: "ckks2mpc" (the ciphertext),
+millionaire and one COT of 64 bits), 3 rounds; Algorithm 2 about 1.37 MB at two
+primes (a seeded ciphertext plus per coefficient one 8-bit millionaire and one
+chosen OT of k residues), 3 rounds.  With Ferret silent OT: 281 KB and 462 KB.  Channel labels: "ckks2mpc" (the ciphertext),
 "mpc2ckks" (the encryption), "ckks_setup" (the public key), and the
 sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
 Local work: the integer maps G and A are not FFT-structured (rounded twiddles),
@@ -105,7 +105,7 @@ from typing import Any
 import numpy as np
 
 from ..he.backend import HEBackend, SecretKeys
-from ..mpc.protocols.b2a import b2a_bits, b2a_mod
+from ..mpc.protocols.b2a import b2a_bits
 from ..mpc.protocols.millionaire import millionaire
 from ..mpc.protocols.trunc import trunc_local_bits
 from ..mpc.ring import mask, mulmod_scalar, uniform_mod
@@ -335,6 +335,25 @@ def wrap_small(ctx, u: np.ndarray, modulus: int, lbits: int) -> np.ndarray:
     return lt ^ np.uint8(1) if ctx.party == 0 else lt
 
 
+def b2a_primes(ctx, b: np.ndarray, primes) -> np.ndarray:
+    """Shares mod every prime (k, n) of XOR-shared bits b: `b2a_mod` for k primes at once,
+    one chosen-message OT per bit carrying the k residues (one round, 16 + 16 k bytes per
+    bit instead of k OTs of 32 bytes and k rounds).  b = b0 + b1 - 2 b0 b1; party 0 sends
+    (r, r + b0) mod q_k, party 1 chooses with b1: t_0 = -r, t_1 = r + b0 b1."""
+    b = np.asarray(b).astype(np.uint64).reshape(-1)
+    qs = np.array([int(q) for q in primes], np.uint64)
+    k, n = qs.size, b.size
+    with ctx.step("b2a_mod"):
+        if ctx.party == 0:
+            r = np.stack([uniform_mod(ctx.rng, (n,), int(q)) for q in qs], axis=1)  # (n, k)
+            m1 = (r + b[:, None]) % qs
+            ctx.ot.send_chosen_bytes(np.ascontiguousarray(r).view(np.uint8), np.ascontiguousarray(m1).view(np.uint8))
+            t = (qs - r) % qs
+        else:
+            t = ctx.ot.recv_chosen_bytes(b.astype(bool), 8 * k).view(np.uint64).reshape(n, k)
+    return ((b[:, None] + qs - (t + t) % qs) % qs).T
+
+
 # ----------------------------------------------------------------------------- Algorithm 1
 def default_flood_bits(scale_bits: float, frac: int) -> int:
     return max(0, math.floor(scale_bits) - frac - 12)
@@ -454,11 +473,11 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
     with ctx.step("ring_to_field"):
         u = ((m + half) if ctx.party == 0 else m) & mk
         w = wrap_small(ctx, u, 1 << bits, bits)
+        Wk = b2a_primes(ctx, w, primes)
         out = []
-        for q in primes:
+        for q, Wq in zip(primes, Wk):
             q = int(q)
             Q = np.uint64(q)
-            Wq = b2a_mod(ctx, w, q)
             o = (u % Q + Q - mulmod_scalar(Wq, (1 << bits) % q, q)) % Q
             if ctx.party == 0:
                 o = (o + Q - np.uint64((1 << (bits - 1)) % q)) % Q
