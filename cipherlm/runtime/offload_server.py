@@ -212,7 +212,7 @@ def run_server(model: str, host: str, port: int, timeout: float | None = None, w
     server = OffloadServer(model_host, host, port, session_timeout=timeout, limits=limits)
     h, p = server.address
     log.info("model %s ready in %.1f s (HE backend %s, %d worker%s)", model_host.name, model_host.startup_seconds,
-             he_backend, model_host.engine.workers, "" if model_host.engine.workers == 1 else "s")
+             he_backend, workers, "" if workers == 1 else "s")
     print(f"LISTENING {h}:{p}", flush=True)
     try:
         server.serve_forever()
