@@ -553,13 +553,10 @@ class Job:
                 raise _Stop
 
         if up.mode == "2pc":
-            ex = client.executor()
-            agree = ex._agree
             # the client tells the server "continue: false" at the next token: the request ends
             # as at EOS and the session stays usable (then bye)
-            ex._agree = lambda tok, eos, more: agree(tok, eos, more and not should_stop())
             ids = client.generate(params.prompt_ids, params.max_tokens, eos_ids=sorted(up.eos_ids),
-                                  on_token=on_token)
+                                  on_token=on_token, should_stop=should_stop)
         else:
             ex = client.executor()
             linear = client.backend.linear

@@ -422,19 +422,22 @@ class TwoPCExecutor(GraphExecutor):
             return logits.reveal_float(to=0)
 
     def generate(self, prompt_ids, n_prompt: int, max_new_tokens: int, eos_ids: Iterable[int] = (),
-                 on_token: Callable[[int], None] | None = None) -> list[int] | None:
+                 on_token: Callable[[int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[int] | None:
         """Greedy generation (`GraphExecutor.generate_loop`): the client learns each argmax
-        token and tells the server whether to go on (EOS or the budget reached): the server
-        learns the number of generated tokens, as the length of the exchange shows anyway.
-        Returns the new ids at the client, None at the server."""
+        token and tells the server whether to go on (EOS, the budget reached, or the
+        client's `should_stop()`): the server learns the number of generated tokens, as the
+        length of the exchange shows anyway. Returns the new ids at the client, None at
+        the server."""
         eos = {int(e) for e in eos_ids}
+        stop = should_stop or (lambda: False)
 
         def pick(ids, n, cache):
             tok = self.forward(ids, n, cache, last_only=True, outputs=("next_token",))
             return None if tok is None else int(tok[-1])
 
         out = self.generate_loop(prompt_ids if self.ctx.party == 0 else None, int(n_prompt), int(max_new_tokens),
-                                 pick, lambda tok, more: self._agree(tok, eos, more), on_token)
+                                 pick, lambda tok, more: self._agree(tok, eos, more and not stop()), on_token)
         return out if self.ctx.party == 0 else None
 
     def _agree(self, tok: int | None, eos: set, more: bool) -> bool:

@@ -279,13 +279,15 @@ class TwoPCClient(SessionClient):
             # likely its error report; read it if it is there
             raise RemoteError(f"the server broke off the computation ({type(exc).__name__})") from exc
 
-    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=(), on_token=None) -> list[int]:
+    def generate(self, prompt_ids, max_new_tokens: int, eos_ids=(), on_token=None, should_stop=None) -> list[int]:
+        """Greedy generation; `should_stop()` (checked after each token) ends it early as EOS
+        would (the server gets "continue: false"; the session stays usable)."""
         if self.kind != "decoder":
             raise ProtocolError(f"model {self.model!r} is an encoder: use classify")
         ids = [int(i) for i in prompt_ids]
         self._request({"type": "generate", "n_prompt": len(ids), "max_new_tokens": int(max_new_tokens)})
         ex = self.executor()
-        return self._run(lambda: ex.generate(ids, len(ids), max_new_tokens, eos_ids, on_token))
+        return self._run(lambda: ex.generate(ids, len(ids), max_new_tokens, eos_ids, on_token, should_stop))
 
     def classify(self, ids) -> np.ndarray:
         ids = np.asarray(ids, np.int64).reshape(-1)
