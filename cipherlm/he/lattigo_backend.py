@@ -31,7 +31,11 @@ secret and sigma = 3.2 error, i.e. the HomomorphicEncryption.org setting that
   (several rotations of one ciphertext sharing one decomposition of c1:
   Lattigo's ``RotateHoisted``), `linear_transform_encode` / `linear_transform`
   (a matrix by its diagonals, Lattigo's BSGS ``lintrans`` with hoisted baby
-  steps), `rescale_inplace`, `mod_switch_to_inplace`
+  steps), `bsgs_matrix` / `bsgs_apply` (the offload matmul of
+  `cipherlm.he.matmul`: its pre-rotated diagonals encoded once, in Montgomery
+  form, and a request evaluated in one call: hoisted baby steps, products,
+  rescale, giant and chunk-sum rotations, over goroutines), `rescale_inplace`,
+  `mod_switch_to_inplace`
   (drop primes without dividing, as SEAL's CKKS mod switch), `is_ntt` (always
   True);
 * `ciphertext_to_numpy` / `numpy_to_ciphertext` (NTT-form RNS coefficients);

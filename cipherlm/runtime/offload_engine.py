@@ -21,7 +21,12 @@ ciphertext (:func:`input_parts`, d_in + bias > 4096; none of SmolLM2's or MiniLM
 projections) it decrypts one result per part, i.e. (parts - 1) x d_out partial sums
 beyond the outputs.
 
-``ServerEngine(..., workers=W)`` with W > 1 evaluates through a
+``ServerEngine(..., he_backend="lattigo")`` runs the same plans on the Lattigo
+backend (`cipherlm.he.matmul.make_context`; one native call per request, W
+goroutines for ``workers=W``, no worker processes); `ClientEngine` follows the
+backend the welcome names.
+
+``ServerEngine(..., workers=W)`` with W > 1 (SEAL) evaluates through a
 :class:`cipherlm.he.parallel.ApplyPool` of W worker processes (each holds a
 share of every encoded group; plans are made for W workers); W = 1 is the
 in-process path.  A session's keys are released with

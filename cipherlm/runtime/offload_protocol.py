@@ -19,6 +19,13 @@ stats      ``{type: stats}``                            ``{type: stats, seconds,
 bye        ``{type: bye}``                              (connection closed)
 =========  ===========================================  ======================================
 
+A server on the Lattigo HE backend adds ``he_backend: "lattigo"`` to the welcome
+(absent: SEAL, so a SEAL server's welcome is as it was) and sends Lattigo's own
+parameter blob in ``he_params``; the ciphertexts and Galois keys are then that
+backend's layouts.  The client checks the name
+(`cipherlm.runtime.plan_check.check_offload_welcome`) and parses the blob with
+that backend's parser only.
+
 The hello is strict: ``protocol`` an int equal to `PROTOCOL_VERSION`,
 ``mode`` the str ``"offload"``, ``model`` None or a str.  The welcome's
 ``limits`` (``max_cts_per_request``, ``max_work_per_session``,
