@@ -1128,15 +1128,43 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 			}
 		}
 	}
-	// contiguous shares: a worker's units mostly fall in one block (fewer partial sums)
-	acc := make([][]*rlwe.Ciphertext, w) // [worker][block]
+	// contiguous shares: a worker's units mostly fall in one block (fewer partial sums).
+	// Giant steps are key-switched lazily (double hoisting, as Lattigo's lintrans): each
+	// rescaled inner sum's c1 goes through the gadget product without the ModDown, P*c0 is
+	// added, the automorphism is applied in QP, and the block's sum stays in QP: one ModDown
+	// per block and worker instead of one per giant step.
+	levelP := params.MaxLevelP()
+	ringQP0 := params.RingQP().AtLevel(b.level-1, levelP)
+	ringQ0 := ringQP0.RingQ
+	bigP := params.RingP().AtLevel(levelP).Modulus()
+	galKeys := map[int]*rlwe.GaloisKey{}
+	rotIdx := map[int][]uint64{}
+	for i := 1; i < nGiant; i++ {
+		gk, ok := e.set.GaloisKeys[params.GaloisElement(i*b.g)]
+		if !ok || gk.LevelP() != levelP {
+			return fail(errbuf, errlen, fmt.Errorf("no usable key for the giant step %d", i*b.g))
+		}
+		galKeys[i] = gk
+		rotIdx[i] = eval.AutomorphismIndex(params.GaloisElement(i * b.g))
+	}
+	accQP := make([][][2]ringqp.Poly, w) // [worker][block]
+	have := make([][]bool, w)            // [worker][block]: accQP allocated
+	meta := make([]*rlwe.MetaData, b.nBlocks)
+	var metaMu sync.Mutex
 	cnt := make([][4]int64, w)
 	for t := 0; t < w; t++ {
-		acc[t] = make([]*rlwe.Ciphertext, b.nBlocks)
+		accQP[t] = make([][2]ringqp.Poly, b.nBlocks)
+		have[t] = make([]bool, b.nBlocks)
 		lo, hi := t*len(units)/w, (t+1)*len(units)/w
 		wg.Add(1)
 		go func(t int, share []unit) {
 			defer wg.Done()
+			cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}}
+			cQP.MetaData = &rlwe.MetaData{}
+			cQP.IsNTT = true
+			tmpQP := ringQP0.NewPoly()
+			tmpQ := ringQ0.NewPoly()
+			r := ckks.NewCiphertext(params, 1, b.level-1)
 			for _, u := range share {
 				var inner *rlwe.Ciphertext
 				for j := 0; j < b.g; j++ {
@@ -1161,27 +1189,42 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 					}
 					cnt[t][1]++
 				}
-				r := ckks.NewCiphertext(params, 1, b.level-1)
 				if errs[t] = eval.Rescale(inner, r); errs[t] != nil {
 					return
 				}
 				cnt[t][3]++
-				if u.i > 0 {
-					rr := ckks.NewCiphertext(params, 1, b.level-1)
-					if errs[t] = eval.Rotate(r, u.i*b.g, rr); errs[t] != nil {
-						return
+				acc := &accQP[t][u.o]
+				if !have[t][u.o] {
+					have[t][u.o] = true
+					acc[0], acc[1] = ringQP0.NewPoly(), ringQP0.NewPoly()
+					metaMu.Lock()
+					if meta[u.o] == nil {
+						m := *r.MetaData
+						meta[u.o] = &m
 					}
-					r = rr
-					cnt[t][0]++
-				}
-				if acc[t][u.o] == nil {
-					acc[t][u.o] = r
+					metaMu.Unlock()
 				} else {
-					if errs[t] = eval.Add(acc[t][u.o], r, acc[t][u.o]); errs[t] != nil {
-						return
-					}
 					cnt[t][2]++
 				}
+				if u.i == 0 {
+					// P * (c0, c1) in QP (zero mod P)
+					for k := 0; k < 2; k++ {
+						ringQ0.MulScalarBigint(r.Value[k], bigP, tmpQ)
+						ringQ0.Add(acc[k].Q, tmpQ, acc[k].Q)
+					}
+					continue
+				}
+				// (d0, d1) = gadget product of c1 with the key, in QP; + P c0; then the automorphism
+				if errs[t] = eval.GadgetProductLazy(b.level-1, r.Value[1], &galKeys[u.i].GadgetCiphertext, cQP); errs[t] != nil {
+					return
+				}
+				ringQ0.MulScalarBigint(r.Value[0], bigP, tmpQ)
+				ringQ0.Add(cQP.Value[0].Q, tmpQ, cQP.Value[0].Q)
+				for k := 0; k < 2; k++ {
+					ringQP0.AutomorphismNTTWithIndex(cQP.Value[k], rotIdx[u.i], tmpQP)
+					ringQP0.Add(acc[k], tmpQP, acc[k])
+				}
+				cnt[t][0]++
 			}
 		}(t, units[lo:hi])
 	}
@@ -1198,23 +1241,31 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 			total[k] += cnt[t][k]
 		}
 	}
-	// merge the workers' partials, then the chunk sum (blocks shared out over the workers)
+	// merge the workers' partials in QP, one ModDown per block
 	sums := make([]*rlwe.Ciphertext, b.nBlocks)
 	for o := 0; o < b.nBlocks; o++ {
+		var acc *[2]ringqp.Poly
 		for t := 0; t < w; t++ {
-			a := acc[t][o]
-			if a == nil {
+			if !have[t][o] {
 				continue
 			}
-			if sums[o] == nil {
-				sums[o] = a
+			a := &accQP[t][o]
+			if acc == nil {
+				acc = a
 			} else {
-				if err = eval.Add(sums[o], a, sums[o]); err != nil {
-					return fail(errbuf, errlen, err)
-				}
+				ringQP0.Add(acc[0], a[0], acc[0])
+				ringQP0.Add(acc[1], a[1], acc[1])
 				total[2]++
 			}
 		}
+		if acc == nil {
+			continue
+		}
+		y := ckks.NewCiphertext(params, 1, b.level-1)
+		*y.MetaData = *meta[o]
+		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[0].Q, acc[0].P, y.Value[0])
+		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[1].Q, acc[1].P, y.Value[1])
+		sums[o] = y
 	}
 	var chunkCnt [2]int64
 	var cmu sync.Mutex
