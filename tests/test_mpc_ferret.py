@@ -19,6 +19,7 @@ from cipherlm.mpc.ferret import FERRET_MAIN, FERRET_SETUP, LPNParams
 from cipherlm.mpc.ot import OTError, OTSession, bytes_per_ot
 from cipherlm.net.channel import inprocess_pair
 from test_mpc_ot_views import P_MIN, p_independent
+from _threads import run_pair
 
 RNG = np.random.default_rng(4321)  # test inputs only
 
@@ -101,23 +102,7 @@ def run_both(f0, f1, *, ferret_on=True, batch=1 << 16, timeout=60.0, record: lis
 
         a.recv = logged
     s = (OTSession(a, 0, batch=batch, ferret=ferret_on, **kw), OTSession(b, 1, batch=batch, ferret=ferret_on, **kw))
-    res, errs = [None, None], [None, None]
-
-    def work(i, f):
-        try:
-            res[i] = f(s[i])
-        except BaseException as e:  # noqa: BLE001
-            errs[i] = e
-
-    th = [threading.Thread(target=work, args=(i, f), daemon=True) for i, f in enumerate((f0, f1))]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(120)
-        assert not t.is_alive(), "hung"
-    for e in errs:
-        if e is not None:
-            raise e
+    res = run_pair(s, f0, f1)
     return res, (a, b), s
 
 

@@ -15,6 +15,7 @@ from cipherlm.mpc import ot_extension as ox
 from cipherlm.mpc.ferret import FERRET_SETUP, FerretReceiver, FerretSender
 from cipherlm.mpc.ot import OTSession
 from cipherlm.net.channel import inprocess_pair
+from _threads import run_pair
 
 RNG = np.random.default_rng(777)  # test inputs only
 
@@ -22,23 +23,7 @@ RNG = np.random.default_rng(777)  # test inputs only
 def both(kind, f0, f1, batch=1 << 14):
     a, b = inprocess_pair(timeout=60)
     e = (ox.make_extension(a, 0, batch=batch, kind=kind), ox.make_extension(b, 1, batch=batch, kind=kind))
-    res, errs = [None, None], [None, None]
-
-    def work(i, f):
-        try:
-            res[i] = f(e[i])
-        except BaseException as ex:  # noqa: BLE001
-            errs[i] = ex
-
-    th = [threading.Thread(target=work, args=(i, f), daemon=True) for i, f in enumerate((f0, f1))]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(120)
-        assert not t.is_alive(), "hung"
-    for ex in errs:
-        if ex is not None:
-            raise ex
+    res = run_pair(e, f0, f1)
     return res, (a, b), e
 
 
