@@ -954,6 +954,18 @@ class ProxyApp:
         """Wait for the session to open (or fail) while watching for the client leaving."""
         return await self._next_event(request, job)
 
+    async def _result(self, request, job) -> dict:
+        """The job's result once it is done (deltas skipped); its error raised; a client that
+        left gives ProxyError 499."""
+        while True:
+            ev = await self._next_event(request, job)
+            if ev is None:
+                raise ProxyError(499, "client closed the request", code="cancelled")
+            if ev[0] == "error":
+                raise ev[1]
+            if ev[0] == "done":
+                return ev[1]
+
     async def _next_event(self, request, job: Job):
         while True:
             try:
@@ -992,15 +1004,7 @@ class ProxyApp:
                      res["prompt_tokens"], res["completion_tokens"], res["finish_reason"], res["cost"]["seconds"])
 
         if not stream:
-            while True:
-                ev = await self._next_event(request, job)
-                if ev is None:
-                    raise ProxyError(499, "client closed the request", code="cancelled")
-                if ev[0] == "error":
-                    raise ev[1]
-                if ev[0] == "done":
-                    break
-            res = ev[1]
+            res = await self._result(request, job)
             log_done(res)
             finish = "stop" if res["finish_reason"] == "cancelled" else res["finish_reason"]
             if chat:
@@ -1108,15 +1112,7 @@ class ProxyApp:
                     "cancelled" if j.cancelled else "stop"}
 
         job.start(work)
-        while True:
-            ev = await self._next_event(request, job)
-            if ev is None:
-                raise ProxyError(499, "client closed the request", code="cancelled")
-            if ev[0] == "error":
-                raise ev[1]
-            if ev[0] == "done":
-                break
-        res = ev[1]
+        res = await self._result(request, job)
         log.info("embeddings: model %s, %d inputs, %d tokens, %.2f s", up.model, len(seqs), res["prompt_tokens"],
                  res["cost"]["seconds"])
         data = []
