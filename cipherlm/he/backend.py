@@ -159,6 +159,10 @@ class HEBackend(abc.ABC):
     lives in the context object `context` returns, which every call takes first."""
 
     name: str = "?"
+    #: the schemes this backend implements ("bfv": the 2pc protocols' coefficient and
+    #: batch encodings; "ckks": offload, BLB's fused blocks); the conformance suite
+    #: (tests/test_he_backend.py) runs on the BFV backends
+    schemes: tuple[str, ...] = ("bfv", "ckks")
     #: the backend's machine constants (`HECostModel`); a backend measures and sets its own
     #: (the default is the SEAL backend's numbers)
     cost_model: HECostModel = HECostModel()
@@ -401,7 +405,8 @@ class RingBackend(abc.ABC):
 
 # ----------------------------------------------------------------------------- registry
 #: name -> (module path, class name); imported on first `get_backend`
-_REGISTRY: dict[str, tuple[str, str]] = {"seal": ("cipherlm.he.seal_backend", "SealBackend")}
+_REGISTRY: dict[str, tuple[str, str]] = {"seal": ("cipherlm.he.seal_backend", "SealBackend"),
+                                         "lattigo": ("cipherlm.he.lattigo_backend", "LattigoBackend")}
 #: name -> "he" (an `HEBackend`) or "ring" (a `RingBackend`); "he" when absent
 _KINDS: dict[str, str] = {}
 _INTERFACES = {"he": HEBackend, "ring": RingBackend}

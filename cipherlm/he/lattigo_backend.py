@@ -58,10 +58,9 @@ receiver expands it with the same code).  `cost_model` is `LATTIGO_COSTS`:
 its offload constants are measured here, its 2pc ones are SEAL's (the 2pc
 planners do not run on this backend).
 
-Because the conformance suite of tests/test_he_backend.py is parametrised over
-every name in the registry and is BFV-only, this backend is not in
-``backend._REGISTRY``: importing this module registers it (`register_backend`)
-under ``"lattigo"``.  Only modules in ``cipherlm/he/`` may import this one.
+Registered in ``backend._REGISTRY`` as ``"lattigo"`` with ``schemes = ("ckks",)``
+(the BFV conformance suite of tests/test_he_backend.py skips it).  Only modules
+in ``cipherlm/he/`` may import this one.
 """
 
 from __future__ import annotations
@@ -83,7 +82,6 @@ from .backend import (
     OffloadCostModel,
     SecretKeys,
     TwoPCCostModel,
-    register_backend,
 )
 from .errors import HEError
 from .params import HEParams, check_security, max_logq
@@ -486,6 +484,7 @@ class LattigoBackend(HEBackend):
     pack_lwes_stream, plaintext_to_numpy)."""
 
     name = "lattigo"
+    schemes = ("ckks",)
     cost_model = LATTIGO_COSTS
 
     # -- parameters / context ---------------------------------------------------------
@@ -749,7 +748,6 @@ class LattigoBackend(HEBackend):
         return p
 
 
-register_backend("lattigo", __name__, "LattigoBackend")
 
 
 def ckks_params(name: str, n: int, bits: Sequence[int]) -> HEParams:
