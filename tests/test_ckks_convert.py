@@ -22,6 +22,7 @@ from cipherlm.he.backend import get_backend
 from cipherlm.he.params import HEParams, check_security
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.protocols import ckks_convert as cc
+from test_mpc_views import p_same, p_uniform  # the project's chi-square helpers
 
 P_MIN = 1e-6
 SMALL = HEParams("blb-conv-4096", "ckks", 4096, (60, 49))  # 109 <= 109 bits: data level = one 60-bit prime
@@ -29,25 +30,6 @@ WIDE = HEParams("blb-conv-8192", "ckks", 8192, (60, 40, 60))  # two data primes 
 TINY = HEParams("blb-conv-1024", "ckks", 1024, (27,))  # view statistics on a small ring
 F = 16
 ULP = 2.0 ** -F
-
-
-def chi2_sf(x: float, df: int) -> float:
-    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def p_uniform(v: np.ndarray, bins: int) -> float:
-    c = np.bincount(v.astype(np.int64), minlength=bins).astype(float)
-    e = c.sum() / bins
-    return chi2_sf(((c - e) ** 2 / e).sum(), bins - 1)
-
-
-def p_same(a: np.ndarray, b: np.ndarray, bins: int) -> float:
-    t = np.stack([np.bincount(a.astype(np.int64), minlength=bins),
-                  np.bincount(b.astype(np.int64), minlength=bins)]).astype(float)
-    t = t[:, t.sum(0) > 0]
-    e = t.sum(1, keepdims=True) * t.sum(0, keepdims=True) / t.sum()
-    return chi2_sf(((t - e) ** 2 / e).sum(), t.shape[1] - 1)
 
 
 _HE = {}

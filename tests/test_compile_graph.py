@@ -54,13 +54,18 @@ def _cases():
 CASES = list(_cases())
 
 
+def hf_case(name: str):
+    """(HF model, config dict, normalised weights) of one family of `_cases()`."""
+    cfg, cls = _cases()[name]
+    cfg._attn_implementation = "eager"
+    model, weights = build_hf(cfg, cls, seed=CASES.index(name))
+    config = cfg.to_dict()
+    return model, config, normalize_weights(config, weights)
+
+
 @pytest.fixture(scope="module", params=CASES)
 def case(request):
-    cfg, cls = _cases()[request.param]
-    cfg._attn_implementation = "eager"
-    model, weights = build_hf(cfg, cls, seed=CASES.index(request.param))
-    config = cfg.to_dict()
-    weights = normalize_weights(config, weights)
+    model, config, weights = hf_case(request.param)
     graph = build_graph(config)
     params = bind(graph, weights)
     ex = GraphExecutor(graph, params, dtype=np.float64)

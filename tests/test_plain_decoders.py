@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from _hf_oracle import build_hf, rel_err, torch_setup
-from test_compile_graph import _cases, _hf_logits, _Recorder  # one table of families for plain mode
+from test_compile_graph import _cases, _hf_logits, _Recorder, hf_case  # one table of families for plain mode
 from cipherlm.models import normalize_weights
 from cipherlm.runtime.meter import Meter
 from cipherlm.runtime.plain import (
@@ -19,11 +19,7 @@ CASES = list(_cases())
 
 @pytest.fixture(scope="module", params=CASES)
 def case(request):
-    cfg, cls = _cases()[request.param]
-    cfg._attn_implementation = "eager"
-    model, weights = build_hf(cfg, cls, seed=CASES.index(request.param))
-    config = cfg.to_dict()
-    weights = normalize_weights(config, weights)
+    model, config, weights = hf_case(request.param)
     client, server = split_params(config, weights)
     ex = make_executor(config, client, PlainLinear(server, dtype=np.float64))
     return request.param, model, config, ex, server

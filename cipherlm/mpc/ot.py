@@ -147,15 +147,11 @@ class OTSession:
 
     def __init__(self, chan, party: int, *, batch: int = DEFAULT_BATCH, step: str | None = None,
                  ferret: bool | None = None):
-        if party not in (0, 1):
-            raise ValueError("party must be 0 or 1")
-        if batch < 16:
-            raise ValueError("batch must be >= 16")
+        self._iknp = IknpExtension(chan, party, batch=int(batch))  # checks party and batch
         self.chan = chan
         self.party = party
         self.step = step
         kind = extension_kind(ferret)
-        self._iknp = IknpExtension(chan, party, batch=int(batch))
         self.ext: OTExtension = FerretExtension(self._iknp) if kind == "ferret" else self._iknp
         self.ferret = kind == "ferret"
 

@@ -138,8 +138,23 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator | None, temperature
 
 
 def _heads(x: np.ndarray, H: int) -> np.ndarray:
-    """(S, H*hd) -> (H, S, hd); already per-head arrays (from the KV cache) pass through."""
+    """(S, H*hd) -> (H, S, hd); already per-head arrays (from the KV cache) pass through
+    (numpy arrays and secret shares alike)."""
     return x.reshape(x.shape[0], H, -1).transpose(1, 0, 2) if x.ndim == 2 else x
+
+
+def causal_keep(node: Node, pos0: int, T: int, S: int) -> np.ndarray | None:
+    """(T, S) public mask of the key positions each of the T queries (at positions pos0..)
+    may see: causal, and within the node's sliding window; None when the node is not causal."""
+    if not node.attrs.get("causal"):
+        return None
+    qpos = pos0 + np.arange(T)[:, None]
+    kpos = np.arange(S)[None, :]
+    keep = kpos <= qpos
+    w = node.attrs.get("sliding_window")
+    if w is not None:
+        keep &= (qpos - kpos) < w
+    return keep
 
 
 class PlainBackend:
@@ -199,14 +214,9 @@ class PlainBackend:
         qh = q.reshape(T, H, hd).transpose(1, 0, 2)
         qg = qh.reshape(Hkv, rep * T, hd) if rep > 1 else qh
         s = (qg @ k.transpose(0, 2, 1)).reshape(H, T, S) * node.attrs["scale"]
-        if node.attrs.get("causal"):
-            qpos = ctx["pos0"] + np.arange(T)[:, None]
-            kpos = np.arange(S)[None, :]
-            mask = kpos > qpos
-            w = node.attrs.get("sliding_window")
-            if w is not None:
-                mask |= (qpos - kpos) >= w
-            s = np.where(mask[None], -np.inf, s)
+        keep = causal_keep(node, ctx["pos0"], T, S)
+        if keep is not None:
+            s = np.where(keep[None], s, -np.inf)
         if ctx.get("key_mask") is not None:
             s = s + ctx["key_mask"][None, None, :]
         return s
@@ -512,10 +522,13 @@ class GraphExecutor:
             ctx.update(B=1, key_mask=np.where(mask > 0, 0.0, np.finfo(np.float32).min))
         elif cache is None:
             cache = self.new_cache()
+        return self.walk_layers(x, layers, ctx, cache)
+
+    def walk_layers(self, x, layers: Iterable[int], ctx: dict, cache=None):
+        """`x` (the residual stream entering the first of `layers`) through `layers`."""
         for i in layers:
             src, dst = self.layer_io(i)
-            vals = self.run_nodes([n for n in self.graph.nodes if n.layer == i], {src: x}, ctx, cache)
-            x = vals[dst]
+            x = self.run_nodes([n for n in self.graph.nodes if n.layer == i], {src: x}, ctx, cache)[dst]
         return x
 
     # ---- decoders

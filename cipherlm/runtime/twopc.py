@@ -310,8 +310,6 @@ class TwoPCExecutor(GraphExecutor):
     argmax opened to the client only), forward / sentence embedding / classify for
     encoders. `meter`: a `runtime.meter.Meter` on this party's channel."""
 
-    #: (linear, matmul_shared) implementation; None = `cipherlm.protocols.linear`
-    linear_impl = None
     #: see `ShareLinear`
     cache_weights = "decode"
 
@@ -330,9 +328,9 @@ class TwoPCExecutor(GraphExecutor):
         self.plan = plan
         self.server = server
         self.progress = progress
-        self._linear_fn, self._matmul_fn = self.linear_impl or _linear_fns()
+        self._linear_fn, self._matmul_fn = _linear_fns()
         lin = plan.get("linear") or {"packing": "coeff"}
-        # only non-default packings are passed on (custom `linear_impl`s need not know them)
+        # only non-default packings are passed on
         packing = {} if lin["packing"] == "coeff" else {"packing": lin["packing"], "network": lin["network"]}
         linear = ShareLinear(ctx, graph.meta["linear_groups"], None if server is None else server.projs,
                              self._linear_fn, packing, self.cache_weights)
@@ -494,11 +492,7 @@ class TwoPCExecutor(GraphExecutor):
             raise TwoPCError("the 2pc mode runs one unpadded sentence per pass")
         if self.graph.kind == "decoder" and cache is None:
             cache = self.new_cache()
-        ctx = self._pass_ctx(pos0, x.shape[0])
-        for i in layers:
-            src, dst = self.layer_io(i)
-            x = self.run_nodes([n for n in self.graph.nodes if n.layer == i], {src: x}, ctx, cache)[dst]
-        return x
+        return self.walk_layers(x, layers, self._pass_ctx(pos0, x.shape[0]), cache)
 
 
 class TwoPCDecoder(TwoPCExecutor):

@@ -30,6 +30,7 @@ from cipherlm.mpc.ring import fixed_encode, mask
 from cipherlm.mpc.shares import AShare, concatenate
 
 from . import ops
+from .graph_executor import _heads, causal_keep
 
 #: fraction bits of the RMSNorm statistics (row mean of squares and its 1/sqrt):
 #: more than the ring's 16 so that 1/sqrt of LLaMA's massive-activation rows
@@ -157,11 +158,6 @@ class PeerInput:
     """The other party's private input of `n` items (the server's view of the client's ids)."""
 
     n: int
-
-
-def _heads(x: AShare, H: int) -> AShare:
-    """(S, H*hd) -> (H, S, hd); per-head values (from the KV cache) pass through."""
-    return x.reshape(x.shape[0], H, -1).transpose(1, 0, 2) if x.ndim == 2 else x
 
 
 class ShareKVCache:
@@ -312,17 +308,8 @@ class SharesBackend:
         s = ctx["matmul"](qg, k.transpose(0, 2, 1)).reshape(H, T, S)
         if node.attrs.get("scale", 1.0) != 1.0:  # not folded into the weights (passes.fold_attention_scale)
             s = s.mul_public_fixed(node.attrs["scale"])
-        keep = None
-        if node.attrs.get("causal"):
-            qpos = ctx["pos0"] + np.arange(T)[:, None]
-            kpos = np.arange(S)[None, :]
-            keep = kpos <= qpos
-            w = node.attrs.get("sliding_window")
-            if w is not None:
-                keep &= (qpos - kpos) < w
-            if keep.all():
-                keep = None
-        return Scores(s, keep)
+        keep = causal_keep(node, ctx["pos0"], T, S)
+        return Scores(s, None if keep is None or keep.all() else keep)
 
     def softmax(self, node, sc: Scores, ctx):
         return nl.softmax(self.ctx, sc.s, None if sc.keep is None else sc.keep[None])
