@@ -15,7 +15,7 @@ TEST_ARGS ?=
 GO ?= $(or $(shell command -v go 2>/dev/null),$(wildcard /usr/local/go/bin/go))
 LATTIGO_SO := native/lattigo/build/libclattigo.so
 
-.PHONY: demo test install install-test clean lattigo
+.PHONY: demo test install install-test clean lattigo browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,8 +43,29 @@ endif
 
 lattigo: $(LATTIGO_SO)
 
+# Headless Chromium and its WebDriver for the chat page's browser test (tests/test_proxy_browser.py,
+# docs/proxy.md): installed with apt-get when missing and we are root on a system with apt-get; a
+# no-op when both are on PATH.  If they cannot be installed that test fails (set
+# CIPHERLM_SKIP_BROWSER=1 to skip it instead); the other tests still run.
+BROWSER_PKGS := chromium chromium-driver fonts-dejavu-core
+
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$CIPHERLM_SKIP_BROWSER" = 1 ]; then \
+	  echo "CIPHERLM_SKIP_BROWSER=1: not installing chromium (the browser test is skipped)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing $(BROWSER_PKGS) with apt-get (for tests/test_proxy_browser.py)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      $(BROWSER_PKGS) >/dev/null; } || \
+	  echo "apt-get could not install $(BROWSER_PKGS): tests/test_proxy_browser.py will fail"; \
+	else \
+	  echo "chromium or chromedriver missing, and not root with apt-get: install chromium and" \
+	       "chromium-driver, or set CIPHERLM_SKIP_BROWSER=1 (tests/test_proxy_browser.py fails otherwise)"; \
+	fi
+
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test browser
 
 demo: install
 	$(BIN)/cipherlm demo $(DEMO_ARGS)

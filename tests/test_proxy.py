@@ -467,7 +467,7 @@ def test_concurrent_requests_are_isolated(proxy, chat_dir):
 def test_chat_page_served_from_the_package(proxy):
     """The page at / is one file from the package: no other origin (CDN, fonts) is referenced, and
     its content security policy forbids loading from one; it uses the streaming chat API and shows
-    the cost fields the API returns. (The headless-browser test of issue 19 is not here yet.)"""
+    the cost fields the API returns (the page in a real browser: tests/test_proxy_browser.py)."""
     import re
 
     r = httpx.get(proxy.url + "/")
