@@ -111,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a session may stay silent (default: offload 300, 2pc 600)")
     _add_limit_args(s)
     s.add_argument("--workers", type=int, default=1,
-                   help="HE worker processes (SEAL holds the GIL; use the machine's physical cores)")
+                   help="offload: HE worker processes that share each request (SEAL holds the GIL)")
+    s.add_argument("--session-processes", type=int, default=None,
+                   help="worker processes the sessions run in, so N sessions use N cores (default: one per "
+                        "core; 1: threads of the server process; the Lattigo backend and --workers > 1 "
+                        "use threads)")
     s.add_argument("--he-backend", choices=("seal", "lattigo"), default=None,
                    help="offload: the HE library the projections run on (default seal, or "
                         "$CIPHERLM_OFFLOAD_HE_BACKEND); lattigo needs `make lattigo`, and --workers "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -615,6 +616,24 @@ def serve_limits(args, defaults):
         raise UserError(f"bad server limit: {exc}") from exc
 
 
+def _session_processes(args) -> int | None:
+    n = getattr(args, "session_processes", None)
+    if n is not None and n < 1:
+        raise UserError("--session-processes must be a positive integer")
+    return n
+
+
+@contextlib.contextmanager
+def _serve_errors():
+    """A server's set-up refusals as user errors (e.g. worker processes for a host that cannot fork)."""
+    from cipherlm.runtime.session_workers import SessionProcessesError
+
+    try:
+        yield
+    except SessionProcessesError as exc:
+        raise UserError(f"--session-processes: {exc}") from None
+
+
 def cmd_serve(args) -> int:
     timeout = getattr(args, "timeout", None)  # None: the mode's own default idle timeout
     if timeout is not None and timeout <= 0:
@@ -623,17 +642,21 @@ def cmd_serve(args) -> int:
         from cipherlm.runtime import twopc_session
 
         limits = serve_limits(args, twopc_session.DEFAULT_LIMITS)
-        twopc_session.run_server(args.model, args.host, args.port, timeout,
-                                 embedding=getattr(args, "embedding", "auto"),
-                                 moe_capacity=getattr(args, "moe_capacity", 2.0),
-                                 linear_packing=getattr(args, "linear_packing", "coeff"),
-                                 network=getattr(args, "packing_network", "LAN"), limits=limits)
+        with _serve_errors():
+            twopc_session.run_server(args.model, args.host, args.port, timeout,
+                                     embedding=getattr(args, "embedding", "auto"),
+                                     moe_capacity=getattr(args, "moe_capacity", 2.0),
+                                     linear_packing=getattr(args, "linear_packing", "coeff"),
+                                     network=getattr(args, "packing_network", "LAN"), limits=limits,
+                                     session_processes=_session_processes(args))
         return 0
     from cipherlm.runtime import offload_server
 
     limits = serve_limits(args, offload_server.DEFAULT_LIMITS)
-    offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers, limits=limits,
-                              he_backend=getattr(args, "he_backend", None))
+    with _serve_errors():
+        offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers, limits=limits,
+                                  he_backend=getattr(args, "he_backend", None),
+                                  session_processes=_session_processes(args))
     return 0
 
 

@@ -33,6 +33,7 @@ from cipherlm.runtime import offload_engine
 from cipherlm.runtime.linear_groups import LinearGroup, groups_from_calls
 from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, PROTOCOL_VERSION, ProtocolError
 from cipherlm.runtime.session_server import LimitExceeded, MessageSession, ServerLimits, SessionServer
+from cipherlm.runtime.session_workers import session_processes_for
 
 log = logging.getLogger("cipherlm.serve")
 
@@ -90,6 +91,12 @@ class ModelHost:
         self.bundle_digest = bundle_digest(self.bundle["tensors"], self.bundle["tokenizer"])
         self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers,
                                                   he_backend=he_backend)
+        # sessions in forked worker processes (session_workers) need a host without threads of its own
+        self.fork_safe = he_backend == "seal" and workers == 1
+        self.fork_unsafe_reason = (
+            "the Lattigo backend runs Go threads (it releases the GIL: sessions in threads use every core)"
+            if he_backend != "seal" else "--workers > 1 runs an HE process pool (use session processes or HE "
+            "workers, not both)")
         self.startup_seconds = time.perf_counter() - t0
 
     def welcome(self) -> dict:
@@ -199,20 +206,25 @@ class Session(MessageSession):
 
 
 def run_server(model: str, host: str, port: int, timeout: float | None = None, workers: int = 1,
-               limits: ServerLimits | None = None, he_backend: str | None = None) -> None:
+               limits: ServerLimits | None = None, he_backend: str | None = None,
+               session_processes: int | None = None) -> None:
     """Entry point of ``cipherlm serve --mode offload`` (`timeout` None: `DEFAULT_TIMEOUT`;
     `limits` None: `DEFAULT_LIMITS`; `he_backend` None: `$CIPHERLM_OFFLOAD_HE_BACKEND`, else
-    "seal"; "lattigo": the Lattigo backend, `workers` goroutines per request)."""
+    "seal"; "lattigo": the Lattigo backend, `workers` goroutines per request;
+    `session_processes` None: one worker process per core when the host is fork-safe
+    (SEAL, one HE worker), else sessions in threads)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from cipherlm.progress import Progress
 
     he_backend = he_backend or os.environ.get(HE_BACKEND_ENV) or "seal"
     with Progress(f"encoding weights as CKKS plaintexts ({he_backend})", stream=sys.stderr) as bar:
         model_host = ModelHost(model, progress=bar.update, workers=workers, he_backend=he_backend)
-    server = OffloadServer(model_host, host, port, session_timeout=timeout, limits=limits)
+    processes = session_processes_for(model_host, session_processes)
+    server = OffloadServer(model_host, host, port, session_timeout=timeout, limits=limits, processes=processes)
     h, p = server.address
-    log.info("model %s ready in %.1f s (HE backend %s, %d worker%s)", model_host.name, model_host.startup_seconds,
-             he_backend, workers, "" if workers == 1 else "s")
+    log.info("model %s ready in %.1f s (HE backend %s, %d worker%s, sessions in %s)", model_host.name,
+             model_host.startup_seconds, he_backend, workers, "" if workers == 1 else "s",
+             f"{processes} processes" if processes > 1 else "threads")
     print(f"LISTENING {h}:{p}", flush=True)
     try:
         server.serve_forever()

@@ -39,6 +39,7 @@ from cipherlm.net import message as _message
 from cipherlm.net.channel import ChannelClosed, ChannelTimeout, FrameError, TCPChannel, listen
 from cipherlm.net.framing import DEFAULT_MAX_FRAME, KIND_MESSAGE, encode_header
 from cipherlm.runtime.offload_protocol import MAX_TOKENS_PER_REQUEST, ProtocolError, expect
+from cipherlm.runtime.session_workers import SessionWorkerPool, check_session_processes
 
 __all__ = ["SessionServer", "MessageSession", "SessionClient", "ServerLimits", "LimitExceeded", "short_error",
            "try_send_error"]
@@ -189,7 +190,10 @@ class MessageSession:
 
 
 class SessionServer:
-    """Accepts sessions on a TCP port, one thread per session, for one model host.
+    """Accepts sessions on a TCP port, one thread per session, for one model host;
+    with ``processes`` W > 1 the sessions run in W forked worker processes
+    (`session_workers.SessionWorkerPool`) and this process only admits and hands out
+    connections.
 
     Subclasses implement ``new_session(chan)``, set ``default_timeout`` and
     ``log_name``, may set ``default_limits``
@@ -205,9 +209,12 @@ class SessionServer:
     log_name = "cipherlm.serve"
 
     def __init__(self, host, address: str = "127.0.0.1", port: int = 0, session_timeout: float | None = None,
-                 limits: ServerLimits | None = None):
+                 limits: ServerLimits | None = None, processes: int = 1):
         """`session_timeout`: the idle timeout per frame (None: the mode's ``default_timeout``);
-        `limits`: None for the mode's ``default_limits``."""
+        `limits`: None for the mode's ``default_limits``; `processes`: 1 runs sessions in
+        threads of this process, W > 1 in W forked worker processes (`session_workers`;
+        the host must be ``fork_safe``)."""
+        self.processes = check_session_processes(host, processes)
         self.host = host
         self.session_timeout = self.default_timeout if session_timeout is None else session_timeout
         self.limits = limits if limits is not None else self.default_limits
@@ -220,6 +227,9 @@ class SessionServer:
         self._per_address: dict[str, int] = {}
         self._lingering: OrderedDict = OrderedDict()  # refused socket -> time to close it
         self._selector = None
+        self._pool = None  # SessionWorkerPool when processes > 1
+        self._dispatched: dict[int, str] = {}  # token -> client IP of sessions in worker processes
+        self._next_token = 0
         self.sessions_served = 0
         self.sessions_failed = 0
         self.sessions_refused = 0
@@ -238,6 +248,8 @@ class SessionServer:
         self.sock.setblocking(False)
         try:
             sel.register(self.sock, selectors.EVENT_READ)
+            if self.processes > 1:
+                self._start_pool()
             while not self._stop.is_set():
                 try:
                     events = sel.select(timeout=0.5)
@@ -247,6 +259,8 @@ class SessionServer:
                     if key.fileobj is self.sock:
                         if not self._accept_one():
                             return
+                    elif key.data == "worker":
+                        self._worker_report(key.fileobj)
                     else:
                         self._drain(key.fileobj)
                 now = time.monotonic()
@@ -255,6 +269,9 @@ class SessionServer:
         finally:
             for conn in list(self._lingering):
                 self._drop_lingering(conn)
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
             sel.close()
 
     def shutdown(self) -> None:
@@ -278,12 +295,52 @@ class SessionServer:
         if busy is not None:
             self._refuse(conn, peer, busy)
             return True
+        if self._pool is not None:
+            token = self._next_token = self._next_token + 1
+            if self._pool.dispatch(conn, peer, token):
+                self._dispatched[token] = peer[0]
+            else:
+                self._release(peer[0])
+                self._refuse(conn, peer, "no session worker available")
+            return True
         try:
             threading.Thread(target=self._session, args=(conn, peer), daemon=True, name=self.thread_name).start()
         except RuntimeError:  # no thread to be had: refuse, do not crash the accept loop
             self._release(peer[0])
             self._refuse(conn, peer, "no thread available for a new session")
         return True
+
+    # ------------------------------------------------------------ worker processes
+
+    def _start_pool(self) -> None:
+        pool = SessionWorkerPool(self.processes, self._run_session,
+                                 inherited=lambda: [self.sock, self._selector, *self._lingering],
+                                 thread_name=self.thread_name, log=self.log)
+        pool.start()
+        for control in pool.control_sockets():
+            self._selector.register(control, selectors.EVENT_READ, "worker")
+        self._pool = pool
+        self.log.info("sessions run in %d worker processes", self.processes)
+
+    def _worker_report(self, control) -> None:
+        """A worker's control socket is readable: sessions ended (or the worker did)."""
+        before = set(self._pool.control_sockets())
+        for token, ok in self._pool.handle(control):
+            ip = self._dispatched.pop(token, None)
+            if ip is None:
+                continue
+            with self._lock:
+                self.sessions_served += 1
+                self.sessions_failed += 0 if ok else 1
+            self._release(ip)
+        after = set(self._pool.control_sockets())
+        for gone in before - after:
+            try:
+                self._selector.unregister(gone)
+            except (KeyError, ValueError, OSError):
+                pass
+        for new in after - before:
+            self._selector.register(new, selectors.EVENT_READ, "worker")
 
     def _admit(self, ip: str) -> str | None:
         """Take a session slot for ``ip``, or say why none is free."""
@@ -354,6 +411,19 @@ class SessionServer:
     # ------------------------------------------------------------ one session
 
     def _session(self, conn: socket.socket, peer) -> None:
+        """One session in a thread of this process: run it, then count it and free its slot."""
+        ok = False
+        try:
+            ok = self._run_session(conn, peer)
+        finally:
+            with self._lock:
+                self.sessions_served += 1
+                self.sessions_failed += 0 if ok else 1
+            self._release(peer[0])
+
+    def _run_session(self, conn: socket.socket, peer) -> bool:
+        """Run one session on an accepted connection to its end; True when it ended with a bye.
+        Never raises: a fault is logged (by kind, no payload) and reported to the client."""
         lim = self.limits
         sid = f"{peer[0]}:{peer[1]}"
         chan = None
@@ -387,15 +457,14 @@ class SessionServer:
             try:
                 if session is not None:
                     session.close()
+            except Exception as exc:
+                self.log.warning("session %s: releasing its state failed: %s", sid, type(exc).__name__)
             finally:
-                with self._lock:
-                    self.sessions_served += 1
-                    self.sessions_failed += 0 if ok else 1
                 if chan is not None:
                     chan.close()
                 else:
                     conn.close()
-                self._release(peer[0])
+        return ok
 
 
 class SessionClient:

@@ -52,6 +52,7 @@ from cipherlm.runtime import twopc
 from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
 from cipherlm.runtime.plan_check import check_twopc_welcome
 from cipherlm.runtime.session_server import MessageSession, ServerLimits, SessionClient, SessionServer
+from cipherlm.runtime.session_workers import session_processes_for
 
 log = logging.getLogger("cipherlm.serve2pc")
 
@@ -299,16 +300,19 @@ class TwoPCClient(SessionClient):
 
 def run_server(model: str, host: str, port: int, timeout: float | None = None, embedding: str = "auto",
                moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-               network: str = "LAN", limits: ServerLimits | None = None) -> None:
+               network: str = "LAN", limits: ServerLimits | None = None,
+               session_processes: int | None = None) -> None:
     """Entry point of ``cipherlm serve --mode 2pc`` (`timeout` None: `DEFAULT_TIMEOUT`;
-    `limits` None: `DEFAULT_LIMITS`)."""
+    `limits` None: `DEFAULT_LIMITS`; `session_processes` None: one worker process per core)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     model_host = TwoPCHost(model, embedding=embedding, moe_capacity=moe_capacity, linear_packing=linear_packing,
                            network=network)
-    server = TwoPCServer(model_host, host, port, session_timeout=timeout, limits=limits)
+    processes = session_processes_for(model_host, session_processes)
+    server = TwoPCServer(model_host, host, port, session_timeout=timeout, limits=limits, processes=processes)
     h, p = server.address
-    log.info("model %s ready in %.1f s (2pc, embedding %s)", model_host.name, model_host.startup_seconds,
-             model_host.plan["embedding"])
+    log.info("model %s ready in %.1f s (2pc, embedding %s, sessions in %s)", model_host.name,
+             model_host.startup_seconds, model_host.plan["embedding"],
+             f"{processes} processes" if processes > 1 else "threads")
     print(f"LISTENING {h}:{p}", flush=True)
     try:
         server.serve_forever()
