@@ -437,7 +437,13 @@ def params_from_bytes(data: bytes) -> HEParams:
     except Exception as e:
         raise HEError(f"bad HE parameter JSON: {e}") from None
     got = _body(bytes(data[10 + n :]), cap=_PARAMS_CAP)
-    if got != _body(_save(encryption_parameters(p))):
+    try:
+        want = _body(_save(encryption_parameters(p)))
+    except HEError:
+        raise
+    except Exception as e:  # SEAL refuses a set the table allows: no such primes, a plain modulus of 1 or a str
+        raise HEError(f"SEAL cannot build the parameter set: {type(e).__name__}: {str(e)[:120]}") from None
+    if got != want:
         raise HEError("SEAL parameters do not match the named parameter set")
     return p
 

@@ -26,10 +26,11 @@ def expect(chan, op: str, arrays: dict[str, int | None], **fields) -> dict:
     if not isinstance(msg, dict):
         raise OTError("OT message is not a dict")
     got = msg.get("op")
-    if got != op:
-        raise OTError(f"expected OT message {op!r}, got {got!r} (calls on the two sides do not match)")
+    if not isinstance(got, str) or got != op:
+        raise OTError(f"expected OT message {op!r}, got {repr(got)[:80]} (calls on the two sides do not match)")
     for key, want in fields.items():
-        if msg.get(key) != want:
+        v = msg.get(key)  # scalars only: an array here would make `!=` raise ValueError
+        if isinstance(v, (np.ndarray, list, dict, bytes)) or v != want:
             raise OTError(f"OT message {op!r}: peer has {key}={msg.get(key)!r}, this side {key}={want!r}")
     for key, size in arrays.items():
         a = msg.get(key)

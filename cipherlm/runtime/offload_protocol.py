@@ -58,6 +58,9 @@ def expect(msg: dict, kind: str) -> dict:
     if not isinstance(msg, dict):
         raise ProtocolError(f"expected a message, got {type(msg).__name__}")
     got = msg.get("type")
+    if not isinstance(got, str):  # (an array here would make the comparisons below raise ValueError)
+        raise ProtocolError(f"expected a {kind!r} message, got a message whose type is "
+                            f"{'missing' if got is None else 'a ' + type(got).__name__}")
     if got == "error" and kind != "error":
         raise RemoteError(str(msg.get("message", "unknown server error")))
     if got != kind:

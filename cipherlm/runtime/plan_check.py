@@ -53,7 +53,7 @@ OFFLOAD_HE_BACKENDS = ("seal", "lattigo")
 PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms"})
 
 __all__ = ["check_twopc_plan", "check_twopc_welcome", "check_offload_welcome", "secure_embedding_methods",
-           "MOE_VARIANTS", "PLAN_KEYS"]
+           "load_tokenizer", "MOE_VARIANTS", "PLAN_KEYS"]
 
 
 # --------------------------------------------------------------------------- type helpers
@@ -217,6 +217,29 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- the tokenizer
+
+
+def load_tokenizer(text):
+    """A `tokenizers.Tokenizer` from the JSON a server sent (the 2pc welcome's ``tokenizer``,
+    the offload bundle's); anything that does not load is a `ProtocolError`.  The Rust
+    parser's errors are plain ``Exception``s, and a panic inside it is pyo3's
+    ``PanicException``, a ``BaseException``: both are turned into `ProtocolError`."""
+    from tokenizers import Tokenizer
+
+    if not isinstance(text, str):
+        raise ProtocolError(f"the tokenizer must be a JSON string, got {type(text).__name__}")
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:
+        raise ProtocolError(f"the server's tokenizer does not load: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:120] if str(exc) else ''}") from None
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":  # KeyboardInterrupt, SystemExit, ... pass
+            raise
+        raise ProtocolError("the server's tokenizer does not load: the parser panicked") from None
+
+
 # --------------------------------------------------------------------------- welcomes
 
 
@@ -319,7 +342,7 @@ def check_offload_welcome(w, protocol_version: int) -> dict:
         raise ProtocolError("server sent a malformed bundle digest")
     _labels(w.get("labels"))
     hb = w.get("he_backend")  # absent: SEAL (a SEAL server's welcome has no such field)
-    if hb is not None and hb not in OFFLOAD_HE_BACKENDS:
+    if hb is not None and (not isinstance(hb, str) or hb not in OFFLOAD_HE_BACKENDS):
         raise ProtocolError(f"the server's HE backend {_short(hb)} is not one of {OFFLOAD_HE_BACKENDS}")
     if not isinstance(w.get("he_params"), bytes):
         raise ProtocolError("he_params must be bytes")

@@ -225,9 +225,13 @@ class TwoPCClient(SessionClient):
         self.limits = welcome.get("limits") or {}
         self.tokenizer = None
         if welcome.get("tokenizer"):
-            from tokenizers import Tokenizer
+            from cipherlm.runtime.plan_check import load_tokenizer
 
-            self.tokenizer = Tokenizer.from_str(welcome["tokenizer"])
+            try:  # a malformed tokenizer is a ProtocolError, never the parser's bare Exception
+                self.tokenizer = load_tokenizer(welcome["tokenizer"])
+            except ProtocolError:
+                self.chan.close()
+                raise
         self.ctx = Context(self.chan, 0)
         self.meter = twopc.OpMeter(self.chan)
         self._executor = None
