@@ -24,9 +24,11 @@ class UserError(Exception):
     """An error the user can fix (bad model name, unreachable server, ...): printed without a traceback."""
 
 
-def start_server_process(model: str, timeout: float = 900.0, mode: str = "offload"):
-    """Start ``cipherlm serve`` as a separate process on a free loopback port; returns (proc, (host, port))."""
-    cmd = [sys.executable, "-m", "cipherlm", "serve", "--mode", mode, "--model", model, "--host", "127.0.0.1", "--port", "0"]
+def start_server_process(model: str, timeout: float = 900.0, mode: str = "offload", extra_args=()):
+    """Start ``cipherlm serve`` as a separate process on a free loopback port (``extra_args``:
+    more ``serve`` flags); returns (proc, (host, port))."""
+    cmd = [sys.executable, "-m", "cipherlm", "serve", "--mode", mode, "--model", model, "--host", "127.0.0.1",
+           "--port", "0", *extra_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     found: dict = {}
 

@@ -1,0 +1,134 @@
+"""Concurrent offload sessions on one server: aggregate tokens per second, N sessions vs one.
+
+Issue 19, item 3: sessions run in worker processes (`cipherlm serve --session-processes`,
+default one per core), so N sessions use N cores although SEAL holds the GIL.  This
+benchmark starts one `cipherlm serve --mode offload` process, then in one run:
+
+1. one client alone (the solo phase), then
+2. ``--sessions`` clients at once (the concurrent phase),
+
+each client a process of its own (a user's machine), all with the same prompt ids and
+greedy decoding, so every answer must equal the solo answer.  It repeats the pair
+``--rounds`` times (solo and concurrent alternate, so background load falls on both).
+
+Reported per phase: new tokens / wall seconds from the first client's first request to the
+last client's last token (``tok_s``), the same for decode tokens only (after each
+client's first token), per-token latency p50/p95 and time to first token; the ratio
+concurrent / solo; machine (nproc, load average before and after).  Session set-up (hello,
+bundle, keys) is excluded: a client starts its clock after its handshake.
+
+    .venv/bin/python benchmarks/bench_concurrency.py --model smollm2-135m --sessions 4 \\
+        --prompt-tokens 2 --new-tokens 4 --report benchmarks/results/concurrency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def client_main(addr: str, prompt: list[int], new_tokens: int) -> None:
+    """One client process: a session, greedy generation, timings as one JSON line on stdout."""
+    from cipherlm.runtime.offload_client import OffloadClient
+
+    host, _, port = addr.rpartition(":")
+    stamps: list[float] = []
+    with OffloadClient(host, int(port), timeout=600) as client:
+        ex = client.executor()
+        t0 = time.time()
+        ids = ex.generate(prompt, max_new_tokens=new_tokens, eos_token_ids=[],
+                          on_token=lambda _t: stamps.append(time.time()))
+    print(json.dumps({"ids": [int(i) for i in ids], "t0": t0, "stamps": stamps}), flush=True)
+
+
+def run_phase(addr: str, n: int, prompt: list[int], new_tokens: int) -> dict:
+    cmd = [sys.executable, __file__, "--client", addr, "--prompt-ids", ",".join(map(str, prompt)),
+           "--new-tokens", str(new_tokens)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    runs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=3600)
+        if p.returncode != 0:
+            raise SystemExit(f"a client failed with exit code {p.returncode}")
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    start = min(r["t0"] for r in runs)
+    end = max(r["stamps"][-1] for r in runs)
+    first = [r["stamps"][0] - r["t0"] for r in runs]
+    gaps = np.concatenate([np.diff(r["stamps"]) for r in runs])
+    decode_start = min(r["stamps"][0] for r in runs)
+    decode_tokens = sum(len(r["stamps"]) - 1 for r in runs)
+    return {
+        "sessions": n,
+        "answers": [r["ids"] for r in runs],
+        "tokens": sum(len(r["stamps"]) for r in runs),
+        "wall_s": end - start,
+        "tok_s": sum(len(r["stamps"]) for r in runs) / (end - start),
+        "decode_tok_s": decode_tokens / (end - decode_start) if decode_tokens else None,
+        "first_token_s": {"p50": float(np.percentile(first, 50)), "max": float(max(first))},
+        "per_token_s": {"p50": float(np.percentile(gaps, 50)), "p95": float(np.percentile(gaps, 95))}
+        if len(gaps) else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--session-processes", type=int, default=None, help="the server's (default: one per core)")
+    ap.add_argument("--prompt-tokens", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--report", metavar="FILE")
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        client_main(args.client, [int(x) for x in args.prompt_ids.split(",")], args.new_tokens)
+        return
+
+    from cipherlm.launch import start_server_process, stop_process
+
+    extra = [] if args.session_processes is None else ["--session-processes", str(args.session_processes)]
+    load_before = os.getloadavg()
+    t0 = time.time()
+    proc, (host, port) = start_server_process(args.model, timeout=1800, extra_args=extra)
+    print(f"server ready in {time.time() - t0:.0f} s", file=sys.stderr)
+    addr = f"{host}:{port}"
+    prompt = [int(i) for i in np.random.default_rng(0).integers(10, 1000, size=args.prompt_tokens)]
+    rounds = []
+    try:
+        for r in range(args.rounds):
+            solo = run_phase(addr, 1, prompt, args.new_tokens)
+            print(f"round {r}: solo {solo['tok_s']:.3f} tok/s", file=sys.stderr)
+            many = run_phase(addr, args.sessions, prompt, args.new_tokens)
+            print(f"round {r}: {args.sessions} sessions {many['tok_s']:.3f} tok/s "
+                  f"(x{many['tok_s'] / solo['tok_s']:.2f})", file=sys.stderr)
+            rounds.append({"solo": solo, "concurrent": many,
+                           "ratio": many["tok_s"] / solo["tok_s"],
+                           "decode_ratio": (many["decode_tok_s"] / solo["decode_tok_s"])
+                           if many["decode_tok_s"] and solo["decode_tok_s"] else None,
+                           "identical": all(a == solo["answers"][0] for a in many["answers"])})
+    finally:
+        stop_process(proc)
+    report = {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "machine": {"nproc": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
+        "model": args.model, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+        "session_processes": args.session_processes or "default (one per core)",
+        "rounds": rounds,
+    }
+    print(json.dumps({k: v for k, v in report.items() if k != "rounds"} | {
+        "ratios": [r["ratio"] for r in rounds], "identical": [r["identical"] for r in rounds]}, indent=1))
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
