@@ -1035,7 +1035,9 @@ func clg_bsgs_plaintexts(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.in
 // baby steps rot(x, j), j < g, hoisted (one decomposition per worker); for every (block o, giant
 // step i) rot(rescale(sum_j diag_{ig+j} * rot(x, j)), ig) accumulated per block; then the chunk
 // sum acc += rot(acc, s) for each chunk step.  The (o, i) units and the baby steps are shared out
-// over `workers` goroutines (Lattigo v6.2's evaluator may be called concurrently).  out[o]: the
+// over `workers` goroutines (Lattigo v6.2's evaluator may be called concurrently).  The products
+// and giant steps are bsgsGiantFast's (bsgs_kernels.go) for the offload parameters (level 1, one
+// special prime), bsgsGiantGeneric's otherwise.  out[o]: the
 // block's result (one level below the plaintexts), 0 when all its diagonals are zero.  counts:
 // rotations, products, additions, rescales.
 //
@@ -1078,7 +1080,6 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 	}
 	w := max(1, min(int(workers), 64))
 	eval := e.eval
-	ringQ := params.RingQ().AtLevel(b.level)
 
 	// baby steps, hoisted, shared out over the workers
 	baby := make([]*rlwe.Ciphertext, b.g)
@@ -1100,6 +1101,7 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 		wg.Add(1)
 		go func(t int, mine []int, res map[int]*rlwe.Ciphertext) {
 			defer wg.Done()
+			defer recoverInto(&errs[t])
 			if errs[t] = eval.RotateHoisted(c.ct, mine, res); errs[t] == nil {
 				for _, j := range mine {
 					baby[j] = res[j]
@@ -1115,28 +1117,19 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 	}
 
 	// the (block, giant step) units that have a non-zero diagonal
-	type unit struct{ o, i int }
-	var units []unit
+	var units []bsgsUnit
 	nGiant := (b.m + b.g - 1) / b.g
 	for o := 0; o < b.nBlocks; o++ {
 		for i := 0; i < nGiant; i++ {
 			for j := 0; j < b.g && i*b.g+j < b.m; j++ {
 				if b.pts[o][i*b.g+j] != nil {
-					units = append(units, unit{o, i})
+					units = append(units, bsgsUnit{o, i})
 					break
 				}
 			}
 		}
 	}
-	// contiguous shares: a worker's units mostly fall in one block (fewer partial sums).
-	// Giant steps are key-switched lazily (double hoisting, as Lattigo's lintrans): each
-	// rescaled inner sum's c1 goes through the gadget product without the ModDown, P*c0 is
-	// added, the automorphism is applied in QP, and the block's sum stays in QP: one ModDown
-	// per block and worker instead of one per giant step.
 	levelP := params.MaxLevelP()
-	ringQP0 := params.RingQP().AtLevel(b.level-1, levelP)
-	ringQ0 := ringQP0.RingQ
-	bigP := params.RingP().AtLevel(levelP).Modulus()
 	galKeys := map[int]*rlwe.GaloisKey{}
 	rotIdx := map[int][]uint64{}
 	for i := 1; i < nGiant; i++ {
@@ -1147,132 +1140,24 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 		galKeys[i] = gk
 		rotIdx[i] = eval.AutomorphismIndex(params.GaloisElement(i * b.g))
 	}
-	accQP := make([][][2]ringqp.Poly, w) // [worker][block]
-	have := make([][]bool, w)            // [worker][block]: accQP allocated
-	meta := make([]*rlwe.MetaData, b.nBlocks)
-	var metaMu sync.Mutex
-	cnt := make([][4]int64, w)
-	for t := 0; t < w; t++ {
-		accQP[t] = make([][2]ringqp.Poly, b.nBlocks)
-		have[t] = make([]bool, b.nBlocks)
-		lo, hi := t*len(units)/w, (t+1)*len(units)/w
-		wg.Add(1)
-		go func(t int, share []unit) {
-			defer wg.Done()
-			cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}}
-			cQP.MetaData = &rlwe.MetaData{}
-			cQP.IsNTT = true
-			tmpQP := ringQP0.NewPoly()
-			tmpQ := ringQ0.NewPoly()
-			r := ckks.NewCiphertext(params, 1, b.level-1)
-			for _, u := range share {
-				var inner *rlwe.Ciphertext
-				for j := 0; j < b.g; j++ {
-					k := u.i*b.g + j
-					if k >= b.m {
-						break
-					}
-					pt := b.pts[u.o][k]
-					if pt == nil {
-						continue
-					}
-					// pt is in Montgomery form (clg_bsgs_set): one Montgomery product per polynomial
-					if inner == nil {
-						inner = ckks.NewCiphertext(params, 1, b.level)
-						inner.Scale = baby[j].Scale.Mul(pt.Scale)
-						ringQ.MulCoeffsMontgomery(baby[j].Value[0], pt.Value, inner.Value[0])
-						ringQ.MulCoeffsMontgomery(baby[j].Value[1], pt.Value, inner.Value[1])
-					} else {
-						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pt.Value, inner.Value[0])
-						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pt.Value, inner.Value[1])
-						cnt[t][2]++
-					}
-					cnt[t][1]++
-				}
-				if errs[t] = eval.Rescale(inner, r); errs[t] != nil {
-					return
-				}
-				cnt[t][3]++
-				acc := &accQP[t][u.o]
-				if !have[t][u.o] {
-					have[t][u.o] = true
-					acc[0], acc[1] = ringQP0.NewPoly(), ringQP0.NewPoly()
-					metaMu.Lock()
-					if meta[u.o] == nil {
-						m := *r.MetaData
-						meta[u.o] = &m
-					}
-					metaMu.Unlock()
-				} else {
-					cnt[t][2]++
-				}
-				if u.i == 0 {
-					// P * (c0, c1) in QP (zero mod P)
-					for k := 0; k < 2; k++ {
-						ringQ0.MulScalarBigint(r.Value[k], bigP, tmpQ)
-						ringQ0.Add(acc[k].Q, tmpQ, acc[k].Q)
-					}
-					continue
-				}
-				// (d0, d1) = gadget product of c1 with the key, in QP; + P c0; then the automorphism
-				if errs[t] = eval.GadgetProductLazy(b.level-1, r.Value[1], &galKeys[u.i].GadgetCiphertext, cQP); errs[t] != nil {
-					return
-				}
-				ringQ0.MulScalarBigint(r.Value[0], bigP, tmpQ)
-				ringQ0.Add(cQP.Value[0].Q, tmpQ, cQP.Value[0].Q)
-				for k := 0; k < 2; k++ {
-					ringQP0.AutomorphismNTTWithIndex(cQP.Value[k], rotIdx[u.i], tmpQP)
-					ringQP0.Add(acc[k], tmpQP, acc[k])
-				}
-				cnt[t][0]++
-			}
-		}(t, units[lo:hi])
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return fail(errbuf, errlen, e)
-		}
-	}
+	var sums []*rlwe.Ciphertext
 	var total [4]int64
-	total[0] = int64(b.g - 1)
-	for t := 0; t < w; t++ {
-		for k := range total {
-			total[k] += cnt[t][k]
-		}
+	if bsgsFastPath(params, b, galKeys) {
+		sums, total, err = bsgsGiantFast(eval, params, b, c.ct, baby, units, galKeys, rotIdx, w)
+	} else {
+		sums, total, err = bsgsGiantGeneric(eval, params, b, baby, units, galKeys, rotIdx, w)
 	}
-	// merge the workers' partials in QP, one ModDown per block
-	sums := make([]*rlwe.Ciphertext, b.nBlocks)
-	for o := 0; o < b.nBlocks; o++ {
-		var acc *[2]ringqp.Poly
-		for t := 0; t < w; t++ {
-			if !have[t][o] {
-				continue
-			}
-			a := &accQP[t][o]
-			if acc == nil {
-				acc = a
-			} else {
-				ringQP0.Add(acc[0], a[0], acc[0])
-				ringQP0.Add(acc[1], a[1], acc[1])
-				total[2]++
-			}
-		}
-		if acc == nil {
-			continue
-		}
-		y := ckks.NewCiphertext(params, 1, b.level-1)
-		*y.MetaData = *meta[o]
-		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[0].Q, acc[0].P, y.Value[0])
-		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[1].Q, acc[1].P, y.Value[1])
-		sums[o] = y
+	if err != nil {
+		return fail(errbuf, errlen, err)
 	}
+	total[0] += int64(b.g - 1)
 	var chunkCnt [2]int64
 	var cmu sync.Mutex
 	for t := 0; t < w; t++ {
 		wg.Add(1)
 		go func(t int) {
 			defer wg.Done()
+			defer recoverInto(&errs[t])
 			var rot, add int64
 			for o := t; o < b.nBlocks; o += w {
 				y := sums[o]

@@ -1,0 +1,484 @@
+package main
+
+// Kernels of the offload matmul (clg_bsgs_eval), written for this package on Lattigo's ring
+// types: the baby-step x diagonal products of many (block, giant step) units at once, tiled over
+// the coefficients, with 128-bit lazy accumulation.
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+// prodTile is the number of coefficients of one tile of the product kernel: g baby steps x 2
+// polynomials x prodTile words stay in the L2 cache while every unit of a batch reads them.
+const prodTile = 512
+
+// foldTerms: how many products of reduced operands (< q each, so each < q^2) a 128-bit
+// accumulator may hold before its Montgomery reduction needs it below q * 2^64.
+func foldTerms(q uint64) int {
+	k := (^uint64(0)) / q
+	if k > 1<<20 {
+		k = 1 << 20
+	}
+	return int(k)
+}
+
+// redc128: (hi * 2^64 + lo) * 2^-64 mod q for hi*2^64 + lo < q * 2^64 (Montgomery; qInv =
+// q^-1 mod 2^64, Lattigo's MRedConstant).  The result is reduced, in [0, q).
+func redc128(hi, lo, q, qInv uint64) uint64 {
+	h, _ := bits.Mul64(lo*qInv, q)
+	r := hi - h + q
+	if r >= q {
+		r -= q
+	}
+	return r
+}
+
+// mulAccTile: out0 = sum_t a0s[t] * ps[t], out1 = sum_t a1s[t] * ps[t] (mod q), coefficient-wise
+// over len(out0) coefficients, where the a's are reduced and the ps are reduced and in Montgomery
+// form (x 2^64), so that one Montgomery reduction per fold gives the plain sum.  acc: 4 *
+// len(out0) words of scratch.  Each product is one 64x64 -> 128-bit multiply added to a 128-bit
+// accumulator (four terms per pass over the accumulators, held in registers); a reduction happens
+// every `fold` terms and at the end.
+func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, acc []uint64) {
+	n := len(out0)
+	out1 = out1[:n]
+	hi0, lo0 := acc[0:n], acc[n:2*n]
+	hi1, lo1 := acc[2*n:3*n], acc[3*n:4*n]
+	first := true
+	for start := 0; start < len(ps) || first; start += fold {
+		end := min(start+fold, len(ps))
+		for c := 0; c < n; c++ {
+			hi0[c], lo0[c], hi1[c], lo1[c] = 0, 0, 0, 0
+		}
+		t := start
+		for ; t+4 <= end; t += 4 {
+			pa, pb, pc, pd := ps[t][:n], ps[t+1][:n], ps[t+2][:n], ps[t+3][:n]
+			xa, xb, xc, xd := a0s[t][:n], a0s[t+1][:n], a0s[t+2][:n], a0s[t+3][:n]
+			ya, yb, yc, yd := a1s[t][:n], a1s[t+1][:n], a1s[t+2][:n], a1s[t+3][:n]
+			for c := 0; c < n; c++ {
+				var cy uint64
+				h0, l0 := hi0[c], lo0[c]
+				h1, l1 := hi1[c], lo1[c]
+				h, l := bits.Mul64(xa[c], pa[c])
+				l0, cy = bits.Add64(l0, l, 0)
+				h0 += h + cy
+				h, l = bits.Mul64(xb[c], pb[c])
+				l0, cy = bits.Add64(l0, l, 0)
+				h0 += h + cy
+				h, l = bits.Mul64(xc[c], pc[c])
+				l0, cy = bits.Add64(l0, l, 0)
+				h0 += h + cy
+				h, l = bits.Mul64(xd[c], pd[c])
+				l0, cy = bits.Add64(l0, l, 0)
+				h0 += h + cy
+				h, l = bits.Mul64(ya[c], pa[c])
+				l1, cy = bits.Add64(l1, l, 0)
+				h1 += h + cy
+				h, l = bits.Mul64(yb[c], pb[c])
+				l1, cy = bits.Add64(l1, l, 0)
+				h1 += h + cy
+				h, l = bits.Mul64(yc[c], pc[c])
+				l1, cy = bits.Add64(l1, l, 0)
+				h1 += h + cy
+				h, l = bits.Mul64(yd[c], pd[c])
+				l1, cy = bits.Add64(l1, l, 0)
+				h1 += h + cy
+				hi0[c], lo0[c], hi1[c], lo1[c] = h0, l0, h1, l1
+			}
+		}
+		for ; t < end; t++ {
+			p, x, y := ps[t][:n], a0s[t][:n], a1s[t][:n]
+			for c := 0; c < n; c++ {
+				var cy uint64
+				h, l := bits.Mul64(x[c], p[c])
+				lo0[c], cy = bits.Add64(lo0[c], l, 0)
+				hi0[c] += h + cy
+				h, l = bits.Mul64(y[c], p[c])
+				lo1[c], cy = bits.Add64(lo1[c], l, 0)
+				hi1[c] += h + cy
+			}
+		}
+		for c := 0; c < n; c++ {
+			r0 := redc128(hi0[c], lo0[c], q, qInv)
+			r1 := redc128(hi1[c], lo1[c], q, qInv)
+			if !first {
+				if r0 += out0[c]; r0 >= q {
+					r0 -= q
+				}
+				if r1 += out1[c]; r1 >= q {
+					r1 -= q
+				}
+			}
+			out0[c], out1[c] = r0, r1
+		}
+		first = false
+	}
+}
+
+// recoverInto: deferred in every goroutine of the matmul, so that a panic there becomes that
+// goroutine's error (guard only covers the exported function's own goroutine).
+func recoverInto(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("internal error in the matmul: %v", r)
+	}
+}
+
+// bsgsUnit: giant step i of output block o.
+type bsgsUnit struct{ o, i int }
+
+// bsgsFastPath: the parameters of cipherlm's offload matmul (the products at two primes, the
+// giant steps at one prime and one special prime P, plain RNS gadget keys), for which
+// bsgsGiantFast applies.
+func bsgsFastPath(params ckks.Parameters, b *bsgsObj, galKeys map[int]*rlwe.GaloisKey) bool {
+	if b.level != 1 || params.MaxLevelP() != 0 {
+		return false
+	}
+	for _, gk := range galKeys {
+		if gk.BaseTwoDecomposition != 0 || gk.LevelP() != 0 || gk.LevelQ() < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// bsgsGiantFast: the units' products, rescales and giant steps at level 1 -> 0 with one P prime.
+// Per worker, units in batches of bsgsBatch:
+//   - products: every unit of the batch at once, tile by tile of prodTile coefficients (the
+//     baby steps' tile stays in cache while the batch's diagonals stream past), lazily summed in
+//     128 bits and reduced once per inner sum (mulAccTile);
+//   - giant step i > 0 of an inner sum (c0, c1) at level 1: c0 is rotated (an automorphism,
+//     no key switch) and summed per block at level 1, to be rescaled once per block at the end;
+//     c1 is rescaled to level 0, its one RNS digit (centred) is lifted to P, multiplied by the
+//     Galois key in QP and rotated there; the block's key-switched part stays in QP (one ModDown
+//     per block at the end, as before);
+//   - giant step 0: the inner sum is added to the block's level-1 sum.
+// So a giant step costs 4 one-prime NTTs (c1's rescale 2, its INTT and P's NTT) instead of 7
+// (rescaling both halves, then Lattigo's gadget product re-NTTs the q0 digit).  The result per
+// block: rescale(level-1 sum) + ModDown(QP sum), at level 0 with the scale of Rescale.
+func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in *rlwe.Ciphertext, baby []*rlwe.Ciphertext,
+	units []bsgsUnit, galKeys map[int]*rlwe.GaloisKey, rotIdx map[int][]uint64, w int) ([]*rlwe.Ciphertext, [4]int64, error) {
+	const bsgsBatch = 16
+	var total [4]int64
+	L := b.level
+	ringQ := params.RingQ().AtLevel(L)
+	ringQ0 := params.RingQ().AtLevel(L - 1)
+	ringQP0 := params.RingQP().AtLevel(L-1, 0)
+	sQ0 := ringQ0.SubRings[0]
+	sP := params.RingP().AtLevel(0).SubRings[0]
+	q0, pMod, bredP := sQ0.Modulus, sP.Modulus, sP.BRedConstant
+	N := ringQ.N()
+
+	accL1 := make([][]*[2]ring.Poly, w)  // [worker][block]: level-1 sums (c0 of every unit, c1 of giant step 0)
+	accQP := make([][]*[2]ringqp.Poly, w) // [worker][block]: key-switched c1 parts in QP
+	cnt := make([][4]int64, w)
+	errs := make([]error, w)
+	var wg sync.WaitGroup
+	for t := 0; t < w; t++ {
+		lo, hi := t*len(units)/w, (t+1)*len(units)/w
+		accL1[t] = make([]*[2]ring.Poly, b.nBlocks)
+		accQP[t] = make([]*[2]ringqp.Poly, b.nBlocks)
+		if lo == hi {
+			continue
+		}
+		wg.Add(1)
+		go func(t int, share []bsgsUnit) {
+			defer wg.Done()
+			defer recoverInto(&errs[t])
+			L1, QP := accL1[t], accQP[t]
+			nb := min(bsgsBatch, len(share))
+			inner := make([][2]ring.Poly, nb)
+			for x := range inner {
+				inner[x] = [2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
+			}
+			acc := make([]uint64, 4*prodTile)
+			a0s := make([][]uint64, 0, b.g)
+			a1s := make([][]uint64, 0, b.g)
+			ps := make([][]uint64, 0, b.g)
+			r1 := ringQ0.NewPoly()
+			coef := make([]uint64, N)
+			dP := make([]uint64, N)
+			tmpL1 := ringQ.NewPoly()
+			cQP := [2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
+			tmpQP := ringQP0.NewPoly()
+			for s := 0; s < len(share); s += bsgsBatch {
+				bu := share[s:min(s+bsgsBatch, len(share))]
+				for l := 0; l <= L; l++ {
+					sub := ringQ.SubRings[l]
+					q, qInv, fold := sub.Modulus, sub.MRedConstant, foldTerms(sub.Modulus)
+					for c0 := 0; c0 < N; c0 += prodTile {
+						c1 := min(c0+prodTile, N)
+						for x, u := range bu {
+							a0s, a1s, ps = a0s[:0], a1s[:0], ps[:0]
+							for j := 0; j < b.g; j++ {
+								k := u.i*b.g + j
+								if k >= b.m {
+									break
+								}
+								pt := b.pts[u.o][k]
+								if pt == nil {
+									continue
+								}
+								a0s = append(a0s, baby[j].Value[0].Coeffs[l][c0:c1])
+								a1s = append(a1s, baby[j].Value[1].Coeffs[l][c0:c1])
+								ps = append(ps, pt.Value.Coeffs[l][c0:c1])
+							}
+							mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc)
+						}
+					}
+				}
+				for x, u := range bu {
+					np := int64(0)
+					for j := 0; j < b.g && u.i*b.g+j < b.m; j++ {
+						if b.pts[u.o][u.i*b.g+j] != nil {
+							np++
+						}
+					}
+					cnt[t][1] += np
+					cnt[t][2] += np - 1
+					cnt[t][3]++
+					o := u.o
+					if L1[o] == nil {
+						L1[o] = &[2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
+					} else {
+						cnt[t][2]++
+					}
+					if u.i == 0 {
+						ringQ.Add(L1[o][0], inner[x][0], L1[o][0])
+						ringQ.Add(L1[o][1], inner[x][1], L1[o][1])
+						continue
+					}
+					idx := rotIdx[u.i]
+					// c0: rotated at level 1 (no key switch), rescaled with the block's sum
+					ringQ.AutomorphismNTTWithIndex(inner[x][0], idx, tmpL1)
+					ringQ.Add(L1[o][0], tmpL1, L1[o][0])
+					// c1: rescaled, its one digit lifted to P (centred, as Lattigo's decomposer),
+					// times the Galois key in QP, rotated there
+					ringQ.DivRoundByLastModulusNTT(inner[x][1], r1)
+					sQ0.INTT(r1.Coeffs[0], coef)
+					half := q0 >> 1
+					for j, v := range coef {
+						if v >= half {
+							tp := ring.BRedAdd(q0-v, pMod, bredP)
+							if tp != 0 {
+								tp = pMod - tp
+							}
+							dP[j] = tp
+						} else {
+							dP[j] = ring.BRedAdd(v, pMod, bredP)
+						}
+					}
+					sP.NTT(dP, dP)
+					el := galKeys[u.i].GadgetCiphertext.Value[0][0]
+					if QP[o] == nil {
+						QP[o] = &[2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
+					}
+					for k := 0; k < 2; k++ {
+						sQ0.MulCoeffsMontgomery(r1.Coeffs[0], el[k].Q.Coeffs[0], cQP[k].Q.Coeffs[0])
+						sP.MulCoeffsMontgomery(dP, el[k].P.Coeffs[0], cQP[k].P.Coeffs[0])
+						ringQP0.AutomorphismNTTWithIndex(cQP[k], idx, tmpQP)
+						ringQP0.Add(QP[o][k], tmpQP, QP[o][k])
+					}
+					cnt[t][0]++
+				}
+			}
+		}(t, units[lo:hi])
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return nil, total, e
+		}
+	}
+	for t := 0; t < w; t++ {
+		for k := range total {
+			total[k] += cnt[t][k]
+		}
+	}
+	// merge the workers' partials; per block one rescale (level-1 sum) and one ModDown (QP sum)
+	scale := in.Scale.Mul(b.scale).Div(rlwe.NewScale(ringQ.SubRings[L].Modulus))
+	sums := make([]*rlwe.Ciphertext, b.nBlocks)
+	tmpQ0 := ringQ0.NewPoly()
+	for o := 0; o < b.nBlocks; o++ {
+		var l1 *[2]ring.Poly
+		var qp *[2]ringqp.Poly
+		for t := 0; t < w; t++ {
+			if a := accL1[t][o]; a != nil {
+				if l1 == nil {
+					l1 = a
+				} else {
+					ringQ.Add(l1[0], a[0], l1[0])
+					ringQ.Add(l1[1], a[1], l1[1])
+					total[2]++
+				}
+			}
+			if a := accQP[t][o]; a != nil {
+				if qp == nil {
+					qp = a
+				} else {
+					ringQP0.Add(qp[0], a[0], qp[0])
+					ringQP0.Add(qp[1], a[1], qp[1])
+				}
+			}
+		}
+		if l1 == nil {
+			continue
+		}
+		y := ckks.NewCiphertext(params, 1, L-1)
+		*y.MetaData = *in.MetaData
+		y.Scale = scale
+		for k := 0; k < 2; k++ {
+			ringQ.DivRoundByLastModulusNTT(l1[k], y.Value[k])
+			if qp != nil {
+				eval.ModDownQPtoQNTT(L-1, 0, qp[k].Q, qp[k].P, tmpQ0)
+				ringQ0.Add(y.Value[k], tmpQ0, y.Value[k])
+			}
+		}
+		sums[o] = y
+	}
+	return sums, total, nil
+}
+
+// bsgsGiantGeneric: the units' products, rescales and giant steps for any parameters (the
+// path before the fast one; used when bsgsFastPath does not hold).  Contiguous shares: a
+// worker's units mostly fall in one block (fewer partial sums).  Giant steps are key-switched
+// lazily (double hoisting, as Lattigo's lintrans): each rescaled inner sum's c1 goes through the
+// gadget product without the ModDown, P*c0 is added, the automorphism is applied in QP, and the
+// block's sum stays in QP: one ModDown per block and worker instead of one per giant step.
+func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, baby []*rlwe.Ciphertext,
+	units []bsgsUnit, galKeys map[int]*rlwe.GaloisKey, rotIdx map[int][]uint64, w int) ([]*rlwe.Ciphertext, [4]int64, error) {
+	ringQ := params.RingQ().AtLevel(b.level)
+	levelP := params.MaxLevelP()
+	ringQP0 := params.RingQP().AtLevel(b.level-1, levelP)
+	ringQ0 := ringQP0.RingQ
+	bigP := params.RingP().AtLevel(levelP).Modulus()
+	var wg sync.WaitGroup
+	errs := make([]error, w)
+	var total [4]int64
+	accQP := make([][][2]ringqp.Poly, w) // [worker][block]
+	have := make([][]bool, w)            // [worker][block]: accQP allocated
+	meta := make([]*rlwe.MetaData, b.nBlocks)
+	var metaMu sync.Mutex
+	cnt := make([][4]int64, w)
+	for t := 0; t < w; t++ {
+		accQP[t] = make([][2]ringqp.Poly, b.nBlocks)
+		have[t] = make([]bool, b.nBlocks)
+		lo, hi := t*len(units)/w, (t+1)*len(units)/w
+		wg.Add(1)
+		go func(t int, share []bsgsUnit) {
+			defer wg.Done()
+			defer recoverInto(&errs[t])
+			cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}}
+			cQP.MetaData = &rlwe.MetaData{}
+			cQP.IsNTT = true
+			tmpQP := ringQP0.NewPoly()
+			tmpQ := ringQ0.NewPoly()
+			r := ckks.NewCiphertext(params, 1, b.level-1)
+			for _, u := range share {
+				var inner *rlwe.Ciphertext
+				for j := 0; j < b.g; j++ {
+					k := u.i*b.g + j
+					if k >= b.m {
+						break
+					}
+					pt := b.pts[u.o][k]
+					if pt == nil {
+						continue
+					}
+					// pt is in Montgomery form (clg_bsgs_set): one Montgomery product per polynomial
+					if inner == nil {
+						inner = ckks.NewCiphertext(params, 1, b.level)
+						inner.Scale = baby[j].Scale.Mul(pt.Scale)
+						ringQ.MulCoeffsMontgomery(baby[j].Value[0], pt.Value, inner.Value[0])
+						ringQ.MulCoeffsMontgomery(baby[j].Value[1], pt.Value, inner.Value[1])
+					} else {
+						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pt.Value, inner.Value[0])
+						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pt.Value, inner.Value[1])
+						cnt[t][2]++
+					}
+					cnt[t][1]++
+				}
+				if errs[t] = eval.Rescale(inner, r); errs[t] != nil {
+					return
+				}
+				cnt[t][3]++
+				acc := &accQP[t][u.o]
+				if !have[t][u.o] {
+					have[t][u.o] = true
+					acc[0], acc[1] = ringQP0.NewPoly(), ringQP0.NewPoly()
+					metaMu.Lock()
+					if meta[u.o] == nil {
+						m := *r.MetaData
+						meta[u.o] = &m
+					}
+					metaMu.Unlock()
+				} else {
+					cnt[t][2]++
+				}
+				if u.i == 0 {
+					// P * (c0, c1) in QP (zero mod P)
+					for k := 0; k < 2; k++ {
+						ringQ0.MulScalarBigint(r.Value[k], bigP, tmpQ)
+						ringQ0.Add(acc[k].Q, tmpQ, acc[k].Q)
+					}
+					continue
+				}
+				// (d0, d1) = gadget product of c1 with the key, in QP; + P c0; then the automorphism
+				if errs[t] = eval.GadgetProductLazy(b.level-1, r.Value[1], &galKeys[u.i].GadgetCiphertext, cQP); errs[t] != nil {
+					return
+				}
+				ringQ0.MulScalarBigint(r.Value[0], bigP, tmpQ)
+				ringQ0.Add(cQP.Value[0].Q, tmpQ, cQP.Value[0].Q)
+				for k := 0; k < 2; k++ {
+					ringQP0.AutomorphismNTTWithIndex(cQP.Value[k], rotIdx[u.i], tmpQP)
+					ringQP0.Add(acc[k], tmpQP, acc[k])
+				}
+				cnt[t][0]++
+			}
+		}(t, units[lo:hi])
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return nil, total, e
+		}
+	}
+	for t := 0; t < w; t++ {
+		for k := range total {
+			total[k] += cnt[t][k]
+		}
+	}
+	// merge the workers' partials in QP, one ModDown per block
+	sums := make([]*rlwe.Ciphertext, b.nBlocks)
+	for o := 0; o < b.nBlocks; o++ {
+		var acc *[2]ringqp.Poly
+		for t := 0; t < w; t++ {
+			if !have[t][o] {
+				continue
+			}
+			a := &accQP[t][o]
+			if acc == nil {
+				acc = a
+			} else {
+				ringQP0.Add(acc[0], a[0], acc[0])
+				ringQP0.Add(acc[1], a[1], acc[1])
+				total[2]++
+			}
+		}
+		if acc == nil {
+			continue
+		}
+		y := ckks.NewCiphertext(params, 1, b.level-1)
+		*y.MetaData = *meta[o]
+		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[0].Q, acc[0].P, y.Value[0])
+		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[1].Q, acc[1].P, y.Value[1])
+		sums[o] = y
+	}
+	return sums, total, nil
+}
