@@ -26,8 +26,8 @@ uvicorn = pytest.importorskip("uvicorn")
 from cipherlm.models import LoadedModel, load_model  # noqa: E402
 from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
 from cipherlm.runtime.plain import EncoderExecutor, PlainLinear, make_executor, split_params  # noqa: E402
-from cipherlm.runtime.proxy import (ChatTemplate, PlaintextReference, ProxyApp, TextAssembler,  # noqa: E402
-                                    find_chat_template)
+from cipherlm.runtime.proxy import (CHATML_TEMPLATE, ChatTemplate, PlaintextReference, ProxyApp,  # noqa: E402
+                                    TextAssembler, find_chat_template)
 
 # 96 tokens: the tiny Llama's vocabulary size (ids 0..2 special; <|im_end|> = 2 = LlamaConfig's eos)
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
@@ -534,3 +534,185 @@ def test_compare_with_plaintext(proxy, twopc_proxy):
         twopc_proxy[0].client().chat.completions.create(model="tiny-2pc", messages=msgs, max_tokens=1,
                                                         extra_body={"compare_plaintext": True})
     assert e.value.param == "compare_plaintext"
+
+
+# ----------------------------------------------------------------------------- the server's chat template
+
+# a template unlike the test proxy's and unlike ChatML (it uses the bos token), so that a proxy that
+# falls back to either renders another prompt
+SERVER_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}\n{% endfor %}"
+                   "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def remote_dir(tiny_llama_dir, tmp_path_factory):
+    """A chat model with the SERVER_TEMPLATE, under a name no proxy can resolve on its machine."""
+    d = _with_tokenizer(tiny_llama_dir, tmp_path_factory.mktemp("m") / "remote-only-chat", None)
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": {"content": "<|im_start|>", "special": True}, "eos_token": "<|im_end|>",
+         "chat_template": SERVER_TEMPLATE}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def remote_server(remote_dir, chat_dir):  # chat_dir: the module's cache directory is set
+    server = _serve(OffloadServer(ModelHost(str(remote_dir)), "127.0.0.1", 0, session_timeout=30.0))
+    yield server
+    server.shutdown()
+
+
+def test_server_ships_the_chat_template_and_the_proxy_renders_with_it(remote_server, remote_dir, caplog):
+    """A proxy that cannot find the served model on its machine renders with the template of
+    the model's tokenizer metadata that the server's welcome carries (bos token included):
+    the greedy answer equals the plaintext executor's on that rendering."""
+    import logging
+
+    from cipherlm.runtime.offload_client import OffloadClient
+
+    assert find_chat_template("remote-only-chat") is None  # not on "this machine"
+    with OffloadClient(*remote_server.address, timeout=30) as client:
+        assert client.chat_template == {"template": SERVER_TEMPLATE, "bos_token": "<|im_start|>",
+                                        "eos_token": "<|im_end|>"}
+    caplog.set_level(logging.INFO)
+    p = RunningProxy(ProxyApp([remote_server.address], "offload"))
+    try:
+        c = p.client()
+        card = c.models.retrieve("remote-only-chat").model_extra["cipherlm"]
+        assert card["chat_template"] == "server"
+        msgs = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": PROMPT}]
+        prompt = f"<|im_start|>system: Be brief.\nuser: {PROMPT}\nassistant:"
+        assert ChatTemplate(SERVER_TEMPLATE, "<|im_start|>").render(msgs) == prompt
+        lm = load_model(str(remote_dir))
+        ids = lm.tokenizer.encode(prompt, add_special_tokens=False).ids
+        cp, sl = split_params(lm.config, lm.weights)
+        new = make_executor(lm.config, cp, PlainLinear(sl)).generate(ids, max_new_tokens=8, eos_token_ids=[2])
+        want = lm.tokenizer.decode(new, skip_special_tokens=True)
+        r = c.chat.completions.create(model="remote-only-chat", messages=msgs, max_tokens=8)
+        assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(new)
+        assert r.choices[0].message.content == want
+        chatml = ChatTemplate(CHATML_TEMPLATE).render(msgs)
+        assert len(lm.tokenizer.encode(chatml, add_special_tokens=False).ids) != len(ids)  # the test can tell
+    finally:
+        p.stop()
+    assert "ChatML is used" not in caplog.text and PROMPT not in caplog.text
+
+
+def test_a_local_template_or_the_option_comes_before_the_servers(remote_server, chat_dir):
+    """--chat-template FILE first, then the model on this machine, then the server's."""
+    from cipherlm.runtime.proxy import Upstream
+
+    class Client:
+        model = str(chat_dir)  # a path this machine has
+        chat_template = {"template": SERVER_TEMPLATE, "bos_token": "", "eos_token": ""}
+
+    up = Upstream("127.0.0.1", 1, "offload")
+    up._choose_template(Client)
+    assert up.template_from == "local" and up.chat_template.source == TEMPLATE and not up.chat_template.untrusted
+    up = Upstream("127.0.0.1", 1, "offload", chat_template=ChatTemplate("{{ messages[0]['content'] }}"))
+    up._choose_template(Client)
+    assert up.template_from == "file" and up.chat_template.source == "{{ messages[0]['content'] }}"
+    Client.model = "remote-only-chat"
+    up = Upstream("127.0.0.1", 1, "offload")
+    up._choose_template(Client)
+    assert up.template_from == "server" and up.chat_template.untrusted
+
+
+def test_a_bad_server_template_is_refused_clearly(remote_server, caplog):
+    """The template is untrusted input: wrong types and oversize ones end the session with a
+    ProtocolError naming the field; one that does not compile in the sandbox is not used
+    (ChatML, with a warning that says why); the proxy keeps serving."""
+    import logging
+
+    from cipherlm.runtime.bundle import MAX_CHAT_TEMPLATE_CHARS, check_chat_template
+    from cipherlm.runtime.offload_protocol import ProtocolError
+
+    assert check_chat_template(None) is None
+    ok = {"template": "x", "bos_token": None, "eos_token": "</s>", "extra": 1}
+    assert check_chat_template(ok) == {"template": "x", "bos_token": "", "eos_token": "</s>"}
+    for bad in ("{{ x }}", ["x"], {"template": 3}, {"template": " "}, {"template": b"x"},
+                {"template": "x" * (MAX_CHAT_TEMPLATE_CHARS + 1)}, {"template": "x", "bos_token": 1},
+                {"template": "x", "eos_token": "e" * 300}):
+        with pytest.raises(ProtocolError, match="chat"):
+            check_chat_template(bad)
+
+    host = remote_server.host
+    saved = host.chat_template
+    try:
+        host.chat_template = {"template": "x" * (MAX_CHAT_TEMPLATE_CHARS + 1)}
+        p = RunningProxy(ProxyApp([remote_server.address], "offload", timeout=10))
+        try:
+            with pytest.raises(openai.APIStatusError) as e:
+                p.client().models.retrieve("remote-only-chat")
+            assert e.value.status_code == 502 and "ProtocolError" in e.value.message and "chat template" in \
+                e.value.message
+        finally:
+            p.stop()
+        caplog.set_level(logging.WARNING)
+        host.chat_template = {"template": "{% for m in messages %}{{ m['content'] }", "bos_token": "",
+                              "eos_token": ""}
+        p = RunningProxy(ProxyApp([remote_server.address], "offload"))
+        try:
+            c = p.client()
+            assert c.models.retrieve("remote-only-chat").model_extra["cipherlm"]["chat_template"] == "chatml"
+            r = c.chat.completions.create(model="remote-only-chat", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=1)
+            assert r.usage.completion_tokens == 1
+        finally:
+            p.stop()
+        assert "cannot use (the chat template does not compile" in caplog.text and "ChatML is used" in caplog.text
+    finally:
+        host.chat_template = saved
+
+
+def test_server_templates_must_not_look_inside_the_messages():
+    """A server's template decides the prompt's length, which the server sees: each rendering
+    must be the template's frame with the message texts inserted (trimmed or not)."""
+    from cipherlm.runtime.proxy import ProxyError
+
+    msgs = [{"role": "user", "content": "  the secret plan \n"}]
+    for tpl in (SERVER_TEMPLATE, TEMPLATE, CHATML_TEMPLATE,
+                "{% for m in messages %}[{{ m['content'] | trim }}][{{ m['content'] }}]{% endfor %}"):
+        trusted = ChatTemplate(tpl, "<s>").render(msgs)
+        assert ChatTemplate(tpl, "<s>", untrusted=True).render(msgs) == trusted
+    leaky = ("{% for m in messages %}{{ m['content'] }}{% if 'secret' in m['content'] %}"
+             "{{ ' pad' * 50 }}{% endif %}{% endfor %}")
+    benign = [{"role": "user", "content": "hello"}]
+    assert ChatTemplate(leaky, untrusted=True).render(benign) == "hello"
+    for tpl in (leaky, "{{ messages[0]['content'] | length }}", "{{ messages[0]['content'] | upper }}",
+                "{{ messages[0]['content'][:4] }}"):
+        ChatTemplate(tpl).render(msgs)  # a trusted one renders
+        with pytest.raises(ProxyError) as e:
+            ChatTemplate(tpl, untrusted=True).render(msgs)
+        assert e.value.status == 400 and e.value.code == "chat_template_refused"
+
+
+def test_twopc_welcome_carries_the_chat_template(remote_dir):
+    """The 2pc server ships the template too; its client checks it with the welcome, and a
+    proxy without the model renders with it."""
+    from test_twopc import llama_model
+
+    from cipherlm.runtime.offload_protocol import ProtocolError
+    from cipherlm.runtime.twopc_session import TwoPCClient, TwoPCHost, TwoPCServer
+
+    config, w = llama_model(seed=2)
+    host = TwoPCHost("remote-2pc", embedding="onehot-linear",
+                     lm=LoadedModel("remote-2pc", config, w, char_tokenizer(), path=remote_dir))
+    welcome = host.welcome()
+    assert welcome["chat_template"] == {"template": SERVER_TEMPLATE, "bos_token": "<|im_start|>",
+                                        "eos_token": "<|im_end|>"}
+    TwoPCClient._check_welcome(welcome)
+    for bad in ("{{ x }}", {"template": 3}, {"template": "x", "bos_token": ["<s>"]}):
+        with pytest.raises(ProtocolError, match="chat_template"):
+            TwoPCClient._check_welcome(dict(welcome, chat_template=bad))
+    server = _serve(TwoPCServer(host, "127.0.0.1", 0, session_timeout=60))
+    p = RunningProxy(ProxyApp([server.address], "2pc"))
+    try:
+        c = p.client()
+        assert c.models.retrieve("remote-2pc").model_extra["cipherlm"]["chat_template"] == "server"
+        msgs = [{"role": "user", "content": "hi"}]
+        r = c.chat.completions.create(model="remote-2pc", messages=msgs, max_tokens=1)
+        ids = char_tokenizer().encode("<|im_start|>user: hi\nassistant:", add_special_tokens=False).ids
+        assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 1
+    finally:
+        p.stop()
+        server.shutdown()

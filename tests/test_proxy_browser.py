@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from test_proxy import (TEMPLATE, RunningProxy, _plain_answer, _serve, chat_dir,  # noqa: F401 (fixtures)
+from test_proxy import (RunningProxy, _plain_answer, _serve, chat_dir,  # noqa: F401 (fixtures)
                         monkeypatch_module)
 
 from cipherlm.runtime.offload_server import ModelHost, OffloadServer

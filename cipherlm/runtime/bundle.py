@@ -22,11 +22,19 @@ no two bundles share an encoding), server and client alike::
                                 (little-endian numpy str, e.g. "<f4") | u64 ndim |
                                 u64 per dim | u64 nbytes | the C-order bytes
     tokenizer: b"\\0" if None, else b"\\1" | u64 len | the UTF-8 JSON
+
+The model's chat template travels beside the bundle, in the welcome of both modes
+(``chat_template``: ``{template, bos_token, eos_token}`` or None): `chat_template_meta`
+reads it from the model's tokenizer metadata on the server, `check_chat_template` is the
+clients' type and size check of what arrived (the proxy then compiles it in the Jinja
+sandbox, `cipherlm.runtime.proxy.ChatTemplate`).  It is not part of the digest: the
+bundle cache is not touched by it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -44,7 +52,14 @@ _U64 = struct.Struct("<Q")
 #: what a bundle's tensors may be (the server sends float32; the others would also load)
 _DTYPE_KINDS = "fiub"
 
-__all__ = ["bundle_digest", "check_bundle", "store_bundle", "load_bundle", "bundle_dir"]
+#: the longest chat template a server ships and a client accepts (characters); real ones are
+#: a few KB (tool-calling templates ~20 KB)
+MAX_CHAT_TEMPLATE_CHARS = 1 << 17
+#: the longest bos / eos token text in the chat-template metadata
+MAX_SPECIAL_TOKEN_CHARS = 256
+
+__all__ = ["bundle_digest", "check_bundle", "store_bundle", "load_bundle", "bundle_dir", "chat_template_meta",
+           "check_chat_template", "named_chat_template", "special_token_text", "MAX_CHAT_TEMPLATE_CHARS"]
 
 
 def _canonical(v) -> np.ndarray:
@@ -156,3 +171,88 @@ def load_bundle(digest: str) -> tuple[dict, str | None] | None:
         log.warning("cached bundle %s... does not match its digest: ignored", digest[:16])
         return None
     return tensors, tok
+
+
+# ----------------------------------------------------------------------------- the chat template
+
+
+def special_token_text(tok) -> str:
+    """A special token as tokenizer_config.json has it: a string or an AddedToken dict."""
+    if isinstance(tok, dict):
+        tok = tok.get("content")
+    return tok if isinstance(tok, str) else ""
+
+
+def named_chat_template(tpl) -> str | None:
+    """``chat_template`` as a string, or the ``default`` of a list of {name, template}."""
+    if isinstance(tpl, list):
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        tpl = named.get("default") or next(iter(named.values()), None)
+    return tpl if isinstance(tpl, str) and tpl.strip() else None
+
+
+def chat_template_meta(model_dir) -> dict | None:
+    """The chat template of a model directory's tokenizer metadata, as the welcome carries it:
+    ``{"template", "bos_token", "eos_token"}``, or None when it has none (an encoder) or when
+    it is over `MAX_CHAT_TEMPLATE_CHARS` (logged; a client would refuse it).
+
+    The template is ``chat_template.jinja`` when the directory has one (what recent
+    transformers versions write, and prefer), else ``chat_template`` of
+    ``tokenizer_config.json``; bos / eos come from ``tokenizer_config.json``.  A GGUF model is
+    loaded through its converted directory, whose ``tokenizer_config.json`` holds the GGUF
+    header's ``tokenizer.chat_template`` and bos / eos tokens (`cipherlm.models.gguf_convert`)."""
+    if model_dir is None:
+        return None
+    d = Path(model_dir)
+    if not d.is_dir():
+        return None
+    cfg: dict = {}
+    try:
+        if (d / "tokenizer_config.json").is_file():
+            cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+            cfg = cfg if isinstance(cfg, dict) else {}
+        jinja = d / "chat_template.jinja"
+        if jinja.is_file():
+            tpl = jinja.read_text(encoding="utf-8")
+        else:
+            tpl = named_chat_template(cfg.get("chat_template"))
+    except (OSError, ValueError) as exc:
+        log.warning("the chat template of %s is unreadable (%s): not shipped", d.name, type(exc).__name__)
+        return None
+    if not isinstance(tpl, str) or not tpl.strip():
+        return None
+    if len(tpl) > MAX_CHAT_TEMPLATE_CHARS:
+        log.warning("the chat template of %s has %d characters, over the %d a client accepts: not shipped",
+                    d.name, len(tpl), MAX_CHAT_TEMPLATE_CHARS)
+        return None
+    bos, eos = (special_token_text(cfg.get(k))[:MAX_SPECIAL_TOKEN_CHARS] for k in ("bos_token", "eos_token"))
+    return {"template": tpl, "bos_token": bos, "eos_token": eos}
+
+
+def check_chat_template(meta) -> dict | None:
+    """A welcome's ``chat_template`` as it came off the wire: None, or a dict whose
+    ``template`` is a non-empty string of at most `MAX_CHAT_TEMPLATE_CHARS` characters and
+    whose ``bos_token`` / ``eos_token`` are strings (or None) of at most 256.  Returns a
+    clean ``{"template", "bos_token", "eos_token"}`` (other keys are dropped, unread); anything
+    else raises `ProtocolError`.  This checks types and sizes only: the template is code
+    from the server, compiled and rendered in the Jinja sandbox by the proxy."""
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"the welcome's chat_template must be a dict or None, got {type(meta).__name__}")
+    tpl = meta.get("template")
+    if not isinstance(tpl, str) or not tpl.strip():
+        raise ProtocolError("the welcome's chat_template.template must be a non-empty string")
+    if len(tpl) > MAX_CHAT_TEMPLATE_CHARS:
+        raise ProtocolError(f"the server's chat template has {len(tpl)} characters: this client accepts at most "
+                            f"{MAX_CHAT_TEMPLATE_CHARS}")
+    out = {"template": tpl}
+    for key in ("bos_token", "eos_token"):
+        v = meta.get(key)
+        if v is None:
+            v = ""
+        if not isinstance(v, str) or len(v) > MAX_SPECIAL_TOKEN_CHARS:
+            raise ProtocolError(f"the welcome's chat_template.{key} must be a string of at most "
+                                f"{MAX_SPECIAL_TOKEN_CHARS} characters")
+        out[key] = v
+    return out

@@ -30,7 +30,7 @@ import numpy as np
 from cipherlm.net.channel import TCPChannel
 from cipherlm.progress import Progress
 from cipherlm.runtime import offload_engine
-from cipherlm.runtime.bundle import check_bundle, load_bundle, store_bundle
+from cipherlm.runtime.bundle import check_bundle, check_chat_template, load_bundle, store_bundle
 from cipherlm.runtime.linear_groups import LinearGroup
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, ProtocolError, expect
 from cipherlm.runtime.plan_check import check_offload_welcome
@@ -59,6 +59,9 @@ class OffloadClient(SessionClient):
         self.model = welcome["model"]
         self.config = welcome["config"]
         self.labels = welcome.get("labels")
+        # the model's chat template (None or {template, bos_token, eos_token}): types and sizes checked
+        # here; it is code from the server, compiled and rendered in the Jinja sandbox by the proxy
+        self.chat_template = check_chat_template(welcome.get("chat_template"))
         self.groups = [
             LinearGroup(i, tuple(g["names"]), g["d_in"], tuple(g["d_outs"]))
             for i, g in enumerate(welcome["groups"])

@@ -66,7 +66,7 @@ class ModelHost:
 
     def __init__(self, model_name: str, progress=None, workers: int = 1, he_backend: str = "seal"):
         from cipherlm.models import load_model
-        from cipherlm.runtime.bundle import bundle_digest
+        from cipherlm.runtime.bundle import bundle_digest, chat_template_meta
         from cipherlm.runtime.plain import split_params
 
         t0 = time.perf_counter()
@@ -89,6 +89,9 @@ class ModelHost:
             "tokenizer": lm.tokenizer.to_str() if lm.tokenizer is not None else None,
         }
         self.bundle_digest = bundle_digest(self.bundle["tensors"], self.bundle["tokenizer"])
+        # the chat template of the model's tokenizer metadata (in the welcome: a proxy that does not
+        # have the model renders chat messages with it)
+        self.chat_template = chat_template_meta(lm.path)
         self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers,
                                                   he_backend=he_backend)
         # sessions in forked worker processes (session_workers) need a host without threads of its own
@@ -108,6 +111,7 @@ class ModelHost:
             "groups": [{"names": list(g.names), "d_in": g.d_in, "d_outs": list(g.d_outs)} for g in self.groups],
             "bundle_digest": self.bundle_digest,
             "labels": self.labels,
+            "chat_template": self.chat_template,
             **self.engine.public_setup(),
         }
 

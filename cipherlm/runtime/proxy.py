@@ -43,6 +43,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -118,12 +119,22 @@ def upstream_error(exc: BaseException, server: str, opening: bool) -> ProxyError
 
 class ChatTemplate:
     """A Hugging Face chat template (Jinja2), rendered as transformers does (sandboxed,
-    trim_blocks, lstrip_blocks, loop controls, ``raise_exception``, ``strftime_now``)."""
+    trim_blocks, lstrip_blocks, loop controls, ``raise_exception``, ``strftime_now``).
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = ""):
+    `untrusted`: the template came from the server (its welcome), so it is code from the
+    other party.  It is compiled and rendered in the same sandbox, in a worker thread, and
+    each rendering must be *content-oblivious* (`render`): the server learns the number of
+    prompt tokens, so a template that looked inside the messages could turn that number
+    into a report on them."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = "",
+                 untrusted: bool = False):
         from jinja2.exceptions import TemplateError
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError("the chat template must be a non-empty string")
 
         def raise_exception(message):
             raise _bad(f"the model's chat template refused the messages: {message}", "messages")
@@ -138,73 +149,102 @@ class ChatTemplate:
         try:
             self.template = env.from_string(source)
         except TemplateError as exc:
-            raise ValueError(f"the chat template does not compile: {exc}") from None
+            raise ValueError(f"the chat template does not compile: {str(exc)[:200]}") from None
+        except (RecursionError, MemoryError):
+            raise ValueError("the chat template does not compile: too deeply nested or too large") from None
         self.source = source
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.origin = origin
+        self.untrusted = untrusted
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ChatTemplate":
         """A tokenizer_config.json (its ``chat_template``) or a file holding the template itself."""
+        from cipherlm.runtime.bundle import named_chat_template, special_token_text
+
         path = Path(path)
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             cfg = json.loads(text)
-            tpl = _template_of(cfg)
+            tpl = named_chat_template(cfg.get("chat_template")) if isinstance(cfg, dict) else None
             if tpl is None:
                 raise ValueError(f"{path} has no chat_template")
-            return cls(tpl, _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")), str(path))
+            bos, eos = (special_token_text(cfg.get(k)) for k in ("bos_token", "eos_token"))
+            return cls(tpl, bos, eos, str(path))
         return cls(text, origin=str(path))
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @classmethod
+    def from_server(cls, meta: dict, server: str) -> "ChatTemplate":
+        """The template a server's welcome carried (`cipherlm.runtime.bundle.check_chat_template`
+        checked its types and sizes); ValueError when it does not compile in the sandbox."""
+        return cls(meta["template"], meta.get("bos_token", ""), meta.get("eos_token", ""),
+                   f"the server {server} (its model's tokenizer metadata)", untrusted=True)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, now: float) -> str:
         from jinja2.exceptions import TemplateError
 
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+                                        bos_token=self.bos_token, eos_token=self.eos_token,
+                                        strftime_now=lambda fmt: time.strftime(fmt, time.localtime(now)))
         except ProxyError:
             raise
-        except (TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError,
+                RecursionError, MemoryError) as exc:
             raise _bad(f"the model's chat template failed on these messages ({type(exc).__name__})",
                        "messages") from None
 
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text.  For an `untrusted` template the rendering must equal its *frame*
+        (the same messages with each content replaced by a random marker) with the markers
+        replaced by the contents, trimmed as the template trimmed the markers' padding; any
+        other rendering (a template that branches on, measures or rewrites the text) is a 400
+        ``chat_template_refused``."""
+        now = time.time()
+        if not self.untrusted:
+            return self._render(messages, add_generation_prompt, now)
+        nonce = secrets.token_hex(8)
+        marks = [f"\u27e6cipherlm-{nonce}-{i}\u27e7" for i in range(len(messages))]
+        frame = self._render([dict(m, content=" \n" + mk + "\n ") for m, mk in zip(messages, marks)],
+                             add_generation_prompt, now)
+        real = self._render(messages, add_generation_prompt, now)
+        index = {mk: i for i, mk in enumerate(marks)}
+        pattern = re.compile("( \n)?(" + "|".join(re.escape(mk) for mk in marks) + ")(\n )?")
 
-def _token_text(tok) -> str:
-    if isinstance(tok, dict):  # AddedToken serialised by transformers
-        return str(tok.get("content", ""))
-    return tok if isinstance(tok, str) else ""
+        def content(m: re.Match) -> str:
+            c = messages[index[m.group(2)]]["content"]
+            c = c if m.group(1) else c.lstrip()
+            return c if m.group(3) else c.rstrip()
 
-
-def _template_of(cfg: dict) -> str | None:
-    tpl = cfg.get("chat_template")
-    if isinstance(tpl, list):  # [{name, template}, ...]: the "default" one
-        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
-        tpl = named.get("default") or next(iter(named.values()), None)
-    return tpl if isinstance(tpl, str) and tpl.strip() else None
+        if real != pattern.sub(content, frame):
+            raise _bad("the chat template sent by the server renders these messages as more than their text "
+                       "inserted in a fixed frame (it looks inside them); refused, since the server sees the "
+                       "length of the rendered prompt. Start the proxy with --chat-template FILE to use a "
+                       "template you trust", "messages", "chat_template_refused")
+        return real
 
 
 def find_chat_template(model: str) -> ChatTemplate | None:
     """The template in a model's tokenizer metadata when the model (a registered name or a
-    path, as the server names it) is on this machine: tokenizer_config.json of an HF
-    directory, or the GGUF's ``tokenizer.chat_template`` (read from the file's header)."""
+    path, as the server names it) is on this machine: an HF directory's
+    ``chat_template.jinja`` or tokenizer_config.json (`cipherlm.runtime.bundle.chat_template_meta`,
+    as the server reads it), the converted copy of a GGUF, or the GGUF's
+    ``tokenizer.chat_template`` (read from the file's header)."""
     from cipherlm.models import cache_dir, resolve
+    from cipherlm.runtime.bundle import chat_template_meta
 
     try:
         _, path = resolve(model)
     except (ValueError, OSError):
         return None
-    candidates = []
-    if path.is_dir():
-        candidates.append(path / "tokenizer_config.json")
-    else:
-        candidates.append(cache_dir() / "models" / (path.stem + "-f32") / "tokenizer_config.json")
-    for c in candidates:
-        if c.exists():
-            try:
-                return ChatTemplate.from_file(c)
-            except (ValueError, OSError):
-                continue
+    d = path if path.is_dir() else cache_dir() / "models" / (path.stem + "-f32")
+    meta = chat_template_meta(d)
+    if meta is not None:
+        try:
+            return ChatTemplate(meta["template"], meta["bos_token"], meta["eos_token"], str(d))
+        except ValueError as exc:
+            log.warning("the chat template in %s is unusable (%s)", d, exc)
     if path.is_file() and path.suffix == ".gguf":
         try:
             import gguf
@@ -237,7 +277,7 @@ class Upstream:
     host: str
     port: int
     mode: str
-    chat_template: ChatTemplate | None = None  # --chat-template (else found, else ChatML)
+    chat_template: ChatTemplate | None = None  # --chat-template (else local, else the server's, else ChatML)
     timeout: float = SESSION_TIMEOUT
     model: str | None = None
     kind: str | None = None  # "decoder" | "encoder"
@@ -247,6 +287,7 @@ class Upstream:
     max_new_tokens: int = 1 << 30
     eos_ids: set = field(default_factory=set)
     created: int = 0
+    template_from: str | None = None  # "file" | "local" | "server" | "chatml" (see `_choose_template`)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -299,16 +340,37 @@ class Upstream:
             ctx = min(ctx, OFFLOAD_MAX_ROWS)
         self.context = ctx
         self.eos_ids = _eos_ids(config, self.tokenizer)
-        if self.chat_template is None and self.kind == "decoder":
-            self.chat_template = find_chat_template(client.model)
-            if self.chat_template is None:
-                log.warning("no chat template for model %s on this machine: ChatML is used "
-                            "(pass --chat-template FILE for the model's own)", client.model)
-                self.chat_template = ChatTemplate(CHATML_TEMPLATE, origin="ChatML (fallback)")
+        if self.kind == "decoder":
+            self._choose_template(client)
         self.created = int(time.time())
         self.model = client.model
         log.info("server %s: model %s (%s, %s mode, context %d tokens)", self.address, self.model, self.kind,
                  self.mode, self.context)
+
+
+    def _choose_template(self, client) -> None:
+        """The chat template, in order: --chat-template FILE; the model's own on this machine
+        (`find_chat_template`: trusted, the user's copy); the one the server's welcome carried
+        (its model's tokenizer metadata; untrusted: compiled in the sandbox, each rendering
+        checked to be content-oblivious, `ChatTemplate.render`); ChatML, with a warning."""
+        if self.chat_template is not None:
+            self.template_from = self.template_from or "file"
+            return
+        tpl = find_chat_template(client.model)
+        if tpl is not None:
+            self.chat_template, self.template_from = tpl, "local"
+            return
+        meta = getattr(client, "chat_template", None)
+        if meta is not None:
+            try:
+                self.chat_template, self.template_from = ChatTemplate.from_server(meta, self.address), "server"
+                return
+            except ValueError as exc:  # a bad template is refused, not fatal: the next source is used
+                log.warning("server %s sent a chat template this proxy cannot use (%s): not used", self.address,
+                            exc)
+        log.warning("no chat template for model %s (not on this machine, none usable from the server): ChatML "
+                    "is used (pass --chat-template FILE for the model's own)", client.model)
+        self.chat_template, self.template_from = ChatTemplate(CHATML_TEMPLATE, origin="ChatML (fallback)"), "chatml"
 
 
 def _eos_ids(config: dict, tokenizer) -> set[int]:
@@ -885,7 +947,8 @@ class ProxyApp:
             if fmt not in (None, {"type": "text"}):
                 raise _bad("only the text response format is supported", "response_format", "unsupported_parameter")
             msgs = _messages(body)
-            prompt = up.chat_template.render(msgs, add_generation_prompt=True)
+            # in a worker thread: a template (possibly the server's) never holds up the event loop
+            prompt = await asyncio.to_thread(up.chat_template.render, msgs, True)
             params = proxy._gen_params(up, body, self._encode(up, prompt, special=False))
             return await proxy._generation(request, up, body, params, chat=True)
 
@@ -946,6 +1009,7 @@ class ProxyApp:
     def _model_card(self, up: Upstream) -> dict:
         return {"id": up.model, "object": "model", "created": up.created, "owned_by": f"cipherlm-{up.mode}",
                 "cipherlm": {"mode": up.mode, "kind": up.kind, "server": up.address, "context": up.context,
+                             "chat_template": up.template_from,
                              "plaintext_available": bool(self.plaintext and self.plaintext.source(up.model))}}
 
     # ---- generation responses

@@ -11,7 +11,7 @@ step       client -> server                                server -> client
 =========  ==============================================  =========================================
 hello      ``{type: hello, protocol, mode: "2pc", model}``  ``{type: welcome, protocol, model, config,
                                                            config_digest, plan, labels, tokenizer,
-                                                           ring, limits}``
+                                                           chat_template, ring, limits}``
 request    ``{type: generate, n_prompt, max_new_tokens}``  ``{type: go}`` then the 2PC run (prefill,
            or ``{type: classify, n_tokens}``                decode passes with one ``{continue}`` per
                                                            token from the client)
@@ -49,6 +49,7 @@ import numpy as np
 from cipherlm.mpc.context import Context, MPCError
 from cipherlm.net.channel import TCPChannel
 from cipherlm.runtime import twopc
+from cipherlm.runtime.bundle import check_chat_template
 from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
 from cipherlm.runtime.plan_check import check_twopc_welcome
 from cipherlm.runtime.session_server import MessageSession, ServerLimits, SessionClient, SessionServer
@@ -80,6 +81,7 @@ class TwoPCHost:
         `linear_packing` / `network`: the linear layers' packing and the network preset
         its cost model assumes (`twopc.LINEAR_PACKINGS`; public, in the plan)."""
         from cipherlm.models import load_model
+        from cipherlm.runtime.bundle import chat_template_meta
 
         t0 = time.perf_counter()
         lm = lm if lm is not None else load_model(model_name)
@@ -99,6 +101,7 @@ class TwoPCHost:
         self.plan = twopc.public_plan(lm.config, self.weights, embedding, moe_capacity=moe_capacity,
                                       linear_packing=linear_packing, network=network)
         self.tokenizer_json = lm.tokenizer.to_str() if lm.tokenizer is not None else None
+        self.chat_template = chat_template_meta(getattr(lm, "path", None))  # {template, bos, eos} or None
         self.digest = config_digest(self.config)
         self.max_tokens = twopc.model_kind(self.config)[2]
         self.startup_seconds = time.perf_counter() - t0
@@ -113,7 +116,8 @@ class TwoPCHost:
         ring = RingConfig()
         return {"type": "welcome", "protocol": PROTOCOL_VERSION, "mode": "2pc", "model": self.name,
                 "config": self.config, "config_digest": self.digest, "plan": self.plan, "labels": self.labels,
-                "tokenizer": self.tokenizer_json, "ring": {"bits": ring.bits, "frac": ring.frac},
+                "tokenizer": self.tokenizer_json, "chat_template": self.chat_template,
+                "ring": {"bits": ring.bits, "frac": ring.frac},
                 "limits": {"max_tokens": self.max_tokens, "max_new_tokens": MAX_NEW_TOKENS}}
 
 
@@ -232,6 +236,7 @@ class TwoPCClient(SessionClient):
             except ProtocolError:
                 self.chan.close()
                 raise
+        self.chat_template = check_chat_template(welcome.get("chat_template"))  # (checked above)
         self.ctx = Context(self.chan, 0)
         self.meter = twopc.OpMeter(self.chan)
         self._executor = None
@@ -244,6 +249,7 @@ class TwoPCClient(SessionClient):
         if w.get("mode") != "2pc":
             raise ProtocolError(f"the server at this address is not a 2pc server (mode {w.get('mode')!r})")
         check_twopc_welcome(w)  # strict types; the plan allow-listed (no `insecure` MoE, known embeddings)
+        check_chat_template(w.get("chat_template"))  # None or {template, bos_token, eos_token}, size-capped
         cfg = w.get("config")
         if not isinstance(cfg, dict) or config_digest(cfg) != w.get("config_digest"):
             raise ProtocolError("the model config does not match its digest")
