@@ -19,6 +19,7 @@ bundle, keys) is excluded: a client starts its clock after its handshake.
 
     .venv/bin/python benchmarks/bench_concurrency.py --model smollm2-135m --sessions 4 \\
         --prompt-tokens 2 --new-tokens 4 --report benchmarks/results/concurrency.json
+    .venv/bin/python benchmarks/bench_concurrency.py --via proxy ...   # the same through `cipherlm proxy`
 """
 
 from __future__ import annotations
@@ -34,17 +35,55 @@ import numpy as np
 
 
 def client_main(addr: str, prompt: list[int], new_tokens: int) -> None:
-    """One client process: a session, greedy generation, timings as one JSON line on stdout."""
+    """One client process: a session, greedy generation, timings as one JSON line on stdout.
+    ``addr`` HOST:PORT is a `cipherlm serve`; an http:// URL is a `cipherlm proxy` (then the
+    clock includes the proxy's session set-up, which a direct client does before ``t0``)."""
+    stamps: list[float] = []
+    if addr.startswith("http"):
+        import openai
+
+        client = openai.OpenAI(base_url=addr, api_key="none", max_retries=0, timeout=3600)
+        model = client.models.list().data[0].id
+        t0 = time.time()
+        parts = []
+        for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=new_tokens, temperature=0,
+                                               stream=True):
+            if chunk.choices and chunk.choices[0].text:
+                stamps.append(time.time())
+                parts.append(chunk.choices[0].text)
+        print(json.dumps({"ids": "".join(parts), "t0": t0, "stamps": stamps}), flush=True)
+        return
     from cipherlm.runtime.offload_client import OffloadClient
 
     host, _, port = addr.rpartition(":")
-    stamps: list[float] = []
     with OffloadClient(host, int(port), timeout=600) as client:
         ex = client.executor()
         t0 = time.time()
         ids = ex.generate(prompt, max_new_tokens=new_tokens, eos_token_ids=[],
                           on_token=lambda _t: stamps.append(time.time()))
     print(json.dumps({"ids": [int(i) for i in ids], "t0": t0, "stamps": stamps}), flush=True)
+
+
+def start_proxy(server: str) -> tuple[subprocess.Popen, str]:
+    """`cipherlm proxy` in front of ``server`` on a free port; returns (process, base URL)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cipherlm", "proxy", "--server", server, "--mode", "offload",
+                             "--port", str(port)], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if json.loads(r.read()).get("status") == "ok":
+                    return proc, url + "/v1"
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the proxy did not come up")
 
 
 def run_phase(addr: str, n: int, prompt: list[int], new_tokens: int) -> dict:
@@ -84,6 +123,9 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--via", choices=("direct", "proxy"), default="direct",
+                    help="clients talk to the server (direct) or to one `cipherlm proxy` (OpenAI streaming "
+                         "completions; the proxy holds every session's keys)")
     ap.add_argument("--report", metavar="FILE")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -94,12 +136,17 @@ def main() -> None:
 
     from cipherlm.launch import start_server_process, stop_process
 
-    extra = [] if args.session_processes is None else ["--session-processes", str(args.session_processes)]
+    extra = ["--max-sessions-per-address", str(max(4, args.sessions))]  # the proxy is one address
+    if args.session_processes is not None:
+        extra += ["--session-processes", str(args.session_processes)]
     load_before = os.getloadavg()
     t0 = time.time()
     proc, (host, port) = start_server_process(args.model, timeout=1800, extra_args=extra)
     print(f"server ready in {time.time() - t0:.0f} s", file=sys.stderr)
     addr = f"{host}:{port}"
+    proxy = None
+    if args.via == "proxy":
+        proxy, addr = start_proxy(addr)
     prompt = [int(i) for i in np.random.default_rng(0).integers(10, 1000, size=args.prompt_tokens)]
     rounds = []
     try:
@@ -115,11 +162,13 @@ def main() -> None:
                            if many["decode_tok_s"] and solo["decode_tok_s"] else None,
                            "identical": all(a == solo["answers"][0] for a in many["answers"])})
     finally:
+        if proxy is not None:
+            stop_process(proxy)
         stop_process(proc)
     report = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "machine": {"nproc": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
-        "model": args.model, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+        "model": args.model, "via": args.via, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "session_processes": args.session_processes or "default (one per core)",
         "rounds": rounds,
     }
