@@ -294,6 +294,25 @@ def _channel_stream():
     return strategy, check
 
 
+@target("message", "cipherlm.net.message.decode (its own fuzzer: tests/test_net_message_fuzz.py; here for "
+        "the long run)", lambda: _net_errors()[:1], "FrameError", ci=100)
+def _message():
+    def strategy():
+        import test_net_message_fuzz as M
+
+        return st.one_of(M.mutated(), st.binary(max_size=200))
+
+    def check(payload):
+        from cipherlm.net import FrameError, message
+
+        for buf in (payload, bytearray(payload)):
+            try:
+                assert isinstance(message.decode(buf), dict)
+            except FrameError:
+                pass
+    return st.deferred(strategy), check
+
+
 # =========================================================================== session layer (server side)
 
 
@@ -1035,11 +1054,11 @@ def run_budget(name: str, seconds: float, *, batch: int = 500, record: Path | No
     while time.monotonic() - t0 < seconds:
         try:
             total += run(name, batch, derandomize=False, seed_value=i, record=record, shrink=False)["examples"]
-        except Finding as e:
-            findings.append(str(e)[:600])
+        except Exception as e:  # noqa: BLE001 - a Finding, or one wrapped by hypothesis
+            text = str(e)[:600] if isinstance(e, Finding) else f"{type(e).__name__}: {str(e)[:600]}"
+            if not any(text[:120] == f[:120] for f in findings):  # the same finding again: counted once
+                findings.append(text)
             total += batch  # (approximately: the batch ran up to its finding)
-        except Exception as e:  # noqa: BLE001 - a finding wrapped by hypothesis (e.g. an ExceptionGroup)
-            findings.append(f"{type(e).__name__}: {str(e)[:600]}")
         i += 1
     return {"target": name, "examples": total, "seconds": time.monotonic() - t0, "findings": findings}
 
@@ -1051,23 +1070,25 @@ def run_in_child(name: str, examples: int | None = None, *, seconds: float | Non
     import subprocess
     import tempfile
 
-    rec = record or Path(tempfile.mkstemp(prefix=f"fuzz-{name}-", suffix=".last")[1])
-    cmd = [sys.executable, str(Path(__file__).resolve()), name, "--record", str(rec)]
+    native = TARGETS[name].native
+    rec = record if (record is not None and native) else (
+        Path(tempfile.mkstemp(prefix=f"fuzz-{name}-", suffix=".last")[1]) if native else None)
+    cmd = [sys.executable, str(Path(__file__).resolve()), name] + (["--record", str(rec)] if rec else [])
     cmd += ["--examples", str(examples)] if seconds is None else ["--seconds", str(seconds)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         return {"returncode": None, "result": None, "stderr": str(e.stderr)[-2000:],
-                "crash_input": rec.read_bytes()[:2000] if rec.exists() else None}
+                "crash_input": rec.read_bytes()[:2000] if rec and rec.exists() else None}
     result = None
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("{"):
             result = json.loads(line)
             break
     out = {"returncode": proc.returncode, "result": result, "stderr": proc.stderr[-3000:],
-           "crash_input": rec.read_bytes()[:2000] if proc.returncode not in (0, 1) and rec.exists() else None}
-    if record is None:
+           "crash_input": rec.read_bytes()[:2000] if rec and proc.returncode not in (0, 1) and rec.exists() else None}
+    if record is None and rec is not None:
         rec.unlink(missing_ok=True)
     return out
 
