@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import tracemalloc
 
 import pytest
+from conftest import wait_for
 
 from test_proxy import RunningProxy, chat_dir, monkeypatch_module  # noqa: F401 (fixtures)
 
@@ -42,13 +42,6 @@ def _rss(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def _wait_for(cond, what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
-
 
 @pytest.fixture(scope="module")
 def loaded(chat_dir):  # noqa: F811
@@ -57,7 +50,7 @@ def loaded(chat_dir):  # noqa: F811
                            limits=ServerLimits(max_sessions_per_address=CLIENTS))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    _wait_for(lambda: server._pool is not None, "the session workers started")
+    wait_for(lambda: server._pool is not None, "the session workers started")
     proxy = RunningProxy(ProxyApp([server.address], "offload",
                                   chat_template=ChatTemplate.from_file(chat_dir / "tokenizer_config.json")))
     yield server, proxy
@@ -79,8 +72,8 @@ def test_eight_concurrent_clients_equal_solo_answers_and_memory_returns(loaded):
         assert result.answers == solo
         assert all(r.completion_tokens <= TOKENS for r in result.results)
         assert all(r.first_token_s is not None for r in result.results if r.stream)
-        _wait_for(lambda: server.active_sessions == 0, "every server session ended")
-        _wait_for(lambda: proxy.proxy.active_jobs == 0, "every proxy job ended")
+        wait_for(lambda: server.active_sessions == 0, "every server session ended")
+        wait_for(lambda: proxy.proxy.active_jobs == 0, "every proxy job ended")
 
     round_()  # the first round brings caches and pools to their working size
     gc.collect()

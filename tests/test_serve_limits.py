@@ -16,6 +16,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import wait_for
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,20 +25,15 @@ from cipherlm.net import framing, message  # noqa: E402
 from cipherlm.net.channel import ChannelClosed, TCPChannel, inprocess_pair  # noqa: E402
 from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, RemoteError  # noqa: E402
-from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
+from cipherlm.runtime.offload_server import OffloadServer  # noqa: E402
 from cipherlm.runtime.session_server import ServerLimits  # noqa: E402
 
 HELLO = {"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "model": None}
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory, tiny_llama_dir):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
-    h = ModelHost(tiny_llama_dir)
-    yield h
-    h.engine.close()
-    mp.undo()
+def host(tiny_offload_host):
+    return tiny_offload_host
 
 
 @pytest.fixture
@@ -55,13 +51,6 @@ def serve(host):
     for srv in servers:
         srv.shutdown()
 
-
-def _wait_for(cond, what: str, limit: float = 20.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
 
 
 def _hello(addr, source: str | None = None, **fields) -> TCPChannel:
@@ -131,7 +120,7 @@ def test_oversized_frame_before_hello_refused_without_allocating(serve):
                     received += chunk
             except OSError:  # reset: the server closed with our payload unread
                 pass
-        _wait_for(lambda: srv.sessions_failed > before, "the session ends")
+        wait_for(lambda: srv.sessions_failed > before, "the session ends")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -162,7 +151,7 @@ def test_too_many_sessions_get_busy_error(serve):
     assert srv.sessions_refused == 2 and srv.active_sessions == 2
     a.send({"type": "bye"})
     a.close()
-    _wait_for(lambda: srv.active_sessions < 2, "a slot frees")
+    wait_for(lambda: srv.active_sessions < 2, "a slot frees")
     _assert_serves(srv)
     b.close()
 
@@ -183,7 +172,7 @@ def test_too_many_sessions_from_one_address(serve):
         other.close()
     a.send({"type": "bye"})
     a.close()
-    _wait_for(lambda: srv.active_sessions == 0, "the sessions end")
+    wait_for(lambda: srv.active_sessions == 0, "the sessions end")
     _assert_serves(srv)
 
 
@@ -274,7 +263,7 @@ def test_work_stops_when_the_client_disconnects(serve, host, monkeypatch, caplog
     before = srv.sessions_failed
     client.chan.send({"type": "linear", "group": gid, "cts": [ct] * n})
     client.chan.close()  # gone before the answer
-    _wait_for(lambda: srv.sessions_failed > before, "the session ends")
+    wait_for(lambda: srv.sessions_failed > before, "the session ends")
     assert any("disconnected during its request" in r.getMessage() for r in caplog.records)
     assert done[0] < n // 4, done[0]  # without the check the server evaluates all n
     # server CPU spent on the abandoned request: a fraction of what all n would cost
@@ -435,15 +424,15 @@ def test_peer_gone():
         a, b = pair()
         assert not a.peer_gone()
         b.send({"type": "x"})
-        _wait_for(lambda: a.sock.recv(1, socket.MSG_PEEK), "the data arrives")
+        wait_for(lambda: a.sock.recv(1, socket.MSG_PEEK), "the data arrives")
         assert not a.peer_gone()  # data waiting: still there
         b.close()
-        _wait_for(a.peer_gone, "the close is seen")  # EOF behind the unread data
+        wait_for(a.peer_gone, "the close is seen")  # EOF behind the unread data
         assert a.recv()["type"] == "x"  # nothing was consumed
         a.close()
         a, b = pair()
         b.close()
-        _wait_for(a.peer_gone, "the close is seen")
+        wait_for(a.peer_gone, "the close is seen")
         a.close()
         assert a.peer_gone()
 

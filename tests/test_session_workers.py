@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import wait_for
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 from cipherlm.net.channel import ChannelClosed  # noqa: E402
 from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
 from cipherlm.runtime.offload_protocol import RemoteError  # noqa: E402
-from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
+from cipherlm.runtime.offload_server import OffloadServer  # noqa: E402
 from cipherlm.runtime.session_server import ServerLimits  # noqa: E402
 from cipherlm.runtime.session_workers import SessionProcessesError, session_processes_for  # noqa: E402
 
@@ -35,13 +35,8 @@ NEW_TOKENS = 3
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory, tiny_llama_dir):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
-    h = ModelHost(tiny_llama_dir)
-    yield h
-    h.engine.close()
-    mp.undo()
+def host(tiny_offload_host):
+    return tiny_offload_host
 
 
 @pytest.fixture
@@ -62,13 +57,6 @@ def serve(host):
         t.join(timeout=10)
         assert not t.is_alive(), "serve_forever did not return after shutdown"
 
-
-def _wait_for(cond, what: str, limit: float = 20.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
 
 
 def _answer(addr, prompt) -> list[int]:
@@ -108,14 +96,14 @@ def test_concurrent_sessions_in_workers_equal_solo_answers(serve, host, tmp_path
 
     monkeypatch.setattr(host.engine, "apply", traced)
     srv = serve(processes=2)
-    _wait_for(lambda: srv._pool is not None, "the worker pool started")
+    wait_for(lambda: srv._pool is not None, "the worker pool started")
     with ThreadPoolExecutor(len(PROMPTS)) as ex:
         answers = list(ex.map(lambda p: _answer(srv.address, p), PROMPTS))
     assert answers == solo
     pids = {int(x) for x in log.read_text().split()}
     assert os.getpid() not in pids, "a session ran in the server's own process"
     assert len(pids) == 2, f"sessions ran in {len(pids)} processes, not the 2 workers"
-    _wait_for(lambda: srv.sessions_served == len(PROMPTS), "every session counted")
+    wait_for(lambda: srv.sessions_served == len(PROMPTS), "every session counted")
     assert srv.sessions_failed == 0 and srv.active_sessions == 0
 
 
@@ -123,30 +111,30 @@ def test_limits_are_global_across_workers_and_slots_come_back(serve):
     srv = serve(processes=2, max_sessions=2)
     first, second = OffloadClient(*srv.address), OffloadClient(*srv.address)
     try:
-        _wait_for(lambda: srv.active_sessions == 2, "two sessions admitted")
+        wait_for(lambda: srv.active_sessions == 2, "two sessions admitted")
         with pytest.raises((RemoteError, ChannelClosed), match="busy"):
             OffloadClient(*srv.address)
         assert srv.sessions_refused == 1
     finally:
         first.close()
         second.close()
-    _wait_for(lambda: srv.active_sessions == 0, "the workers reported both sessions' end")
+    wait_for(lambda: srv.active_sessions == 0, "the workers reported both sessions' end")
     assert _answer(srv.address, PROMPTS[0])  # a slot is free again
     assert srv.sessions_failed == 0
 
 
 def test_killed_worker_loses_only_its_sessions_and_is_replaced(serve):
     srv = serve(processes=2)
-    _wait_for(lambda: srv._pool is not None, "the worker pool started")
+    wait_for(lambda: srv._pool is not None, "the worker pool started")
     victim = OffloadClient(*srv.address, timeout=20)
-    _wait_for(lambda: srv.active_sessions == 1, "the session admitted")
+    wait_for(lambda: srv.active_sessions == 1, "the session admitted")
     (worker,) = [w for w in srv._pool.workers.values() if w.tokens]
     os.kill(worker.pid, signal.SIGKILL)
     with pytest.raises((ChannelClosed, RemoteError, ConnectionError, OSError)):
         victim.executor().generate([1, 2], max_new_tokens=2, eos_token_ids=[])
     victim.chan.close()
-    _wait_for(lambda: srv.active_sessions == 0 and srv.sessions_failed == 1, "the lost session freed and counted")
-    _wait_for(lambda: len(srv._pool.workers) == 2 and srv._pool.respawned == 1, "a replacement worker")
+    wait_for(lambda: srv.active_sessions == 0 and srv.sessions_failed == 1, "the lost session freed and counted")
+    wait_for(lambda: len(srv._pool.workers) == 2 and srv._pool.respawned == 1, "a replacement worker")
     assert worker.pid not in {w.pid for w in srv._pool.workers.values()}
     with ThreadPoolExecutor(2) as ex:  # both workers serve again
         assert all(ex.map(lambda p: _answer(srv.address, p), PROMPTS[:2]))
@@ -157,14 +145,14 @@ def test_workers_exit_at_shutdown(host):
     srv = OffloadServer(host, "127.0.0.1", 0, processes=2)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
-    _wait_for(lambda: srv._pool is not None, "the worker pool started")
+    wait_for(lambda: srv._pool is not None, "the worker pool started")
     pids = {w.pid for w in srv._pool.workers.values()}
     assert len(pids) == 2 and pids <= _children()
     assert _answer(srv.address, PROMPTS[1])
     srv.shutdown()
     t.join(timeout=15)
     assert not t.is_alive()
-    _wait_for(lambda: not (_children() - before) & pids, "the workers gone and reaped")
+    wait_for(lambda: not (_children() - before) & pids, "the workers gone and reaped")
 
 
 def test_fork_unsafe_host_refused(host, monkeypatch):
