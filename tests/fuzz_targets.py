@@ -667,6 +667,54 @@ def _twopc_control():
 # =========================================================================== MPC
 
 
+@target("share_messages", "cipherlm.mpc.shares (reveal, share_input, bool exchange) as the 2pc client runs them "
+        "(TwoPCClient._run)", lambda: (_remote_error(),) + _mpc_errors(),
+        "RemoteError (TwoPCClient._run), MPCError", ci=150)
+def _share_messages():
+    import contextlib
+
+    from cipherlm.mpc.ring import RingConfig
+    from cipherlm.mpc.shares import AShare, reveal, share_input
+
+    class Ctx:
+        party = 0
+        ring = RingConfig()
+        rng = np.random.default_rng(0)
+
+        def __init__(self, msg):
+            self.msg = msg
+
+        def recv(self):
+            return self.msg
+
+        def send(self, msg):
+            pass
+
+        def exchange(self, msg):
+            return self.msg
+
+        def step(self, label):
+            return contextlib.nullcontext()
+
+    seeds = [{"s": np.arange(4, dtype=np.uint64)}, {"r": np.arange(6, dtype=np.uint64).reshape(2, 3)}]
+
+    def check(x):
+        from cipherlm.runtime.twopc_session import TwoPCClient
+
+        msg, which = x
+        ctx = Ctx(over_the_wire(msg) if isinstance(msg, dict) else msg)
+        ops = [lambda: reveal(AShare(ctx, np.zeros(4, np.uint64), 64), to=0),
+               lambda: reveal(AShare(ctx, np.zeros(4, np.uint64), 64)),
+               lambda: share_input(ctx, None, owner=1).data + 1]
+        try:
+            TwoPCClient._run(None, ops[which])
+        except (_remote_error(),) + _mpc_errors():
+            pass
+    return st.tuples(st.one_of(mutated_tree(seeds), st.dictionaries(st.sampled_from(["s", "r", "x"]), wire_values,
+                                                                    max_size=2)),
+                     st.integers(0, 2)), check
+
+
 def _ot_errors():
     from cipherlm.mpc.ot_common import OTError
 

@@ -29,7 +29,7 @@ def test_inventory_covers_each_network_decoder():
     want = {"frame_header", "channel_stream", "offload_server_requests", "twopc_server_requests", "expect",
             "offload_welcome", "twopc_welcome", "twopc_plan", "offload_bundle", "offload_result",
             "offload_client_engine", "tokenizer_json", "twopc_control", "ot_message", "ring_ciphertext",
-            "offload_ct_list", "seal_params", "lattigo_params", "message"}
+            "offload_ct_list", "seal_params", "lattigo_params", "message", "share_messages"}
     want |= {f"seal_{s}_{k}" for s, k in (("ckks", "ciphertext"), ("ckks", "galois_keys"), ("bfv", "ciphertext"),
                                           ("bfv", "public_key"), ("bfv", "galois_keys"))}
     want |= {f"lattigo_{k}" for k in ("ciphertext", "public_key", "galois_keys")}

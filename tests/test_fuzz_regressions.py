@@ -158,3 +158,42 @@ def test_server_request_type_not_a_str_is_a_protocol_error(t):
     s.limits = ServerLimits()
     with pytest.raises(ProtocolError):
         s.run()
+
+
+# --------------------------------------------------------------------------- 2pc client: share messages
+
+
+@pytest.mark.parametrize("msg, op, was", [
+    ({"s": None}, "reveal", "AttributeError: 'NoneType' object has no attribute 'shape'"),
+    ({"r": -(2 ** 63)}, "share_input", "OverflowError: Python integer out of bounds for uint64"),
+])
+def test_2pc_client_malformed_share_message_is_a_remote_error(msg, op, was):
+    """A server sending a share message of the wrong kind made the 2pc client raise a bare
+    AttributeError / OverflowError (TwoPCClient._run turned only KeyError, TypeError,
+    ValueError and MPCError into RemoteError)."""
+    from fuzz_targets import TARGETS
+
+    from cipherlm.runtime.offload_protocol import RemoteError
+
+    check = TARGETS["share_messages"].check
+    which = {"reveal": 0, "share_input": 2}[op]
+    check((msg, which))  # the target's own check: RemoteError / MPCError only
+    from cipherlm.mpc.ring import RingConfig
+    from cipherlm.mpc.shares import AShare, reveal, share_input
+    from cipherlm.runtime.twopc_session import TwoPCClient
+
+    class Ctx:
+        party, ring, rng = 0, RingConfig(), np.random.default_rng(0)
+
+        def recv(self):
+            return msg
+
+        def step(self, label):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    fn = (lambda: reveal(AShare(Ctx(), np.zeros(4, np.uint64), 64), to=0)) if op == "reveal" else \
+        (lambda: share_input(Ctx(), None, owner=1))
+    with pytest.raises(RemoteError, match="broke off the computation"):
+        TwoPCClient._run(None, fn)

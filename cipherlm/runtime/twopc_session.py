@@ -285,7 +285,7 @@ class TwoPCClient(SessionClient):
         server surfaces as RemoteError / ChannelClosed / ChannelTimeout."""
         try:
             return fn()
-        except (KeyError, TypeError, ValueError, MPCError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError, MPCError) as exc:
             # the peer sent something other than the protocol message we expected: most
             # likely its error report; read it if it is there
             raise RemoteError(f"the server broke off the computation ({type(exc).__name__})") from exc
