@@ -141,6 +141,17 @@ def _plain_answer(model_dir, messages, max_tokens):
     return lm.tokenizer.decode(new, skip_special_tokens=True), len(ids), new
 
 
+def _debug_logs(caplog) -> None:
+    """Every record of the proxy and the servers at DEBUG; the HTTP client of the test itself
+    (httpcore, under the openai client) at INFO: its DEBUG records echo raw response headers
+    as bytes, which the log guard of tests/conftest.py takes for a value dump."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    for name in ("httpcore", "httpcore2"):
+        caplog.set_level(logging.INFO, logger=name)
+
+
 # ----------------------------------------------------------------------------- offload
 
 
@@ -308,9 +319,7 @@ def test_client_disconnect_cancels_and_session_ends_cleanly(proxy, servers):
 
 
 def test_logs_hold_no_prompt_or_answer(proxy, chat_dir, caplog):
-    import logging
-
-    caplog.set_level(logging.DEBUG)
+    _debug_logs(caplog)
     msgs = [{"role": "user", "content": PROMPT}]
     c = proxy.client()
     r = c.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=10)
@@ -365,11 +374,9 @@ def twopc_proxy():
 
 
 def test_twopc_behind_the_proxy(twopc_proxy, caplog):
-    import logging
-
     from test_twopc import plain_decoder
 
-    caplog.set_level(logging.DEBUG)
+    _debug_logs(caplog)
     p, server, config, w = twopc_proxy
     c = p.client()
     msgs = [{"role": "user", "content": PROMPT}]
