@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer TOKEN' on /v1 (or set CIPHERLM_PROXY_API_KEY)")
     x.add_argument("--chat-template", default=None, metavar="FILE",
                    help="the chat template: a tokenizer_config.json or a Jinja file (default: the model's own "
-                        "when it is on this machine, else ChatML)")
+                        "when it is on this machine, else the one the server sends, else ChatML)")
     x.add_argument("--compare-plaintext", action="store_true",
                    help="allow 'compare with plaintext' (the chat page's box, or compare_plaintext: true in a "
                         "request) for models that are on this machine: runs the plaintext model too")
