@@ -44,8 +44,7 @@ func redc128(hi, lo, q, qInv uint64) uint64 {
 // over len(out0) coefficients, where the a's are reduced and the ps are reduced and in Montgomery
 // form (x 2^64), so that one Montgomery reduction per fold gives the plain sum.  acc: 4 *
 // len(out0) words of scratch.  Each product is one 64x64 -> 128-bit multiply added to a 128-bit
-// accumulator (four terms per pass over the accumulators, held in registers); a reduction happens
-// every `fold` terms and at the end.
+// accumulator; a reduction happens every `fold` terms and at the end.
 func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, acc []uint64) {
 	n := len(out0)
 	out1 = out1[:n]
@@ -54,57 +53,9 @@ func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, a
 	first := true
 	for start := 0; start < len(ps) || first; start += fold {
 		end := min(start+fold, len(ps))
-		for c := 0; c < n; c++ {
-			hi0[c], lo0[c], hi1[c], lo1[c] = 0, 0, 0, 0
-		}
-		t := start
-		for ; t+4 <= end; t += 4 {
-			pa, pb, pc, pd := ps[t][:n], ps[t+1][:n], ps[t+2][:n], ps[t+3][:n]
-			xa, xb, xc, xd := a0s[t][:n], a0s[t+1][:n], a0s[t+2][:n], a0s[t+3][:n]
-			ya, yb, yc, yd := a1s[t][:n], a1s[t+1][:n], a1s[t+2][:n], a1s[t+3][:n]
-			for c := 0; c < n; c++ {
-				var cy uint64
-				h0, l0 := hi0[c], lo0[c]
-				h1, l1 := hi1[c], lo1[c]
-				h, l := bits.Mul64(xa[c], pa[c])
-				l0, cy = bits.Add64(l0, l, 0)
-				h0 += h + cy
-				h, l = bits.Mul64(xb[c], pb[c])
-				l0, cy = bits.Add64(l0, l, 0)
-				h0 += h + cy
-				h, l = bits.Mul64(xc[c], pc[c])
-				l0, cy = bits.Add64(l0, l, 0)
-				h0 += h + cy
-				h, l = bits.Mul64(xd[c], pd[c])
-				l0, cy = bits.Add64(l0, l, 0)
-				h0 += h + cy
-				h, l = bits.Mul64(ya[c], pa[c])
-				l1, cy = bits.Add64(l1, l, 0)
-				h1 += h + cy
-				h, l = bits.Mul64(yb[c], pb[c])
-				l1, cy = bits.Add64(l1, l, 0)
-				h1 += h + cy
-				h, l = bits.Mul64(yc[c], pc[c])
-				l1, cy = bits.Add64(l1, l, 0)
-				h1 += h + cy
-				h, l = bits.Mul64(yd[c], pd[c])
-				l1, cy = bits.Add64(l1, l, 0)
-				h1 += h + cy
-				hi0[c], lo0[c], hi1[c], lo1[c] = h0, l0, h1, l1
-			}
-		}
-		for ; t < end; t++ {
-			p, x, y := ps[t][:n], a0s[t][:n], a1s[t][:n]
-			for c := 0; c < n; c++ {
-				var cy uint64
-				h, l := bits.Mul64(x[c], p[c])
-				lo0[c], cy = bits.Add64(lo0[c], l, 0)
-				hi0[c] += h + cy
-				h, l = bits.Mul64(y[c], p[c])
-				lo1[c], cy = bits.Add64(lo1[c], l, 0)
-				hi1[c] += h + cy
-			}
-		}
+		clear(acc[:4*n])
+		mulAccHalf(a0s[start:end], ps[start:end], hi0, lo0)
+		mulAccHalf(a1s[start:end], ps[start:end], hi1, lo1)
 		for c := 0; c < n; c++ {
 			r0 := redc128(hi0[c], lo0[c], q, qInv)
 			r1 := redc128(hi1[c], lo1[c], q, qInv)
@@ -119,6 +70,44 @@ func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, a
 			out0[c], out1[c] = r0, r1
 		}
 		first = false
+	}
+}
+
+// mulAccHalf: (hi, lo) += sum_t as[t] * ps[t] as 128-bit sums, four terms per pass over the
+// accumulators (eight slices and one accumulator pair: few enough to stay in registers).
+func mulAccHalf(as, ps [][]uint64, hi, lo []uint64) {
+	n := len(hi)
+	lo = lo[:n]
+	t := 0
+	for ; t+4 <= len(ps); t += 4 {
+		pa, pb, pc, pd := ps[t][:n], ps[t+1][:n], ps[t+2][:n], ps[t+3][:n]
+		xa, xb, xc, xd := as[t][:n], as[t+1][:n], as[t+2][:n], as[t+3][:n]
+		for c := 0; c < n; c++ {
+			var cy uint64
+			h0, l0 := hi[c], lo[c]
+			h, l := bits.Mul64(xa[c], pa[c])
+			l0, cy = bits.Add64(l0, l, 0)
+			h0 += h + cy
+			h, l = bits.Mul64(xb[c], pb[c])
+			l0, cy = bits.Add64(l0, l, 0)
+			h0 += h + cy
+			h, l = bits.Mul64(xc[c], pc[c])
+			l0, cy = bits.Add64(l0, l, 0)
+			h0 += h + cy
+			h, l = bits.Mul64(xd[c], pd[c])
+			l0, cy = bits.Add64(l0, l, 0)
+			h0 += h + cy
+			hi[c], lo[c] = h0, l0
+		}
+	}
+	for ; t < len(ps); t++ {
+		p, x := ps[t][:n], as[t][:n]
+		for c := 0; c < n; c++ {
+			var cy uint64
+			h, l := bits.Mul64(x[c], p[c])
+			lo[c], cy = bits.Add64(lo[c], l, 0)
+			hi[c] += h + cy
+		}
 	}
 }
 
