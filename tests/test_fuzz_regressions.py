@@ -142,17 +142,15 @@ def test_ot_message_genuine_still_accepted():
     assert ot_expect(_Chan(msg), "rot", {"u": 40}, n=5, bits=64) is msg
 
 
-# --------------------------------------------------------------------------- reported, not fixed here
+# --------------------------------------------------------------------------- server request loop
 
 
-@pytest.mark.xfail(strict=True, reason="session_server.MessageSession reads a request's type without checking it "
-                   "is a str, and checks the hello with the clients' expect() (RemoteError on {type: error}); "
-                   "reported, not fixed here: that file is being reworked by another change")
 @pytest.mark.parametrize("script", [[{"type": []}], [{"type": np.array([1, 2])}], "hello-error"],
                          ids=["type-list", "type-array", "hello-of-type-error"])
 def test_server_malformed_request_is_an_expected_error(script):
-    """The session ends either way and the server serves on; only the kind is wrong: these end
-    as "internal error: TypeError / ValueError / RemoteError" instead of a ProtocolError."""
+    """Found by the fuzzer: these ended as "internal error: TypeError / ValueError / RemoteError"
+    (a request type that is not a str, a hello that is an error report) instead of a
+    ProtocolError; now MessageSession checks both."""
     from fuzz_targets import HELLO, _ScriptChannel, _StubOffloadHost
 
     from cipherlm.runtime.offload_server import OffloadServer, Session

@@ -136,7 +136,10 @@ class MessageSession:
     def check_hello(self) -> None:
         """The first message must be a hello for this protocol version, this mode and
         (if it names one) this model; anything else ends the session."""
-        hello = expect(self.chan.recv(timeout=self.limits.hello_timeout), "hello")
+        hello = self.chan.recv(timeout=self.limits.hello_timeout)
+        if isinstance(hello, dict) and hello.get("type") == "error":  # a client's error is not the server's
+            raise ProtocolError("expected a 'hello' message, got an error report")
+        hello = expect(hello, "hello")
         proto = hello.get("protocol")
         if type(proto) is not int or proto != self.protocol_version:  # not True, not 1.0
             raise ProtocolError(f"protocol version {proto!r} not supported "
@@ -178,6 +181,8 @@ class MessageSession:
             if not isinstance(msg, dict):
                 raise ProtocolError("expected a message dict")
             kind = msg.get("type")
+            if not isinstance(kind, str):
+                raise ProtocolError(f"a request's type must be a string, not a {type(kind).__name__}")
             if kind == "bye":
                 return
             handler = self.handlers.get(kind)
