@@ -36,8 +36,9 @@ from cipherlm.net import framing  # noqa: E402
 from cipherlm.net.channel import TCPChannel  # noqa: E402
 from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION  # noqa: E402
-from cipherlm.runtime.offload_server import ModelHost, OffloadServer  # noqa: E402
+from cipherlm.runtime.offload_server import OffloadServer  # noqa: E402
 from cipherlm.runtime.session_server import ServerLimits  # noqa: E402
+from conftest import wait_for  # noqa: E402
 
 PROMPTS = [[5, 17, 42], [9, 3, 60, 11]]
 NEW_TOKENS = 3
@@ -46,19 +47,10 @@ IDLE = 2.5  # the servers' idle timeout in these tests (s)
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    path = tmp_path_factory.mktemp("cache")
-    mp.setenv("CIPHERLM_CACHE", str(path))
-    yield path
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def host(tiny_llama_dir, cache):
-    h = ModelHost(tiny_llama_dir)
-    yield h
-    h.engine.close()
+def host(tiny_offload_host):
+    """The tiny Llama's offload host (conftest.py; it also points CIPHERLM_CACHE at a fresh
+    directory for the module)."""
+    return tiny_offload_host
 
 
 @pytest.fixture
@@ -130,11 +122,7 @@ class Bystanders:
 
 
 def _wait_for(cond, what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
+    wait_for(cond, what, limit)
 
 
 def _assert_no_plaintext(records, solo_answers) -> None:
@@ -344,7 +332,7 @@ def test_slow_peer_is_served_and_others_are_not_slowed(serve, solo, caplog):
 # --------------------------------------------------------------------------- a server restarted
 
 
-def test_server_restarted_between_two_requests(tiny_llama_dir, solo, cache):
+def test_server_restarted_between_two_requests(tiny_llama_dir, solo, host):
     from cipherlm.commands import start_server_process, stop_process
 
     args = ("--timeout", str(IDLE), "--session-processes", "1")
