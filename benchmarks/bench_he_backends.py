@@ -12,6 +12,17 @@ both: the 8 split over 2 Python threads), a BSGS matrix-vector product with 64 d
 rescale (SEAL: 8 baby x 8 giant steps in Python, the loop the offload engine runs; Lattigo: one
 lintrans call with hoisted baby steps, LOG_BSGS_RATIO), decrypt + decode at all data primes and
 at 1 prime (a product rescaled and switched down to q0, what the offload client decrypts).
+``--offload-matmul``: instead, the offload mode's one-call matmul on Lattigo
+(`cipherlm.he.matmul.apply` on a `LattigoEncodedMatrix`) for SmolLM2-135M's served shapes
+(q,k,v 960x576, o 576x576, gate,up 3072x576, down 576x1536, LM head 49152x576; random
+weights), one token each: wall and CPU (process) ms, min and median over --reps, error
+against numpy, per-token total (30 layers + head); ``--ab OLD_TREE --rounds R``: the same
+in child processes, this tree and OLD_TREE (a `git worktree` of an older commit with its own
+library built: PYTHONPATH selects which cipherlm, and so which library, a child loads)
+alternated R times, then the per-token ratios (issue 15 A/B).
+
+    .venv/bin/python benchmarks/bench_he_backends.py --offload-matmul --ab /tmp/old --rounds 3 --reps 5
+
 Medians over --reps, the two backends interleaved rep by rep so that load changes on a shared
 machine hit both; ratio = SEAL / Lattigo (> 1: Lattigo faster).  One thread, one call at a
 time, except the 2-thread row.  Also prints nproc, the load average before and after, the CPU
@@ -275,6 +286,113 @@ def bench_set(n: int, bits: tuple[int, ...], reps: int) -> dict:
             "max_err_bsgs": {"seal": s.bsgs_error(want_mv), "lattigo": l.bsgs_error(want_mv)}}
 
 
+#: SmolLM2-135M's offload groups as served, (d_out, d_in), and how many per token
+MATMUL_SHAPES = {"qkv": ((960, 576), 30), "o": ((576, 576), 30), "gate_up": ((3072, 576), 30),
+                 "down": ((576, 1536), 30), "lm_head": ((49152, 576), 1)}
+
+
+def bench_offload_matmul(names, reps: int, workers: int = 1) -> dict:
+    """One token through each named shape on the Lattigo offload matmul (in this process)."""
+    from cipherlm.he import OFFLOAD_CKKS
+    from cipherlm.he import matmul as mm
+
+    ctx = mm.make_context(OFFLOAD_CKKS, "lattigo")
+    keys = mm.client_keys(ctx)
+    rng = np.random.default_rng(0)
+    out = {}
+    for name in names:
+        (d_out, d_in), per_token = MATMUL_SHAPES[name]
+        W = rng.standard_normal((d_out, d_in)) * 0.04  # no bias: SmolLM2's projections have none
+        plan = mm.plan_matmul(d_out, d_in, ctx.slots, backend="lattigo")
+        enc = mm.encode_matrix(ctx, W, None, plan)
+        enc.workers = workers
+        gk = mm.load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps), [plan])
+        x = rng.standard_normal(d_in)
+        ct = mm.encrypt_input(keys, x, plan)
+        mm.apply(enc, ct, gk)  # warm-up
+        wall, cpu = [], []
+        for _ in range(reps):
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = mm.apply(enc, ct, gk)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        y = mm.decrypt_output(keys, res, plan)
+        err = float(np.max(np.abs(y - W @ x)) / (np.max(np.abs(W)) * np.max(np.abs(x))))
+        out[name] = {"shape": [d_out, d_in], "per_token": per_token,
+                     "plan": {k: getattr(plan, k) for k in ("c", "m", "n_blocks", "g", "b")},
+                     "wall_ms_min": min(wall) * 1e3, "wall_ms_median": statistics.median(wall) * 1e3,
+                     "cpu_ms_min": min(cpu) * 1e3, "cpu_ms_median": statistics.median(cpu) * 1e3,
+                     "max_rel_err": err}
+        del enc
+    return out
+
+
+def _per_token(res: dict, key: str) -> float:
+    return sum(r[key] * r["per_token"] for r in res.values()) / 1e3
+
+
+def offload_matmul_main(args) -> None:
+    names = args.shapes.split(",")
+    if not args.ab:
+        res = bench_offload_matmul(names, args.reps, args.workers)
+        if args.child:
+            print(json.dumps(res))
+            return
+        _print_matmul({"this tree": [res]}, names)
+        return
+    trees = {"new (this tree)": str(Path(__file__).resolve().parents[1]), "old": str(Path(args.ab).resolve())}
+    runs: dict[str, list] = {k: [] for k in trees}
+    loads = []
+    for rnd in range(args.rounds):
+        order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
+        for label in order:
+            env = dict(os.environ, PYTHONPATH=trees[label])
+            env.pop("CIPHERLM_LATTIGO_LIB", None)
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--offload-matmul", "--child", "--shapes", args.shapes,
+                   "--reps", str(args.reps), "--workers", str(args.workers)]
+            load = _load()
+            t0 = time.strftime("%H:%M:%S")
+            # cwd outside both trees: PYTHONPATH alone picks the cipherlm (and so the library)
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd="/")
+            if p.returncode != 0:
+                sys.exit(f"{label} child failed:\n{p.stderr[-3000:]}")
+            runs[label].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            loads.append((rnd + 1, label, t0, load))
+            print(f"# round {rnd + 1} {label} started {t0} UTC, load {load}: per token CPU "
+                  f"{_per_token(runs[label][-1], 'cpu_ms_min'):.2f} s", file=sys.stderr, flush=True)
+    _print_matmul(runs, names)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "loads": loads, "command": " ".join(sys.argv)}, indent=1))
+
+
+def _print_matmul(runs: dict, names) -> None:
+    print(f"# offload matmul on Lattigo, one token per shape; {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+          f"nproc {os.cpu_count()}, cpu {_cpu()}, load now {_load()}")
+    print("| tree | shape | plan c/m/blocks/g/b | CPU ms (min over rounds of the min) | wall ms (same) | max rel err |")
+    print("|---|---|---|---:|---:|---:|")
+    best = {}
+    for label, rs in runs.items():
+        for name in names:
+            r0 = rs[0][name]
+            p = r0["plan"]
+            cpu = min(r[name]["cpu_ms_min"] for r in rs)
+            wall = min(r[name]["wall_ms_min"] for r in rs)
+            err = max(r[name]["max_rel_err"] for r in rs)
+            best[(label, name)] = cpu
+            print(f"| {label} | {name} {r0['shape'][0]}x{r0['shape'][1]} | {p['c']}/{p['m']}/{p['n_blocks']}/{p['g']}/{p['b']} "
+                  f"| {cpu:.1f} | {wall:.1f} | {err:.1e} |")
+    for label, rs in runs.items():
+        cpu = [_per_token(r, "cpu_ms_min") for r in rs]
+        wall = [_per_token(r, "wall_ms_min") for r in rs]
+        print(f"# {label}: per token (30 layers + head, min per shape) CPU s per round {', '.join(f'{c:.2f}' for c in cpu)}; "
+              f"wall s {', '.join(f'{w:.2f}' for w in wall)}")
+    labels = list(runs)
+    if len(labels) == 2 and all(n in MATMUL_SHAPES for n in names):
+        a, b = labels
+        for name in names:
+            print(f"# CPU ratio {b} / {a}, {name}: {best[(b, name)] / best[(a, name)]:.2f}")
+
+
 def _fmt(v, nd=3):
     return "-" if v is None else f"{v:.{nd}f}"
 
@@ -285,9 +403,18 @@ def main() -> None:
                     help="N:bits,... (the last prime is the special prime); several separated by ';'")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--offload-matmul", action="store_true", help="time the offload matmul on Lattigo instead")
+    ap.add_argument("--shapes", default=",".join(MATMUL_SHAPES), help="--offload-matmul: which of " + ",".join(MATMUL_SHAPES))
+    ap.add_argument("--workers", type=int, default=1, help="--offload-matmul: goroutines per request")
+    ap.add_argument("--ab", help="--offload-matmul: an older tree (git worktree, library built) to alternate with")
+    ap.add_argument("--rounds", type=int, default=3, help="--offload-matmul --ab: alternations")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not available():
         sys.exit(f"Lattigo library {library_path()} not built: run `make lattigo`")
+    if args.offload_matmul:
+        offload_matmul_main(args)
+        return
     load0 = _load()
     t0 = time.time()
     results = []

@@ -21,6 +21,15 @@ Measures, on this machine:
    32 heads): bytes per token up/down through cipherlm, times 32 layers,
    against the ~57 GB per token of the source report.
 
+``--generation-ab OLD_TREE [--rounds R] [--new-tokens N] [--he-backend lattigo]``: only
+part 1, in child processes (each starts its own server), alternating this tree and OLD_TREE
+(a `git worktree` of an older commit with its libraries built; PYTHONPATH and a working
+directory outside both trees select which cipherlm the client and the server load) R times;
+prints each run's first / later-token seconds, the server's HE seconds and the children's CPU
+seconds (client + server, from getrusage), with the load average at each start (issue 15 A/B):
+
+    .venv/bin/python benchmarks/bench_offload.py --generation-ab /tmp/old --rounds 2 --new-tokens 6
+
 Targets (from the issue; compared, not asserted): >= 10x less time and bytes
 per token than Concrete ML on the same shapes; <= 100 MB traffic and <= 10 s
 per generated token after the first for SmolLM2; 7B: 32 x bytes/token <= 1% of
@@ -76,14 +85,72 @@ def per_layer(rows: list[dict], layer_shapes: list[str]) -> dict:
     }
 
 
+def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, out: Path | None) -> int:
+    """This tree against ``old_tree``, alternated, each run a child process (see the docstring)."""
+    import os
+    import resource
+
+    trees = {"new": str(ROOT), "old": str(Path(old_tree).resolve())}
+    child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
+             f"g = bench_generation('smollm2-135m', 8, {int(new_tokens)}, progress=lambda s: print(s, file=sys.stderr)); "
+             "print('RESULT ' + json.dumps(g, default=float))")
+    runs = []
+    for rnd in range(rounds):
+        for label in (["new", "old"] if rnd % 2 == 0 else ["old", "new"]):
+            env = dict(os.environ, PYTHONPATH=trees[label], CIPHERLM_OFFLOAD_HE_BACKEND=he_backend)
+            env.pop("CIPHERLM_LATTIGO_LIB", None)
+            load = Path("/proc/loadavg").read_text().split()[:3]
+            start = time.strftime("%H:%M:%S")
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-c", child], env=env, cwd="/", capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if proc.returncode != 0:
+                log(proc.stderr[-3000:])
+                return 1
+            g = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+            cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            he = sum(g.get("server_seconds_by_class", {}).values()) if isinstance(g.get("server_seconds_by_class"), dict) else None
+            row = {"round": rnd + 1, "tree": label, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu,
+                   "server_he_s": he, **g}
+            runs.append(row)
+            log(f"round {rnd + 1} {label} start {start} load {' '.join(load)}: first {g['first_token_seconds']:.1f} s, "
+                f"later mean {g['later_token_seconds_mean']:.2f} s max {g['later_token_seconds_max']:.2f} s, "
+                f"server HE {he} s, CPU {cpu:.0f} s, wall {wall:.0f} s")
+    print("| round | tree | start (UTC) | load | server start s | first token s | later tokens mean / max s | "
+          "server HE s (session) | CPU s (client + server) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        he = "-" if r["server_he_s"] is None else f"{r['server_he_s']:.1f}"
+        print(f"| {r['round']} | {r['tree']} | {r['start_utc']} | {' '.join(r['load'])} | {r['server_start_seconds']:.1f} | "
+              f"{r['first_token_seconds']:.1f} | {r['later_token_seconds_mean']:.2f} / {r['later_token_seconds_max']:.2f} | "
+              f"{he} | {r['cpu_s']:.0f} |")
+    for rnd in range(1, rounds + 1):
+        a = {r["tree"]: r for r in runs if r["round"] == rnd}
+        print(f"round {rnd}: later tokens new / old = {a['new']['later_token_seconds_mean'] / a['old']['later_token_seconds_mean']:.2f}, "
+              f"CPU new / old = {a['new']['cpu_s'] / a['old']['cpu_s']:.2f}")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1, default=float))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--generation-ab", metavar="OLD_TREE", help="only the SmolLM2 generation, A/B against OLD_TREE")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=6)
+    ap.add_argument("--he-backend", default="lattigo")
     ap.add_argument("--json", type=Path, default=ROOT / "reports" / "bench_offload.json")
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--skip-generation", action="store_true")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--skip-7b", action="store_true")
     args = ap.parse_args()
+    if args.generation_ab:
+        return generation_ab(args.generation_ab, args.rounds, args.new_tokens, args.he_backend,
+                             args.json if "--json" in sys.argv else None)
 
     from cipherlm.bench import offload
     from cipherlm.report import machine_info
