@@ -9,6 +9,7 @@ import (
 	"math/bits"
 	"sync"
 
+	"cipherlm/native/lattigo/simd"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
@@ -50,12 +51,13 @@ func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, a
 	out1 = out1[:n]
 	hi0, lo0 := acc[0:n], acc[n:2*n]
 	hi1, lo1 := acc[2*n:3*n], acc[3*n:4*n]
+	useSIMD := simd.HasAVX512 && q < 1<<60 // simd.MulAcc4's operand bound (reduced operands)
 	first := true
 	for start := 0; start < len(ps) || first; start += fold {
 		end := min(start+fold, len(ps))
 		clear(acc[:4*n])
-		mulAccHalf(a0s[start:end], ps[start:end], hi0, lo0)
-		mulAccHalf(a1s[start:end], ps[start:end], hi1, lo1)
+		mulAccHalf(a0s[start:end], ps[start:end], hi0, lo0, useSIMD)
+		mulAccHalf(a1s[start:end], ps[start:end], hi1, lo1, useSIMD)
 		for c := 0; c < n; c++ {
 			r0 := redc128(hi0[c], lo0[c], q, qInv)
 			r1 := redc128(hi1[c], lo1[c], q, qInv)
@@ -75,10 +77,19 @@ func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, a
 
 // mulAccHalf: (hi, lo) += sum_t as[t] * ps[t] as 128-bit sums, four terms per pass over the
 // accumulators (eight slices and one accumulator pair: few enough to stay in registers).
-func mulAccHalf(as, ps [][]uint64, hi, lo []uint64) {
+func mulAccHalf(as, ps [][]uint64, hi, lo []uint64, useSIMD bool) {
 	n := len(hi)
 	lo = lo[:n]
 	t := 0
+	if useSIMD && n%8 == 0 && n > 0 {
+		var aa, pp [4]*uint64
+		for ; t+4 <= len(ps); t += 4 {
+			for k := 0; k < 4; k++ {
+				aa[k], pp[k] = &as[t+k][:n][0], &ps[t+k][:n][0]
+			}
+			simd.MulAcc4(&aa, &pp, &hi[0], &lo[0], n)
+		}
+	}
 	for ; t+4 <= len(ps); t += 4 {
 		pa, pb, pc, pd := ps[t][:n], ps[t+1][:n], ps[t+2][:n], ps[t+3][:n]
 		xa, xb, xc, xd := as[t][:n], as[t+1][:n], as[t+2][:n], as[t+3][:n]

@@ -6,6 +6,8 @@ import (
 	"math/big"
 	"math/rand"
 	"testing"
+
+	"cipherlm/native/lattigo/simd"
 )
 
 // kernelData: g terms of reduced operands mod a 60-bit (or 40-bit) prime, the ps in Montgomery form.
@@ -40,17 +42,33 @@ func want(q uint64, as, ps [][]uint64, c int) uint64 {
 	return s.Mod(s, Q).Uint64()
 }
 
+// TestMulAccTile: both the Go loop and (where the CPU has AVX-512F) simd.MulAcc4, against
+// math/big; tiles of a multiple of 8 coefficients (SIMD) and not (Go), moduli below and above
+// 2^60 (the SIMD bound), every fold size.
 func TestMulAccTile(t *testing.T) {
-	for _, q := range []uint64{0xffffffffe400001, 0xffff00001, 0x7fffffd8001} {
+	has := simd.HasAVX512
+	defer func() { simd.HasAVX512 = has }()
+	for _, useSIMD := range []bool{false, true} {
+		if useSIMD && !has {
+			t.Log("no AVX-512F: the SIMD kernel is not tested here")
+			continue
+		}
+		simd.HasAVX512 = useSIMD
+		testMulAccTile(t)
+	}
+}
+
+func testMulAccTile(t *testing.T) {
+	for _, q := range []uint64{0xffffffffe400001, 0xffff00001, 0x7fffffd8001, 0x3fffffffffffffff} {
 		for _, g := range []int{1, 3, 4, 5, 16, 17, 33, 48} {
-			n := 64
+			n := 64 + int(g%2)*3
 			qInv, a0s, a1s, ps := kernelData(q, g, n, int64(g))
 			o0, o1, acc := make([]uint64, n), make([]uint64, n), make([]uint64, 4*n)
 			for _, fold := range []int{foldTerms(q), 1, 3} {
 				mulAccTile(q, qInv, fold, a0s, a1s, ps, o0, o1, acc)
 				for c := 0; c < n; c++ {
 					if w0, w1 := want(q, a0s, ps, c), want(q, a1s, ps, c); o0[c] != w0 || o1[c] != w1 {
-						t.Fatalf("q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", q, g, fold, c, o0[c], o1[c], w0, w1)
+						t.Fatalf("simd=%v q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", simd.HasAVX512, q, g, fold, c, o0[c], o1[c], w0, w1)
 					}
 				}
 			}

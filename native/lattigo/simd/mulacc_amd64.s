@@ -1,0 +1,75 @@
+#include "textflag.h"
+
+// One term of mulAcc4AVX512: a (ar) and p (pr) 8 lanes each, split at bit 32 (a, p < 2^60):
+// Z0 += lo32(a0 p0), Z1 += hi32(a0 p0) + a0 p1 + a1 p0, Z2 += a1 p1.
+#define TERM(ar, pr) \
+	VMOVDQU64 (ar)(AX*8), Z3; \
+	VMOVDQU64 (pr)(AX*8), Z4; \
+	VPSRLQ    $32, Z3, Z5; \
+	VPSRLQ    $32, Z4, Z6; \
+	VPMULUDQ  Z4, Z3, Z7; \
+	VPMULUDQ  Z6, Z3, Z8; \
+	VPMULUDQ  Z4, Z5, Z9; \
+	VPMULUDQ  Z6, Z5, Z10; \
+	VPADDQ    Z10, Z2, Z2; \
+	VPADDQ    Z8, Z1, Z1; \
+	VPADDQ    Z9, Z1, Z1; \
+	VPSRLQ    $32, Z7, Z11; \
+	VPADDQ    Z11, Z1, Z1; \
+	VPANDQ    Z31, Z7, Z7; \
+	VPADDQ    Z7, Z0, Z0
+
+// func MulAcc4(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
+// (hi, lo)[c] += sum_{t<4} as[t][c] * ps[t][c] as 128-bit sums, c < n, n a multiple of 8,
+// every operand < 2^60.
+TEXT ·MulAcc4(SB), NOSPLIT, $0-40
+	MOVQ as+0(FP), AX
+	MOVQ 0(AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ ps+8(FP), AX
+	MOVQ 0(AX), R12
+	MOVQ 8(AX), R13
+	MOVQ 16(AX), SI
+	MOVQ 24(AX), DI
+	MOVQ hi+16(FP), BX
+	MOVQ lo+24(FP), DX
+	MOVQ n+32(FP), CX
+	MOVQ $0xFFFFFFFF, AX
+	VPBROADCASTQ AX, Z31
+	MOVQ $1, AX
+	VPBROADCASTQ AX, Z30
+	XORQ AX, AX
+
+loop:
+	CMPQ AX, CX
+	JGE  done
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	TERM(R8, R12)
+	TERM(R9, R13)
+	TERM(R10, SI)
+	TERM(R11, DI)
+	// sum = Z2 2^64 + Z1 2^32 + Z0 (Z1 < 4 (2^61 + 2^32) < 2^64)
+	VPSLLQ    $32, Z1, Z12
+	VPSRLQ    $32, Z1, Z13
+	VPADDQ    Z12, Z0, Z14
+	VPCMPUQ   $1, Z12, Z14, K1
+	VPADDQ    Z13, Z2, Z15
+	VPADDQ    Z30, Z15, K1, Z15
+	VMOVDQU64 (DX)(AX*8), Z16
+	VMOVDQU64 (BX)(AX*8), Z17
+	VPADDQ    Z14, Z16, Z16
+	VPCMPUQ   $1, Z14, Z16, K2
+	VPADDQ    Z15, Z17, Z17
+	VPADDQ    Z30, Z17, K2, Z17
+	VMOVDQU64 Z16, (DX)(AX*8)
+	VMOVDQU64 Z17, (BX)(AX*8)
+	ADDQ      $8, AX
+	JMP       loop
+
+done:
+	VZEROUPPER
+	RET

@@ -1,0 +1,11 @@
+//go:build !amd64
+
+package simd
+
+// HasAVX512 is false off amd64.
+const HasAVX512 = false
+
+// MulAcc4 is amd64 only.
+func MulAcc4(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int) {
+	panic("simd.MulAcc4: amd64 only")
+}
