@@ -219,3 +219,21 @@ def test_server_hello_with_an_array_type_is_an_expected_error(t):
     s.limits = ServerLimits()
     with pytest.raises(OffloadServer.expected_errors):
         s.run()
+
+
+# --------------------------------------------------------------------------- 2pc welcome (found by the long run)
+
+
+@pytest.mark.parametrize("key, value", [("protocol", np.array([1, 1])), ("mode", np.zeros((2, 0), np.int64)),
+                                        ("mode", np.frombuffer(b"2pc", np.uint8)), ("protocol", np.array(1))])
+def test_2pc_welcome_protocol_or_mode_array_is_a_protocol_error(key, value):
+    """benchmarks/fuzz_long.py's inputs: ``protocol: array([1, 1])`` and ``mode: array([],
+    shape=(2, 0))`` made TwoPCClient._check_welcome raise ValueError (truth value of an array)."""
+    from fuzz_targets import _twopc_welcomes
+
+    from cipherlm.runtime.twopc_session import TwoPCClient
+
+    w = dict(_twopc_welcomes()[0])
+    TwoPCClient._check_welcome(w)  # control: the genuine welcome passes
+    with pytest.raises(ProtocolError):
+        TwoPCClient._check_welcome(dict(w, **{key: value}))

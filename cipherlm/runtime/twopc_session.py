@@ -244,10 +244,11 @@ class TwoPCClient(SessionClient):
 
     @staticmethod
     def _check_welcome(w: dict) -> None:
-        if w.get("protocol") != PROTOCOL_VERSION:
-            raise ProtocolError(f"server speaks protocol {w.get('protocol')!r}, this client {PROTOCOL_VERSION}")
-        if w.get("mode") != "2pc":
-            raise ProtocolError(f"the server at this address is not a 2pc server (mode {w.get('mode')!r})")
+        # (types first: an array here would make `!=` raise ValueError)
+        if type(w.get("protocol")) is not int or w.get("protocol") != PROTOCOL_VERSION:
+            raise ProtocolError(f"server speaks protocol {repr(w.get('protocol'))[:40]}, this client {PROTOCOL_VERSION}")
+        if not isinstance(w.get("mode"), str) or w.get("mode") != "2pc":
+            raise ProtocolError(f"the server at this address is not a 2pc server (mode {repr(w.get('mode'))[:40]})")
         check_twopc_welcome(w)  # strict types; the plan allow-listed (no `insecure` MoE, known embeddings)
         check_chat_template(w.get("chat_template"))  # None or {template, bos_token, eos_token}, size-capped
         cfg = w.get("config")
