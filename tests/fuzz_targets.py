@@ -958,8 +958,8 @@ def _tokenizer_seeds() -> list:
     return [tok, bpe]
 
 
-@target("tokenizer_json", "the welcome's / bundle's tokenizer (tokenizers.Tokenizer.from_str in "
-        "offload_client and twopc_session)", _protocol_errors, "ProtocolError", native=True, ci=150)
+@target("tokenizer_json", "cipherlm.runtime.plan_check.load_tokenizer (the 2pc welcome's tokenizer; "
+        "tokenizers.Tokenizer.from_str, Rust)", _protocol_errors, "ProtocolError", native=True, ci=150)
 def _tokenizer():
     def check(text):
         from cipherlm.runtime.offload_protocol import ProtocolError
