@@ -202,14 +202,12 @@ def test_2pc_client_malformed_share_message_is_a_remote_error(msg, op, was):
         TwoPCClient._run(None, fn)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="session_server.MessageSession.check_hello compares hello.get('type') == 'error' before "
-                   "checking that it is a str (found by benchmarks/fuzz_long.py; reported, that file is not ours)")
 @pytest.mark.parametrize("t", [np.frombuffer(b"get_bundle", np.uint8), np.zeros((2, 0), np.int64)],
                          ids=["type-uint8-array", "type-empty-array"])
 def test_server_hello_with_an_array_type_is_an_expected_error(t):
     """The long run's input: a first message ``{"type": array([103, 101, 116, ...])}``
-    ("get_bundle" as bytes) or an empty array: ValueError, so "internal error"."""
+    ("get_bundle" as bytes) or an empty array: was ValueError ("internal error"), now a
+    ProtocolError (check_hello tests the type is a str first)."""
     from fuzz_targets import _ScriptChannel, _StubOffloadHost
 
     from cipherlm.runtime.offload_server import OffloadServer, Session

@@ -137,7 +137,8 @@ class MessageSession:
         """The first message must be a hello for this protocol version, this mode and
         (if it names one) this model; anything else ends the session."""
         hello = self.chan.recv(timeout=self.limits.hello_timeout)
-        if isinstance(hello, dict) and hello.get("type") == "error":  # a client's error is not the server's
+        if isinstance(hello, dict) and isinstance(hello.get("type"), str) and hello["type"] == "error":
+            # a client's error report is not the server's (expect() would raise RemoteError)
             raise ProtocolError("expected a 'hello' message, got an error report")
         hello = expect(hello, "hello")
         proto = hello.get("protocol")

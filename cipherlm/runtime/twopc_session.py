@@ -47,6 +47,7 @@ import time
 import numpy as np
 
 from cipherlm.mpc.context import Context, MPCError
+from cipherlm.mpc.ot_common import OTError
 from cipherlm.net.channel import TCPChannel
 from cipherlm.runtime import twopc
 from cipherlm.runtime.bundle import check_chat_template
@@ -180,7 +181,7 @@ class ServerSession(MessageSession):
 class TwoPCServer(SessionServer):
     """Accepts sessions on a TCP port, one thread per session, and serves one `TwoPCHost`."""
 
-    expected_errors = SessionServer.expected_errors + (MPCError,)
+    expected_errors = SessionServer.expected_errors + (MPCError, OTError)  # OTError: an OT message out of step
     thread_name = "2pc-session"
     default_limits = DEFAULT_LIMITS
     default_timeout = DEFAULT_TIMEOUT
