@@ -9,7 +9,10 @@ benchmark starts one `cipherlm serve --mode offload` process, then in one run:
 
 each client a process of its own (a user's machine), all with the same prompt ids and
 greedy decoding, so every answer must equal the solo answer.  It repeats the pair
-``--rounds`` times (solo and concurrent alternate, so background load falls on both).
+``--rounds`` times (solo and concurrent alternate, so background load falls on both);
+``--compare-threads`` runs the same against a server whose sessions are threads
+(``--session-processes 1``), the A/B of this feature in one run.  The machine's own
+ceiling (n busy processes vs one, `cpu_ceiling`) is measured before and after.
 
 Reported per phase: new tokens / wall seconds from the first client's first request to the
 last client's last token (``tok_s``), the same for decode tokens only (after each
@@ -126,6 +129,9 @@ def main() -> None:
     ap.add_argument("--via", choices=("direct", "proxy"), default="direct",
                     help="clients talk to the server (direct) or to one `cipherlm proxy` (OpenAI streaming "
                          "completions; the proxy holds every session's keys)")
+    ap.add_argument("--compare-threads", action="store_true",
+                    help="also run the same phases against a server with --session-processes 1 (sessions in "
+                         "threads), in the same run")
     ap.add_argument("--report", metavar="FILE")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -136,47 +142,69 @@ def main() -> None:
 
     from cipherlm.launch import start_server_process, stop_process
 
-    extra = ["--max-sessions-per-address", str(max(4, args.sessions))]  # the proxy is one address
-    if args.session_processes is not None:
-        extra += ["--session-processes", str(args.session_processes)]
-    load_before = os.getloadavg()
-    t0 = time.time()
-    proc, (host, port) = start_server_process(args.model, timeout=1800, extra_args=extra)
-    print(f"server ready in {time.time() - t0:.0f} s", file=sys.stderr)
-    addr = f"{host}:{port}"
-    proxy = None
-    if args.via == "proxy":
-        proxy, addr = start_proxy(addr)
     prompt = [int(i) for i in np.random.default_rng(0).integers(10, 1000, size=args.prompt_tokens)]
-    rounds = []
-    try:
-        for r in range(args.rounds):
-            solo = run_phase(addr, 1, prompt, args.new_tokens)
-            print(f"round {r}: solo {solo['tok_s']:.3f} tok/s", file=sys.stderr)
-            many = run_phase(addr, args.sessions, prompt, args.new_tokens)
-            print(f"round {r}: {args.sessions} sessions {many['tok_s']:.3f} tok/s "
-                  f"(x{many['tok_s'] / solo['tok_s']:.2f})", file=sys.stderr)
-            rounds.append({"solo": solo, "concurrent": many,
-                           "ratio": many["tok_s"] / solo["tok_s"],
-                           "decode_ratio": (many["decode_tok_s"] / solo["decode_tok_s"])
-                           if many["decode_tok_s"] and solo["decode_tok_s"] else None,
-                           "identical": all(a == solo["answers"][0] for a in many["answers"])})
-    finally:
-        if proxy is not None:
-            stop_process(proxy)
-        stop_process(proc)
+    load_before = os.getloadavg()
+    ceiling_before = cpu_ceiling(min(args.sessions, os.cpu_count() or 1))
+    print(f"machine: {ceiling_before:.2f}x one process's CPU throughput with all cores busy", file=sys.stderr)
+    configs = [("processes", args.session_processes)] + ([("threads", 1)] if args.compare_threads else [])
+    results = {}
+    for name, processes in configs:
+        extra = ["--max-sessions-per-address", str(max(4, args.sessions))]  # the proxy is one address
+        if processes is not None:
+            extra += ["--session-processes", str(processes)]
+        t0 = time.time()
+        proc, (host, port) = start_server_process(args.model, timeout=1800, extra_args=extra)
+        print(f"[{name}] server ready in {time.time() - t0:.0f} s", file=sys.stderr)
+        addr = f"{host}:{port}"
+        proxy = None
+        rounds = results[name] = []
+        try:
+            if args.via == "proxy":
+                proxy, addr = start_proxy(addr)
+            for r in range(args.rounds):
+                solo = run_phase(addr, 1, prompt, args.new_tokens)
+                many = run_phase(addr, args.sessions, prompt, args.new_tokens)
+                print(f"[{name}] round {r}: solo {solo['tok_s']:.3f} tok/s, {args.sessions} sessions "
+                      f"{many['tok_s']:.3f} tok/s (x{many['tok_s'] / solo['tok_s']:.2f})", file=sys.stderr)
+                rounds.append({"solo": solo, "concurrent": many,
+                               "ratio": many["tok_s"] / solo["tok_s"],
+                               "decode_ratio": (many["decode_tok_s"] / solo["decode_tok_s"])
+                               if many["decode_tok_s"] and solo["decode_tok_s"] else None,
+                               "identical": all(a == solo["answers"][0] for a in many["answers"])})
+        finally:
+            if proxy is not None:
+                stop_process(proxy)
+            stop_process(proc)
+    ceiling_after = cpu_ceiling(min(args.sessions, os.cpu_count() or 1))
     report = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "machine": {"nproc": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
+        "machine": {"nproc": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
+                    "cpu_ceiling_before": ceiling_before, "cpu_ceiling_after": ceiling_after},
         "model": args.model, "via": args.via, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "session_processes": args.session_processes or "default (one per core)",
-        "rounds": rounds,
+        "sessions": args.sessions, "session_processes": args.session_processes or "default (one per core)",
+        "configs": results,
     }
-    print(json.dumps({k: v for k, v in report.items() if k != "rounds"} | {
-        "ratios": [r["ratio"] for r in rounds], "identical": [r["identical"] for r in rounds]}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "configs"} | {
+        name: {"ratios": [r["ratio"] for r in rounds], "identical": [r["identical"] for r in rounds]}
+        for name, rounds in results.items()}, indent=1))
     if args.report:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)
+
+
+SPIN = "import time\nt = time.perf_counter()\nx = 0\nfor i in range(12_000_000): x += i\nprint(time.perf_counter() - t)"
+
+
+def cpu_ceiling(n: int) -> float:
+    """The machine's parallel CPU throughput: n busy processes against one (a pure-Python
+    loop; n x solo time / the slowest of n at once).  It bounds any N-session speed-up, and
+    falls when other work shares the machine (it is measured before and after the run)."""
+    def run(k: int) -> list[float]:
+        ps = [subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True) for _ in range(k)]
+        return [float(p.communicate()[0]) for p in ps]
+
+    solo = min(run(1)[0], run(1)[0])
+    return n * solo / max(run(n))
 
 
 if __name__ == "__main__":
