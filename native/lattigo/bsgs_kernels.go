@@ -175,6 +175,20 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 	q0, pMod, bredP := sQ0.Modulus, sP.Modulus, sP.BRedConstant
 	N := ringQ.N()
 
+	// the product kernels need reduced operands (< q; the plaintexts are, clg_bsgs_set): Lattigo
+	// returns reduced rotations and clg_ct_from_bytes checks its input, but do not rely on it
+	for _, ct := range baby {
+		for k := 0; k < 2; k++ {
+			for l := 0; l <= L; l++ {
+				q := ringQ.SubRings[l].Modulus
+				for c, v := range ct.Value[k].Coeffs[l] {
+					if v >= q {
+						ct.Value[k].Coeffs[l][c] = v % q
+					}
+				}
+			}
+		}
+	}
 	accL1 := make([][]*[2]ring.Poly, w)  // [worker][block]: level-1 sums (c0 of every unit, c1 of giant step 0)
 	accQP := make([][]*[2]ringqp.Poly, w) // [worker][block]: key-switched c1 parts in QP
 	cnt := make([][4]int64, w)
