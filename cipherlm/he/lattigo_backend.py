@@ -84,13 +84,17 @@ from .backend import (
     TwoPCCostModel,
 )
 from .errors import HEError
-from .params import HEParams, check_security, max_logq
+from .params import HEParams, check_security, check_security_logqp, max_logq
 
 __all__ = [
     "BUILD_HINT",
     "LATTIGO_COSTS",
     "LattigoBSGSMatrix",
     "LattigoBackend",
+    "LattigoBootstrapKeys",
+    "LattigoEvalKeys",
+    "TEST_INSECURE_PRESET",
+    "chebyshev_coefficients",
     "LattigoContext",
     "LattigoLinearTransform",
     "LattigoSecretKeys",
@@ -102,7 +106,9 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 4
+_ABI_VERSION = 5
+#: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
+TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
 _CT_HEADER = struct.Struct("<4sBBBBB3sd")  # see clattigo.go
 _ERRLEN = 1024
@@ -158,6 +164,27 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_pk_of_sk": (_i64, _p_i64),
     "clg_evk_to_bytes": (_i64, _pp_u8, _p_i64),
     "clg_evk_from_bytes": (_i64, _p_u8, _i64, _int, _p_i64),
+    # ckks_ops.go (ABI 5)
+    "clg_gen_eval_keys": (_i64, _int, _p_i64, _int, _int, _p_i64),
+    "clg_evk_has_relin": (_i64, _p_int),
+    "clg_evk_merge": (_i64, _i64, _p_i64),
+    "clg_mul_relin": (_i64, _i64, _i64, _p_i64),
+    "clg_sub": (_i64, _i64, _int),
+    "clg_mul_scalar": (_i64, _dbl, _dbl, _p_i64),
+    "clg_add_scalar": (_i64, _dbl, _dbl),
+    "clg_poly_levels": (_int, _dbl, _dbl, _p_int),
+    "clg_poly_eval": (_i64, _i64, _p_dbl, _int, _dbl, _dbl, _p_i64),
+    "clg_relin_to_bytes": (_i64, _pp_u8, _p_i64),
+    "clg_relin_from_bytes": (_i64, _p_u8, _i64, _p_i64),
+    # bootstrap.go (ABI 5)
+    "clg_ckks_new_preset": (_int, _int, _p_i64),
+    "clg_btp_ctx_info": (_i64, _p_dbl, _p_int, _p_int, _p_int, _p_int),
+    "clg_btp_keygen": (_i64, _p_i64),
+    "clg_btp_info": (_i64, _p_int, _p_int, _p_i64, _p_int),
+    "clg_btp_free": (_i64,),
+    "clg_bootstrap": (_i64, _i64, _p_i64),
+    "clg_btp_keys_to_bytes": (_i64, _pp_u8, _p_i64),
+    "clg_btp_keys_from_bytes": (_i64, _p_u8, _i64, _p_i64),
 }
 
 _lib = None
@@ -335,6 +362,74 @@ class LattigoGaloisKeys(_Handle):
         """The whole (expanded) keys; `LattigoSecretKeys.galois_keys_bytes` sends seeded ones."""
         return _bytes_out("clg_evk_to_bytes", self.h)
 
+    @property
+    def has_relin(self) -> bool:
+        """Whether the set holds a relinearisation key (ct x ct products, polynomials)."""
+        ok = _int(0)
+        _call("clg_evk_has_relin", self.h, ctypes.byref(ok))
+        return bool(ok.value)
+
+    def relin_key_bytes(self) -> bytes:
+        """The set's relinearisation key in the "CLGR" layout (`LattigoBackend.relin_keys_from_bytes`)."""
+        return _bytes_out("clg_relin_to_bytes", self.h)
+
+    def merged(self, other: LattigoGaloisKeys) -> LattigoGaloisKeys:
+        """A new set with the keys of both (e.g. a peer's relinearisation key + its Galois keys)."""
+        return LattigoGaloisKeys(_new("clg_evk_merge", self.h, other.h), self.ctx)
+
+
+#: An evaluation key set (relinearisation and/or Galois keys): the same Go object as Galois keys.
+LattigoEvalKeys = LattigoGaloisKeys
+
+
+class LattigoBootstrapKeys(_Handle):
+    """CKKS bootstrapping keys (Lattigo's ``bootstrapping.EvaluationKeys``: relinearisation key,
+    the circuit's Galois keys, the sparse-secret encapsulation keys) with their evaluator.
+    Several GB at N = 2^16: `close` (or the context manager) frees them at once and returns the
+    memory to the OS; collection frees them too."""
+
+    __slots__ = ()
+
+    def _info(self):
+        lvl, depth, nbytes, ng = _int(), _int(), _i64(), _int()
+        _call("clg_btp_info", self.h, ctypes.byref(lvl), ctypes.byref(depth), ctypes.byref(nbytes), ctypes.byref(ng))
+        return lvl.value, depth.value, nbytes.value, ng.value
+
+    @property
+    def output_level(self) -> int:
+        """The level of a bootstrapped ciphertext (the residual parameters' top level)."""
+        return self._info()[0]
+
+    @property
+    def depth(self) -> int:
+        """Levels of the bootstrapping circuit (beyond the residual chain)."""
+        return self._info()[1]
+
+    @property
+    def size_bytes(self) -> int:
+        """The keys' size in Lattigo's binary serialisation (the "CLGB" layout is the same words)."""
+        return self._info()[2]
+
+    @property
+    def n_galois_keys(self) -> int:
+        return self._info()[3]
+
+    def to_bytes(self) -> bytes:
+        """The keys in the "CLGB" layout (expanded; GBs at N = 2^16) for
+        `LattigoBackend.bootstrapping_keys_from_bytes`."""
+        return _bytes_out("clg_btp_keys_to_bytes", self.h)
+
+    def close(self) -> None:
+        if self.h and _lib is not None and _lib_pid == os.getpid():
+            _call("clg_btp_free", self.h)
+            self.h = 0
+
+    def __enter__(self) -> LattigoBootstrapKeys:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 class LattigoLinearTransform(_Handle):
     """A slots x slots matrix encoded by its diagonals for Lattigo's BSGS evaluation."""
@@ -410,6 +505,53 @@ class LattigoContext:
             raise HEError(f"{params.name}: Lattigo's primes give log2(QP) = {log_qp:.3f} > {max_logq(n)} "
                           f"allowed for N = {n} at 128-bit classical security")
 
+    #: bootstrappable presets (`LattigoBackend.bootstrappable_context`): name -> (Go preset id, test only)
+    PRESETS = {"N16QP1546H192H32": (1, False), TEST_INSECURE_PRESET: (0, True)}
+
+    @classmethod
+    def from_preset(cls, preset: str, *, allow_insecure_for_tests: bool = False) -> LattigoContext:
+        """A bootstrappable context from one of Lattigo's bootstrapping parameter sets
+        (`PRESETS`).  ``"N16QP1546H192H32"``: Lattigo v6.2.0's default (residual Q 60 + 9 x 40
+        bits, P 5 x 61, secret of Hamming weight 192, 2^15 slots; the bootstrapping circuit's
+        modulus QP is 1546 bits), checked with `params.check_security_logqp`.
+        `TEST_INSECURE_PRESET` (N = 2^10) is INSECURE, for tests only: refused unless
+        ``allow_insecure_for_tests=True``."""
+        if preset not in cls.PRESETS:
+            raise HEError(f"unknown bootstrapping preset {preset!r}; known: {sorted(cls.PRESETS)}")
+        pid, test_only = cls.PRESETS[preset]
+        if test_only and allow_insecure_for_tests is not True:
+            raise HEError(f"{preset} is an insecure test-only parameter set (allow_insecure_for_tests=True "
+                          "is for the test suite only)")
+        h = _Handle(_new("clg_ckks_new_preset", pid, int(bool(test_only))), None)
+        self = cls.__new__(cls)
+        self._h, self.handle = h, h.h
+        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
+        mod = (ctypes.c_uint64 * 64)()
+        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
+              ctypes.byref(np_), mod, 64)
+        self.n, self.slots, self.max_level = nn.value, nn.value // 2, ml.value
+        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
+        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
+        self.coeff_moduli = list(self.q_moduli)
+        logqp, hw, eph, lslots, tst = _dbl(), _int(), _int(), _int(), _int()
+        _call("clg_btp_ctx_info", self.handle, ctypes.byref(logqp), ctypes.byref(hw), ctypes.byref(eph),
+              ctypes.byref(lslots), ctypes.byref(tst))
+        self.bootstrap_log_qp = logqp.value
+        self.secret_hamming_weight = hw.value or None
+        self.ephemeral_hamming_weight = eph.value
+        self.bootstrap_slots = 1 << lslots.value
+        self.test_only = bool(tst.value)
+        self.default_scale_bits = 40  # both presets: LogDefaultScale 40
+        bits = tuple(m.bit_length() for m in self.q_moduli + self.p_moduli)
+        self.params = HEParams(preset, "ckks", self.n, bits, input_scale_bits=40, weight_scale_bits=40)
+        if not self.test_only:
+            check_security_logqp(preset, self.n, self.bootstrap_log_qp, secret_hamming_weight=hw.value or None)
+        return self
+
+    @property
+    def bootstrappable(self) -> bool:
+        return hasattr(self, "bootstrap_log_qp")
+
     def __repr__(self) -> str:
         return (f"LattigoContext({self.params.name}, N={self.n}, Q={[m.bit_length() for m in self.q_moduli]} "
                 f"bits, P={[m.bit_length() for m in self.p_moduli]} bits)")
@@ -464,6 +606,24 @@ class LattigoSecretKeys(SecretKeys):
         """Seeded (compressed) Galois keys for the automorphisms X -> X^g."""
         els = np.ascontiguousarray(np.asarray(list(elements), dtype=np.uint64).reshape(-1))
         return _bytes_out("clg_galois_keys_compressed", self._sk.h, els.ctypes.data_as(_p_u64), els.size)
+
+    def eval_keys(self, *, relin: bool = True, steps: Iterable[int] = (), conjugate: bool = False) -> LattigoEvalKeys:
+        """A local evaluation key set: a relinearisation key (``relin``; for `multiply`,
+        `evaluate_chebyshev`) and Galois keys for the rotations ``steps``."""
+        _arr, p, n = _i64_array(steps)
+        return LattigoEvalKeys(_new("clg_gen_eval_keys", self._sk.h, int(bool(relin)), p if n else None, n,
+                                    int(conjugate)), self.ctx)
+
+    def relin_key_bytes(self) -> bytes:
+        """A fresh relinearisation key for the peer ("CLGR" layout; `LattigoBackend.relin_keys_from_bytes`)."""
+        return self.eval_keys(relin=True).relin_key_bytes()
+
+    def bootstrapping_keys(self) -> LattigoBootstrapKeys:
+        """The bootstrapping keys of this secret key (a context from `LattigoContext.from_preset`).
+        At N = 2^16 (N16QP1546H192H32): several GB and about a minute."""
+        if not getattr(self.ctx, "bootstrappable", False):
+            raise HEError("bootstrapping keys need a bootstrappable context (LattigoContext.from_preset)")
+        return LattigoBootstrapKeys(_new("clg_btp_keygen", self._sk.h), self.ctx)
 
 
 # ----------------------------------------------------------------------------- backend
@@ -662,6 +822,73 @@ class LattigoBackend(HEBackend):
         return res, {"rotations": int(cnt[0]), "multiply_plain": int(cnt[1]), "add": int(cnt[2]),
                      "rescale": int(cnt[3])}
 
+    # -- fhe-mode operations (ABI 5: ckks_ops.go, bootstrap.go) ---------------------------
+    def bootstrappable_context(self, preset: str = "N16QP1546H192H32", *,
+                               allow_insecure_for_tests: bool = False) -> LattigoContext:
+        """`LattigoContext.from_preset` (the test preset only with ``allow_insecure_for_tests``)."""
+        return LattigoContext.from_preset(preset, allow_insecure_for_tests=allow_insecure_for_tests)
+
+    def multiply(self, ctx, a: LattigoCiphertext, b: LattigoCiphertext, keys: LattigoEvalKeys) -> LattigoCiphertext:
+        """a * b (ciphertexts; a is b squares), relinearised, no rescale (scale = product):
+        `rescale_inplace` next.  Needs level >= 1 and a relinearisation key."""
+        return LattigoCiphertext(_new("clg_mul_relin", keys.h, a.h, b.h), ctx)
+
+    def sub_inplace(self, ctx, a: LattigoCiphertext, b: LattigoCiphertext) -> None:
+        _call("clg_sub", a.h, b.h, 0)
+
+    def sub_plain_inplace(self, ctx, ct: LattigoCiphertext, pt: LattigoPlaintext) -> None:
+        _call("clg_sub", ct.h, pt.h, 1)
+
+    def multiply_scalar(self, ctx, ct: LattigoCiphertext, c: complex) -> LattigoCiphertext:
+        """ct * c: a non-integer constant is encoded at the scale of the level's last prime, so
+        `rescale_inplace` restores the input's scale; an integer at scale 1 (no rescale needed)."""
+        c = complex(c)
+        return LattigoCiphertext(_new("clg_mul_scalar", ct.h, c.real, c.imag), ctx)
+
+    def add_scalar_inplace(self, ctx, ct: LattigoCiphertext, c: complex) -> None:
+        c = complex(c)
+        _call("clg_add_scalar", ct.h, c.real, c.imag)
+
+    @staticmethod
+    def chebyshev_levels(degree: int, interval: tuple[float, float] = (-1.0, 1.0)) -> int:
+        """Levels `evaluate_chebyshev` consumes: ceil(log2(degree + 1)), plus one for the change
+        of variable when the interval is not [-1, 1]."""
+        a, b = interval
+        out = _int(0)
+        _call("clg_poly_levels", int(degree), float(a), float(b), ctypes.byref(out))
+        return out.value
+
+    def evaluate_chebyshev(self, ctx, ct: LattigoCiphertext, coeffs, interval: tuple[float, float],
+                           keys: LattigoEvalKeys) -> LattigoCiphertext:
+        """p(ct) slot-wise for p(x) = sum_k coeffs[k] T_k((2x - a - b) / (b - a)) on
+        interval = (a, b), T_k the Chebyshev polynomials of the first kind (Lattigo's
+        ``circuits/ckks/polynomial``: baby-step giant-step evaluation in the Chebyshev basis).
+        The result is at the input's scale, `chebyshev_levels` levels lower.  Coefficients:
+        e.g. `chebyshev_coefficients`."""
+        c = np.ascontiguousarray(np.asarray(coeffs, dtype=np.float64).reshape(-1))
+        a, b = interval
+        return LattigoCiphertext(_new("clg_poly_eval", keys.h, ct.h, c.ctypes.data_as(_p_dbl), int(c.size),
+                                      float(a), float(b)), ctx)
+
+    def bootstrap(self, ctx, ct: LattigoCiphertext, keys: LattigoBootstrapKeys) -> LattigoCiphertext:
+        """A re-encryption of ``ct`` at the top level (`LattigoBootstrapKeys.output_level`) and
+        the context's default scale (Lattigo's CKKS bootstrapping: Bossuat et al., EUROCRYPT
+        2021, with sparse-secret encapsulation, eprint 2022/024).  One call at a time per key set."""
+        if not keys.h:
+            raise HEError("bootstrapping keys already closed")
+        return LattigoCiphertext(_new("clg_bootstrap", keys.h, ct.h), ctx)
+
+    def relin_keys_from_bytes(self, ctx: LattigoContext, data: bytes) -> LattigoEvalKeys:
+        """A peer's relinearisation key ("CLGR"; validated: length, header, every word reduced)."""
+        p, n, _keep = _in_buf(data)
+        return LattigoEvalKeys(_new("clg_relin_from_bytes", ctx.handle, p, n), ctx)
+
+    def bootstrapping_keys_from_bytes(self, ctx: LattigoContext, data: bytes) -> LattigoBootstrapKeys:
+        """A peer's bootstrapping keys ("CLGB"; validated: exact length for the preset, header,
+        exactly the circuit's Galois elements, every word reduced)."""
+        p, n, _keep = _in_buf(data)
+        return LattigoBootstrapKeys(_new("clg_btp_keys_from_bytes", ctx.handle, p, n), ctx)
+
     def rescale_inplace(self, ctx, ct: LattigoCiphertext) -> None:
         """Divide by the last prime of the ciphertext's level (scale / q_l, one level down)."""
         _call("clg_rescale", ct.h)
@@ -748,6 +975,21 @@ class LattigoBackend(HEBackend):
         return p
 
 
+
+
+def chebyshev_coefficients(f, degree: int, interval: tuple[float, float]) -> np.ndarray:
+    """Coefficients c_0..c_degree of the Chebyshev interpolant of ``f`` (vectorised) at the
+    degree + 1 Chebyshev nodes of the first kind on interval = (a, b), for
+    `LattigoBackend.evaluate_chebyshev`."""
+    a, b = (float(x) for x in interval)
+    d = int(degree)
+    k = np.arange(d + 1)
+    t = np.cos(np.pi * (k + 0.5) / (d + 1))  # nodes on [-1, 1]
+    y = np.asarray(f((b - a) / 2 * t + (a + b) / 2), dtype=np.float64)
+    # c_j = (2 - [j == 0]) / (d + 1) * sum_k y_k T_j(t_k)
+    c = (2.0 / (d + 1)) * np.cos(np.outer(np.arange(d + 1), np.pi * (k + 0.5) / (d + 1))) @ y
+    c[0] /= 2
+    return c
 
 
 def ckks_params(name: str, n: int, bits: Sequence[int]) -> HEParams:

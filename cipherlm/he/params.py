@@ -31,6 +31,14 @@ HES_128_CLASSIC_MAX_LOGQ: dict[int, int] = {
     32768: 881,
 }
 
+#: The same bound (uniform ternary secret, sigma = 3.2, 128-bit classical) extended to N = 2^16
+#: for bootstrappable sets (`check_security_logqp`): 1747 bits, from the HE standard's successor,
+#: Bossuat et al., "Security Guidelines for Implementing Homomorphic Encryption" (IACR CiC 2024,
+#: eprint 2024/463; lattice-estimator figures), also OpenFHE's HEStd_128_classic / HEStd_ternary
+#: bound for 65536 (src/core/lib/lattice/stdlatticeparms.cpp).  Kept apart from
+#: HES_128_CLASSIC_MAX_LOGQ so `check_security` (SEAL-style HEParams) is unchanged.
+HES_128_CLASSIC_MAX_LOGQ_EXTENDED: dict[int, int] = {**HES_128_CLASSIC_MAX_LOGQ, 65536: 1747}
+
 
 @dataclasses.dataclass(frozen=True)
 class HEParams:
@@ -91,6 +99,27 @@ def check_security(p: HEParams) -> None:
         )
     if p.scheme in ("bfv", "bgv") and not p.plain_modulus:
         raise HEError(f"{p.name}: {p.scheme} needs a plain_modulus")
+
+
+def check_security_logqp(name: str, n: int, log_qp: float, *, secret_hamming_weight: int | None = None) -> None:
+    """Raise HEError unless a modulus of ``log_qp`` bits (the largest any key or ciphertext of
+    the set lives under, special primes included) is within the table's 128-bit bound for N.
+
+    For a bootstrappable Lattigo preset this is the bootstrapping circuit's QP (1546 bits for
+    N16QP1546H192H32 against 1747).  The table's bound is for a uniform ternary secret; a sparse
+    secret (``secret_hamming_weight``, e.g. 192) has less margin: Lattigo's sparse presets claim
+    128 bits from their authors' lattice-estimator runs for h = 192 and these moduli (Bossuat,
+    Troncoso-Pastoriza, Hubaux, ACNS 2022, eprint 2022/024), which this check does not re-derive;
+    it only refuses what exceeds even the uniform-ternary bound."""
+    if n not in HES_128_CLASSIC_MAX_LOGQ_EXTENDED:
+        raise HEError(f"{name}: N = {n} is not in the 128-bit table ({sorted(HES_128_CLASSIC_MAX_LOGQ_EXTENDED)})")
+    maxq = HES_128_CLASSIC_MAX_LOGQ_EXTENDED[n]
+    if not (log_qp > 0 and log_qp <= maxq):
+        raise HEError(f"{name}: insecure parameters: log2(QP) = {log_qp:.1f} > {maxq} allowed for N = {n} at "
+                      "128-bit classical security (HE standard / Security Guidelines, uniform ternary secret)")
+    if secret_hamming_weight is not None and secret_hamming_weight < 192:
+        raise HEError(f"{name}: secret Hamming weight {secret_hamming_weight} < 192 is below the sparsest "
+                      "secret this project accepts (Lattigo's h = 192 presets)")
 
 
 OFFLOAD_CKKS = HEParams("offload-ckks-8192", "ckks", 8192, (60, 40, 60))

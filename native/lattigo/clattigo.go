@@ -44,7 +44,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
-const abiVersion = 4
+const abiVersion = 5
 
 // The offload server keeps ~2.7 GB of encoded weights alive (SmolLM2) and allocates a few
 // hundred MB of short-lived ciphertexts per token: at Go's default GOGC=100 the heap grows to
@@ -66,6 +66,7 @@ type ctxObj struct {
 	gkOnce  sync.Once
 	gkcSize int // words of one compressed (seeded, degree-0) Galois key
 	gkcOnce sync.Once
+	btp     *btpPreset // bootstrappable contexts only (bootstrap.go)
 }
 
 type skObj struct {
