@@ -73,6 +73,7 @@ import struct
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import ClassVar, Self
 
 import numpy as np
 
@@ -89,16 +90,16 @@ from .params import HEParams, check_security, check_security_logqp, max_logq
 __all__ = [
     "BUILD_HINT",
     "LATTIGO_COSTS",
+    "TEST_INSECURE_PRESET",
     "LattigoBSGSMatrix",
     "LattigoBackend",
     "LattigoBootstrapKeys",
-    "LattigoEvalKeys",
-    "TEST_INSECURE_PRESET",
-    "chebyshev_coefficients",
     "LattigoContext",
+    "LattigoEvalKeys",
     "LattigoLinearTransform",
     "LattigoSecretKeys",
     "available",
+    "chebyshev_coefficients",
     "ckks_params",
     "library_path",
 ]
@@ -424,7 +425,7 @@ class LattigoBootstrapKeys(_Handle):
             _call("clg_btp_free", self.h)
             self.h = 0
 
-    def __enter__(self) -> LattigoBootstrapKeys:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -506,7 +507,8 @@ class LattigoContext:
                           f"allowed for N = {n} at 128-bit classical security")
 
     #: bootstrappable presets (`LattigoBackend.bootstrappable_context`): name -> (Go preset id, test only)
-    PRESETS = {"N16QP1546H192H32": (1, False), TEST_INSECURE_PRESET: (0, True)}
+    PRESETS: ClassVar[dict[str, tuple[int, bool]]] = {"N16QP1546H192H32": (1, False),
+                                                     TEST_INSECURE_PRESET: (0, True)}
 
     @classmethod
     def from_preset(cls, preset: str, *, allow_insecure_for_tests: bool = False) -> LattigoContext:
