@@ -48,8 +48,10 @@ import tenseal.sealapi as seal
 
 from cipherlm.he import ClientKeys, HEContext, HEParams
 from cipherlm.he.lattigo_backend import (
+    TEST_INSECURE_PRESET,
     LattigoBackend,
     available,
+    chebyshev_coefficients,
     ckks_params,
     library_path,
 )
@@ -59,6 +61,8 @@ N_DIAG, N1 = 64, 8  # the BSGS matvec: 64 diagonals = 8 baby x 8 giant steps (SE
 #: Lattigo's log2(baby / giant) for the matvec: the fastest of -1..3 here (its baby steps are
 #: hoisted, so more of them cost less than in SEAL)
 LOG_BSGS_RATIO = 3
+POLY_DEGREE = 7
+POLY_ROW = f"Chebyshev degree {POLY_DEGREE} on [-1, 1] (GeLU(4x))"
 _POOL = ThreadPoolExecutor(2)
 
 
@@ -88,6 +92,16 @@ def _load() -> str:
         return "?"
 
 
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _peak_rss_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+
+
 def _timer(fn):
     t = time.perf_counter()
     fn()
@@ -108,6 +122,7 @@ class Seal:
         self.x, self.w = x.tolist(), w.tolist()
         self.pt_x, self.pt_w = self._encode(self.x), self._encode(self.w)
         self.ct = self.keys.encrypt(self.pt_x)
+        self.ct2 = self.keys.encrypt(self.pt_w)
         self.prod = seal.Ciphertext()
         self.ev.multiply_plain(self.ct, self.pt_w, self.prod)
         # BSGS: y = sum_j rot_{j n1}(sum_i roll(v_{j n1 + i}, j n1) * rot_i(x)), as he.matmul does
@@ -115,9 +130,17 @@ class Seal:
         self.gk_bsgs = self.keys.galois_keys(list(range(1, N1)) + [j * N1 for j in range(1, N_DIAG // N1)])
         self.bsgs_pts = [[self._encode(np.roll(diags[j * N1 + i], j * N1).tolist()) for i in range(N1)]
                          for j in range(N_DIAG // N1)]
+        self.rk = seal.RelinKeys()
+        self.keys._keygen.create_relin_keys(self.rk)
         self.low = seal.Ciphertext()  # the product rescaled, then down to q0 (what offload decrypts)
         self.ev.rescale_to_next(self.prod, self.low)
         self.ev.mod_switch_to_inplace(self.low, self.ctx.parms_id_at(1))
+
+    def mul_relin(self):
+        out = seal.Ciphertext()
+        self.ev.multiply(self.ct, self.ct2, out)
+        self.ev.relinearize_inplace(out, self.rk)
+        return out
 
     def _encode(self, v):
         pt = seal.Plaintext()
@@ -144,6 +167,8 @@ class Seal:
             "encode": lambda: _timer(lambda: self._encode(self.x)),
             "encrypt": lambda: _timer(lambda: self.keys.encrypt(self.pt_x)),
             "ct x pt": lambda: _timer(lambda: ev.multiply_plain(ct, self.pt_w, out)),
+            "ct x ct + relin": lambda: _timer(self.mul_relin),
+            POLY_ROW: None,  # no polynomial evaluator in SEAL (nor in this wrapper)
             "add": add,
             "rescale": rescale,
             "rotate": lambda: _timer(lambda: ev.rotate_vector(ct, 1, gk, out)),
@@ -202,6 +227,9 @@ class Lattigo:
         self.x, self.w = x, w
         self.pt_x, self.pt_w = be.encode_slots(self.ctx, x), be.encode_slots(self.ctx, w)
         self.ct = self.keys.encrypt(self.pt_x)
+        self.ct2 = self.keys.encrypt(self.pt_w)
+        self.ev = self.keys.eval_keys(relin=True)
+        self.cheb = chebyshev_coefficients(lambda v: _gelu(4 * v), POLY_DEGREE, (-1, 1))
         self.prod = be.multiply_plain(self.ctx, self.ct, self.pt_w)
         self.lt = be.linear_transform_encode(self.ctx, dict(enumerate(diags)), log_bsgs_ratio=LOG_BSGS_RATIO)
         self.gk_lt = self.keys.galois_keys_for_elements(self.lt.galois_elements())
@@ -229,6 +257,9 @@ class Lattigo:
             "encode": lambda: _timer(lambda: be.encode_slots(ctx, self.x)),
             "encrypt": lambda: _timer(lambda: self.keys.encrypt(self.pt_x)),
             "ct x pt": lambda: _timer(lambda: be.multiply_plain(ctx, ct, self.pt_w, out=out)),
+            "ct x ct + relin": lambda: _timer(lambda: be.multiply(ctx, ct, self.ct2, self.ev)),
+            POLY_ROW: (lambda: _timer(lambda: be.evaluate_chebyshev(ctx, ct, self.cheb, (-1, 1), self.ev)))
+            if ctx.max_level >= be.chebyshev_levels(POLY_DEGREE) else None,
             "add": add,
             "rescale": rescale,
             "rotate": lambda: _timer(lambda: be.rotate_rows(ctx, ct, 1, gk)),
@@ -266,16 +297,17 @@ def bench_set(n: int, bits: tuple[int, ...], reps: int) -> dict:
     for op in so:
         fs, fl = so[op], lo[op]
         ts, tl = [], []
-        for f, acc in ((fs, ts), (fl, tl)):  # warm-up
+        for f in (fs, fl):  # warm-up
             if f is not None:
                 f()
         for _ in range(reps):
             if fs is not None:
                 ts.append(fs())
-            tl.append(fl())
+            if fl is not None:
+                tl.append(fl())
         ms = statistics.median(ts) * 1e3 if ts else None
-        ml = statistics.median(tl) * 1e3
-        rows.append({"op": op, "seal_ms": ms, "lattigo_ms": ml, "ratio": (ms / ml) if ms else None})
+        ml = statistics.median(tl) * 1e3 if tl else None
+        rows.append({"op": op, "seal_ms": ms, "lattigo_ms": ml, "ratio": (ms / ml) if ms and ml else None})
     hoisted = next(r for r in rows if r["op"] == "8 rotations (hoisted)")
     seq = next(r for r in rows if r["op"] == "8 rotations (sequential)")
     hoisted["ratio"] = seq["seal_ms"] / hoisted["lattigo_ms"]  # SEAL's only option is sequential
@@ -284,6 +316,67 @@ def bench_set(n: int, bits: tuple[int, ...], reps: int) -> dict:
     return {"n": n, "bits": list(bits), "slots": n // 2, "rows": rows,
             "max_err_mul_rescale": {"seal": s.error(want), "lattigo": l.error(want)},
             "max_err_bsgs": {"seal": s.bsgs_error(want_mv), "lattigo": l.bsgs_error(want_mv)}}
+
+
+def bench_bootstrap(preset: str, reps: int) -> dict:
+    """Lattigo's CKKS bootstrapping at a preset (`LattigoContext.from_preset`): key generation
+    once, then per rep one bootstrap of a level-0 ciphertext (full slots, uniform [-1, 1]), a
+    degree-15 Chebyshev GeLU on [-8, 8] and a ct x ct product with relinearisation at the top
+    level.  SEAL has no bootstrapping (nor polynomial evaluator): not applicable.  Peak RSS is
+    the process's (ru_maxrss)."""
+    be = LattigoBackend()
+    ctx = be.bootstrappable_context(preset, allow_insecure_for_tests=preset == TEST_INSECURE_PRESET)
+    keys = be.keygen(ctx)
+    rss0 = _peak_rss_gb()
+    t = time.perf_counter()
+    bk = keys.bootstrapping_keys()
+    keygen_s = time.perf_counter() - t
+    ev = keys.eval_keys(relin=True)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, ctx.slots)
+    c0 = keys.encrypt(be.encode_slots(ctx, x, level=0))
+    top = keys.encrypt(be.encode_slots(ctx, x))
+    top2 = keys.encrypt(be.encode_slots(ctx, rng.uniform(-1, 1, ctx.slots)))
+    cheb = chebyshev_coefficients(_gelu, 15, (-8, 8))
+    xg = 8 * x
+    topg = keys.encrypt(be.encode_slots(ctx, xg))
+    t_btp, t_poly, t_mul, errs = [], [], [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r = be.bootstrap(ctx, c0, bk)
+        t_btp.append(time.perf_counter() - t)
+        errs.append(float(np.abs(be.decode_slots(ctx, keys.decrypt(r)) - x).max()))
+        t_poly.append(_timer(lambda: be.evaluate_chebyshev(ctx, topg, cheb, (-8, 8), ev)))
+        t_mul.append(_timer(lambda: be.multiply(ctx, top, top2, ev)))
+    g = be.evaluate_chebyshev(ctx, topg, cheb, (-8, 8), ev)
+    poly_err = float(np.abs(be.decode_slots(ctx, keys.decrypt(g)) - np.polynomial.chebyshev.chebval(x, cheb)).max())
+    out = {"preset": preset, "n": ctx.n, "slots": ctx.slots, "test_only": ctx.test_only,
+           "log_qp_bootstrap": round(ctx.bootstrap_log_qp, 1), "keygen_s": round(keygen_s, 2),
+           "key_bytes": bk.size_bytes, "galois_keys": bk.n_galois_keys, "out_level": r.level, "depth": bk.depth,
+           "bootstrap_s_median": round(statistics.median(t_btp), 3), "bootstrap_s_all": [round(v, 3) for v in t_btp],
+           "bootstrap_precision_bits_min": round(-np.log2(max(errs)), 2),
+           "poly15_ms_median": round(statistics.median(t_poly) * 1e3, 1), "poly15_err_bits": round(-np.log2(poly_err), 2),
+           "mul_relin_ms_median": round(statistics.median(t_mul) * 1e3, 2),
+           "peak_rss_gb": round(_peak_rss_gb(), 2), "rss_before_keygen_gb": round(rss0, 2), "reps": reps}
+    bk.close()
+    return out
+
+
+def _print_bootstrap(b: dict) -> None:
+    print(f"\nBootstrapping: {b['preset']}{' (INSECURE, test only)' if b['test_only'] else ''}, N = {b['n']}, "
+          f"{b['slots']} slots, log2 QP = {b['log_qp_bootstrap']}; {b['reps']} reps")
+    print("| operation | SEAL | Lattigo |")
+    print("|---|---|---:|")
+    na = "n/a: SEAL has no bootstrapping"
+    print(f"| bootstrapping keygen (s) | {na} | {b['keygen_s']:.1f} |")
+    print(f"| bootstrapping keys (Lattigo binary size) | {na} | {b['key_bytes'] / 1e9:.2f} GB, "
+          f"{b['galois_keys']} Galois keys |")
+    print(f"| one bootstrap, level 0 -> {b['out_level']} (s, median) | {na} | {b['bootstrap_s_median']:.2f} |")
+    print(f"| bootstrap precision (min bits over slots) | {na} | {b['bootstrap_precision_bits_min']} |")
+    print(f"| Chebyshev degree 15 GeLU on [-8, 8] at the top level (ms) | n/a: no polynomial evaluator | "
+          f"{b['poly15_ms_median']:.1f} ({b['poly15_err_bits']} bits vs numpy) |")
+    print(f"| ct x ct + relin at the top level (ms) | - (not run at this N) | {b['mul_relin_ms_median']:.2f} |")
+    print(f"| peak RSS of the process (GB) | - | {b['peak_rss_gb']:.2f} (before keygen {b['rss_before_keygen_gb']:.2f}) |")
 
 
 #: SmolLM2-135M's offload groups as served, (d_out, d_in), and how many per token
@@ -409,6 +502,10 @@ def main() -> None:
     ap.add_argument("--ab", help="--offload-matmul: an older tree (git worktree, library built) to alternate with")
     ap.add_argument("--rounds", type=int, default=3, help="--offload-matmul --ab: alternations")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", metavar="PRESET",
+                    help=f"also time Lattigo's bootstrapping at PRESET (N16QP1546H192H32: several GB, "
+                         f"about a minute of keygen; {TEST_INSECURE_PRESET}: insecure, seconds)")
+    ap.add_argument("--bootstrap-reps", type=int, default=3)
     args = ap.parse_args()
     if not available():
         sys.exit(f"Lattigo library {library_path()} not built: run `make lattigo`")
@@ -418,9 +515,10 @@ def main() -> None:
     load0 = _load()
     t0 = time.time()
     results = []
-    for spec in args.sets.split(";"):
+    for spec in filter(None, args.sets.split(";")):
         n_s, bits_s = spec.split(":")
         results.append(bench_set(int(n_s), tuple(int(b) for b in bits_s.split(",")), args.reps))
+    btp = bench_bootstrap(args.bootstrap, args.bootstrap_reps) if args.bootstrap else None
     info = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
@@ -449,8 +547,10 @@ def main() -> None:
         print(f"\nmax |error| of x*w after rescale (|x|, |w| <= 1): SEAL {e['seal']:.2e}, Lattigo {e['lattigo']:.2e}")
         e = r["max_err_bsgs"]
         print(f"max |error| of the BSGS matvec (|y| <= 8): SEAL {e['seal']:.2e}, Lattigo {e['lattigo']:.2e}")
+    if btp:
+        _print_bootstrap(btp)
     if args.json:
-        Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"info": info, "results": results, "bootstrap": btp}, indent=1))
 
 
 if __name__ == "__main__":
