@@ -18,7 +18,9 @@ Reported per phase: new tokens / wall seconds from the first client's first requ
 last client's last token (``tok_s``), the same for decode tokens only (after each
 client's first token), per-token latency p50/p95 and time to first token; the ratio
 concurrent / solo; machine (nproc, load average before and after).  Session set-up (hello,
-bundle, keys) is excluded: a client starts its clock after its handshake.
+bundle, keys) is excluded: direct clients do it, then wait at a barrier until every client
+of the phase is set up, then start their clocks together (through the proxy, set-up is
+part of each request and is included).
 
     .venv/bin/python benchmarks/bench_concurrency.py --model smollm2-135m --sessions 4 \\
         --prompt-tokens 2 --new-tokens 4 --report benchmarks/results/concurrency.json
@@ -61,6 +63,8 @@ def client_main(addr: str, prompt: list[int], new_tokens: int) -> None:
     host, _, port = addr.rpartition(":")
     with OffloadClient(host, int(port), timeout=600) as client:
         ex = client.executor()
+        print("READY", flush=True)  # set-up done: wait until every client of the phase is
+        sys.stdin.readline()  # ready, so no handshake overlaps the measured generation
         t0 = time.time()
         ids = ex.generate(prompt, max_new_tokens=new_tokens, eos_token_ids=[],
                           on_token=lambda _t: stamps.append(time.time()))
@@ -92,7 +96,14 @@ def start_proxy(server: str) -> tuple[subprocess.Popen, str]:
 def run_phase(addr: str, n: int, prompt: list[int], new_tokens: int) -> dict:
     cmd = [sys.executable, __file__, "--client", addr, "--prompt-ids", ",".join(map(str, prompt)),
            "--new-tokens", str(new_tokens)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    if not addr.startswith("http"):  # direct clients wait at a barrier after their set-up
+        for p in procs:
+            if p.stdout.readline().strip() != "READY":
+                raise SystemExit("a client failed during its set-up")
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     runs = []
     for p in procs:
         out, _ = p.communicate(timeout=3600)
