@@ -52,7 +52,22 @@ Not implemented (raise NotImplementedError): BFV (the conformance suite of
 tests/test_he_backend.py and the 2pc protocols are BFV with SEAL's
 coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
-`pack_lwes_stream`, `plaintext_to_numpy`.  Bootstrapping is not wrapped yet.
+`pack_lwes_stream`, `plaintext_to_numpy`.
+
+fhe-mode operations (ABI 5, ``native/lattigo/ckks_ops.go`` and ``bootstrap.go``; issue 15
+item 1, for the fhe mode of issue 17 and BLB's CKKS blocks of issue 16): evaluation key sets
+with a relinearisation key (`LattigoSecretKeys.eval_keys`, `relin_key_bytes`,
+`relin_keys_from_bytes`), `multiply` (ct x ct with relinearisation), `sub_inplace`,
+`sub_plain_inplace`, `multiply_scalar`, `add_scalar_inplace`, `evaluate_chebyshev` (a
+polynomial given by its Chebyshev coefficients on [a, b], Lattigo's
+``circuits/ckks/polynomial``; `chebyshev_coefficients` interpolates a function) and CKKS
+bootstrapping (Lattigo's ``circuits/ckks/bootstrapping``: Bossuat et al., "Efficient
+Bootstrapping for Approximate Homomorphic Encryption with Non-Sparse Keys", EUROCRYPT 2021,
+with the sparse-secret encapsulation of eprint 2022/024): a bootstrappable context from a
+preset (`LattigoContext.from_preset`: ``"N16QP1546H192H32"``, or the INSECURE test-only
+`TEST_INSECURE_PRESET` that needs ``allow_insecure_for_tests=True``),
+`LattigoSecretKeys.bootstrapping_keys` -> `LattigoBootstrapKeys` (``close()`` frees the GBs at
+once; ``to_bytes`` / `bootstrapping_keys_from_bytes` in a validated layout), `bootstrap`.
 `encrypt_seeded` sends a 32-byte seed in place of the uniform half (the
 receiver expands it with the same code).  `cost_model` is `LATTIGO_COSTS`:
 its offload constants are measured here, its 2pc ones are SEAL's (the 2pc
