@@ -33,6 +33,33 @@ def tiny_offload_host(tmp_path_factory, tiny_llama_dir):
     mp.undo()
 
 
+@pytest.fixture
+def serve_offload(tiny_offload_host):
+    """start(session_timeout=20.0, processes=1, **ServerLimits fields) -> an `OffloadServer` of
+    the tiny Llama serving in a thread; every server started is shut down (and its thread
+    joined) after the test."""
+    import threading
+
+    from cipherlm.runtime.offload_server import OffloadServer
+    from cipherlm.runtime.session_server import ServerLimits
+
+    servers = []
+
+    def start(session_timeout: float = 20.0, processes: int = 1, **limits):
+        srv = OffloadServer(tiny_offload_host, "127.0.0.1", 0, session_timeout=session_timeout,
+                            limits=ServerLimits(**limits), processes=processes)
+        thread = threading.Thread(target=srv.serve_forever, daemon=True)
+        thread.start()
+        servers.append((srv, thread))
+        return srv
+
+    yield start
+    for srv, thread in servers:
+        srv.shutdown()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "serve_forever did not return after shutdown"
+
+
 def wait_for(cond, what: str, limit: float = 20.0) -> None:
     """Poll ``cond()`` until true; fail naming ``what`` after ``limit`` seconds (a bound, not a timing target)."""
     import time

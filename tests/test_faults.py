@@ -16,6 +16,7 @@ fault without any payload (no prompt, no answer, no bytes, no arrays).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -37,7 +38,6 @@ from cipherlm.net.channel import TCPChannel  # noqa: E402
 from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION  # noqa: E402
 from cipherlm.runtime.offload_server import OffloadServer  # noqa: E402
-from cipherlm.runtime.session_server import ServerLimits  # noqa: E402
 from conftest import wait_for  # noqa: E402
 
 PROMPTS = [[5, 17, 42], [9, 3, 60, 11]]
@@ -54,18 +54,8 @@ def host(tiny_offload_host):
 
 
 @pytest.fixture
-def serve(host):
-    servers = []
-
-    def start(**limits) -> OffloadServer:
-        srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=IDLE, limits=ServerLimits(**limits))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
+def serve(serve_offload):
+    return functools.partial(serve_offload, session_timeout=IDLE)
 
 
 def answer(addr, prompt, timeout: float = 30) -> list[int]:

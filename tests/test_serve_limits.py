@@ -25,7 +25,6 @@ from cipherlm.net import framing, message  # noqa: E402
 from cipherlm.net.channel import ChannelClosed, TCPChannel, inprocess_pair  # noqa: E402
 from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
 from cipherlm.runtime.offload_protocol import PROTOCOL_VERSION, RemoteError  # noqa: E402
-from cipherlm.runtime.offload_server import OffloadServer  # noqa: E402
 from cipherlm.runtime.session_server import ServerLimits  # noqa: E402
 
 HELLO = {"type": "hello", "protocol": PROTOCOL_VERSION, "mode": "offload", "model": None}
@@ -37,19 +36,9 @@ def host(tiny_offload_host):
 
 
 @pytest.fixture
-def serve(host):
+def serve(serve_offload):
     """serve(session_timeout=..., **limit fields) -> a running OffloadServer (shut down after the test)."""
-    servers = []
-
-    def start(session_timeout: float = 20.0, **limits) -> OffloadServer:
-        srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=session_timeout, limits=ServerLimits(**limits))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
+    return serve_offload
 
 
 

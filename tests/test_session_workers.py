@@ -12,6 +12,7 @@ Servers run in threads of the test process with a tiny random Llama (as in test_
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -27,7 +28,6 @@ from cipherlm.net.channel import ChannelClosed  # noqa: E402
 from cipherlm.runtime.offload_client import OffloadClient  # noqa: E402
 from cipherlm.runtime.offload_protocol import RemoteError  # noqa: E402
 from cipherlm.runtime.offload_server import OffloadServer  # noqa: E402
-from cipherlm.runtime.session_server import ServerLimits  # noqa: E402
 from cipherlm.runtime.session_workers import SessionProcessesError, session_processes_for  # noqa: E402
 
 PROMPTS = [[1, 2, 3], [5, 7], [11, 4, 9, 2], [3]]
@@ -40,22 +40,8 @@ def host(tiny_offload_host):
 
 
 @pytest.fixture
-def serve(host):
-    servers = []
-
-    def start(processes: int = 2, session_timeout: float = 30.0, **limits) -> OffloadServer:
-        srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=session_timeout,
-                            limits=ServerLimits(**limits), processes=processes)
-        t = threading.Thread(target=srv.serve_forever, daemon=True)
-        t.start()
-        servers.append((srv, t))
-        return srv
-
-    yield start
-    for srv, t in servers:
-        srv.shutdown()
-        t.join(timeout=10)
-        assert not t.is_alive(), "serve_forever did not return after shutdown"
+def serve(serve_offload):
+    return functools.partial(serve_offload, processes=2, session_timeout=30.0)
 
 
 
