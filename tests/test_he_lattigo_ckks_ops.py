@@ -205,6 +205,35 @@ def test_chebyshev_gelu_degree15(mod, lv):
     assert _bits(_dec(be, ctx, keys, r7), np.exp(y)) >= 14  # degree-7 interpolant error ~2^-18
 
 
+def test_ops_concurrent_threads(mod, lv):
+    """ct x ct products and polynomial evaluations from 4 Python threads on one key set
+    (ctypes releases the GIL; the calls share the Go evaluator): all correct."""
+    be, ctx, keys, ev = lv
+    coeffs = mod.chebyshev_coefficients(gelu, 15, (-8, 8))
+    xs = [_vec(60 + i, ctx.slots, -8, 8) for i in range(4)]
+    cts = [_enc(be, ctx, keys, x) for x in xs]
+    res: list = [None] * 4
+    errs = []
+
+    def work(i):
+        try:
+            p = be.multiply(ctx, cts[i], cts[i], ev)
+            be.rescale_inplace(ctx, p)
+            res[i] = (p, be.evaluate_chebyshev(ctx, cts[i], coeffs, (-8, 8), ev))
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs
+    for x, (p, g) in zip(xs, res, strict=True):
+        assert _bits(_dec(be, ctx, keys, p) / 64, x * x / 64) >= BITS_OPS - 2
+        assert _bits(_dec(be, ctx, keys, g), np.polynomial.chebyshev.chebval(x / 8, coeffs)) >= BITS_POLY
+
+
 def test_chebyshev_errors(mod, lv):
     be, ctx, keys, ev = lv
     c = _enc(be, ctx, keys, _vec(9, 8), level=3)

@@ -1,8 +1,8 @@
 // CKKS operations for encrypted Transformer blocks (issue 15 item 1; the fhe mode of issue 17):
 // relinearisation keys, ct x ct multiplication with relinearisation, subtraction, products and
 // sums with scalars, and polynomial evaluation in the Chebyshev basis on an interval [a, b]
-// (Lattigo's circuits/ckks/polynomial: baby-step giant-step Paterson-Stockmeyer evaluation,
-// Bossuat et al., EUROCRYPT 2021, section 4.2, as implemented in Lattigo v6.2.0).
+// (Lattigo v6.2.0's circuits/ckks/polynomial: the baby-step giant-step evaluation in the
+// Chebyshev basis used by the bootstrapping of Bossuat et al., EUROCRYPT 2021).
 //
 // Conventions as in clattigo.go: handles, rc 0 / < 0 with a message, panics recovered.
 // Relinearisation keys cross the wire in this package's own layout "CLGR" (the polynomials'
