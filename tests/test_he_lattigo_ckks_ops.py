@@ -234,6 +234,20 @@ def test_ops_concurrent_threads(mod, lv):
         assert _bits(_dec(be, ctx, keys, g), np.polynomial.chebyshev.chebval(x / 8, coeffs)) >= BITS_POLY
 
 
+def test_chebyshev_levels_match_consumption(mod, lv):
+    """`chebyshev_levels` is what an evaluation really consumes (ceil(log2(d + 1)), + 1 off
+    [-1, 1]), powers of two included; the result is right for each degree."""
+    be, ctx, keys, ev = lv
+    x = _vec(70, ctx.slots)
+    for d in (1, 2, 3, 4, 7, 8, 16, 31, 32):
+        c = mod.chebyshev_coefficients(np.tanh, d, (-1, 1))
+        ct = _enc(be, ctx, keys, x)
+        r = be.evaluate_chebyshev(ctx, ct, c, (-1, 1), ev)
+        assert ct.level - r.level == be.chebyshev_levels(d) == int(d).bit_length(), d
+        assert _bits(_dec(be, ctx, keys, r), np.polynomial.chebyshev.chebval(x, c)) >= BITS_POLY, d
+    assert be.chebyshev_levels(16, (-8, 8)) == 6
+
+
 def test_chebyshev_errors(mod, lv):
     be, ctx, keys, ev = lv
     c = _enc(be, ctx, keys, _vec(9, 8), level=3)
