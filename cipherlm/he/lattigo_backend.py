@@ -890,7 +890,9 @@ class LattigoBackend(HEBackend):
     def bootstrap(self, ctx, ct: LattigoCiphertext, keys: LattigoBootstrapKeys) -> LattigoCiphertext:
         """A re-encryption of ``ct`` at the top level (`LattigoBootstrapKeys.output_level`) and
         the context's default scale (Lattigo's CKKS bootstrapping: Bossuat et al., EUROCRYPT
-        2021, with sparse-secret encapsulation, eprint 2022/024).  One call at a time per key set."""
+        2021, with sparse-secret encapsulation, eprint 2022/024).  One call at a time per key set.
+        The message must be small (|values| about 1): a too-large message is not detected and
+        comes back wrong (docs/he_backend.md)."""
         if not keys.h:
             raise HEError("bootstrapping keys already closed")
         return LattigoCiphertext(_new("clg_bootstrap", keys.h, ct.h), ctx)
