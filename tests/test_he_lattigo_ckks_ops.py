@@ -352,6 +352,13 @@ def test_bootstrap_test_preset(bt):
     assert r.level == bk.output_level > c.level
     assert abs(r.scale_bits - 40) < 1e-6
     assert _bits(_dec(be, ctx, keys, r), x) >= BITS_BTP
+    # a level-0 input whose scale leaves too little room under q0: refused, not garbage
+    with pytest.raises(HEError, match="Scale"):
+        be.bootstrap(ctx, _enc_scaled(be, ctx, keys, x, 50), bk)
+
+
+def _enc_scaled(be, ctx, keys, v, bits):
+    return keys.encrypt(be.encode_slots(ctx, v, level=0, scale_bits=bits))
 
 
 def test_bootstrap_after_polynomial_then_continue(mod, bt):
