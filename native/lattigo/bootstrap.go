@@ -61,6 +61,14 @@ func (b *btpPreset) parameters(residual ckks.Parameters) (bootstrapping.Paramete
 	return b.params, b.err
 }
 
+// bootstrapParameters: the bootstrapping parameters of a bootstrappable context.
+func (c *ctxObj) bootstrapParameters() (bootstrapping.Parameters, error) {
+	if c.btp == nil {
+		return bootstrapping.Parameters{}, errors.New("not a bootstrappable context (make it from a preset)")
+	}
+	return c.btp.parameters(c.params)
+}
+
 type btpObj struct {
 	ctx    *ctxObj
 	params bootstrapping.Parameters
@@ -69,49 +77,52 @@ type btpObj struct {
 	eval   *bootstrapping.Evaluator
 }
 
+func (o *btpObj) context() *ctxObj { return o.ctx }
+
 // clg_ckks_new_preset: a bootstrappable CKKS context (see the file comment for the presets).
 //
 //export clg_ckks_new_preset
 func clg_ckks_new_preset(preset C.int, allowInsecure C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	var lit ckks.ParametersLiteral
-	var blit bootstrapping.ParametersLiteral
-	test := false
-	switch int(preset) {
-	case presetN16QP1546:
-		lit = bootstrapping.N16QP1546H192H32.SchemeParams
-		blit = bootstrapping.N16QP1546H192H32.BootstrappingParams
-	case presetTestInsecure:
-		if allowInsecure == 0 {
-			return fail(errbuf, errlen, errors.New("the LogN-10 bootstrapping preset is insecure and for tests only"))
+	return call(errbuf, errlen, func() error {
+		var lit ckks.ParametersLiteral
+		var blit bootstrapping.ParametersLiteral
+		test := false
+		switch int(preset) {
+		case presetN16QP1546:
+			lit = bootstrapping.N16QP1546H192H32.SchemeParams
+			blit = bootstrapping.N16QP1546H192H32.BootstrappingParams
+		case presetTestInsecure:
+			if allowInsecure == 0 {
+				return errors.New("the LogN-10 bootstrapping preset is insecure and for tests only")
+			}
+			test = true
+			lit = ckks.ParametersLiteral{
+				LogN:            10,
+				LogQ:            []int{60, 40, 40, 40, 40, 40},
+				LogP:            []int{61, 61},
+				Xs:              ring.Ternary{H: 192},
+				LogDefaultScale: 40,
+			}
+			blit = bootstrapping.ParametersLiteral{
+				LogN:            utils.Pointy(10),
+				LogSlots:        utils.Pointy(9),
+				LogMessageRatio: utils.Pointy(bootstrapping.DefaultLogMessageRatio + 16 - 10),
+			}
+		default:
+			return fmt.Errorf("unknown bootstrapping preset %d", int(preset))
 		}
-		test = true
-		lit = ckks.ParametersLiteral{
-			LogN:            10,
-			LogQ:            []int{60, 40, 40, 40, 40, 40},
-			LogP:            []int{61, 61},
-			Xs:              ring.Ternary{H: 192},
-			LogDefaultScale: 40,
+		params, err := ckks.NewParametersFromLiteral(lit)
+		if err != nil {
+			return err
 		}
-		blit = bootstrapping.ParametersLiteral{
-			LogN:            utils.Pointy(10),
-			LogSlots:        utils.Pointy(9),
-			LogMessageRatio: utils.Pointy(bootstrapping.DefaultLogMessageRatio + 16 - 10),
+		c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil),
+			btp: &btpPreset{id: int(preset), lit: blit, testOnly: test}}
+		if _, err := c.btp.parameters(params); err != nil {
+			return err
 		}
-	default:
-		return fail(errbuf, errlen, fmt.Errorf("unknown bootstrapping preset %d", int(preset)))
-	}
-	params, err := ckks.NewParametersFromLiteral(lit)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil),
-		btp: &btpPreset{id: int(preset), lit: blit, testOnly: test}}
-	if _, err = c.btp.parameters(params); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(c))
-	return 0
+		*out = C.int64_t(put(c))
+		return nil
+	})
 }
 
 // clg_btp_ctx_info: for a bootstrappable context: log2(QP) of the bootstrapping parameters (the
@@ -121,30 +132,24 @@ func clg_ckks_new_preset(preset C.int, allowInsecure C.int, out *C.int64_t, errb
 //export clg_btp_ctx_info
 func clg_btp_ctx_info(h C.int64_t, logQP *C.double, hw *C.int, ephemeral *C.int, logSlots *C.int, testOnly *C.int,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.btp == nil {
-		return fail(errbuf, errlen, errors.New("not a bootstrappable context (make it from a preset)"))
-	}
-	bp, err := c.btp.parameters(c.params)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*logQP = C.double(max(bp.BootstrappingParameters.LogQP(), c.params.LogQP()))
-	*hw = 0
-	if t, ok := c.params.Xs().(ring.Ternary); ok && t.H > 0 {
-		*hw = C.int(t.H)
-	}
-	*ephemeral = C.int(bp.EphemeralSecretWeight)
-	*logSlots = C.int(bp.LogMaxSlots())
-	*testOnly = 0
-	if c.btp.testOnly {
-		*testOnly = 1
-	}
-	return 0
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		bp, err := c.bootstrapParameters()
+		if err != nil {
+			return err
+		}
+		*logQP = C.double(max(bp.BootstrappingParameters.LogQP(), c.params.LogQP()))
+		*hw = 0
+		if t, ok := c.params.Xs().(ring.Ternary); ok && t.H > 0 {
+			*hw = C.int(t.H)
+		}
+		*ephemeral = C.int(bp.EphemeralSecretWeight)
+		*logSlots = C.int(bp.LogMaxSlots())
+		*testOnly = 0
+		if c.btp.testOnly {
+			*testOnly = 1
+		}
+		return nil
+	})
 }
 
 func newBtpObj(c *ctxObj, bp bootstrapping.Parameters, keys *bootstrapping.EvaluationKeys) (*btpObj, error) {
@@ -160,31 +165,25 @@ func newBtpObj(c *ctxObj, bp bootstrapping.Parameters, keys *bootstrapping.Evalu
 //
 //export clg_btp_keygen
 func clg_btp_keygen(skh C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if s.ctx.btp == nil {
-		return fail(errbuf, errlen, errors.New("not a bootstrappable context (make it from a preset)"))
-	}
-	bp, err := s.ctx.btp.parameters(s.ctx.params)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if bp.BootstrappingParameters.N() != s.ctx.params.N() || s.ctx.params.RingType() != ring.Standard {
-		return fail(errbuf, errlen, errors.New("only same-degree, standard-ring bootstrapping is wrapped"))
-	}
-	keys, _, err := bp.GenEvaluationKeys(s.sk)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b, err := newBtpObj(s.ctx, bp, keys)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(b))
-	return 0
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		bp, err := s.ctx.bootstrapParameters()
+		if err != nil {
+			return err
+		}
+		if bp.BootstrappingParameters.N() != s.ctx.params.N() || s.ctx.params.RingType() != ring.Standard {
+			return errors.New("only same-degree, standard-ring bootstrapping is wrapped")
+		}
+		keys, _, err := bp.GenEvaluationKeys(s.sk)
+		if err != nil {
+			return err
+		}
+		b, err := newBtpObj(s.ctx, bp, keys)
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(b))
+		return nil
+	})
 }
 
 // clg_btp_info: output level, depth of the circuit, the keys' size in Lattigo's binary
@@ -193,16 +192,13 @@ func clg_btp_keygen(skh C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int)
 //export clg_btp_info
 func clg_btp_info(h C.int64_t, outLevel *C.int, depth *C.int, keyBytes *C.int64_t, nGalois *C.int,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	b, err := get[*btpObj](h, "bootstrapping key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*outLevel = C.int(b.eval.OutputLevel())
-	*depth = C.int(b.eval.Depth())
-	*keyBytes = C.int64_t(b.keys.BinarySize())
-	*nGalois = C.int(len(b.keys.GaloisKeys))
-	return 0
+	return with(h, "bootstrapping key set", errbuf, errlen, func(b *btpObj) error {
+		*outLevel = C.int(b.eval.OutputLevel())
+		*depth = C.int(b.eval.Depth())
+		*keyBytes = C.int64_t(b.keys.BinarySize())
+		*nGalois = C.int(len(b.keys.GaloisKeys))
+		return nil
+	})
 }
 
 // clg_btp_free: release a bootstrapping key set now and return the memory to the OS (a key set
@@ -210,17 +206,14 @@ func clg_btp_info(h C.int64_t, outLevel *C.int, depth *C.int, keyBytes *C.int64_
 //
 //export clg_btp_free
 func clg_btp_free(h C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	b, err := get[*btpObj](h, "bootstrapping key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b.mu.Lock()
-	b.eval, b.keys = nil, nil
-	b.mu.Unlock()
-	clg_free(h)
-	debug.FreeOSMemory()
-	return 0
+	return with(h, "bootstrapping key set", errbuf, errlen, func(b *btpObj) error {
+		b.mu.Lock()
+		b.eval, b.keys = nil, nil
+		b.mu.Unlock()
+		clg_free(h)
+		debug.FreeOSMemory()
+		return nil
+	})
 }
 
 // clg_bootstrap: a fresh-level re-encryption of ct (output at the residual parameters' top level,
@@ -228,36 +221,26 @@ func clg_btp_free(h C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 //
 //export clg_bootstrap
 func clg_bootstrap(bh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	b, err := get[*btpObj](bh, "bootstrapping key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != b.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext and bootstrapping keys belong to different contexts"))
-	}
-	if c.ct.Degree() != 1 {
-		return fail(errbuf, errlen, errors.New("bootstrapping needs a degree-1 ciphertext (relinearise first)"))
-	}
-	if c.ct.LogDimensions.Cols > b.params.LogMaxSlots() {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext with 2^%d slots, the bootstrapping handles 2^%d",
-			c.ct.LogDimensions.Cols, b.params.LogMaxSlots()))
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.eval == nil {
-		return fail(errbuf, errlen, errors.New("bootstrapping key set already freed"))
-	}
-	res, err := b.eval.Bootstrap(c.ct.CopyNew())
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-	return 0
+	return with2(bh, "bootstrapping key set", cth, "ciphertext", "ciphertext and bootstrapping keys belong to different contexts", errbuf, errlen, func(b *btpObj, c *ctObj) error {
+		if c.ct.Degree() != 1 {
+			return errors.New("bootstrapping needs a degree-1 ciphertext (relinearise first)")
+		}
+		if c.ct.LogDimensions.Cols > b.params.LogMaxSlots() {
+			return fmt.Errorf("ciphertext with 2^%d slots, the bootstrapping handles 2^%d",
+				c.ct.LogDimensions.Cols, b.params.LogMaxSlots())
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.eval == nil {
+			return errors.New("bootstrapping key set already freed")
+		}
+		res, err := b.eval.Bootstrap(c.ct.CopyNew())
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- wire layout
@@ -305,53 +288,50 @@ func sameShape(a, b *rlwe.EvaluationKey) bool {
 //
 //export clg_btp_keys_to_bytes
 func clg_btp_keys_to_bytes(h C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	b, err := get[*btpObj](h, "bootstrapping key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.keys == nil {
-		return fail(errbuf, errlen, errors.New("bootstrapping key set already freed"))
-	}
-	k := b.keys
-	if k.EvkN1ToN2 != nil || k.EvkN2ToN1 != nil || k.EvkRealToCmplx != nil || k.EvkCmplxToReal != nil {
-		return fail(errbuf, errlen, errors.New("ring-switching bootstrapping keys are not serialised"))
-	}
-	d2s, s2d, rlk, els, err := btpTemplate(b.params)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	flags := byte(0)
-	if d2s != nil {
-		flags = 1
-		if k.EvkDenseToSparse == nil || k.EvkSparseToDense == nil ||
-			!sameShape(k.EvkDenseToSparse, d2s) || !sameShape(k.EvkSparseToDense, s2d) {
-			return fail(errbuf, errlen, errors.New("encapsulation keys do not have the expected shape"))
+	return with(h, "bootstrapping key set", errbuf, errlen, func(b *btpObj) error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.keys == nil {
+			return errors.New("bootstrapping key set already freed")
 		}
-	}
-	if k.RelinearizationKey == nil || !sameShape(&k.RelinearizationKey.EvaluationKey, &rlk.EvaluationKey) {
-		return fail(errbuf, errlen, errors.New("relinearisation key missing or of an unexpected shape"))
-	}
-	have := k.GetGaloisKeysList()
-	slices.Sort(have)
-	if !slices.Equal(have, els) {
-		return fail(errbuf, errlen, errors.New("the key set's Galois elements are not the circuit's"))
-	}
-	buf := []byte{'C', 'L', 'G', 'B', wireVersion, flags, 0, 0}
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(els)))
-	if flags == 1 {
-		buf = writePolys(buf, evkPolys(k.EvkDenseToSparse))
-		buf = writePolys(buf, evkPolys(k.EvkSparseToDense))
-	}
-	buf = writePolys(buf, evkPolys(&k.RelinearizationKey.EvaluationKey))
-	for _, g := range els {
-		buf = binary.LittleEndian.AppendUint64(buf, g)
-		buf = writePolys(buf, gkPolys(k.GaloisKeys[g]))
-	}
-	bytesOut(buf, out, outLen)
-	return 0
+		k := b.keys
+		if k.EvkN1ToN2 != nil || k.EvkN2ToN1 != nil || k.EvkRealToCmplx != nil || k.EvkCmplxToReal != nil {
+			return errors.New("ring-switching bootstrapping keys are not serialised")
+		}
+		d2s, s2d, rlk, els, err := btpTemplate(b.params)
+		if err != nil {
+			return err
+		}
+		flags := byte(0)
+		if d2s != nil {
+			flags = 1
+			if k.EvkDenseToSparse == nil || k.EvkSparseToDense == nil ||
+				!sameShape(k.EvkDenseToSparse, d2s) || !sameShape(k.EvkSparseToDense, s2d) {
+				return errors.New("encapsulation keys do not have the expected shape")
+			}
+		}
+		if k.RelinearizationKey == nil || !sameShape(&k.RelinearizationKey.EvaluationKey, &rlk.EvaluationKey) {
+			return errors.New("relinearisation key missing or of an unexpected shape")
+		}
+		have := k.GetGaloisKeysList()
+		slices.Sort(have)
+		if !slices.Equal(have, els) {
+			return errors.New("the key set's Galois elements are not the circuit's")
+		}
+		buf := []byte{'C', 'L', 'G', 'B', wireVersion, flags, 0, 0}
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(els)))
+		if flags == 1 {
+			buf = writePolys(buf, evkPolys(k.EvkDenseToSparse))
+			buf = writePolys(buf, evkPolys(k.EvkSparseToDense))
+		}
+		buf = writePolys(buf, evkPolys(&k.RelinearizationKey.EvaluationKey))
+		for _, g := range els {
+			buf = binary.LittleEndian.AppendUint64(buf, g)
+			buf = writePolys(buf, gkPolys(k.GaloisKeys[g]))
+		}
+		bytesOut(buf, out, outLen)
+		return nil
+	})
 }
 
 // clg_btp_keys_from_bytes: validate and load a peer's bootstrapping keys for a bootstrappable
@@ -359,75 +339,69 @@ func clg_btp_keys_to_bytes(h C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf
 //
 //export clg_btp_keys_from_bytes
 func clg_btp_keys_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.btp == nil {
-		return fail(errbuf, errlen, errors.New("not a bootstrappable context (make it from a preset)"))
-	}
-	bp, err := c.btp.parameters(c.params)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	d2s, s2d, rlk, els, err := btpTemplate(bp)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	pN2 := bp.BootstrappingParameters
-	gkWords := polysWords(gkPolys(rlwe.NewGaloisKey(pN2)))
-	want := keyHeader + 4 + 8*polysWords(evkPolys(&rlk.EvaluationKey)) + len(els)*(8+8*gkWords)
-	flags := byte(0)
-	if d2s != nil {
-		flags = 1
-		want += 8 * (polysWords(evkPolys(d2s)) + polysWords(evkPolys(s2d)))
-	}
-	b := bytesIn(buf, n)
-	if len(b) != want {
-		return fail(errbuf, errlen, fmt.Errorf("bootstrapping key blob of %d bytes, expected %d", len(b), want))
-	}
-	if string(b[:4]) != "CLGB" || b[4] != wireVersion || b[5] != flags || b[6] != 0 || b[7] != 0 {
-		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo bootstrapping key set (bad header)"))
-	}
-	if int(binary.LittleEndian.Uint32(b[8:12])) != len(els) {
-		return fail(errbuf, errlen, fmt.Errorf("%d Galois keys, the circuit needs %d", binary.LittleEndian.Uint32(b[8:12]), len(els)))
-	}
-	q, p := pN2.Q(), pN2.P()
-	rest := b[keyHeader+4:]
-	if d2s != nil {
-		if rest, err = readEvk(d2s, q, p, rest); err != nil {
-			return fail(errbuf, errlen, err)
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		bp, err := c.bootstrapParameters()
+		if err != nil {
+			return err
 		}
-		if rest, err = readEvk(s2d, q, p, rest); err != nil {
-			return fail(errbuf, errlen, err)
+		d2s, s2d, rlk, els, err := btpTemplate(bp)
+		if err != nil {
+			return err
 		}
-	}
-	if rest, err = readEvk(&rlk.EvaluationKey, q, p, rest); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	gks := make([]*rlwe.GaloisKey, 0, len(els))
-	for _, g := range els {
-		if got := binary.LittleEndian.Uint64(rest[:8]); got != g {
-			return fail(errbuf, errlen, fmt.Errorf("Galois element %d where %d was expected", got, g))
+		pN2 := bp.BootstrappingParameters
+		gkWords := polysWords(gkPolys(rlwe.NewGaloisKey(pN2)))
+		want := keyHeader + 4 + 8*polysWords(evkPolys(&rlk.EvaluationKey)) + len(els)*(8+8*gkWords)
+		flags := byte(0)
+		if d2s != nil {
+			flags = 1
+			want += 8 * (polysWords(evkPolys(d2s)) + polysWords(evkPolys(s2d)))
 		}
-		rest = rest[8:]
-		gk := rlwe.NewGaloisKey(pN2)
-		gk.GaloisElement = g
-		if rest, err = readEvk(&gk.EvaluationKey, q, p, rest); err != nil {
-			return fail(errbuf, errlen, err)
+		b := bytesIn(buf, n)
+		if len(b) != want {
+			return fmt.Errorf("bootstrapping key blob of %d bytes, expected %d", len(b), want)
 		}
-		gks = append(gks, gk)
-	}
-	keys := &bootstrapping.EvaluationKeys{
-		EvkDenseToSparse:    d2s,
-		EvkSparseToDense:    s2d,
-		MemEvaluationKeySet: rlwe.NewMemEvaluationKeySet(rlk, gks...),
-	}
-	bo, err := newBtpObj(c, bp, keys)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(bo))
-	return 0
+		if string(b[:4]) != "CLGB" || b[4] != wireVersion || b[5] != flags || b[6] != 0 || b[7] != 0 {
+			return errors.New("not a cipherlm/Lattigo bootstrapping key set (bad header)")
+		}
+		if int(binary.LittleEndian.Uint32(b[8:12])) != len(els) {
+			return fmt.Errorf("%d Galois keys, the circuit needs %d", binary.LittleEndian.Uint32(b[8:12]), len(els))
+		}
+		q, p := pN2.Q(), pN2.P()
+		rest := b[keyHeader+4:]
+		if d2s != nil {
+			if rest, err = readEvk(d2s, q, p, rest); err != nil {
+				return err
+			}
+			if rest, err = readEvk(s2d, q, p, rest); err != nil {
+				return err
+			}
+		}
+		if rest, err = readEvk(&rlk.EvaluationKey, q, p, rest); err != nil {
+			return err
+		}
+		gks := make([]*rlwe.GaloisKey, 0, len(els))
+		for _, g := range els {
+			if got := binary.LittleEndian.Uint64(rest[:8]); got != g {
+				return fmt.Errorf("Galois element %d where %d was expected", got, g)
+			}
+			rest = rest[8:]
+			gk := rlwe.NewGaloisKey(pN2)
+			gk.GaloisElement = g
+			if rest, err = readEvk(&gk.EvaluationKey, q, p, rest); err != nil {
+				return err
+			}
+			gks = append(gks, gk)
+		}
+		keys := &bootstrapping.EvaluationKeys{
+			EvkDenseToSparse:    d2s,
+			EvkSparseToDense:    s2d,
+			MemEvaluationKeySet: rlwe.NewMemEvaluationKeySet(rlk, gks...),
+		}
+		bo, err := newBtpObj(c, bp, keys)
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(bo))
+		return nil
+	})
 }

@@ -42,28 +42,11 @@ func evkPolys(evk *rlwe.EvaluationKey) []*ring.Poly {
 // readEvk fills the (already shaped) evaluation key from b with the moduli q (Q part) and p
 // (P part); every word must be reduced.  Returns the rest of b.
 func readEvk(evk *rlwe.EvaluationKey, q, p []uint64, b []byte) ([]byte, error) {
+	var err error
 	for i := range evk.Value {
 		for j := range evk.Value[i] {
-			for k := range evk.Value[i][j] {
-				for part, poly := range []*ring.Poly{&evk.Value[i][j][k].Q, &evk.Value[i][j][k].P} {
-					mods := q
-					if part == 1 {
-						mods = p
-					}
-					if len(poly.Coeffs) > len(mods) {
-						return nil, errors.New("key shape exceeds the moduli")
-					}
-					for r, row := range poly.Coeffs {
-						need := 8 * len(row)
-						if len(b) < need {
-							return nil, errors.New("truncated key")
-						}
-						if err := readReduced(row, b[:need], mods[r]); err != nil {
-							return nil, err
-						}
-						b = b[need:]
-					}
-				}
+			if b, err = readQP(evk.Value[i][j], q, p, b); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -76,42 +59,36 @@ func readEvk(evk *rlwe.EvaluationKey, q, p []uint64, b []byte) ([]byte, error) {
 //export clg_gen_eval_keys
 func clg_gen_eval_keys(skh C.int64_t, relin C.int, steps *C.int64_t, n C.int, conj C.int, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	els, err := galoisElements(s.ctx, i64s(steps, n), conj != 0)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if relin == 0 && len(els) == 0 {
-		return fail(errbuf, errlen, errors.New("an empty key set (no relinearisation key, no rotations)"))
-	}
-	kg := rlwe.NewKeyGenerator(s.ctx.params)
-	var rlk *rlwe.RelinearizationKey
-	if relin != 0 {
-		rlk = kg.GenRelinearizationKeyNew(s.sk)
-	}
-	set := rlwe.NewMemEvaluationKeySet(rlk, kg.GenGaloisKeysNew(els, s.sk)...)
-	*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
-	return 0
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		els, err := galoisElements(s.ctx, i64s(steps, n), conj != 0)
+		if err != nil {
+			return err
+		}
+		if relin == 0 && len(els) == 0 {
+			return errors.New("an empty key set (no relinearisation key, no rotations)")
+		}
+		kg := rlwe.NewKeyGenerator(s.ctx.params)
+		var rlk *rlwe.RelinearizationKey
+		if relin != 0 {
+			rlk = kg.GenRelinearizationKeyNew(s.sk)
+		}
+		set := rlwe.NewMemEvaluationKeySet(rlk, kg.GenGaloisKeysNew(els, s.sk)...)
+		*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
+		return nil
+	})
 }
 
 // clg_evk_has_relin: 1 if the key set holds a relinearisation key.
 //
 //export clg_evk_has_relin
 func clg_evk_has_relin(h C.int64_t, ok *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](h, "key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*ok = 0
-	if e.set.RelinearizationKey != nil {
-		*ok = 1
-	}
-	return 0
+	return with(h, "key set", errbuf, errlen, func(e *evkObj) error {
+		*ok = 0
+		if e.set.RelinearizationKey != nil {
+			*ok = 1
+		}
+		return nil
+	})
 }
 
 // clg_evk_merge: a new key set holding the relinearisation key and the Galois keys of a and b
@@ -119,100 +96,68 @@ func clg_evk_has_relin(h C.int64_t, ok *C.int, errbuf *C.char, errlen C.int) (rc
 //
 //export clg_evk_merge
 func clg_evk_merge(a C.int64_t, b C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	x, err := get[*evkObj](a, "key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	y, err := get[*evkObj](b, "key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if x.ctx != y.ctx {
-		return fail(errbuf, errlen, errors.New("key sets belong to different contexts"))
-	}
-	rlk := x.set.RelinearizationKey
-	if y.set.RelinearizationKey != nil {
-		rlk = y.set.RelinearizationKey
-	}
-	set := rlwe.NewMemEvaluationKeySet(rlk)
-	for _, src := range []*rlwe.MemEvaluationKeySet{x.set, y.set} {
-		for g, gk := range src.GaloisKeys {
-			set.GaloisKeys[g] = gk
+	return with2(a, "key set", b, "key set", "key sets belong to different contexts", errbuf, errlen, func(x *evkObj, y *evkObj) error {
+		rlk := x.set.RelinearizationKey
+		if y.set.RelinearizationKey != nil {
+			rlk = y.set.RelinearizationKey
 		}
-	}
-	*out = C.int64_t(put(&evkObj{ctx: x.ctx, set: set, eval: ckks.NewEvaluator(x.ctx.params, set)}))
-	return 0
+		set := rlwe.NewMemEvaluationKeySet(rlk)
+		for _, src := range []*rlwe.MemEvaluationKeySet{x.set, y.set} {
+			for g, gk := range src.GaloisKeys {
+				set.GaloisKeys[g] = gk
+			}
+		}
+		*out = C.int64_t(put(&evkObj{ctx: x.ctx, set: set, eval: ckks.NewEvaluator(x.ctx.params, set)}))
+		return nil
+	})
 }
 
 // clg_mul_relin: a * b (ciphertexts, a == b squares), relinearised with the set's key, no rescale.
 //
 //export clg_mul_relin
 func clg_mul_relin(evh C.int64_t, a C.int64_t, b C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	x, y, err := twoCts(a, b)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if x.ctx != e.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertexts and keys belong to different contexts"))
-	}
-	if e.set.RelinearizationKey == nil {
-		return fail(errbuf, errlen, errors.New("the key set has no relinearisation key"))
-	}
-	if x.ct.Degree() != 1 || y.ct.Degree() != 1 {
-		return fail(errbuf, errlen, errors.New("ct x ct multiplication needs degree-1 ciphertexts"))
-	}
-	lvl := min(x.ct.Level(), y.ct.Level())
-	if lvl == 0 {
-		return fail(errbuf, errlen, errors.New("ciphertext at level 0: no prime left to rescale the product; bootstrap first"))
-	}
-	if s := x.ct.Scale.Float64() * y.ct.Scale.Float64(); s > math.Exp2(logQAt(e.ctx.params, lvl)-1) {
-		return fail(errbuf, errlen, fmt.Errorf("product scale 2^%.1f exceeds the modulus at level %d (rescale first)",
-			math.Log2(s), lvl))
-	}
-	res := ckks.NewCiphertext(e.ctx.params, 1, lvl)
-	if err = e.eval.MulRelin(x.ct, y.ct, res); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: x.ctx, ct: res}))
-	return 0
+	return with(evh, "key set", errbuf, errlen, func(e *evkObj) error {
+		x, y, err := twoCts(a, b)
+		if err != nil {
+			return err
+		}
+		if x.ctx != e.ctx {
+			return errors.New("ciphertexts and keys belong to different contexts")
+		}
+		if e.set.RelinearizationKey == nil {
+			return errors.New("the key set has no relinearisation key")
+		}
+		if x.ct.Degree() != 1 || y.ct.Degree() != 1 {
+			return errors.New("ct x ct multiplication needs degree-1 ciphertexts")
+		}
+		lvl := min(x.ct.Level(), y.ct.Level())
+		if lvl == 0 {
+			return errors.New("ciphertext at level 0: no prime left to rescale the product; bootstrap first")
+		}
+		if s := x.ct.Scale.Float64() * y.ct.Scale.Float64(); s > math.Exp2(logQAt(e.ctx.params, lvl)-1) {
+			return fmt.Errorf("product scale 2^%.1f exceeds the modulus at level %d (rescale first)",
+				math.Log2(s), lvl)
+		}
+		res := ckks.NewCiphertext(e.ctx.params, 1, lvl)
+		if err := e.eval.MulRelin(x.ct, y.ct, res); err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: x.ctx, ct: res}))
+		return nil
+	})
 }
 
 // clg_sub: a -= b (ciphertexts), or a -= pt when plain != 0.
 //
 //export clg_sub
 func clg_sub(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	x, err := get[*ctObj](a, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	var op rlwe.Operand
-	if plain != 0 {
-		p, err := get[*ptObj](b, "plaintext")
+	return with(a, "ciphertext", errbuf, errlen, func(x *ctObj) error {
+		op, err := operand(x, a, b, plain)
 		if err != nil {
-			return fail(errbuf, errlen, err)
+			return err
 		}
-		if p.ctx != x.ctx {
-			return fail(errbuf, errlen, errors.New("different contexts"))
-		}
-		op = p.pt
-	} else {
-		_, y, err := twoCts(a, b)
-		if err != nil {
-			return fail(errbuf, errlen, err)
-		}
-		op = y.ct
-	}
-	if err = x.ctx.eval.Sub(x.ct, op, x.ct); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	return 0
+		return x.ctx.eval.Sub(x.ct, op, x.ct)
+	})
 }
 
 // clg_mul_scalar: ct * (re + i im) into a new ciphertext.  A non-integer constant is encoded at
@@ -221,40 +166,31 @@ func clg_sub(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int
 //
 //export clg_mul_scalar
 func clg_mul_scalar(cth C.int64_t, re C.double, im C.double, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	v := complex(float64(re), float64(im))
-	if math.IsNaN(real(v)) || math.IsInf(real(v), 0) || math.IsNaN(imag(v)) || math.IsInf(imag(v), 0) {
-		return fail(errbuf, errlen, errors.New("scalar must be finite"))
-	}
-	res := ckks.NewCiphertext(c.ctx.params, c.ct.Degree(), c.ct.Level())
-	if err = c.ctx.eval.Mul(c.ct, v, res); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-	return 0
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		v, err := finiteScalar(re, im)
+		if err != nil {
+			return err
+		}
+		res := ckks.NewCiphertext(c.ctx.params, c.ct.Degree(), c.ct.Level())
+		if err := c.ctx.eval.Mul(c.ct, v, res); err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+		return nil
+	})
 }
 
 // clg_add_scalar: ct += (re + i im), in place (encoded at the ciphertext's scale).
 //
 //export clg_add_scalar
 func clg_add_scalar(cth C.int64_t, re C.double, im C.double, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	v := complex(float64(re), float64(im))
-	if math.IsNaN(real(v)) || math.IsInf(real(v), 0) || math.IsNaN(imag(v)) || math.IsInf(imag(v), 0) {
-		return fail(errbuf, errlen, errors.New("scalar must be finite"))
-	}
-	if err = c.ctx.eval.Add(c.ct, v, c.ct); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	return 0
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		v, err := finiteScalar(re, im)
+		if err != nil {
+			return err
+		}
+		return c.ctx.eval.Add(c.ct, v, c.ct)
+	})
 }
 
 // polyLevels: the levels a Chebyshev evaluation of degree d on [a, b] consumes: one for the
@@ -273,12 +209,13 @@ func polyLevels(d int, a, b float64) int {
 //
 //export clg_poly_levels
 func clg_poly_levels(d C.int, a C.double, b C.double, out *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	if d < 1 || d > 1<<14 {
-		return fail(errbuf, errlen, fmt.Errorf("degree %d out of range [1, 16384]", int(d)))
-	}
-	*out = C.int(polyLevels(int(d), float64(a), float64(b)))
-	return 0
+	return call(errbuf, errlen, func() error {
+		if d < 1 || d > 1<<14 {
+			return fmt.Errorf("degree %d out of range [1, 16384]", int(d))
+		}
+		*out = C.int(polyLevels(int(d), float64(a), float64(b)))
+		return nil
+	})
 }
 
 // clg_poly_eval: p(ct) for p = sum_k coeffs[k] T_k((2x - a - b) / (b - a)) (T_k: Chebyshev
@@ -288,108 +225,101 @@ func clg_poly_levels(d C.int, a C.double, b C.double, out *C.int, errbuf *C.char
 //export clg_poly_eval
 func clg_poly_eval(evh C.int64_t, cth C.int64_t, coeffs *C.double, n C.int, a C.double, b C.double, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != e.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext and keys belong to different contexts"))
-	}
-	if n < 2 || n > 1<<14+1 || coeffs == nil {
-		return fail(errbuf, errlen, fmt.Errorf("%d coefficients (2..16385)", int(n)))
-	}
-	lo, hi := float64(a), float64(b)
-	if math.IsNaN(lo) || math.IsNaN(hi) || math.IsInf(lo, 0) || math.IsInf(hi, 0) || !(hi > lo) {
-		return fail(errbuf, errlen, fmt.Errorf("bad interval [%g, %g]", lo, hi))
-	}
-	cs := make([]float64, int(n))
-	copy(cs, unsafeFloats(coeffs, int(n)))
-	for _, v := range cs {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return fail(errbuf, errlen, errors.New("coefficients must be finite"))
+	return with2(evh, "key set", cth, "ciphertext", "ciphertext and keys belong to different contexts", errbuf, errlen, func(e *evkObj, c *ctObj) error {
+		if n < 2 || n > 1<<14+1 || coeffs == nil {
+			return fmt.Errorf("%d coefficients (2..16385)", int(n))
 		}
-	}
-	if c.ct.Degree() != 1 {
-		return fail(errbuf, errlen, errors.New("polynomial evaluation needs a degree-1 ciphertext"))
-	}
-	deg := int(n) - 1
-	if deg >= 2 && e.set.RelinearizationKey == nil {
-		return fail(errbuf, errlen, errors.New("the key set has no relinearisation key"))
-	}
-	need := polyLevels(deg, lo, hi)
-	if c.ct.Level() < need {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext at level %d, the degree-%d evaluation on [%g, %g] needs %d levels (bootstrap first)",
-			c.ct.Level(), deg, lo, hi, need))
-	}
-	poly := polynomial.NewPolynomial(bignum.NewPolynomial(bignum.Chebyshev, cs, [2]float64{lo, hi}))
-	x := c.ct
-	if lo != -1 || hi != 1 {
-		scalar, constant := poly.ChangeOfBasis()
-		x = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-		if err = e.eval.Mul(c.ct, scalar, x); err != nil {
-			return fail(errbuf, errlen, err)
+		lo, hi := float64(a), float64(b)
+		if math.IsNaN(lo) || math.IsNaN(hi) || math.IsInf(lo, 0) || math.IsInf(hi, 0) || !(hi > lo) {
+			return fmt.Errorf("bad interval [%g, %g]", lo, hi)
 		}
-		if err = e.eval.Add(x, constant, x); err != nil {
-			return fail(errbuf, errlen, err)
+		cs := make([]float64, int(n))
+		copy(cs, unsafeFloats(coeffs, int(n)))
+		for _, v := range cs {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return errors.New("coefficients must be finite")
+			}
 		}
-		if err = e.eval.Rescale(x, x); err != nil {
-			return fail(errbuf, errlen, err)
+		if c.ct.Degree() != 1 {
+			return errors.New("polynomial evaluation needs a degree-1 ciphertext")
 		}
-	}
-	// a fresh evaluator per call: Lattigo's polynomial evaluator keeps per-evaluation state
-	res, err := polynomial.NewEvaluator(e.ctx.params, e.eval).Evaluate(x, poly, c.ct.Scale)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-	return 0
+		deg := int(n) - 1
+		if deg >= 2 && e.set.RelinearizationKey == nil {
+			return errors.New("the key set has no relinearisation key")
+		}
+		need := polyLevels(deg, lo, hi)
+		if c.ct.Level() < need {
+			return fmt.Errorf("ciphertext at level %d, the degree-%d evaluation on [%g, %g] needs %d levels (bootstrap first)",
+				c.ct.Level(), deg, lo, hi, need)
+		}
+		poly := polynomial.NewPolynomial(bignum.NewPolynomial(bignum.Chebyshev, cs, [2]float64{lo, hi}))
+		x := c.ct
+		if lo != -1 || hi != 1 {
+			scalar, constant := poly.ChangeOfBasis()
+			x = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+			if err := e.eval.Mul(c.ct, scalar, x); err != nil {
+				return err
+			}
+			if err := e.eval.Add(x, constant, x); err != nil {
+				return err
+			}
+			if err := e.eval.Rescale(x, x); err != nil {
+				return err
+			}
+		}
+		// a fresh evaluator per call: Lattigo's polynomial evaluator keeps per-evaluation state
+		res, err := polynomial.NewEvaluator(e.ctx.params, e.eval).Evaluate(x, poly, c.ct.Scale)
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+		return nil
+	})
 }
 
 // clg_relin_to_bytes: the set's relinearisation key as "CLGR" | version | 0 0 0 | raw words.
 //
 //export clg_relin_to_bytes
 func clg_relin_to_bytes(evh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if e.set.RelinearizationKey == nil {
-		return fail(errbuf, errlen, errors.New("the key set has no relinearisation key"))
-	}
-	b := []byte{'C', 'L', 'G', 'R', wireVersion, 0, 0, 0}
-	bytesOut(writePolys(b, evkPolys(&e.set.RelinearizationKey.EvaluationKey)), out, outLen)
-	return 0
+	return with(evh, "key set", errbuf, errlen, func(e *evkObj) error {
+		if e.set.RelinearizationKey == nil {
+			return errors.New("the key set has no relinearisation key")
+		}
+		b := []byte{'C', 'L', 'G', 'R', wireVersion, 0, 0, 0}
+		bytesOut(writePolys(b, evkPolys(&e.set.RelinearizationKey.EvaluationKey)), out, outLen)
+		return nil
+	})
 }
 
 // clg_relin_from_bytes: validate and load a peer's relinearisation key into a new key set.
 //
 //export clg_relin_from_bytes
 func clg_relin_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		b := bytesIn(buf, n)
+		rlk := rlwe.NewRelinearizationKey(c.params)
+		if want := keyHeader + 8*polysWords(evkPolys(&rlk.EvaluationKey)); len(b) != want {
+			return fmt.Errorf("relinearisation key blob of %d bytes, expected %d", len(b), want)
+		}
+		if string(b[:4]) != "CLGR" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+			return errors.New("not a cipherlm/Lattigo relinearisation key (bad header)")
+		}
+		if _, err := readEvk(&rlk.EvaluationKey, c.params.Q(), c.params.P(), b[keyHeader:]); err != nil {
+			return err
+		}
+		set := rlwe.NewMemEvaluationKeySet(rlk)
+		*out = C.int64_t(put(&evkObj{ctx: c, set: set, eval: ckks.NewEvaluator(c.params, set)}))
+		return nil
+	})
+}
+
+// finiteScalar: re + i im, which must be finite.
+func finiteScalar(re, im C.double) (complex128, error) {
+	v := complex(float64(re), float64(im))
+	if math.IsNaN(real(v)) || math.IsInf(real(v), 0) || math.IsNaN(imag(v)) || math.IsInf(imag(v), 0) {
+		return 0, errors.New("scalar must be finite")
 	}
-	b := bytesIn(buf, n)
-	rlk := rlwe.NewRelinearizationKey(c.params)
-	if want := keyHeader + 8*polysWords(evkPolys(&rlk.EvaluationKey)); len(b) != want {
-		return fail(errbuf, errlen, fmt.Errorf("relinearisation key blob of %d bytes, expected %d", len(b), want))
-	}
-	if string(b[:4]) != "CLGR" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
-		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo relinearisation key (bad header)"))
-	}
-	if _, err = readEvk(&rlk.EvaluationKey, c.params.Q(), c.params.P(), b[keyHeader:]); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	set := rlwe.NewMemEvaluationKeySet(rlk)
-	*out = C.int64_t(put(&evkObj{ctx: c, set: set, eval: ckks.NewEvaluator(c.params, set)}))
-	return 0
+	return v, nil
 }
 
 func unsafeFloats(p *C.double, n int) []float64 {

@@ -171,6 +171,81 @@ func guard(rc *C.int, errbuf *C.char, errlen C.int) {
 	}
 }
 
+// call runs the body of an exported function: an error it returns becomes rc -1 with its message
+// in (errbuf, errlen), a panic rc -2 (guard).
+func call(errbuf *C.char, errlen C.int, body func() error) (rc C.int) {
+	defer guard(&rc, errbuf, errlen)
+	if err := body(); err != nil {
+		return fail(errbuf, errlen, err)
+	}
+	return 0
+}
+
+// with: call on the object behind handle h (a `what` in get's messages).
+func with[T any](h C.int64_t, what string, errbuf *C.char, errlen C.int, body func(T) error) C.int {
+	return call(errbuf, errlen, func() error {
+		o, err := get[T](h, what)
+		if err != nil {
+			return err
+		}
+		return body(o)
+	})
+}
+
+// with2: call on the objects behind handles ha and hb; when mismatch is not empty, it is the error
+// for objects of different contexts.
+func with2[A, B owned](ha C.int64_t, whatA string, hb C.int64_t, whatB string, mismatch string,
+	errbuf *C.char, errlen C.int, body func(A, B) error) C.int {
+	return call(errbuf, errlen, func() error {
+		a, b, err := pair[A, B](ha, whatA, hb, whatB, mismatch)
+		if err != nil {
+			return err
+		}
+		return body(a, b)
+	})
+}
+
+// pair: the objects behind handles ha and hb (see with2 for mismatch).
+func pair[A, B owned](ha C.int64_t, whatA string, hb C.int64_t, whatB string, mismatch string) (A, B, error) {
+	var b B
+	a, err := get[A](ha, whatA)
+	if err == nil {
+		b, err = getIn[B](hb, whatB, mismatch, a)
+	}
+	return a, b, err
+}
+
+// getIn: get, then (mismatch not empty) errors.New(mismatch) unless the object belongs to the
+// context of the others.
+func getIn[T owned](h C.int64_t, what string, mismatch string, others ...owned) (T, error) {
+	t, err := get[T](h, what)
+	if err == nil && mismatch != "" {
+		err = sameContext(mismatch, t, others...)
+	}
+	return t, err
+}
+
+// owned: the objects that belong to a context.
+type owned interface{ context() *ctxObj }
+
+func (o *skObj) context() *ctxObj   { return o.ctx }
+func (o *pkObj) context() *ctxObj   { return o.ctx }
+func (o *evkObj) context() *ctxObj  { return o.ctx }
+func (o *ltObj) context() *ctxObj   { return o.ctx }
+func (o *bsgsObj) context() *ctxObj { return o.ctx }
+func (o *ptObj) context() *ctxObj   { return o.ctx }
+func (o *ctObj) context() *ctxObj   { return o.ctx }
+
+// sameContext: errors.New(mismatch) unless every object belongs to a's context.
+func sameContext(mismatch string, a owned, others ...owned) error {
+	for _, o := range others {
+		if o.context() != a.context() {
+			return errors.New(mismatch)
+		}
+	}
+	return nil
+}
+
 func i64s(p *C.int64_t, n C.int) []int64 {
 	if n <= 0 || p == nil {
 		return nil
@@ -216,36 +291,37 @@ func clg_live_objects() C.int64_t {
 //
 //export clg_primes
 func clg_primes(logN C.int, bits *C.int64_t, n C.int, out *C.uint64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	if logN < 1 || logN > 17 {
-		return fail(errbuf, errlen, fmt.Errorf("logN %d out of range", int(logN)))
-	}
-	dst := unsafe.Slice((*uint64)(unsafe.Pointer(out)), int(n))
-	seen := map[uint64]bool{}
-	gens := map[int64]*ring.NTTFriendlyPrimesGenerator{}
-	for i, b := range i64s(bits, n) {
-		if b < 10 || b > 61 {
-			return fail(errbuf, errlen, fmt.Errorf("prime bit size %d out of range [10, 61]", b))
+	return call(errbuf, errlen, func() error {
+		if logN < 1 || logN > 17 {
+			return fmt.Errorf("logN %d out of range", int(logN))
 		}
-		g, ok := gens[b]
-		if !ok {
-			gg := ring.NewNTTFriendlyPrimesGenerator(uint64(b), uint64(2)<<uint(logN))
-			g = &gg
-			gens[b] = g
-		}
-		for {
-			q, err := g.NextDownstreamPrime() // below 2^b: exactly b bits, as SEAL's CoeffModulus.Create
-			if err != nil {
-				return fail(errbuf, errlen, err)
+		dst := unsafe.Slice((*uint64)(unsafe.Pointer(out)), int(n))
+		seen := map[uint64]bool{}
+		gens := map[int64]*ring.NTTFriendlyPrimesGenerator{}
+		for i, b := range i64s(bits, n) {
+			if b < 10 || b > 61 {
+				return fmt.Errorf("prime bit size %d out of range [10, 61]", b)
 			}
-			if !seen[q] {
-				seen[q] = true
-				dst[i] = q
-				break
+			g, ok := gens[b]
+			if !ok {
+				gg := ring.NewNTTFriendlyPrimesGenerator(uint64(b), uint64(2)<<uint(logN))
+				g = &gg
+				gens[b] = g
+			}
+			for {
+				q, err := g.NextDownstreamPrime() // below 2^b: exactly b bits, as SEAL's CoeffModulus.Create
+				if err != nil {
+					return err
+				}
+				if !seen[q] {
+					seen[q] = true
+					dst[i] = q
+					break
+				}
 			}
 		}
-	}
-	return 0
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- context
@@ -256,35 +332,36 @@ func clg_primes(logN C.int, bits *C.int64_t, n C.int, out *C.uint64_t, errbuf *C
 //export clg_ckks_new
 func clg_ckks_new(logN C.int, logQ *C.int64_t, nQ C.int, logP *C.int64_t, nP C.int, logScale C.int,
 	out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	if logN < 10 || logN > 16 {
-		return fail(errbuf, errlen, fmt.Errorf("logN %d out of range [10, 16]", int(logN)))
-	}
-	if nQ < 1 || nP < 1 {
-		return fail(errbuf, errlen, errors.New("need at least one data prime and one special prime"))
-	}
-	toInts := func(v []int64) []int {
-		r := make([]int, len(v))
-		for i, x := range v {
-			r[i] = int(x)
+	return call(errbuf, errlen, func() error {
+		if logN < 10 || logN > 16 {
+			return fmt.Errorf("logN %d out of range [10, 16]", int(logN))
 		}
-		return r
-	}
-	lit := ckks.ParametersLiteral{
-		LogN:            int(logN),
-		LogQ:            toInts(i64s(logQ, nQ)),
-		LogP:            toInts(i64s(logP, nP)),
-		Xs:              ring.Ternary{P: 2.0 / 3.0}, // uniform ternary: the HE-standard table's secret
-		Xe:              rlwe.DefaultXe,
-		LogDefaultScale: int(logScale),
-	}
-	params, err := ckks.NewParametersFromLiteral(lit)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil)}
-	*out = C.int64_t(put(c))
-	return 0
+		if nQ < 1 || nP < 1 {
+			return errors.New("need at least one data prime and one special prime")
+		}
+		toInts := func(v []int64) []int {
+			r := make([]int, len(v))
+			for i, x := range v {
+				r[i] = int(x)
+			}
+			return r
+		}
+		lit := ckks.ParametersLiteral{
+			LogN:            int(logN),
+			LogQ:            toInts(i64s(logQ, nQ)),
+			LogP:            toInts(i64s(logP, nP)),
+			Xs:              ring.Ternary{P: 2.0 / 3.0}, // uniform ternary: the HE-standard table's secret
+			Xe:              rlwe.DefaultXe,
+			LogDefaultScale: int(logScale),
+		}
+		params, err := ckks.NewParametersFromLiteral(lit)
+		if err != nil {
+			return err
+		}
+		c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil)}
+		*out = C.int64_t(put(c))
+		return nil
+	})
 }
 
 // clg_ctx_info: N, max level, number of Q and P primes, and the primes (Q then P) into moduli.
@@ -292,38 +369,32 @@ func clg_ckks_new(logN C.int, logQ *C.int64_t, nQ C.int, logP *C.int64_t, nP C.i
 //export clg_ctx_info
 func clg_ctx_info(h C.int64_t, n *C.int64_t, maxLevel *C.int, nQ *C.int, nP *C.int,
 	moduli *C.uint64_t, cap_ C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	q, p := c.params.Q(), c.params.P()
-	*n = C.int64_t(c.params.N())
-	*maxLevel = C.int(c.params.MaxLevel())
-	*nQ, *nP = C.int(len(q)), C.int(len(p))
-	if int(cap_) < len(q)+len(p) {
-		return fail(errbuf, errlen, errors.New("moduli buffer too small"))
-	}
-	dst := unsafe.Slice((*uint64)(unsafe.Pointer(moduli)), len(q)+len(p))
-	copy(dst, q)
-	copy(dst[len(q):], p)
-	return 0
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		q, p := c.params.Q(), c.params.P()
+		*n = C.int64_t(c.params.N())
+		*maxLevel = C.int(c.params.MaxLevel())
+		*nQ, *nP = C.int(len(q)), C.int(len(p))
+		if int(cap_) < len(q)+len(p) {
+			return errors.New("moduli buffer too small")
+		}
+		dst := unsafe.Slice((*uint64)(unsafe.Pointer(moduli)), len(q)+len(p))
+		copy(dst, q)
+		copy(dst[len(q):], p)
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- keys
 
 //export clg_keygen
 func clg_keygen(h C.int64_t, skOut *C.int64_t, pkOut *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	kg := rlwe.NewKeyGenerator(c.params)
-	sk, pk := kg.GenKeyPairNew()
-	*skOut = C.int64_t(put(&skObj{ctx: c, sk: sk, enc: rlwe.NewEncryptor(c.params, sk), dec: rlwe.NewDecryptor(c.params, sk)}))
-	*pkOut = C.int64_t(put(&pkObj{ctx: c, pk: pk, enc: rlwe.NewEncryptor(c.params, pk)}))
-	return 0
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		kg := rlwe.NewKeyGenerator(c.params)
+		sk, pk := kg.GenKeyPairNew()
+		*skOut = C.int64_t(put(&skObj{ctx: c, sk: sk, enc: rlwe.NewEncryptor(c.params, sk), dec: rlwe.NewDecryptor(c.params, sk)}))
+		*pkOut = C.int64_t(put(&pkObj{ctx: c, pk: pk, enc: rlwe.NewEncryptor(c.params, pk)}))
+		return nil
+	})
 }
 
 func galoisElements(c *ctxObj, steps []int64, conj bool) ([]uint64, error) {
@@ -354,70 +425,71 @@ func galoisElements(c *ctxObj, steps []int64, conj bool) ([]uint64, error) {
 //export clg_gen_rotation_keys
 func clg_gen_rotation_keys(skh C.int64_t, steps *C.int64_t, n C.int, conj C.int, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	els, err := galoisElements(s.ctx, i64s(steps, n), conj != 0)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	gks := rlwe.NewKeyGenerator(s.ctx.params).GenGaloisKeysNew(els, s.sk)
-	set := rlwe.NewMemEvaluationKeySet(nil, gks...)
-	*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
-	return 0
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		els, err := galoisElements(s.ctx, i64s(steps, n), conj != 0)
+		if err != nil {
+			return err
+		}
+		gks := rlwe.NewKeyGenerator(s.ctx.params).GenGaloisKeysNew(els, s.sk)
+		set := rlwe.NewMemEvaluationKeySet(nil, gks...)
+		*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
+		return nil
+	})
 }
 
 // clg_evk_has_steps: 1 if the key set holds a key for every rotation step, else 0.
 //
 //export clg_evk_has_steps
 func clg_evk_has_steps(h C.int64_t, steps *C.int64_t, n C.int, ok *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](h, "Galois key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
+	return with(h, "Galois key set", errbuf, errlen, func(e *evkObj) error {
+		els, err := galoisElements(e.ctx, i64s(steps, n), false)
+		if err != nil {
+			return err
+		}
+		*ok = 1
+		for _, g := range els {
+			if _, found := e.set.GaloisKeys[g]; !found {
+				*ok = 0
+			}
+		}
+		return nil
+	})
+}
+
+// galoisElementsIn: the caller's Galois elements els[0..n) (odd, < 2N), without repeats and
+// without 1 (the identity needs no key), in their first order.
+func galoisElementsIn(c *ctxObj, els *C.uint64_t, n C.int) ([]uint64, error) {
+	if n < 1 || els == nil {
+		return nil, errors.New("no Galois elements")
 	}
-	els, err := galoisElements(e.ctx, i64s(steps, n), false)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*ok = 1
-	for _, g := range els {
-		if _, found := e.set.GaloisKeys[g]; !found {
-			*ok = 0
+	twoN := uint64(2 * c.params.N())
+	seen := map[uint64]bool{}
+	var gs []uint64
+	for _, g := range unsafe.Slice((*uint64)(unsafe.Pointer(els)), int(n)) {
+		if g&1 == 0 || g == 0 || g >= twoN {
+			return nil, fmt.Errorf("invalid Galois element %d", g)
+		}
+		if g != 1 && !seen[g] {
+			seen[g] = true
+			gs = append(gs, g)
 		}
 	}
-	return 0
+	return gs, nil
 }
 
 // clg_gen_galois_keys: Galois keys for the automorphisms X -> X^g, g in els (odd, < 2N; 1 is skipped).
 //
 //export clg_gen_galois_keys
 func clg_gen_galois_keys(skh C.int64_t, els *C.uint64_t, n C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if n < 1 || els == nil {
-		return fail(errbuf, errlen, errors.New("no Galois elements"))
-	}
-	twoN := uint64(2 * s.ctx.params.N())
-	seen := map[uint64]bool{}
-	var gs []uint64
-	for _, g := range unsafe.Slice((*uint64)(unsafe.Pointer(els)), int(n)) {
-		if g&1 == 0 || g == 0 || g >= twoN {
-			return fail(errbuf, errlen, fmt.Errorf("invalid Galois element %d", g))
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		gs, err := galoisElementsIn(s.ctx, els, n)
+		if err != nil {
+			return err
 		}
-		if g != 1 && !seen[g] { // 1 is the identity: no key
-			seen[g] = true
-			gs = append(gs, g)
-		}
-	}
-	set := rlwe.NewMemEvaluationKeySet(nil, rlwe.NewKeyGenerator(s.ctx.params).GenGaloisKeysNew(gs, s.sk)...)
-	*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
-	return 0
+		set := rlwe.NewMemEvaluationKeySet(nil, rlwe.NewKeyGenerator(s.ctx.params).GenGaloisKeysNew(gs, s.sk)...)
+		*out = C.int64_t(put(&evkObj{ctx: s.ctx, set: set, eval: ckks.NewEvaluator(s.ctx.params, set)}))
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- encoding
@@ -428,163 +500,144 @@ func clg_gen_galois_keys(skh C.int64_t, els *C.uint64_t, n C.int, out *C.int64_t
 //export clg_encode
 func clg_encode(h C.int64_t, re *C.double, im *C.double, n C.int64_t, level C.int, logScale C.double,
 	out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if n < 1 || int(n) > c.params.MaxSlots() {
-		return fail(errbuf, errlen, fmt.Errorf("%d values for %d slots", int64(n), c.params.MaxSlots()))
-	}
-	lvl := int(level)
-	if lvl < 0 || lvl > c.params.MaxLevel() {
-		return fail(errbuf, errlen, fmt.Errorf("level %d out of range [0, %d]", lvl, c.params.MaxLevel()))
-	}
-	pt := ckks.NewPlaintext(c.params, lvl)
-	if logScale > 0 {
-		if logScale > 120 {
-			return fail(errbuf, errlen, fmt.Errorf("log2 scale %g too large", float64(logScale)))
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		if n < 1 || int(n) > c.params.MaxSlots() {
+			return fmt.Errorf("%d values for %d slots", int64(n), c.params.MaxSlots())
 		}
-		pt.Scale = rlwe.NewScale(math.Exp2(float64(logScale)))
-	}
-	r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
-	if im == nil {
-		v := make([]float64, c.params.MaxSlots())
-		copy(v, r)
-		err = c.encoder.Encode(v, pt)
-	} else {
-		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
-		v := make([]complex128, c.params.MaxSlots())
-		for k := range r {
-			v[k] = complex(r[k], ii[k])
+		lvl := int(level)
+		if lvl < 0 || lvl > c.params.MaxLevel() {
+			return fmt.Errorf("level %d out of range [0, %d]", lvl, c.params.MaxLevel())
 		}
-		err = c.encoder.Encode(v, pt)
-	}
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ptObj{ctx: c, pt: pt}))
-	return 0
+		pt := ckks.NewPlaintext(c.params, lvl)
+		if logScale > 0 {
+			if logScale > 120 {
+				return fmt.Errorf("log2 scale %g too large", float64(logScale))
+			}
+			pt.Scale = rlwe.NewScale(math.Exp2(float64(logScale)))
+		}
+		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
+		var err error
+		if im == nil {
+			v := make([]float64, c.params.MaxSlots())
+			copy(v, r)
+			err = c.encoder.Encode(v, pt)
+		} else {
+			ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
+			v := make([]complex128, c.params.MaxSlots())
+			for k := range r {
+				v[k] = complex(r[k], ii[k])
+			}
+			err = c.encoder.Encode(v, pt)
+		}
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ptObj{ctx: c, pt: pt}))
+		return nil
+	})
 }
 
 // clg_decode: plaintext -> the first n slot values (re, im; im may be NULL).
 //
 //export clg_decode
 func clg_decode(ph C.int64_t, re *C.double, im *C.double, n C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	p, err := get[*ptObj](ph, "plaintext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	slots := p.ctx.params.MaxSlots()
-	if n < 1 || int(n) > slots {
-		return fail(errbuf, errlen, fmt.Errorf("%d values for %d slots", int64(n), slots))
-	}
-	v := make([]complex128, slots)
-	if err = p.ctx.encoder.Decode(p.pt, v); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
-	var ii []float64
-	if im != nil {
-		ii = unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
-	}
-	for k := range r {
-		r[k] = real(v[k])
-		if ii != nil {
-			ii[k] = imag(v[k])
+	return with(ph, "plaintext", errbuf, errlen, func(p *ptObj) error {
+		slots := p.ctx.params.MaxSlots()
+		if n < 1 || int(n) > slots {
+			return fmt.Errorf("%d values for %d slots", int64(n), slots)
 		}
-	}
-	return 0
+		v := make([]complex128, slots)
+		if err := p.ctx.encoder.Decode(p.pt, v); err != nil {
+			return err
+		}
+		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
+		var ii []float64
+		if im != nil {
+			ii = unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
+		}
+		for k := range r {
+			r[k] = real(v[k])
+			if ii != nil {
+				ii[k] = imag(v[k])
+			}
+		}
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- encrypt / decrypt
 
 //export clg_encrypt_sk
 func clg_encrypt_sk(skh C.int64_t, ph C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	p, err := get[*ptObj](ph, "plaintext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	ct, err := s.enc.EncryptNew(p.pt)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: s.ctx, ct: ct}))
-	return 0
+	return with2(skh, "secret key", ph, "plaintext", "", errbuf, errlen, func(s *skObj, p *ptObj) error {
+		ct, err := s.enc.EncryptNew(p.pt)
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: s.ctx, ct: ct}))
+		return nil
+	})
 }
 
 // clg_encrypt_pk: public-key encryption of a plaintext (ph > 0) or of zero at `level` (ph == 0).
 //
 //export clg_encrypt_pk
 func clg_encrypt_pk(pkh C.int64_t, ph C.int64_t, level C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	k, err := get[*pkObj](pkh, "public key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	var ct *rlwe.Ciphertext
-	if ph == 0 {
-		if level < 0 || int(level) > k.ctx.params.MaxLevel() {
-			return fail(errbuf, errlen, fmt.Errorf("level %d out of range", int(level)))
+	return with(pkh, "public key", errbuf, errlen, func(k *pkObj) error {
+		var ct *rlwe.Ciphertext
+		var err error
+		if ph == 0 {
+			if level < 0 || int(level) > k.ctx.params.MaxLevel() {
+				return fmt.Errorf("level %d out of range", int(level))
+			}
+			ct = ckks.NewCiphertext(k.ctx.params, 1, int(level))
+			err = k.enc.EncryptZero(ct)
+		} else {
+			var p *ptObj
+			if p, err = get[*ptObj](ph, "plaintext"); err != nil {
+				return err
+			}
+			ct, err = k.enc.EncryptNew(p.pt)
 		}
-		ct = ckks.NewCiphertext(k.ctx.params, 1, int(level))
-		err = k.enc.EncryptZero(ct)
-	} else {
-		var p *ptObj
-		if p, err = get[*ptObj](ph, "plaintext"); err != nil {
-			return fail(errbuf, errlen, err)
+		if err != nil {
+			return err
 		}
-		ct, err = k.enc.EncryptNew(p.pt)
-	}
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: k.ctx, ct: ct}))
-	return 0
+		*out = C.int64_t(put(&ctObj{ctx: k.ctx, ct: ct}))
+		return nil
+	})
 }
 
 //export clg_decrypt
 func clg_decrypt(skh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != s.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext and key belong to different contexts"))
-	}
-	if c.ct.Degree() != 1 {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext of degree %d (relinearise first)", c.ct.Degree()))
-	}
-	*out = C.int64_t(put(&ptObj{ctx: s.ctx, pt: s.dec.DecryptNew(c.ct)}))
-	return 0
+	return with2(skh, "secret key", cth, "ciphertext", "ciphertext and key belong to different contexts", errbuf, errlen, func(s *skObj, c *ctObj) error {
+		if c.ct.Degree() != 1 {
+			return fmt.Errorf("ciphertext of degree %d (relinearise first)", c.ct.Degree())
+		}
+		*out = C.int64_t(put(&ptObj{ctx: s.ctx, pt: s.dec.DecryptNew(c.ct)}))
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- evaluation
 
 func twoCts(a, b C.int64_t) (*ctObj, *ctObj, error) {
-	x, err := get[*ctObj](a, "ciphertext")
+	return pair[*ctObj, *ctObj](a, "ciphertext", b, "ciphertext", "ciphertexts belong to different contexts")
+}
+
+// operand: b for x += b / x -= b: a plaintext of x's context (plain != 0) or a ciphertext.
+func operand(x *ctObj, a, b C.int64_t, plain C.int) (rlwe.Operand, error) {
+	if plain != 0 {
+		p, err := get[*ptObj](b, "plaintext")
+		if err != nil {
+			return nil, err
+		}
+		return p.pt, sameContext("different contexts", x, p)
+	}
+	_, y, err := twoCts(a, b)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	y, err := get[*ctObj](b, "ciphertext")
-	if err != nil {
-		return nil, nil, err
-	}
-	if x.ctx != y.ctx {
-		return nil, nil, errors.New("ciphertexts belong to different contexts")
-	}
-	return x, y, nil
+	return y.ct, nil
 }
 
 // clg_mul_plain: ct * pt (no rescale) into `into` (> 0: an existing ciphertext to overwrite) or
@@ -592,139 +645,92 @@ func twoCts(a, b C.int64_t) (*ctObj, *ctObj, error) {
 //
 //export clg_mul_plain
 func clg_mul_plain(cth C.int64_t, ph C.int64_t, into C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	p, err := get[*ptObj](ph, "plaintext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != p.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext and plaintext belong to different contexts"))
-	}
-	lvl := min(c.ct.Level(), p.pt.Level())
-	var dst *ctObj
-	if into > 0 {
-		if dst, err = get[*ctObj](into, "ciphertext"); err != nil {
-			return fail(errbuf, errlen, err)
+	return with2(cth, "ciphertext", ph, "plaintext", "ciphertext and plaintext belong to different contexts", errbuf, errlen, func(c *ctObj, p *ptObj) error {
+		lvl := min(c.ct.Level(), p.pt.Level())
+		var dst *ctObj
+		if into > 0 {
+			var err error
+			if dst, err = getIn[*ctObj](into, "ciphertext", "output ciphertext belongs to another context", c); err != nil {
+				return err
+			}
+			if dst.ct.Degree() != 1 || dst.ct.Level() < lvl {
+				dst.ct = ckks.NewCiphertext(c.ctx.params, 1, lvl)
+			} else if dst.ct.Level() > lvl {
+				dst.ct.Resize(1, lvl)
+			}
+		} else {
+			dst = &ctObj{ctx: c.ctx, ct: ckks.NewCiphertext(c.ctx.params, 1, lvl)}
 		}
-		if dst.ctx != c.ctx {
-			return fail(errbuf, errlen, errors.New("output ciphertext belongs to another context"))
+		if err := c.ctx.eval.Mul(c.ct, p.pt, dst.ct); err != nil {
+			return err
 		}
-		if dst.ct.Degree() != 1 || dst.ct.Level() < lvl {
-			dst.ct = ckks.NewCiphertext(c.ctx.params, 1, lvl)
-		} else if dst.ct.Level() > lvl {
-			dst.ct.Resize(1, lvl)
+		if into > 0 {
+			*out = into
+		} else {
+			*out = C.int64_t(put(dst))
 		}
-	} else {
-		dst = &ctObj{ctx: c.ctx, ct: ckks.NewCiphertext(c.ctx.params, 1, lvl)}
-	}
-	if err = c.ctx.eval.Mul(c.ct, p.pt, dst.ct); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if into > 0 {
-		*out = into
-	} else {
-		*out = C.int64_t(put(dst))
-	}
-	return 0
+		return nil
+	})
 }
 
 // clg_add: a += b (ciphertexts), or a += pt when plain != 0 (b is then a plaintext handle).
 //
 //export clg_add
 func clg_add(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	x, err := get[*ctObj](a, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	var op rlwe.Operand
-	if plain != 0 {
-		p, err := get[*ptObj](b, "plaintext")
+	return with(a, "ciphertext", errbuf, errlen, func(x *ctObj) error {
+		op, err := operand(x, a, b, plain)
 		if err != nil {
-			return fail(errbuf, errlen, err)
+			return err
 		}
-		if p.ctx != x.ctx {
-			return fail(errbuf, errlen, errors.New("different contexts"))
-		}
-		op = p.pt
-	} else {
-		_, y, err := twoCts(a, b)
-		if err != nil {
-			return fail(errbuf, errlen, err)
-		}
-		op = y.ct
-	}
-	if err = x.ctx.eval.Add(x.ct, op, x.ct); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	return 0
+		return x.ctx.eval.Add(x.ct, op, x.ct)
+	})
 }
 
 // clg_rescale: divide by the last prime of the ciphertext's level, in place.
 //
 //export clg_rescale
 func clg_rescale(cth C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ct.Level() == 0 {
-		return fail(errbuf, errlen, errors.New("cannot rescale a ciphertext at level 0"))
-	}
-	out := ckks.NewCiphertext(c.ctx.params, c.ct.Degree(), c.ct.Level()-1)
-	if err = c.ctx.eval.Rescale(c.ct, out); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c.ct = out
-	return 0
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		if c.ct.Level() == 0 {
+			return errors.New("cannot rescale a ciphertext at level 0")
+		}
+		out := ckks.NewCiphertext(c.ctx.params, c.ct.Degree(), c.ct.Level()-1)
+		if err := c.ctx.eval.Rescale(c.ct, out); err != nil {
+			return err
+		}
+		c.ct = out
+		return nil
+	})
 }
 
 // clg_drop_level: drop `levels` primes without dividing (the scale is unchanged), in place.
 //
 //export clg_drop_level
 func clg_drop_level(cth C.int64_t, levels C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if levels < 0 || int(levels) > c.ct.Level() {
-		return fail(errbuf, errlen, fmt.Errorf("cannot drop %d levels from level %d", int(levels), c.ct.Level()))
-	}
-	c.ctx.eval.DropLevel(c.ct, int(levels))
-	return 0
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		if levels < 0 || int(levels) > c.ct.Level() {
+			return fmt.Errorf("cannot drop %d levels from level %d", int(levels), c.ct.Level())
+		}
+		c.ctx.eval.DropLevel(c.ct, int(levels))
+		return nil
+	})
 }
 
 // clg_rotate: slot rotation to the left by step (key switching with the set's Galois key).
 //
 //export clg_rotate
 func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "Galois key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != e.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext and keys belong to different contexts"))
-	}
-	if c.ct.Degree() != 1 {
-		return fail(errbuf, errlen, errors.New("rotate needs a degree-1 ciphertext"))
-	}
-	res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-	if err = e.eval.Rotate(c.ct, int(step), res); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-	return 0
+	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts", errbuf, errlen, func(e *evkObj, c *ctObj) error {
+		if c.ct.Degree() != 1 {
+			return errors.New("rotate needs a degree-1 ciphertext")
+		}
+		res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+		if err := e.eval.Rotate(c.ct, int(step), res); err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+		return nil
+	})
 }
 
 // clg_rotate_hoisted: rotations of one ciphertext by each of steps[0..n), sharing one
@@ -733,60 +739,50 @@ func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, er
 //export clg_rotate_hoisted
 func clg_rotate_hoisted(evh C.int64_t, cth C.int64_t, steps *C.int64_t, n C.int, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "Galois key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != e.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext and keys belong to different contexts"))
-	}
-	if c.ct.Degree() != 1 {
-		return fail(errbuf, errlen, errors.New("rotate needs a degree-1 ciphertext"))
-	}
-	st := i64s(steps, n)
-	half := int64(c.ctx.params.MaxSlots())
-	var uniq []int
-	seen := map[int]bool{}
-	for _, s := range st {
-		if s <= -half || s >= half {
-			return fail(errbuf, errlen, fmt.Errorf("rotation step %d out of range", s))
+	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts", errbuf, errlen, func(e *evkObj, c *ctObj) error {
+		if c.ct.Degree() != 1 {
+			return errors.New("rotate needs a degree-1 ciphertext")
 		}
-		k := int(s)
-		if k != 0 && !seen[k] {
-			seen[k] = true
-			uniq = append(uniq, k)
+		st := i64s(steps, n)
+		half := int64(c.ctx.params.MaxSlots())
+		var uniq []int
+		seen := map[int]bool{}
+		for _, s := range st {
+			if s <= -half || s >= half {
+				return fmt.Errorf("rotation step %d out of range", s)
+			}
+			k := int(s)
+			if k != 0 && !seen[k] {
+				seen[k] = true
+				uniq = append(uniq, k)
+			}
 		}
-	}
-	res := map[int]*rlwe.Ciphertext{}
-	for _, k := range uniq {
-		res[k] = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-	}
-	if len(uniq) > 0 {
-		if err = e.eval.RotateHoisted(c.ct, uniq, res); err != nil {
-			return fail(errbuf, errlen, err)
+		res := map[int]*rlwe.Ciphertext{}
+		for _, k := range uniq {
+			res[k] = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
 		}
-	}
-	dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), int(n))
-	used := map[int]bool{}
-	for i, s := range st {
-		k := int(s)
-		var ct *rlwe.Ciphertext
-		switch {
-		case k == 0:
-			ct = c.ct.CopyNew()
-		case used[k]:
-			ct = res[k].CopyNew()
-		default:
-			ct, used[k] = res[k], true
+		if len(uniq) > 0 {
+			if err := e.eval.RotateHoisted(c.ct, uniq, res); err != nil {
+				return err
+			}
 		}
-		dst[i] = put(&ctObj{ctx: c.ctx, ct: ct})
-	}
-	return 0
+		dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), int(n))
+		used := map[int]bool{}
+		for i, s := range st {
+			k := int(s)
+			var ct *rlwe.Ciphertext
+			switch {
+			case k == 0:
+				ct = c.ct.CopyNew()
+			case used[k]:
+				ct = res[k].CopyNew()
+			default:
+				ct, used[k] = res[k], true
+			}
+			dst[i] = put(&ctObj{ctx: c.ctx, ct: ct})
+		}
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- linear transformations
@@ -800,57 +796,54 @@ func clg_rotate_hoisted(evh C.int64_t, cth C.int64_t, steps *C.int64_t, n C.int,
 //export clg_lt_new
 func clg_lt_new(h C.int64_t, diag *C.int64_t, nDiag C.int, values *C.double, level C.int, logScale C.double,
 	logRatio C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	slots := c.params.MaxSlots()
-	if nDiag < 1 || int(nDiag) > slots {
-		return fail(errbuf, errlen, fmt.Errorf("%d diagonals (1..%d)", int(nDiag), slots))
-	}
-	lvl := int(level)
-	if lvl < 0 || lvl > c.params.MaxLevel() {
-		return fail(errbuf, errlen, fmt.Errorf("level %d out of range [0, %d]", lvl, c.params.MaxLevel()))
-	}
-	if logRatio > 16 || logRatio < -1 {
-		return fail(errbuf, errlen, fmt.Errorf("log2 baby/giant ratio %d out of range [-1, 16]", int(logRatio)))
-	}
-	vals := unsafe.Slice((*float64)(unsafe.Pointer(values)), int(nDiag)*slots)
-	diags := ltckks.Diagonals[float64]{}
-	for k, d := range i64s(diag, nDiag) {
-		if d <= -int64(slots) || d >= int64(slots) {
-			return fail(errbuf, errlen, fmt.Errorf("diagonal index %d out of range", d))
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		slots := c.params.MaxSlots()
+		if nDiag < 1 || int(nDiag) > slots {
+			return fmt.Errorf("%d diagonals (1..%d)", int(nDiag), slots)
 		}
-		idx := int((d + int64(slots)) % int64(slots))
-		if _, dup := diags[idx]; dup {
-			return fail(errbuf, errlen, fmt.Errorf("diagonal %d given twice", idx))
+		lvl := int(level)
+		if lvl < 0 || lvl > c.params.MaxLevel() {
+			return fmt.Errorf("level %d out of range [0, %d]", lvl, c.params.MaxLevel())
 		}
-		v := make([]float64, slots)
-		copy(v, vals[k*slots:(k+1)*slots])
-		diags[idx] = v
-	}
-	scale := rlwe.NewScale(c.params.Q()[lvl])
-	if logScale > 0 {
-		if logScale > 120 {
-			return fail(errbuf, errlen, fmt.Errorf("log2 scale %g too large", float64(logScale)))
+		if logRatio > 16 || logRatio < -1 {
+			return fmt.Errorf("log2 baby/giant ratio %d out of range [-1, 16]", int(logRatio))
 		}
-		scale = rlwe.NewScale(math.Exp2(float64(logScale)))
-	}
-	ltp := ltckks.Parameters{
-		DiagonalsIndexList:        diags.DiagonalsIndexList(),
-		LevelQ:                    lvl,
-		LevelP:                    c.params.MaxLevelP(),
-		Scale:                     scale,
-		LogDimensions:             ring.Dimensions{Rows: 0, Cols: c.params.LogMaxSlots()},
-		LogBabyStepGiantStepRatio: int(logRatio),
-	}
-	lt := ltckks.NewTransformation(c.params, ltp)
-	if err = ltckks.Encode(c.encoder, diags, lt); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ltObj{ctx: c, lt: lt}))
-	return 0
+		vals := unsafe.Slice((*float64)(unsafe.Pointer(values)), int(nDiag)*slots)
+		diags := ltckks.Diagonals[float64]{}
+		for k, d := range i64s(diag, nDiag) {
+			if d <= -int64(slots) || d >= int64(slots) {
+				return fmt.Errorf("diagonal index %d out of range", d)
+			}
+			idx := int((d + int64(slots)) % int64(slots))
+			if _, dup := diags[idx]; dup {
+				return fmt.Errorf("diagonal %d given twice", idx)
+			}
+			v := make([]float64, slots)
+			copy(v, vals[k*slots:(k+1)*slots])
+			diags[idx] = v
+		}
+		scale := rlwe.NewScale(c.params.Q()[lvl])
+		if logScale > 0 {
+			if logScale > 120 {
+				return fmt.Errorf("log2 scale %g too large", float64(logScale))
+			}
+			scale = rlwe.NewScale(math.Exp2(float64(logScale)))
+		}
+		ltp := ltckks.Parameters{
+			DiagonalsIndexList:        diags.DiagonalsIndexList(),
+			LevelQ:                    lvl,
+			LevelP:                    c.params.MaxLevelP(),
+			Scale:                     scale,
+			LogDimensions:             ring.Dimensions{Rows: 0, Cols: c.params.LogMaxSlots()},
+			LogBabyStepGiantStepRatio: int(logRatio),
+		}
+		lt := ltckks.NewTransformation(c.params, ltp)
+		if err := ltckks.Encode(c.encoder, diags, lt); err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ltObj{ctx: c, lt: lt}))
+		return nil
+	})
 }
 
 // clg_lt_galois_elements: the Galois elements the transformation's evaluation needs (n of them
@@ -858,59 +851,46 @@ func clg_lt_new(h C.int64_t, diag *C.int64_t, nDiag C.int, values *C.double, lev
 //
 //export clg_lt_galois_elements
 func clg_lt_galois_elements(lth C.int64_t, out *C.uint64_t, cap_ C.int, n *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	l, err := get[*ltObj](lth, "linear transformation")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	var els []uint64
-	for _, g := range l.lt.GaloisElements(l.ctx.params) {
-		if g != 1 { // the identity needs no key
-			els = append(els, g)
+	return with(lth, "linear transformation", errbuf, errlen, func(l *ltObj) error {
+		var els []uint64
+		for _, g := range l.lt.GaloisElements(l.ctx.params) {
+			if g != 1 { // the identity needs no key
+				els = append(els, g)
+			}
 		}
-	}
-	*n = C.int(len(els))
-	if len(els) <= int(cap_) && len(els) > 0 {
-		copy(unsafe.Slice((*uint64)(unsafe.Pointer(out)), len(els)), els)
-	}
-	return 0
+		*n = C.int(len(els))
+		if len(els) <= int(cap_) && len(els) > 0 {
+			copy(unsafe.Slice((*uint64)(unsafe.Pointer(out)), len(els)), els)
+		}
+		return nil
+	})
 }
 
 // clg_lt_eval: M(ct) by the BSGS algorithm with hoisted baby steps (Lattigo's lintrans), no rescale.
 //
 //export clg_lt_eval
 func clg_lt_eval(evh C.int64_t, cth C.int64_t, lth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "Galois key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	l, err := get[*ltObj](lth, "linear transformation")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != e.ctx || l.ctx != e.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext, keys and transformation belong to different contexts"))
-	}
-	if c.ct.Degree() != 1 {
-		return fail(errbuf, errlen, errors.New("linear transformation needs a degree-1 ciphertext"))
-	}
-	for _, g := range l.lt.GaloisElements(e.ctx.params) {
-		if _, ok := e.set.GaloisKeys[g]; !ok && g != 1 {
-			return fail(errbuf, errlen, fmt.Errorf("the key set lacks the Galois key for element %d", g))
+	return with2(evh, "Galois key set", cth, "ciphertext", "", errbuf, errlen, func(e *evkObj, c *ctObj) error {
+		l, err := getIn[*ltObj](lth, "linear transformation", "ciphertext, keys and transformation belong to different contexts", e, c)
+		if err != nil {
+			return err
 		}
-	}
-	e.ltOnce.Do(func() { e.ltEval = ltckks.NewEvaluator(e.eval) })
-	res := ckks.NewCiphertext(e.ctx.params, 1, min(c.ct.Level(), l.lt.LevelQ))
-	if err = e.ltEval.Evaluate(c.ct, l.lt, res); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-	return 0
+		if c.ct.Degree() != 1 {
+			return errors.New("linear transformation needs a degree-1 ciphertext")
+		}
+		for _, g := range l.lt.GaloisElements(e.ctx.params) {
+			if _, ok := e.set.GaloisKeys[g]; !ok && g != 1 {
+				return fmt.Errorf("the key set lacks the Galois key for element %d", g)
+			}
+		}
+		e.ltOnce.Do(func() { e.ltEval = ltckks.NewEvaluator(e.eval) })
+		res := ckks.NewCiphertext(e.ctx.params, 1, min(c.ct.Level(), l.lt.LevelQ))
+		if err := e.ltEval.Evaluate(c.ct, l.lt, res); err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- offload matmul
@@ -922,39 +902,36 @@ func clg_lt_eval(evh C.int64_t, cth C.int64_t, lth C.int64_t, out *C.int64_t, er
 //export clg_bsgs_new
 func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, chunk *C.int64_t, nChunk C.int, level C.int,
 	logScale C.double, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	slots := c.params.MaxSlots()
-	if nBlocks < 1 || nBlocks > 1<<16 || m < 1 || int(m) > slots || g < 1 || g > m {
-		return fail(errbuf, errlen, fmt.Errorf("bad matmul shape: %d blocks, %d diagonals, %d baby steps",
-			int(nBlocks), int(m), int(g)))
-	}
-	lvl := int(level)
-	if lvl < 1 || lvl > c.params.MaxLevel() {
-		return fail(errbuf, errlen, fmt.Errorf("level %d out of range [1, %d] (the product is rescaled)", lvl, c.params.MaxLevel()))
-	}
-	if !(logScale > 0 && logScale <= 120) {
-		return fail(errbuf, errlen, fmt.Errorf("log2 scale %g out of range", float64(logScale)))
-	}
-	var steps []int
-	if nChunk > 0 {
-		for _, s := range i64s(chunk, nChunk) {
-			if s <= 0 || s >= int64(slots) {
-				return fail(errbuf, errlen, fmt.Errorf("chunk-sum step %d out of range", s))
-			}
-			steps = append(steps, int(s))
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		slots := c.params.MaxSlots()
+		if nBlocks < 1 || nBlocks > 1<<16 || m < 1 || int(m) > slots || g < 1 || g > m {
+			return fmt.Errorf("bad matmul shape: %d blocks, %d diagonals, %d baby steps",
+				int(nBlocks), int(m), int(g))
 		}
-	}
-	b := &bsgsObj{ctx: c, nBlocks: int(nBlocks), m: int(m), g: int(g), chunkSteps: steps, level: lvl,
-		scale: rlwe.NewScale(math.Exp2(float64(logScale))), pts: make([][]*rlwe.Plaintext, int(nBlocks))}
-	for o := range b.pts {
-		b.pts[o] = make([]*rlwe.Plaintext, b.m)
-	}
-	*out = C.int64_t(put(b))
-	return 0
+		lvl := int(level)
+		if lvl < 1 || lvl > c.params.MaxLevel() {
+			return fmt.Errorf("level %d out of range [1, %d] (the product is rescaled)", lvl, c.params.MaxLevel())
+		}
+		if !(logScale > 0 && logScale <= 120) {
+			return fmt.Errorf("log2 scale %g out of range", float64(logScale))
+		}
+		var steps []int
+		if nChunk > 0 {
+			for _, s := range i64s(chunk, nChunk) {
+				if s <= 0 || s >= int64(slots) {
+					return fmt.Errorf("chunk-sum step %d out of range", s)
+				}
+				steps = append(steps, int(s))
+			}
+		}
+		b := &bsgsObj{ctx: c, nBlocks: int(nBlocks), m: int(m), g: int(g), chunkSteps: steps, level: lvl,
+			scale: rlwe.NewScale(math.Exp2(float64(logScale))), pts: make([][]*rlwe.Plaintext, int(nBlocks))}
+		for o := range b.pts {
+			b.pts[o] = make([]*rlwe.Plaintext, b.m)
+		}
+		*out = C.int64_t(put(b))
+		return nil
+	})
 }
 
 // clg_bsgs_set: encode block `block`'s m diagonals (re, im: m rows of `slots` float64;
@@ -963,73 +940,67 @@ func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, chunk *C.int64_t
 //export clg_bsgs_set
 func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero *C.uchar, workers C.int,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	b, err := get[*bsgsObj](bh, "encoded matrix")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if block < 0 || int(block) >= b.nBlocks {
-		return fail(errbuf, errlen, fmt.Errorf("block %d out of range", int(block)))
-	}
-	slots := b.ctx.params.MaxSlots()
-	r := unsafe.Slice((*float64)(unsafe.Pointer(re)), b.m*slots)
-	ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), b.m*slots)
-	nz := unsafe.Slice((*byte)(unsafe.Pointer(nonzero)), b.m)
-	pts := make([]*rlwe.Plaintext, b.m)
-	errs := make([]error, b.m)
-	w := max(1, min(int(workers), runtime.NumCPU()))
-	var wg sync.WaitGroup
-	for t := 0; t < w; t++ {
-		wg.Add(1)
-		go func(t int) {
-			defer wg.Done()
-			v := make([]complex128, slots)
-			for k := t; k < b.m; k += w {
-				if nz[k] == 0 {
-					continue
-				}
-				for s := 0; s < slots; s++ {
-					v[s] = complex(r[k*slots+s], ii[k*slots+s])
-				}
-				pt := ckks.NewPlaintext(b.ctx.params, b.level)
-				pt.Scale = b.scale
-				if errs[k] = b.ctx.encoder.Encode(v, pt); errs[k] == nil {
-					// stored in Montgomery form: the products skip Lattigo's per-product MForm
-					b.ctx.params.RingQ().AtLevel(b.level).MForm(pt.Value, pt.Value)
-					pts[k] = pt
-				}
-			}
-		}(t)
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return fail(errbuf, errlen, e)
+	return with(bh, "encoded matrix", errbuf, errlen, func(b *bsgsObj) error {
+		if block < 0 || int(block) >= b.nBlocks {
+			return fmt.Errorf("block %d out of range", int(block))
 		}
-	}
-	b.pts[int(block)] = pts
-	return 0
+		slots := b.ctx.params.MaxSlots()
+		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), b.m*slots)
+		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), b.m*slots)
+		nz := unsafe.Slice((*byte)(unsafe.Pointer(nonzero)), b.m)
+		pts := make([]*rlwe.Plaintext, b.m)
+		errs := make([]error, b.m)
+		w := max(1, min(int(workers), runtime.NumCPU()))
+		var wg sync.WaitGroup
+		for t := 0; t < w; t++ {
+			wg.Add(1)
+			go func(t int) {
+				defer wg.Done()
+				v := make([]complex128, slots)
+				for k := t; k < b.m; k += w {
+					if nz[k] == 0 {
+						continue
+					}
+					for s := 0; s < slots; s++ {
+						v[s] = complex(r[k*slots+s], ii[k*slots+s])
+					}
+					pt := ckks.NewPlaintext(b.ctx.params, b.level)
+					pt.Scale = b.scale
+					if errs[k] = b.ctx.encoder.Encode(v, pt); errs[k] == nil {
+						// stored in Montgomery form: the products skip Lattigo's per-product MForm
+						b.ctx.params.RingQ().AtLevel(b.level).MForm(pt.Value, pt.Value)
+						pts[k] = pt
+					}
+				}
+			}(t)
+		}
+		wg.Wait()
+		for _, e := range errs {
+			if e != nil {
+				return e
+			}
+		}
+		b.pts[int(block)] = pts
+		return nil
+	})
 }
 
 // clg_bsgs_plaintexts: the number of stored (non-zero) diagonal plaintexts.
 //
 //export clg_bsgs_plaintexts
 func clg_bsgs_plaintexts(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	b, err := get[*bsgsObj](bh, "encoded matrix")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	k := 0
-	for _, row := range b.pts {
-		for _, p := range row {
-			if p != nil {
-				k++
+	return with(bh, "encoded matrix", errbuf, errlen, func(b *bsgsObj) error {
+		k := 0
+		for _, row := range b.pts {
+			for _, p := range row {
+				if p != nil {
+					k++
+				}
 			}
 		}
-	}
-	*n = C.int64_t(k)
-	return 0
+		*n = C.int64_t(k)
+		return nil
+	})
 }
 
 // clg_bsgs_eval: the offload matmul of one input ciphertext (cipherlm/he/matmul.py evaluate_blocks):
@@ -1045,176 +1016,163 @@ func clg_bsgs_plaintexts(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.in
 //export clg_bsgs_eval
 func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, out *C.int64_t, counts *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "Galois key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b, err := get[*bsgsObj](bh, "encoded matrix")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if c.ctx != e.ctx || b.ctx != e.ctx {
-		return fail(errbuf, errlen, errors.New("ciphertext, keys and matrix belong to different contexts"))
-	}
-	if c.ct.Degree() != 1 || c.ct.Level() != b.level {
-		return fail(errbuf, errlen, fmt.Errorf("the input must be a degree-1 ciphertext at level %d (got degree %d, level %d)",
-			b.level, c.ct.Degree(), c.ct.Level()))
-	}
-	params := c.ctx.params
-	needed := []int{}
-	for j := 1; j < b.g; j++ {
-		needed = append(needed, j)
-	}
-	for i := 1; i*b.g < b.m; i++ {
-		needed = append(needed, i*b.g)
-	}
-	needed = append(needed, b.chunkSteps...)
-	for _, s := range needed {
-		if _, ok := e.set.GaloisKeys[params.GaloisElement(s)]; !ok {
-			return fail(errbuf, errlen, fmt.Errorf("the key set lacks the rotation by %d", s))
+	return with2(evh, "Galois key set", cth, "ciphertext", "", errbuf, errlen, func(e *evkObj, c *ctObj) error {
+		b, err := getIn[*bsgsObj](bh, "encoded matrix", "ciphertext, keys and matrix belong to different contexts", e, c)
+		if err != nil {
+			return err
 		}
-	}
-	w := max(1, min(int(workers), 64))
-	eval := e.eval
+		if c.ct.Degree() != 1 || c.ct.Level() != b.level {
+			return fmt.Errorf("the input must be a degree-1 ciphertext at level %d (got degree %d, level %d)",
+				b.level, c.ct.Degree(), c.ct.Level())
+		}
+		params := c.ctx.params
+		needed := []int{}
+		for j := 1; j < b.g; j++ {
+			needed = append(needed, j)
+		}
+		for i := 1; i*b.g < b.m; i++ {
+			needed = append(needed, i*b.g)
+		}
+		needed = append(needed, b.chunkSteps...)
+		for _, s := range needed {
+			if _, ok := e.set.GaloisKeys[params.GaloisElement(s)]; !ok {
+				return fmt.Errorf("the key set lacks the rotation by %d", s)
+			}
+		}
+		w := max(1, min(int(workers), 64))
+		eval := e.eval
 
-	// baby steps, hoisted, shared out over the workers
-	baby := make([]*rlwe.Ciphertext, b.g)
-	baby[0] = c.ct
-	var wg sync.WaitGroup
-	errs := make([]error, w)
-	for t := 0; t < w; t++ {
-		var mine []int
-		for j := 1 + t; j < b.g; j += w {
-			mine = append(mine, j)
-		}
-		if len(mine) == 0 {
-			continue
-		}
-		res := map[int]*rlwe.Ciphertext{}
-		for _, j := range mine {
-			res[j] = ckks.NewCiphertext(params, 1, b.level)
-		}
-		wg.Add(1)
-		go func(t int, mine []int, res map[int]*rlwe.Ciphertext) {
-			defer wg.Done()
-			defer recoverInto(&errs[t])
-			if errs[t] = eval.RotateHoisted(c.ct, mine, res); errs[t] == nil {
-				for _, j := range mine {
-					baby[j] = res[j]
-				}
+		// baby steps, hoisted, shared out over the workers
+		baby := make([]*rlwe.Ciphertext, b.g)
+		baby[0] = c.ct
+		var wg sync.WaitGroup
+		errs := make([]error, w)
+		for t := 0; t < w; t++ {
+			var mine []int
+			for j := 1 + t; j < b.g; j += w {
+				mine = append(mine, j)
 			}
-		}(t, mine, res)
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return fail(errbuf, errlen, e)
+			if len(mine) == 0 {
+				continue
+			}
+			res := map[int]*rlwe.Ciphertext{}
+			for _, j := range mine {
+				res[j] = ckks.NewCiphertext(params, 1, b.level)
+			}
+			wg.Add(1)
+			go func(t int, mine []int, res map[int]*rlwe.Ciphertext) {
+				defer wg.Done()
+				defer recoverInto(&errs[t])
+				if errs[t] = eval.RotateHoisted(c.ct, mine, res); errs[t] == nil {
+					for _, j := range mine {
+						baby[j] = res[j]
+					}
+				}
+			}(t, mine, res)
 		}
-	}
+		wg.Wait()
+		for _, e := range errs {
+			if e != nil {
+				return e
+			}
+		}
 
-	// the (block, giant step) units that have a non-zero diagonal
-	var units []bsgsUnit
-	nGiant := (b.m + b.g - 1) / b.g
-	for o := 0; o < b.nBlocks; o++ {
-		for i := 0; i < nGiant; i++ {
-			for j := 0; j < b.g && i*b.g+j < b.m; j++ {
-				if b.pts[o][i*b.g+j] != nil {
-					units = append(units, bsgsUnit{o, i})
-					break
+		// the (block, giant step) units that have a non-zero diagonal
+		var units []bsgsUnit
+		nGiant := (b.m + b.g - 1) / b.g
+		for o := 0; o < b.nBlocks; o++ {
+			for i := 0; i < nGiant; i++ {
+				for j := 0; j < b.g && i*b.g+j < b.m; j++ {
+					if b.pts[o][i*b.g+j] != nil {
+						units = append(units, bsgsUnit{o, i})
+						break
+					}
 				}
 			}
 		}
-	}
-	levelP := params.MaxLevelP()
-	galKeys := map[int]*rlwe.GaloisKey{}
-	rotIdx := map[int][]uint64{}
-	for i := 1; i < nGiant; i++ {
-		gk, ok := e.set.GaloisKeys[params.GaloisElement(i*b.g)]
-		if !ok || gk.LevelP() != levelP {
-			return fail(errbuf, errlen, fmt.Errorf("no usable key for the giant step %d", i*b.g))
-		}
-		galKeys[i] = gk
-		rotIdx[i] = eval.AutomorphismIndex(params.GaloisElement(i * b.g))
-	}
-	var sums []*rlwe.Ciphertext
-	var total [4]int64
-	if bsgsFastPath(params, b, galKeys) {
-		sums, total, err = bsgsGiantFast(eval, params, b, c.ct, baby, units, galKeys, rotIdx, w)
-	} else {
-		sums, total, err = bsgsGiantGeneric(eval, params, b, baby, units, galKeys, rotIdx, w)
-	}
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	total[0] += int64(b.g - 1)
-	var chunkCnt [2]int64
-	var cmu sync.Mutex
-	for t := 0; t < w; t++ {
-		wg.Add(1)
-		go func(t int) {
-			defer wg.Done()
-			defer recoverInto(&errs[t])
-			var rot, add int64
-			for o := t; o < b.nBlocks; o += w {
-				y := sums[o]
-				if y == nil {
-					continue
-				}
-				for _, s := range b.chunkSteps {
-					r := ckks.NewCiphertext(params, 1, y.Level())
-					if errs[t] = eval.Rotate(y, s, r); errs[t] != nil {
-						return
-					}
-					if errs[t] = eval.Add(y, r, y); errs[t] != nil {
-						return
-					}
-					rot++
-					add++
-				}
+		levelP := params.MaxLevelP()
+		galKeys := map[int]*rlwe.GaloisKey{}
+		rotIdx := map[int][]uint64{}
+		for i := 1; i < nGiant; i++ {
+			gk, ok := e.set.GaloisKeys[params.GaloisElement(i*b.g)]
+			if !ok || gk.LevelP() != levelP {
+				return fmt.Errorf("no usable key for the giant step %d", i*b.g)
 			}
-			cmu.Lock()
-			chunkCnt[0] += rot
-			chunkCnt[1] += add
-			cmu.Unlock()
-		}(t)
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return fail(errbuf, errlen, e)
+			galKeys[i] = gk
+			rotIdx[i] = eval.AutomorphismIndex(params.GaloisElement(i * b.g))
 		}
-	}
-	total[0] += chunkCnt[0]
-	total[2] += chunkCnt[1]
-	dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), b.nBlocks)
-	for o, y := range sums {
-		if y == nil {
-			dst[o] = 0
+		var sums []*rlwe.Ciphertext
+		var total [4]int64
+		if bsgsFastPath(params, b, galKeys) {
+			sums, total, err = bsgsGiantFast(eval, params, b, c.ct, baby, units, galKeys, rotIdx, w)
 		} else {
-			dst[o] = put(&ctObj{ctx: c.ctx, ct: y})
+			sums, total, err = bsgsGiantGeneric(eval, params, b, baby, units, galKeys, rotIdx, w)
 		}
-	}
-	cs := unsafe.Slice((*int64)(unsafe.Pointer(counts)), 4)
-	copy(cs, total[:])
-	return 0
+		if err != nil {
+			return err
+		}
+		total[0] += int64(b.g - 1)
+		var chunkCnt [2]int64
+		var cmu sync.Mutex
+		for t := 0; t < w; t++ {
+			wg.Add(1)
+			go func(t int) {
+				defer wg.Done()
+				defer recoverInto(&errs[t])
+				var rot, add int64
+				for o := t; o < b.nBlocks; o += w {
+					y := sums[o]
+					if y == nil {
+						continue
+					}
+					for _, s := range b.chunkSteps {
+						r := ckks.NewCiphertext(params, 1, y.Level())
+						if errs[t] = eval.Rotate(y, s, r); errs[t] != nil {
+							return
+						}
+						if errs[t] = eval.Add(y, r, y); errs[t] != nil {
+							return
+						}
+						rot++
+						add++
+					}
+				}
+				cmu.Lock()
+				chunkCnt[0] += rot
+				chunkCnt[1] += add
+				cmu.Unlock()
+			}(t)
+		}
+		wg.Wait()
+		for _, e := range errs {
+			if e != nil {
+				return e
+			}
+		}
+		total[0] += chunkCnt[0]
+		total[2] += chunkCnt[1]
+		dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), b.nBlocks)
+		for o, y := range sums {
+			if y == nil {
+				dst[o] = 0
+			} else {
+				dst[o] = put(&ctObj{ctx: c.ctx, ct: y})
+			}
+		}
+		cs := unsafe.Slice((*int64)(unsafe.Pointer(counts)), 4)
+		copy(cs, total[:])
+		return nil
+	})
 }
 
 // clg_copy: a deep copy of a ciphertext.
 //
 //export clg_copy
 func clg_copy(cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: c.ct.CopyNew()}))
-	return 0
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: c.ct.CopyNew()}))
+		return nil
+	})
 }
 
 // clg_ct_info: level, degree, log2 scale, NTT flag of a ciphertext (kind 0) or plaintext (kind 1).
@@ -1222,27 +1180,28 @@ func clg_copy(cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C
 //export clg_ct_info
 func clg_ct_info(h C.int64_t, kind C.int, level *C.int, degree *C.int, logScale *C.double, isNTT *C.int,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	var md *rlwe.MetaData
-	if kind == 0 {
-		c, err := get[*ctObj](h, "ciphertext")
-		if err != nil {
-			return fail(errbuf, errlen, err)
+	return call(errbuf, errlen, func() error {
+		var md *rlwe.MetaData
+		if kind == 0 {
+			c, err := get[*ctObj](h, "ciphertext")
+			if err != nil {
+				return err
+			}
+			*level, *degree, md = C.int(c.ct.Level()), C.int(c.ct.Degree()), c.ct.MetaData
+		} else {
+			p, err := get[*ptObj](h, "plaintext")
+			if err != nil {
+				return err
+			}
+			*level, *degree, md = C.int(p.pt.Level()), 0, p.pt.MetaData
 		}
-		*level, *degree, md = C.int(c.ct.Level()), C.int(c.ct.Degree()), c.ct.MetaData
-	} else {
-		p, err := get[*ptObj](h, "plaintext")
-		if err != nil {
-			return fail(errbuf, errlen, err)
+		*logScale = C.double(math.Log2(md.Scale.Float64()))
+		*isNTT = 0
+		if md.IsNTT {
+			*isNTT = 1
 		}
-		*level, *degree, md = C.int(p.pt.Level()), 0, p.pt.MetaData
-	}
-	*logScale = C.double(math.Log2(md.Scale.Float64()))
-	*isNTT = 0
-	if md.IsNTT {
-		*isNTT = 1
-	}
-	return 0
+		return nil
+	})
 }
 
 // clg_ct_coeffs: a copy of the ciphertext's RNS coefficients, (degree+1, level+1, N) uint64, as stored
@@ -1250,23 +1209,20 @@ func clg_ct_info(h C.int64_t, kind C.int, level *C.int, degree *C.int, logScale 
 //
 //export clg_ct_coeffs
 func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	N, L := c.ctx.params.N(), c.ct.Level()+1
-	want := (c.ct.Degree() + 1) * L * N
-	if int(n) != want {
-		return fail(errbuf, errlen, fmt.Errorf("buffer of %d words for %d", int64(n), want))
-	}
-	d := unsafe.Slice((*uint64)(unsafe.Pointer(dst)), want)
-	for i, poly := range c.ct.Value {
-		for j := 0; j < L; j++ {
-			copy(d[(i*L+j)*N:(i*L+j+1)*N], poly.Coeffs[j][:N])
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		N, L := c.ctx.params.N(), c.ct.Level()+1
+		want := (c.ct.Degree() + 1) * L * N
+		if int(n) != want {
+			return fmt.Errorf("buffer of %d words for %d", int64(n), want)
 		}
-	}
-	return 0
+		d := unsafe.Slice((*uint64)(unsafe.Pointer(dst)), want)
+		for i, poly := range c.ct.Value {
+			for j := 0; j < L; j++ {
+				copy(d[(i*L+j)*N:(i*L+j+1)*N], poly.Coeffs[j][:N])
+			}
+		}
+		return nil
+	})
 }
 
 // ----------------------------------------------------------------------------- serialisation
@@ -1318,15 +1274,7 @@ func qpPolys(v []ringqp.Poly) []*ring.Poly {
 	return ps
 }
 
-func gkPolys(gk *rlwe.GaloisKey) []*ring.Poly {
-	var ps []*ring.Poly
-	for i := range gk.Value {
-		for j := range gk.Value[i] {
-			ps = append(ps, qpPolys(gk.Value[i][j])...)
-		}
-	}
-	return ps
-}
+func gkPolys(gk *rlwe.GaloisKey) []*ring.Poly { return evkPolys(&gk.EvaluationKey) }
 
 // moduliOf: the primes of a key polynomial (Q or P part), identified by its row count and position.
 func writePolys(b []byte, ps []*ring.Poly) []byte {
@@ -1348,14 +1296,22 @@ func polysWords(ps []*ring.Poly) int {
 	return w
 }
 
-// readPolys fills the (already shaped) QP polynomials; isQ[i] says whether poly i is a Q part.
+// readQPPolys fills the (already shaped) QP polynomials of the context's key shapes from b.
 func readQPPolys(c *ctxObj, v []ringqp.Poly, b []byte) ([]byte, error) {
-	q, p := c.params.Q(), c.params.P()
+	return readQP(v, c.params.Q(), c.params.P(), b)
+}
+
+// readQP fills the (already shaped) QP polynomials from b with the moduli q (Q parts) and p (P
+// parts); every word must be reduced.  Returns the rest of b.
+func readQP(v []ringqp.Poly, q, p []uint64, b []byte) ([]byte, error) {
 	for i := range v {
 		for part, poly := range []*ring.Poly{&v[i].Q, &v[i].P} {
 			mods := q
 			if part == 1 {
 				mods = p
+			}
+			if len(poly.Coeffs) > len(mods) {
+				return nil, errors.New("key shape exceeds the moduli")
 			}
 			for j, row := range poly.Coeffs {
 				need := 8 * len(row)
@@ -1384,22 +1340,19 @@ func ctHeaderBytes(magic string, ct *rlwe.Ciphertext) []byte {
 
 //export clg_ct_to_bytes
 func clg_ct_to_bytes(cth C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctObj](cth, "ciphertext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	ct := c.ct
-	N, L := c.ctx.params.N(), ct.Level()+1
-	b := make([]byte, 0, ctHeader+8*(ct.Degree()+1)*L*N)
-	b = append(b, ctHeaderBytes("CLGC", ct)...)
-	for _, poly := range ct.Value {
-		for j := 0; j < L; j++ {
-			b = writeU64s(b, poly.Coeffs[j][:N])
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		ct := c.ct
+		N, L := c.ctx.params.N(), ct.Level()+1
+		b := make([]byte, 0, ctHeader+8*(ct.Degree()+1)*L*N)
+		b = append(b, ctHeaderBytes("CLGC", ct)...)
+		for _, poly := range ct.Value {
+			for j := 0; j < L; j++ {
+				b = writeU64s(b, poly.Coeffs[j][:N])
+			}
 		}
-	}
-	bytesOut(b, out, outLen)
-	return 0
+		bytesOut(b, out, outLen)
+		return nil
+	})
 }
 
 // expandUniform: the uniform polynomial (read as NTT form) at `level` that a 32-byte seed expands to
@@ -1422,43 +1375,36 @@ func expandUniform(c *ctxObj, seed []byte, level int) (ring.Poly, error) {
 //
 //export clg_encrypt_seeded
 func clg_encrypt_seeded(skh C.int64_t, ph C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	p, err := get[*ptObj](ph, "plaintext")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	ct, err := s.enc.EncryptNew(p.pt)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if !ct.IsNTT || ct.IsMontgomery {
-		return fail(errbuf, errlen, errors.New("seeded encryption expects an NTT, non-Montgomery ciphertext"))
-	}
-	seed := make([]byte, seedLen)
-	if _, err = rand.Read(seed); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	lvl := ct.Level()
-	a, err := expandUniform(s.ctx, seed, lvl)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	rq := s.ctx.params.RingQ().AtLevel(lvl)
-	rq.MulCoeffsMontgomeryThenAdd(ct.Value[1], s.sk.Value.Q, ct.Value[0]) // sk is in Montgomery form
-	rq.MulCoeffsMontgomeryThenSub(a, s.sk.Value.Q, ct.Value[0])
-	N, L := s.ctx.params.N(), lvl+1
-	b := make([]byte, 0, ctHeader+seedLen+8*L*N)
-	b = append(b, ctHeaderBytes("CLGS", ct)...)
-	b = append(b, seed...)
-	for j := 0; j < L; j++ {
-		b = writeU64s(b, ct.Value[0].Coeffs[j][:N])
-	}
-	bytesOut(b, out, outLen)
-	return 0
+	return with2(skh, "secret key", ph, "plaintext", "", errbuf, errlen, func(s *skObj, p *ptObj) error {
+		ct, err := s.enc.EncryptNew(p.pt)
+		if err != nil {
+			return err
+		}
+		if !ct.IsNTT || ct.IsMontgomery {
+			return errors.New("seeded encryption expects an NTT, non-Montgomery ciphertext")
+		}
+		seed := make([]byte, seedLen)
+		if _, err := rand.Read(seed); err != nil {
+			return err
+		}
+		lvl := ct.Level()
+		a, err := expandUniform(s.ctx, seed, lvl)
+		if err != nil {
+			return err
+		}
+		rq := s.ctx.params.RingQ().AtLevel(lvl)
+		rq.MulCoeffsMontgomeryThenAdd(ct.Value[1], s.sk.Value.Q, ct.Value[0]) // sk is in Montgomery form
+		rq.MulCoeffsMontgomeryThenSub(a, s.sk.Value.Q, ct.Value[0])
+		N, L := s.ctx.params.N(), lvl+1
+		b := make([]byte, 0, ctHeader+seedLen+8*L*N)
+		b = append(b, ctHeaderBytes("CLGS", ct)...)
+		b = append(b, seed...)
+		for j := 0; j < L; j++ {
+			b = writeU64s(b, ct.Value[0].Coeffs[j][:N])
+		}
+		bytesOut(b, out, outLen)
+		return nil
+	})
 }
 
 // clg_ct_from_bytes: validate and load a peer's ciphertext; wantLevel >= 0 requires that level.
@@ -1466,119 +1412,107 @@ func clg_encrypt_seeded(skh C.int64_t, ph C.int64_t, out **C.uchar, outLen *C.in
 //export clg_ct_from_bytes
 func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b := bytesIn(buf, n)
-	if len(b) < ctHeader {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext blob of %d bytes is shorter than its %d-byte header", len(b), ctHeader))
-	}
-	seeded := string(b[:4]) == "CLGS"
-	if (string(b[:4]) != "CLGC" && !seeded) || b[4] != wireVersion {
-		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo ciphertext (bad magic or version)"))
-	}
-	degree, level, ntt, logSlots := int(b[5]), int(b[6]), b[7], int(b[8])
-	if degree != 1 {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext degree %d (only 1 is accepted)", degree))
-	}
-	if level > c.params.MaxLevel() {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext level %d above the maximum %d", level, c.params.MaxLevel()))
-	}
-	if wantLevel >= 0 && level != int(wantLevel) {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext at level %d, expected %d", level, int(wantLevel)))
-	}
-	if ntt != 1 {
-		return fail(errbuf, errlen, errors.New("CKKS ciphertexts must be in NTT form"))
-	}
-	if logSlots > c.params.LogMaxSlots() || b[9] != 0 || b[10] != 0 || b[11] != 0 {
-		return fail(errbuf, errlen, errors.New("bad ciphertext header (slots / padding)"))
-	}
-	scale := math.Float64frombits(binary.LittleEndian.Uint64(b[12:20]))
-	if math.IsNaN(scale) || math.IsInf(scale, 0) || scale < 1 || scale > math.Exp2(250) {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext scale %g out of range", scale))
-	}
-	N, L := c.params.N(), level+1
-	want := ctHeader + 8*(degree+1)*L*N
-	stored := degree + 1 // polynomials written out
-	if seeded {
-		want, stored = ctHeader+seedLen+8*L*N, 1
-	}
-	if len(b) != want {
-		return fail(errbuf, errlen, fmt.Errorf("ciphertext blob of %d bytes, expected %d for level %d", len(b), want, level))
-	}
-	ct := ckks.NewCiphertext(c.params, degree, level)
-	q := c.params.Q()
-	off := ctHeader
-	if seeded {
-		a, err := expandUniform(c, b[ctHeader:ctHeader+seedLen], level)
-		if err != nil {
-			return fail(errbuf, errlen, err)
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		b := bytesIn(buf, n)
+		if len(b) < ctHeader {
+			return fmt.Errorf("ciphertext blob of %d bytes is shorter than its %d-byte header", len(b), ctHeader)
 		}
-		ct.Value[1].Copy(a)
-		off += seedLen
-	}
-	for i := 0; i < stored; i++ {
-		for j := 0; j < L; j++ {
-			if err = readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
-				return fail(errbuf, errlen, err)
+		seeded := string(b[:4]) == "CLGS"
+		if (string(b[:4]) != "CLGC" && !seeded) || b[4] != wireVersion {
+			return errors.New("not a cipherlm/Lattigo ciphertext (bad magic or version)")
+		}
+		degree, level, ntt, logSlots := int(b[5]), int(b[6]), b[7], int(b[8])
+		if degree != 1 {
+			return fmt.Errorf("ciphertext degree %d (only 1 is accepted)", degree)
+		}
+		if level > c.params.MaxLevel() {
+			return fmt.Errorf("ciphertext level %d above the maximum %d", level, c.params.MaxLevel())
+		}
+		if wantLevel >= 0 && level != int(wantLevel) {
+			return fmt.Errorf("ciphertext at level %d, expected %d", level, int(wantLevel))
+		}
+		if ntt != 1 {
+			return errors.New("CKKS ciphertexts must be in NTT form")
+		}
+		if logSlots > c.params.LogMaxSlots() || b[9] != 0 || b[10] != 0 || b[11] != 0 {
+			return errors.New("bad ciphertext header (slots / padding)")
+		}
+		scale := math.Float64frombits(binary.LittleEndian.Uint64(b[12:20]))
+		if math.IsNaN(scale) || math.IsInf(scale, 0) || scale < 1 || scale > math.Exp2(250) {
+			return fmt.Errorf("ciphertext scale %g out of range", scale)
+		}
+		N, L := c.params.N(), level+1
+		want := ctHeader + 8*(degree+1)*L*N
+		stored := degree + 1 // polynomials written out
+		if seeded {
+			want, stored = ctHeader+seedLen+8*L*N, 1
+		}
+		if len(b) != want {
+			return fmt.Errorf("ciphertext blob of %d bytes, expected %d for level %d", len(b), want, level)
+		}
+		ct := ckks.NewCiphertext(c.params, degree, level)
+		q := c.params.Q()
+		off := ctHeader
+		if seeded {
+			a, err := expandUniform(c, b[ctHeader:ctHeader+seedLen], level)
+			if err != nil {
+				return err
 			}
-			off += 8 * N
+			ct.Value[1].Copy(a)
+			off += seedLen
 		}
-	}
-	ct.IsNTT = true
-	ct.Scale = rlwe.NewScale(scale)
-	ct.LogDimensions = ring.Dimensions{Rows: 0, Cols: logSlots}
-	*out = C.int64_t(put(&ctObj{ctx: c, ct: ct}))
-	return 0
+		for i := 0; i < stored; i++ {
+			for j := 0; j < L; j++ {
+				if err := readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
+					return err
+				}
+				off += 8 * N
+			}
+		}
+		ct.IsNTT = true
+		ct.Scale = rlwe.NewScale(scale)
+		ct.LogDimensions = ring.Dimensions{Rows: 0, Cols: logSlots}
+		*out = C.int64_t(put(&ctObj{ctx: c, ct: ct}))
+		return nil
+	})
 }
 
 //export clg_pk_to_bytes
 func clg_pk_to_bytes(pkh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	k, err := get[*pkObj](pkh, "public key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b := []byte{'C', 'L', 'G', 'P', wireVersion, 0, 0, 0}
-	bytesOut(writePolys(b, qpPolys(k.pk.Value)), out, outLen)
-	return 0
+	return with(pkh, "public key", errbuf, errlen, func(k *pkObj) error {
+		b := []byte{'C', 'L', 'G', 'P', wireVersion, 0, 0, 0}
+		bytesOut(writePolys(b, qpPolys(k.pk.Value)), out, outLen)
+		return nil
+	})
 }
 
 //export clg_pk_from_bytes
 func clg_pk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b := bytesIn(buf, n)
-	pk := rlwe.NewPublicKey(c.params)
-	want := keyHeader + 8*polysWords(qpPolys(pk.Value))
-	if len(b) != want {
-		return fail(errbuf, errlen, fmt.Errorf("public key blob of %d bytes, expected %d", len(b), want))
-	}
-	if string(b[:4]) != "CLGP" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
-		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo public key (bad header)"))
-	}
-	if _, err = readQPPolys(c, pk.Value, b[keyHeader:]); err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	*out = C.int64_t(put(&pkObj{ctx: c, pk: pk, enc: rlwe.NewEncryptor(c.params, pk)}))
-	return 0
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		b := bytesIn(buf, n)
+		pk := rlwe.NewPublicKey(c.params)
+		want := keyHeader + 8*polysWords(qpPolys(pk.Value))
+		if len(b) != want {
+			return fmt.Errorf("public key blob of %d bytes, expected %d", len(b), want)
+		}
+		if string(b[:4]) != "CLGP" || b[4] != wireVersion || b[5] != 0 || b[6] != 0 || b[7] != 0 {
+			return errors.New("not a cipherlm/Lattigo public key (bad header)")
+		}
+		if _, err := readQPPolys(c, pk.Value, b[keyHeader:]); err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&pkObj{ctx: c, pk: pk, enc: rlwe.NewEncryptor(c.params, pk)}))
+		return nil
+	})
 }
 
 //export clg_pk_of_sk
 func clg_pk_of_sk(skh C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	pk := rlwe.NewKeyGenerator(s.ctx.params).GenPublicKeyNew(s.sk)
-	*out = C.int64_t(put(&pkObj{ctx: s.ctx, pk: pk, enc: rlwe.NewEncryptor(s.ctx.params, pk)}))
-	return 0
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		pk := rlwe.NewKeyGenerator(s.ctx.params).GenPublicKeyNew(s.sk)
+		*out = C.int64_t(put(&pkObj{ctx: s.ctx, pk: pk, enc: rlwe.NewEncryptor(s.ctx.params, pk)}))
+		return nil
+	})
 }
 
 func (c *ctxObj) galoisKeyWords() int {
@@ -1598,21 +1532,18 @@ func (c *ctxObj) compressedGaloisKeyWords() int {
 //export clg_steps_to_elements
 func clg_steps_to_elements(h C.int64_t, steps *C.int64_t, n C.int, conj C.int, out *C.uint64_t, cap_ C.int,
 	nOut *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	els, err := galoisElements(c, i64s(steps, n), conj != 0)
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if len(els) > int(cap_) {
-		return fail(errbuf, errlen, errors.New("output buffer too small"))
-	}
-	copy(unsafe.Slice((*uint64)(unsafe.Pointer(out)), len(els)), els)
-	*nOut = C.int(len(els))
-	return 0
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		els, err := galoisElements(c, i64s(steps, n), conj != 0)
+		if err != nil {
+			return err
+		}
+		if len(els) > int(cap_) {
+			return errors.New("output buffer too small")
+		}
+		copy(unsafe.Slice((*uint64)(unsafe.Pointer(out)), len(els)), els)
+		*nOut = C.int(len(els))
+		return nil
+	})
 }
 
 // clg_galois_keys_compressed: fresh seeded Galois keys for the automorphisms X -> X^g, written
@@ -1622,59 +1553,44 @@ func clg_steps_to_elements(h C.int64_t, steps *C.int64_t, n C.int, conj C.int, o
 //export clg_galois_keys_compressed
 func clg_galois_keys_compressed(skh C.int64_t, els *C.uint64_t, n C.int, out **C.uchar, outLen *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	s, err := get[*skObj](skh, "secret key")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	if n < 1 || els == nil {
-		return fail(errbuf, errlen, errors.New("no Galois elements"))
-	}
-	twoN := uint64(2 * s.ctx.params.N())
-	var gs []uint64
-	for _, g := range unsafe.Slice((*uint64)(unsafe.Pointer(els)), int(n)) {
-		if g&1 == 0 || g == 0 || g >= twoN {
-			return fail(errbuf, errlen, fmt.Errorf("invalid Galois element %d", g))
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		gs, err := galoisElementsIn(s.ctx, els, n)
+		if err != nil {
+			return err
 		}
-		if g != 1 && !slices.Contains(gs, g) {
-			gs = append(gs, g)
+		slices.Sort(gs)
+		kg := rlwe.NewKeyGenerator(s.ctx.params)
+		b := []byte{'C', 'L', 'G', 'K', wireVersion, 1, 0, 0}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(gs)))
+		for _, g := range gs {
+			gk := kg.GenGaloisKeyNew(g, s.sk, compressedKey)
+			if gk.Seed == nil || !gk.IsCompressed() {
+				return errors.New("Lattigo returned an uncompressed key")
+			}
+			b = binary.LittleEndian.AppendUint64(b, g)
+			b = append(b, gk.Seed[:]...)
+			b = writePolys(b, gkPolys(gk))
 		}
-	}
-	slices.Sort(gs)
-	kg := rlwe.NewKeyGenerator(s.ctx.params)
-	b := []byte{'C', 'L', 'G', 'K', wireVersion, 1, 0, 0}
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(gs)))
-	for _, g := range gs {
-		gk := kg.GenGaloisKeyNew(g, s.sk, compressedKey)
-		if gk.Seed == nil || !gk.IsCompressed() {
-			return fail(errbuf, errlen, errors.New("Lattigo returned an uncompressed key"))
-		}
-		b = binary.LittleEndian.AppendUint64(b, g)
-		b = append(b, gk.Seed[:]...)
-		b = writePolys(b, gkPolys(gk))
-	}
-	bytesOut(b, out, outLen)
-	return 0
+		bytesOut(b, out, outLen)
+		return nil
+	})
 }
 
 //export clg_evk_to_bytes
 func clg_evk_to_bytes(evh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	e, err := get[*evkObj](evh, "Galois key set")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	els := e.set.GetGaloisKeysList()
-	slices.Sort(els) // deterministic bytes (the set is a map)
-	b := []byte{'C', 'L', 'G', 'K', wireVersion, 0, 0, 0}
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(els)))
-	for _, g := range els {
-		gk := e.set.GaloisKeys[g]
-		b = binary.LittleEndian.AppendUint64(b, g)
-		b = writePolys(b, gkPolys(gk))
-	}
-	bytesOut(b, out, outLen)
-	return 0
+	return with(evh, "Galois key set", errbuf, errlen, func(e *evkObj) error {
+		els := e.set.GetGaloisKeysList()
+		slices.Sort(els) // deterministic bytes (the set is a map)
+		b := []byte{'C', 'L', 'G', 'K', wireVersion, 0, 0, 0}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(els)))
+		for _, g := range els {
+			gk := e.set.GaloisKeys[g]
+			b = binary.LittleEndian.AppendUint64(b, g)
+			b = writePolys(b, gkPolys(gk))
+		}
+		bytesOut(b, out, outLen)
+		return nil
+	})
 }
 
 // clg_evk_from_bytes: validate and load a peer's Galois keys (at most maxKeys keys).
@@ -1682,72 +1598,70 @@ func clg_evk_to_bytes(evh C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C
 //export clg_evk_from_bytes
 func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	defer guard(&rc, errbuf, errlen)
-	c, err := get[*ctxObj](h, "context")
-	if err != nil {
-		return fail(errbuf, errlen, err)
-	}
-	b := bytesIn(buf, n)
-	if len(b) < keyHeader+4 {
-		return fail(errbuf, errlen, fmt.Errorf("Galois key blob of %d bytes is shorter than its header", len(b)))
-	}
-	if string(b[:4]) != "CLGK" || b[4] != wireVersion || b[5] > 1 || b[6] != 0 || b[7] != 0 {
-		return fail(errbuf, errlen, errors.New("not a cipherlm/Lattigo Galois key set (bad header)"))
-	}
-	compressed := b[5] == 1
-	count := int(binary.LittleEndian.Uint32(b[8:12]))
-	if count < 1 || count > int(maxKeys) {
-		return fail(errbuf, errlen, fmt.Errorf("%d Galois keys (allowed 1..%d)", count, int(maxKeys)))
-	}
-	per := 8 + 8*c.galoisKeyWords()
-	if compressed {
-		per = 8 + seedLen + 8*c.compressedGaloisKeyWords()
-	}
-	if want := keyHeader + 4 + count*per; len(b) != want {
-		return fail(errbuf, errlen, fmt.Errorf("Galois key blob of %d bytes, expected %d for %d keys", len(b), want, count))
-	}
-	twoN := uint64(2 * c.params.N())
-	set := rlwe.NewMemEvaluationKeySet(nil)
-	rest := b[keyHeader+4:]
-	for k := 0; k < count; k++ {
-		g := binary.LittleEndian.Uint64(rest[:8])
-		if g&1 == 0 || g >= twoN || g == 1 {
-			return fail(errbuf, errlen, fmt.Errorf("invalid Galois element %d", g))
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		b := bytesIn(buf, n)
+		if len(b) < keyHeader+4 {
+			return fmt.Errorf("Galois key blob of %d bytes is shorter than its header", len(b))
 		}
-		if _, dup := set.GaloisKeys[g]; dup {
-			return fail(errbuf, errlen, fmt.Errorf("duplicate Galois element %d", g))
+		if string(b[:4]) != "CLGK" || b[4] != wireVersion || b[5] > 1 || b[6] != 0 || b[7] != 0 {
+			return errors.New("not a cipherlm/Lattigo Galois key set (bad header)")
 		}
-		var gk *rlwe.GaloisKey
-		rest = rest[8:]
-		var seed [seedLen]byte
+		compressed := b[5] == 1
+		count := int(binary.LittleEndian.Uint32(b[8:12]))
+		if count < 1 || count > int(maxKeys) {
+			return fmt.Errorf("%d Galois keys (allowed 1..%d)", count, int(maxKeys))
+		}
+		per := 8 + 8*c.galoisKeyWords()
 		if compressed {
-			gk = rlwe.NewGaloisKey(c.params, compressedKey)
-			copy(seed[:], rest[:seedLen])
-			rest = rest[seedLen:]
-		} else {
-			gk = rlwe.NewGaloisKey(c.params)
+			per = 8 + seedLen + 8*c.compressedGaloisKeyWords()
 		}
-		gk.GaloisElement = g
-		for i := range gk.Value {
-			for j := range gk.Value[i] {
-				if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
-					return fail(errbuf, errlen, err)
+		if want := keyHeader + 4 + count*per; len(b) != want {
+			return fmt.Errorf("Galois key blob of %d bytes, expected %d for %d keys", len(b), want, count)
+		}
+		twoN := uint64(2 * c.params.N())
+		set := rlwe.NewMemEvaluationKeySet(nil)
+		rest := b[keyHeader+4:]
+		for k := 0; k < count; k++ {
+			g := binary.LittleEndian.Uint64(rest[:8])
+			if g&1 == 0 || g >= twoN || g == 1 {
+				return fmt.Errorf("invalid Galois element %d", g)
+			}
+			if _, dup := set.GaloisKeys[g]; dup {
+				return fmt.Errorf("duplicate Galois element %d", g)
+			}
+			var gk *rlwe.GaloisKey
+			rest = rest[8:]
+			var seed [seedLen]byte
+			if compressed {
+				gk = rlwe.NewGaloisKey(c.params, compressedKey)
+				copy(seed[:], rest[:seedLen])
+				rest = rest[seedLen:]
+			} else {
+				gk = rlwe.NewGaloisKey(c.params)
+			}
+			gk.GaloisElement = g
+			var err error
+			for i := range gk.Value {
+				for j := range gk.Value[i] {
+					if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
+						return err
+					}
 				}
 			}
-		}
-		if compressed {
-			gk.Seed = &seed
-			if err = gk.EvaluationKey.Expand(c.params, nil); err != nil {
-				return fail(errbuf, errlen, err)
+			if compressed {
+				gk.Seed = &seed
+				if err := gk.EvaluationKey.Expand(c.params, nil); err != nil {
+					return err
+				}
+				if gk.Degree() != 1 {
+					return errors.New("Galois key did not expand")
+				}
 			}
-			if gk.Degree() != 1 {
-				return fail(errbuf, errlen, errors.New("Galois key did not expand"))
-			}
+			set.GaloisKeys[g] = gk
 		}
-		set.GaloisKeys[g] = gk
-	}
-	*out = C.int64_t(put(&evkObj{ctx: c, set: set, eval: ckks.NewEvaluator(c.params, set)}))
-	return 0
+		*out = C.int64_t(put(&evkObj{ctx: c, set: set, eval: ckks.NewEvaluator(c.params, set)}))
+		return nil
+	})
 }
 
 func main() {}
