@@ -41,6 +41,8 @@ LAYERS = {
     "cipherlm.report": "cli",
     "cipherlm.runtime": "runtime",
     "cipherlm.compile": "compile",      # the model graph: IR, architecture table, builders, passes
+    "cipherlm.fhe": "compile",          # fhe mode, compile time: approximations (used by passes.fhe_levels)
+    "cipherlm.fhe.calibrate": "runtime",  # runs the plain executor to measure the approximations' ranges
     "cipherlm.protocols": "protocols",
     "cipherlm.moe": "protocols",        # CryptoMoE dispatch/combine/layer on shares, plaintext routing
     "cipherlm.mpc": "mpc",              # shares, OT, primitives (mpc/protocols/), nonlinear library
