@@ -130,8 +130,46 @@ func recoverInto(err *error) {
 	}
 }
 
+// parallel runs work(t) for t = 0..w-1 on w goroutines and returns the first error in worker
+// order (a panic in a worker becomes its error, recoverInto).
+func parallel(w int, work func(t int) error) error {
+	errs := make([]error, w)
+	var wg sync.WaitGroup
+	for t := 0; t < w; t++ {
+		wg.Add(1)
+		go func(t int) {
+			defer wg.Done()
+			defer recoverInto(&errs[t])
+			errs[t] = work(t)
+		}(t)
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
 // bsgsUnit: giant step i of output block o.
 type bsgsUnit struct{ o, i int }
+
+// workerShare: worker t's contiguous share of the units (of w workers): a worker's units mostly
+// fall in one block (fewer partial sums).
+func workerShare(units []bsgsUnit, t, w int) []bsgsUnit {
+	return units[t*len(units)/w : (t+1)*len(units)/w]
+}
+
+// sumCounts: the workers' operation counts (rotations, products, additions, rescales) summed.
+func sumCounts(cnt [][4]int64) (total [4]int64) {
+	for _, c := range cnt {
+		for k := range total {
+			total[k] += c[k]
+		}
+	}
+	return total
+}
 
 // bsgsFastPath: the parameters of cipherlm's offload matmul (the products at two primes, the
 // giant steps at one prime and one special prime P, plain RNS gadget keys), for which
@@ -159,6 +197,7 @@ func bsgsFastPath(params ckks.Parameters, b *bsgsObj, galKeys map[int]*rlwe.Galo
 //     Galois key in QP and rotated there; the block's key-switched part stays in QP (one ModDown
 //     per block at the end, as before);
 //   - giant step 0: the inner sum is added to the block's level-1 sum.
+//
 // So a giant step costs 4 one-prime NTTs (c1's rescale 2, its INTT and P's NTT) instead of 7
 // (rescaling both halves, then Lattigo's gadget product re-NTTs the q0 digit).  The result per
 // block: rescale(level-1 sum) + ModDown(QP sum), at level 0 with the scale of Rescale.
@@ -189,132 +228,121 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 			}
 		}
 	}
-	accL1 := make([][]*[2]ring.Poly, w)  // [worker][block]: level-1 sums (c0 of every unit, c1 of giant step 0)
+	accL1 := make([][]*[2]ring.Poly, w)   // [worker][block]: level-1 sums (c0 of every unit, c1 of giant step 0)
 	accQP := make([][]*[2]ringqp.Poly, w) // [worker][block]: key-switched c1 parts in QP
 	cnt := make([][4]int64, w)
-	errs := make([]error, w)
-	var wg sync.WaitGroup
 	for t := 0; t < w; t++ {
-		lo, hi := t*len(units)/w, (t+1)*len(units)/w
 		accL1[t] = make([]*[2]ring.Poly, b.nBlocks)
 		accQP[t] = make([]*[2]ringqp.Poly, b.nBlocks)
-		if lo == hi {
-			continue
+	}
+	err := parallel(w, func(t int) error {
+		share := workerShare(units, t, w)
+		if len(share) == 0 {
+			return nil
 		}
-		wg.Add(1)
-		go func(t int, share []bsgsUnit) {
-			defer wg.Done()
-			defer recoverInto(&errs[t])
-			L1, QP := accL1[t], accQP[t]
-			nb := min(bsgsBatch, len(share))
-			inner := make([][2]ring.Poly, nb)
-			for x := range inner {
-				inner[x] = [2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
-			}
-			acc := make([]uint64, 4*prodTile)
-			a0s := make([][]uint64, 0, b.g)
-			a1s := make([][]uint64, 0, b.g)
-			ps := make([][]uint64, 0, b.g)
-			r1 := ringQ0.NewPoly()
-			coef := make([]uint64, N)
-			dP := make([]uint64, N)
-			tmpL1 := ringQ.NewPoly()
-			cQP := [2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
-			tmpQP := ringQP0.NewPoly()
-			for s := 0; s < len(share); s += bsgsBatch {
-				bu := share[s:min(s+bsgsBatch, len(share))]
-				for l := 0; l <= L; l++ {
-					sub := ringQ.SubRings[l]
-					q, qInv, fold := sub.Modulus, sub.MRedConstant, foldTerms(sub.Modulus)
-					for c0 := 0; c0 < N; c0 += prodTile {
-						c1 := min(c0+prodTile, N)
-						for x, u := range bu {
-							a0s, a1s, ps = a0s[:0], a1s[:0], ps[:0]
-							for j := 0; j < b.g; j++ {
-								k := u.i*b.g + j
-								if k >= b.m {
-									break
-								}
-								pt := b.pts[u.o][k]
-								if pt == nil {
-									continue
-								}
-								a0s = append(a0s, baby[j].Value[0].Coeffs[l][c0:c1])
-								a1s = append(a1s, baby[j].Value[1].Coeffs[l][c0:c1])
-								ps = append(ps, pt.Value.Coeffs[l][c0:c1])
+		L1, QP := accL1[t], accQP[t]
+		nb := min(bsgsBatch, len(share))
+		inner := make([][2]ring.Poly, nb)
+		for x := range inner {
+			inner[x] = [2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
+		}
+		acc := make([]uint64, 4*prodTile)
+		a0s := make([][]uint64, 0, b.g)
+		a1s := make([][]uint64, 0, b.g)
+		ps := make([][]uint64, 0, b.g)
+		r1 := ringQ0.NewPoly()
+		coef := make([]uint64, N)
+		dP := make([]uint64, N)
+		tmpL1 := ringQ.NewPoly()
+		cQP := [2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
+		tmpQP := ringQP0.NewPoly()
+		for s := 0; s < len(share); s += bsgsBatch {
+			bu := share[s:min(s+bsgsBatch, len(share))]
+			for l := 0; l <= L; l++ {
+				sub := ringQ.SubRings[l]
+				q, qInv, fold := sub.Modulus, sub.MRedConstant, foldTerms(sub.Modulus)
+				for c0 := 0; c0 < N; c0 += prodTile {
+					c1 := min(c0+prodTile, N)
+					for x, u := range bu {
+						a0s, a1s, ps = a0s[:0], a1s[:0], ps[:0]
+						for j := 0; j < b.g; j++ {
+							k := u.i*b.g + j
+							if k >= b.m {
+								break
 							}
-							mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc)
+							pt := b.pts[u.o][k]
+							if pt == nil {
+								continue
+							}
+							a0s = append(a0s, baby[j].Value[0].Coeffs[l][c0:c1])
+							a1s = append(a1s, baby[j].Value[1].Coeffs[l][c0:c1])
+							ps = append(ps, pt.Value.Coeffs[l][c0:c1])
 						}
+						mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc)
 					}
 				}
-				for x, u := range bu {
-					np := int64(0)
-					for j := 0; j < b.g && u.i*b.g+j < b.m; j++ {
-						if b.pts[u.o][u.i*b.g+j] != nil {
-							np++
-						}
+			}
+			for x, u := range bu {
+				np := int64(0)
+				for j := 0; j < b.g && u.i*b.g+j < b.m; j++ {
+					if b.pts[u.o][u.i*b.g+j] != nil {
+						np++
 					}
-					cnt[t][1] += np
-					cnt[t][2] += np - 1
-					cnt[t][3]++
-					o := u.o
-					if L1[o] == nil {
-						L1[o] = &[2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
+				}
+				cnt[t][1] += np
+				cnt[t][2] += np - 1
+				cnt[t][3]++
+				o := u.o
+				if L1[o] == nil {
+					L1[o] = &[2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
+				} else {
+					cnt[t][2]++
+				}
+				if u.i == 0 {
+					ringQ.Add(L1[o][0], inner[x][0], L1[o][0])
+					ringQ.Add(L1[o][1], inner[x][1], L1[o][1])
+					continue
+				}
+				idx := rotIdx[u.i]
+				// c0: rotated at level 1 (no key switch), rescaled with the block's sum
+				ringQ.AutomorphismNTTWithIndex(inner[x][0], idx, tmpL1)
+				ringQ.Add(L1[o][0], tmpL1, L1[o][0])
+				// c1: rescaled, its one digit lifted to P (centred, as Lattigo's decomposer),
+				// times the Galois key in QP, rotated there
+				ringQ.DivRoundByLastModulusNTT(inner[x][1], r1)
+				sQ0.INTT(r1.Coeffs[0], coef)
+				half := q0 >> 1
+				for j, v := range coef {
+					if v >= half {
+						tp := ring.BRedAdd(q0-v, pMod, bredP)
+						if tp != 0 {
+							tp = pMod - tp
+						}
+						dP[j] = tp
 					} else {
-						cnt[t][2]++
+						dP[j] = ring.BRedAdd(v, pMod, bredP)
 					}
-					if u.i == 0 {
-						ringQ.Add(L1[o][0], inner[x][0], L1[o][0])
-						ringQ.Add(L1[o][1], inner[x][1], L1[o][1])
-						continue
-					}
-					idx := rotIdx[u.i]
-					// c0: rotated at level 1 (no key switch), rescaled with the block's sum
-					ringQ.AutomorphismNTTWithIndex(inner[x][0], idx, tmpL1)
-					ringQ.Add(L1[o][0], tmpL1, L1[o][0])
-					// c1: rescaled, its one digit lifted to P (centred, as Lattigo's decomposer),
-					// times the Galois key in QP, rotated there
-					ringQ.DivRoundByLastModulusNTT(inner[x][1], r1)
-					sQ0.INTT(r1.Coeffs[0], coef)
-					half := q0 >> 1
-					for j, v := range coef {
-						if v >= half {
-							tp := ring.BRedAdd(q0-v, pMod, bredP)
-							if tp != 0 {
-								tp = pMod - tp
-							}
-							dP[j] = tp
-						} else {
-							dP[j] = ring.BRedAdd(v, pMod, bredP)
-						}
-					}
-					sP.NTT(dP, dP)
-					el := galKeys[u.i].GadgetCiphertext.Value[0][0]
-					if QP[o] == nil {
-						QP[o] = &[2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
-					}
-					for k := 0; k < 2; k++ {
-						sQ0.MulCoeffsMontgomery(r1.Coeffs[0], el[k].Q.Coeffs[0], cQP[k].Q.Coeffs[0])
-						sP.MulCoeffsMontgomery(dP, el[k].P.Coeffs[0], cQP[k].P.Coeffs[0])
-						ringQP0.AutomorphismNTTWithIndex(cQP[k], idx, tmpQP)
-						ringQP0.Add(QP[o][k], tmpQP, QP[o][k])
-					}
-					cnt[t][0]++
 				}
+				sP.NTT(dP, dP)
+				el := galKeys[u.i].GadgetCiphertext.Value[0][0]
+				if QP[o] == nil {
+					QP[o] = &[2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
+				}
+				for k := 0; k < 2; k++ {
+					sQ0.MulCoeffsMontgomery(r1.Coeffs[0], el[k].Q.Coeffs[0], cQP[k].Q.Coeffs[0])
+					sP.MulCoeffsMontgomery(dP, el[k].P.Coeffs[0], cQP[k].P.Coeffs[0])
+					ringQP0.AutomorphismNTTWithIndex(cQP[k], idx, tmpQP)
+					ringQP0.Add(QP[o][k], tmpQP, QP[o][k])
+				}
+				cnt[t][0]++
 			}
-		}(t, units[lo:hi])
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return nil, total, e
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, total, err
 	}
-	for t := 0; t < w; t++ {
-		for k := range total {
-			total[k] += cnt[t][k]
-		}
-	}
+	total = sumCounts(cnt)
 	// merge the workers' partials; per block one rescale (level-1 sum) and one ModDown (QP sum)
 	scale := in.Scale.Mul(b.scale).Div(rlwe.NewScale(ringQ.SubRings[L].Modulus))
 	sums := make([]*rlwe.Ciphertext, b.nBlocks)
@@ -372,8 +400,6 @@ func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, 
 	ringQP0 := params.RingQP().AtLevel(b.level-1, levelP)
 	ringQ0 := ringQP0.RingQ
 	bigP := params.RingP().AtLevel(levelP).Modulus()
-	var wg sync.WaitGroup
-	errs := make([]error, w)
 	var total [4]int64
 	accQP := make([][][2]ringqp.Poly, w) // [worker][block]
 	have := make([][]bool, w)            // [worker][block]: accQP allocated
@@ -383,91 +409,82 @@ func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, 
 	for t := 0; t < w; t++ {
 		accQP[t] = make([][2]ringqp.Poly, b.nBlocks)
 		have[t] = make([]bool, b.nBlocks)
-		lo, hi := t*len(units)/w, (t+1)*len(units)/w
-		wg.Add(1)
-		go func(t int, share []bsgsUnit) {
-			defer wg.Done()
-			defer recoverInto(&errs[t])
-			cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}}
-			cQP.MetaData = &rlwe.MetaData{}
-			cQP.IsNTT = true
-			tmpQP := ringQP0.NewPoly()
-			tmpQ := ringQ0.NewPoly()
-			r := ckks.NewCiphertext(params, 1, b.level-1)
-			for _, u := range share {
-				var inner *rlwe.Ciphertext
-				for j := 0; j < b.g; j++ {
-					k := u.i*b.g + j
-					if k >= b.m {
-						break
-					}
-					pt := b.pts[u.o][k]
-					if pt == nil {
-						continue
-					}
-					// pt is in Montgomery form (clg_bsgs_set): one Montgomery product per polynomial
-					if inner == nil {
-						inner = ckks.NewCiphertext(params, 1, b.level)
-						inner.Scale = baby[j].Scale.Mul(pt.Scale)
-						ringQ.MulCoeffsMontgomery(baby[j].Value[0], pt.Value, inner.Value[0])
-						ringQ.MulCoeffsMontgomery(baby[j].Value[1], pt.Value, inner.Value[1])
-					} else {
-						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pt.Value, inner.Value[0])
-						ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pt.Value, inner.Value[1])
-						cnt[t][2]++
-					}
-					cnt[t][1]++
+	}
+	err := parallel(w, func(t int) error {
+		share := workerShare(units, t, w)
+		cQP := &rlwe.Element[ringqp.Poly]{Value: []ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}}
+		cQP.MetaData = &rlwe.MetaData{}
+		cQP.IsNTT = true
+		tmpQP := ringQP0.NewPoly()
+		tmpQ := ringQ0.NewPoly()
+		r := ckks.NewCiphertext(params, 1, b.level-1)
+		for _, u := range share {
+			var inner *rlwe.Ciphertext
+			for j := 0; j < b.g; j++ {
+				k := u.i*b.g + j
+				if k >= b.m {
+					break
 				}
-				if errs[t] = eval.Rescale(inner, r); errs[t] != nil {
-					return
-				}
-				cnt[t][3]++
-				acc := &accQP[t][u.o]
-				if !have[t][u.o] {
-					have[t][u.o] = true
-					acc[0], acc[1] = ringQP0.NewPoly(), ringQP0.NewPoly()
-					metaMu.Lock()
-					if meta[u.o] == nil {
-						m := *r.MetaData
-						meta[u.o] = &m
-					}
-					metaMu.Unlock()
-				} else {
-					cnt[t][2]++
-				}
-				if u.i == 0 {
-					// P * (c0, c1) in QP (zero mod P)
-					for k := 0; k < 2; k++ {
-						ringQ0.MulScalarBigint(r.Value[k], bigP, tmpQ)
-						ringQ0.Add(acc[k].Q, tmpQ, acc[k].Q)
-					}
+				pt := b.pts[u.o][k]
+				if pt == nil {
 					continue
 				}
-				// (d0, d1) = gadget product of c1 with the key, in QP; + P c0; then the automorphism
-				if errs[t] = eval.GadgetProductLazy(b.level-1, r.Value[1], &galKeys[u.i].GadgetCiphertext, cQP); errs[t] != nil {
-					return
+				// pt is in Montgomery form (clg_bsgs_set): one Montgomery product per polynomial
+				if inner == nil {
+					inner = ckks.NewCiphertext(params, 1, b.level)
+					inner.Scale = baby[j].Scale.Mul(pt.Scale)
+					ringQ.MulCoeffsMontgomery(baby[j].Value[0], pt.Value, inner.Value[0])
+					ringQ.MulCoeffsMontgomery(baby[j].Value[1], pt.Value, inner.Value[1])
+				} else {
+					ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pt.Value, inner.Value[0])
+					ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pt.Value, inner.Value[1])
+					cnt[t][2]++
 				}
-				ringQ0.MulScalarBigint(r.Value[0], bigP, tmpQ)
-				ringQ0.Add(cQP.Value[0].Q, tmpQ, cQP.Value[0].Q)
-				for k := 0; k < 2; k++ {
-					ringQP0.AutomorphismNTTWithIndex(cQP.Value[k], rotIdx[u.i], tmpQP)
-					ringQP0.Add(acc[k], tmpQP, acc[k])
-				}
-				cnt[t][0]++
+				cnt[t][1]++
 			}
-		}(t, units[lo:hi])
-	}
-	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			return nil, total, e
+			if err := eval.Rescale(inner, r); err != nil {
+				return err
+			}
+			cnt[t][3]++
+			acc := &accQP[t][u.o]
+			if !have[t][u.o] {
+				have[t][u.o] = true
+				acc[0], acc[1] = ringQP0.NewPoly(), ringQP0.NewPoly()
+				metaMu.Lock()
+				if meta[u.o] == nil {
+					m := *r.MetaData
+					meta[u.o] = &m
+				}
+				metaMu.Unlock()
+			} else {
+				cnt[t][2]++
+			}
+			if u.i == 0 {
+				// P * (c0, c1) in QP (zero mod P)
+				for k := 0; k < 2; k++ {
+					ringQ0.MulScalarBigint(r.Value[k], bigP, tmpQ)
+					ringQ0.Add(acc[k].Q, tmpQ, acc[k].Q)
+				}
+				continue
+			}
+			// (d0, d1) = gadget product of c1 with the key, in QP; + P c0; then the automorphism
+			if err := eval.GadgetProductLazy(b.level-1, r.Value[1], &galKeys[u.i].GadgetCiphertext, cQP); err != nil {
+				return err
+			}
+			ringQ0.MulScalarBigint(r.Value[0], bigP, tmpQ)
+			ringQ0.Add(cQP.Value[0].Q, tmpQ, cQP.Value[0].Q)
+			for k := 0; k < 2; k++ {
+				ringQP0.AutomorphismNTTWithIndex(cQP.Value[k], rotIdx[u.i], tmpQP)
+				ringQP0.Add(acc[k], tmpQP, acc[k])
+			}
+			cnt[t][0]++
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, total, err
 	}
-	for t := 0; t < w; t++ {
-		for k := range total {
-			total[k] += cnt[t][k]
-		}
-	}
+	total = sumCounts(cnt)
 	// merge the workers' partials in QP, one ModDown per block
 	sums := make([]*rlwe.Ciphertext, b.nBlocks)
 	for o := 0; o < b.nBlocks; o++ {

@@ -1045,36 +1045,28 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 		// baby steps, hoisted, shared out over the workers
 		baby := make([]*rlwe.Ciphertext, b.g)
 		baby[0] = c.ct
-		var wg sync.WaitGroup
-		errs := make([]error, w)
-		for t := 0; t < w; t++ {
+		err = parallel(w, func(t int) error {
 			var mine []int
 			for j := 1 + t; j < b.g; j += w {
 				mine = append(mine, j)
 			}
 			if len(mine) == 0 {
-				continue
+				return nil
 			}
 			res := map[int]*rlwe.Ciphertext{}
 			for _, j := range mine {
 				res[j] = ckks.NewCiphertext(params, 1, b.level)
 			}
-			wg.Add(1)
-			go func(t int, mine []int, res map[int]*rlwe.Ciphertext) {
-				defer wg.Done()
-				defer recoverInto(&errs[t])
-				if errs[t] = eval.RotateHoisted(c.ct, mine, res); errs[t] == nil {
-					for _, j := range mine {
-						baby[j] = res[j]
-					}
-				}
-			}(t, mine, res)
-		}
-		wg.Wait()
-		for _, e := range errs {
-			if e != nil {
-				return e
+			if err := eval.RotateHoisted(c.ct, mine, res); err != nil {
+				return err
 			}
+			for _, j := range mine {
+				baby[j] = res[j]
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 
 		// the (block, giant step) units that have a non-zero diagonal
@@ -1114,40 +1106,33 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 		total[0] += int64(b.g - 1)
 		var chunkCnt [2]int64
 		var cmu sync.Mutex
-		for t := 0; t < w; t++ {
-			wg.Add(1)
-			go func(t int) {
-				defer wg.Done()
-				defer recoverInto(&errs[t])
-				var rot, add int64
-				for o := t; o < b.nBlocks; o += w {
-					y := sums[o]
-					if y == nil {
-						continue
-					}
-					for _, s := range b.chunkSteps {
-						r := ckks.NewCiphertext(params, 1, y.Level())
-						if errs[t] = eval.Rotate(y, s, r); errs[t] != nil {
-							return
-						}
-						if errs[t] = eval.Add(y, r, y); errs[t] != nil {
-							return
-						}
-						rot++
-						add++
-					}
+		err = parallel(w, func(t int) error {
+			var rot, add int64
+			for o := t; o < b.nBlocks; o += w {
+				y := sums[o]
+				if y == nil {
+					continue
 				}
-				cmu.Lock()
-				chunkCnt[0] += rot
-				chunkCnt[1] += add
-				cmu.Unlock()
-			}(t)
-		}
-		wg.Wait()
-		for _, e := range errs {
-			if e != nil {
-				return e
+				for _, s := range b.chunkSteps {
+					r := ckks.NewCiphertext(params, 1, y.Level())
+					if err := eval.Rotate(y, s, r); err != nil {
+						return err
+					}
+					if err := eval.Add(y, r, y); err != nil {
+						return err
+					}
+					rot++
+					add++
+				}
 			}
+			cmu.Lock()
+			chunkCnt[0] += rot
+			chunkCnt[1] += add
+			cmu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		total[0] += chunkCnt[0]
 		total[2] += chunkCnt[1]
