@@ -221,26 +221,27 @@ func clg_btp_free(h C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 //
 //export clg_bootstrap
 func clg_bootstrap(bh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(bh, "bootstrapping key set", cth, "ciphertext", "ciphertext and bootstrapping keys belong to different contexts", errbuf, errlen, func(b *btpObj, c *ctObj) error {
-		if c.ct.Degree() != 1 {
-			return errors.New("bootstrapping needs a degree-1 ciphertext (relinearise first)")
-		}
-		if c.ct.LogDimensions.Cols > b.params.LogMaxSlots() {
-			return fmt.Errorf("ciphertext with 2^%d slots, the bootstrapping handles 2^%d",
-				c.ct.LogDimensions.Cols, b.params.LogMaxSlots())
-		}
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if b.eval == nil {
-			return errors.New("bootstrapping key set already freed")
-		}
-		res, err := b.eval.Bootstrap(c.ct.CopyNew())
-		if err != nil {
-			return err
-		}
-		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-		return nil
-	})
+	return with2(bh, "bootstrapping key set", cth, "ciphertext", "ciphertext and bootstrapping keys belong to different contexts",
+		errbuf, errlen, func(b *btpObj, c *ctObj) error {
+			if c.ct.Degree() != 1 {
+				return errors.New("bootstrapping needs a degree-1 ciphertext (relinearise first)")
+			}
+			if c.ct.LogDimensions.Cols > b.params.LogMaxSlots() {
+				return fmt.Errorf("ciphertext with 2^%d slots, the bootstrapping handles 2^%d",
+					c.ct.LogDimensions.Cols, b.params.LogMaxSlots())
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.eval == nil {
+				return errors.New("bootstrapping key set already freed")
+			}
+			res, err := b.eval.Bootstrap(c.ct.CopyNew())
+			if err != nil {
+				return err
+			}
+			*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+			return nil
+		})
 }
 
 // ----------------------------------------------------------------------------- wire layout

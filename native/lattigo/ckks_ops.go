@@ -96,20 +96,21 @@ func clg_evk_has_relin(h C.int64_t, ok *C.int, errbuf *C.char, errlen C.int) (rc
 //
 //export clg_evk_merge
 func clg_evk_merge(a C.int64_t, b C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(a, "key set", b, "key set", "key sets belong to different contexts", errbuf, errlen, func(x *evkObj, y *evkObj) error {
-		rlk := x.set.RelinearizationKey
-		if y.set.RelinearizationKey != nil {
-			rlk = y.set.RelinearizationKey
-		}
-		set := rlwe.NewMemEvaluationKeySet(rlk)
-		for _, src := range []*rlwe.MemEvaluationKeySet{x.set, y.set} {
-			for g, gk := range src.GaloisKeys {
-				set.GaloisKeys[g] = gk
+	return with2(a, "key set", b, "key set", "key sets belong to different contexts",
+		errbuf, errlen, func(x *evkObj, y *evkObj) error {
+			rlk := x.set.RelinearizationKey
+			if y.set.RelinearizationKey != nil {
+				rlk = y.set.RelinearizationKey
 			}
-		}
-		*out = C.int64_t(put(&evkObj{ctx: x.ctx, set: set, eval: ckks.NewEvaluator(x.ctx.params, set)}))
-		return nil
-	})
+			set := rlwe.NewMemEvaluationKeySet(rlk)
+			for _, src := range []*rlwe.MemEvaluationKeySet{x.set, y.set} {
+				for g, gk := range src.GaloisKeys {
+					set.GaloisKeys[g] = gk
+				}
+			}
+			*out = C.int64_t(put(&evkObj{ctx: x.ctx, set: set, eval: ckks.NewEvaluator(x.ctx.params, set)}))
+			return nil
+		})
 }
 
 // clg_mul_relin: a * b (ciphertexts, a == b squares), relinearised with the set's key, no rescale.
@@ -151,13 +152,7 @@ func clg_mul_relin(evh C.int64_t, a C.int64_t, b C.int64_t, out *C.int64_t, errb
 //
 //export clg_sub
 func clg_sub(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with(a, "ciphertext", errbuf, errlen, func(x *ctObj) error {
-		op, err := operand(x, a, b, plain)
-		if err != nil {
-			return err
-		}
-		return x.ctx.eval.Sub(x.ct, op, x.ct)
-	})
+	return inPlace(a, b, plain, errbuf, errlen, (*ckks.Evaluator).Sub)
 }
 
 // clg_mul_scalar: ct * (re + i im) into a new ciphertext.  A non-integer constant is encoded at
@@ -225,56 +220,57 @@ func clg_poly_levels(d C.int, a C.double, b C.double, out *C.int, errbuf *C.char
 //export clg_poly_eval
 func clg_poly_eval(evh C.int64_t, cth C.int64_t, coeffs *C.double, n C.int, a C.double, b C.double, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(evh, "key set", cth, "ciphertext", "ciphertext and keys belong to different contexts", errbuf, errlen, func(e *evkObj, c *ctObj) error {
-		if n < 2 || n > 1<<14+1 || coeffs == nil {
-			return fmt.Errorf("%d coefficients (2..16385)", int(n))
-		}
-		lo, hi := float64(a), float64(b)
-		if math.IsNaN(lo) || math.IsNaN(hi) || math.IsInf(lo, 0) || math.IsInf(hi, 0) || !(hi > lo) {
-			return fmt.Errorf("bad interval [%g, %g]", lo, hi)
-		}
-		cs := make([]float64, int(n))
-		copy(cs, unsafeFloats(coeffs, int(n)))
-		for _, v := range cs {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return errors.New("coefficients must be finite")
+	return with2(evh, "key set", cth, "ciphertext", "ciphertext and keys belong to different contexts",
+		errbuf, errlen, func(e *evkObj, c *ctObj) error {
+			if n < 2 || n > 1<<14+1 || coeffs == nil {
+				return fmt.Errorf("%d coefficients (2..16385)", int(n))
 			}
-		}
-		if c.ct.Degree() != 1 {
-			return errors.New("polynomial evaluation needs a degree-1 ciphertext")
-		}
-		deg := int(n) - 1
-		if deg >= 2 && e.set.RelinearizationKey == nil {
-			return errors.New("the key set has no relinearisation key")
-		}
-		need := polyLevels(deg, lo, hi)
-		if c.ct.Level() < need {
-			return fmt.Errorf("ciphertext at level %d, the degree-%d evaluation on [%g, %g] needs %d levels (bootstrap first)",
-				c.ct.Level(), deg, lo, hi, need)
-		}
-		poly := polynomial.NewPolynomial(bignum.NewPolynomial(bignum.Chebyshev, cs, [2]float64{lo, hi}))
-		x := c.ct
-		if lo != -1 || hi != 1 {
-			scalar, constant := poly.ChangeOfBasis()
-			x = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-			if err := e.eval.Mul(c.ct, scalar, x); err != nil {
+			lo, hi := float64(a), float64(b)
+			if math.IsNaN(lo) || math.IsNaN(hi) || math.IsInf(lo, 0) || math.IsInf(hi, 0) || !(hi > lo) {
+				return fmt.Errorf("bad interval [%g, %g]", lo, hi)
+			}
+			cs := make([]float64, int(n))
+			copy(cs, unsafeFloats(coeffs, int(n)))
+			for _, v := range cs {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					return errors.New("coefficients must be finite")
+				}
+			}
+			if c.ct.Degree() != 1 {
+				return errors.New("polynomial evaluation needs a degree-1 ciphertext")
+			}
+			deg := int(n) - 1
+			if deg >= 2 && e.set.RelinearizationKey == nil {
+				return errors.New("the key set has no relinearisation key")
+			}
+			need := polyLevels(deg, lo, hi)
+			if c.ct.Level() < need {
+				return fmt.Errorf("ciphertext at level %d, the degree-%d evaluation on [%g, %g] needs %d levels (bootstrap first)",
+					c.ct.Level(), deg, lo, hi, need)
+			}
+			poly := polynomial.NewPolynomial(bignum.NewPolynomial(bignum.Chebyshev, cs, [2]float64{lo, hi}))
+			x := c.ct
+			if lo != -1 || hi != 1 {
+				scalar, constant := poly.ChangeOfBasis()
+				x = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+				if err := e.eval.Mul(c.ct, scalar, x); err != nil {
+					return err
+				}
+				if err := e.eval.Add(x, constant, x); err != nil {
+					return err
+				}
+				if err := e.eval.Rescale(x, x); err != nil {
+					return err
+				}
+			}
+			// a fresh evaluator per call: Lattigo's polynomial evaluator keeps per-evaluation state
+			res, err := polynomial.NewEvaluator(e.ctx.params, e.eval).Evaluate(x, poly, c.ct.Scale)
+			if err != nil {
 				return err
 			}
-			if err := e.eval.Add(x, constant, x); err != nil {
-				return err
-			}
-			if err := e.eval.Rescale(x, x); err != nil {
-				return err
-			}
-		}
-		// a fresh evaluator per call: Lattigo's polynomial evaluator keeps per-evaluation state
-		res, err := polynomial.NewEvaluator(e.ctx.params, e.eval).Evaluate(x, poly, c.ct.Scale)
-		if err != nil {
-			return err
-		}
-		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-		return nil
-	})
+			*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+			return nil
+		})
 }
 
 // clg_relin_to_bytes: the set's relinearisation key as "CLGR" | version | 0 0 0 | raw words.

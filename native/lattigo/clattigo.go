@@ -163,7 +163,7 @@ func fail(errbuf *C.char, errlen C.int, err error) C.int {
 	return -1
 }
 
-// guard turns a panic into rc -2 with its message; use as `defer guard(&rc, errbuf, errlen)`.
+// guard turns a panic into rc -2 with its message; deferred by call.
 func guard(rc *C.int, errbuf *C.char, errlen C.int) {
 	if r := recover(); r != nil {
 		writeErr(errbuf, errlen, fmt.Sprintf("lattigo: recovered panic: %v", r))
@@ -171,8 +171,9 @@ func guard(rc *C.int, errbuf *C.char, errlen C.int) {
 	}
 }
 
-// call runs the body of an exported function: an error it returns becomes rc -1 with its message
-// in (errbuf, errlen), a panic rc -2 (guard).
+// call runs the body of an exported function (every one runs its body under call, or with / with2,
+// which look its handles up first): an error the body returns becomes rc -1 with its message in
+// (errbuf, errlen), a panic rc -2 (guard).
 func call(errbuf *C.char, errlen C.int, body func() error) (rc C.int) {
 	defer guard(&rc, errbuf, errlen)
 	if err := body(); err != nil {
@@ -609,13 +610,14 @@ func clg_encrypt_pk(pkh C.int64_t, ph C.int64_t, level C.int, out *C.int64_t, er
 
 //export clg_decrypt
 func clg_decrypt(skh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(skh, "secret key", cth, "ciphertext", "ciphertext and key belong to different contexts", errbuf, errlen, func(s *skObj, c *ctObj) error {
-		if c.ct.Degree() != 1 {
-			return fmt.Errorf("ciphertext of degree %d (relinearise first)", c.ct.Degree())
-		}
-		*out = C.int64_t(put(&ptObj{ctx: s.ctx, pt: s.dec.DecryptNew(c.ct)}))
-		return nil
-	})
+	return with2(skh, "secret key", cth, "ciphertext", "ciphertext and key belong to different contexts",
+		errbuf, errlen, func(s *skObj, c *ctObj) error {
+			if c.ct.Degree() != 1 {
+				return fmt.Errorf("ciphertext of degree %d (relinearise first)", c.ct.Degree())
+			}
+			*out = C.int64_t(put(&ptObj{ctx: s.ctx, pt: s.dec.DecryptNew(c.ct)}))
+			return nil
+		})
 }
 
 // ----------------------------------------------------------------------------- evaluation
@@ -624,20 +626,27 @@ func twoCts(a, b C.int64_t) (*ctObj, *ctObj, error) {
 	return pair[*ctObj, *ctObj](a, "ciphertext", b, "ciphertext", "ciphertexts belong to different contexts")
 }
 
-// operand: b for x += b / x -= b: a plaintext of x's context (plain != 0) or a ciphertext.
-func operand(x *ctObj, a, b C.int64_t, plain C.int) (rlwe.Operand, error) {
-	if plain != 0 {
-		p, err := get[*ptObj](b, "plaintext")
-		if err != nil {
-			return nil, err
+// inPlace: a = op(a, b) for clg_add and clg_sub, b a ciphertext or (plain != 0) a plaintext of
+// a's context.
+func inPlace(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int,
+	op func(*ckks.Evaluator, *rlwe.Ciphertext, rlwe.Operand, *rlwe.Ciphertext) error) C.int {
+	return with(a, "ciphertext", errbuf, errlen, func(x *ctObj) error {
+		var operand rlwe.Operand
+		if plain != 0 {
+			p, err := getIn[*ptObj](b, "plaintext", "different contexts", x)
+			if err != nil {
+				return err
+			}
+			operand = p.pt
+		} else {
+			_, y, err := twoCts(a, b)
+			if err != nil {
+				return err
+			}
+			operand = y.ct
 		}
-		return p.pt, sameContext("different contexts", x, p)
-	}
-	_, y, err := twoCts(a, b)
-	if err != nil {
-		return nil, err
-	}
-	return y.ct, nil
+		return op(x.ctx.eval, x.ct, operand, x.ct)
+	})
 }
 
 // clg_mul_plain: ct * pt (no rescale) into `into` (> 0: an existing ciphertext to overwrite) or
@@ -645,45 +654,40 @@ func operand(x *ctObj, a, b C.int64_t, plain C.int) (rlwe.Operand, error) {
 //
 //export clg_mul_plain
 func clg_mul_plain(cth C.int64_t, ph C.int64_t, into C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(cth, "ciphertext", ph, "plaintext", "ciphertext and plaintext belong to different contexts", errbuf, errlen, func(c *ctObj, p *ptObj) error {
-		lvl := min(c.ct.Level(), p.pt.Level())
-		var dst *ctObj
-		if into > 0 {
-			var err error
-			if dst, err = getIn[*ctObj](into, "ciphertext", "output ciphertext belongs to another context", c); err != nil {
+	return with2(cth, "ciphertext", ph, "plaintext", "ciphertext and plaintext belong to different contexts",
+		errbuf, errlen, func(c *ctObj, p *ptObj) error {
+			lvl := min(c.ct.Level(), p.pt.Level())
+			var dst *ctObj
+			if into > 0 {
+				var err error
+				if dst, err = getIn[*ctObj](into, "ciphertext", "output ciphertext belongs to another context", c); err != nil {
+					return err
+				}
+				if dst.ct.Degree() != 1 || dst.ct.Level() < lvl {
+					dst.ct = ckks.NewCiphertext(c.ctx.params, 1, lvl)
+				} else if dst.ct.Level() > lvl {
+					dst.ct.Resize(1, lvl)
+				}
+			} else {
+				dst = &ctObj{ctx: c.ctx, ct: ckks.NewCiphertext(c.ctx.params, 1, lvl)}
+			}
+			if err := c.ctx.eval.Mul(c.ct, p.pt, dst.ct); err != nil {
 				return err
 			}
-			if dst.ct.Degree() != 1 || dst.ct.Level() < lvl {
-				dst.ct = ckks.NewCiphertext(c.ctx.params, 1, lvl)
-			} else if dst.ct.Level() > lvl {
-				dst.ct.Resize(1, lvl)
+			if into > 0 {
+				*out = into
+			} else {
+				*out = C.int64_t(put(dst))
 			}
-		} else {
-			dst = &ctObj{ctx: c.ctx, ct: ckks.NewCiphertext(c.ctx.params, 1, lvl)}
-		}
-		if err := c.ctx.eval.Mul(c.ct, p.pt, dst.ct); err != nil {
-			return err
-		}
-		if into > 0 {
-			*out = into
-		} else {
-			*out = C.int64_t(put(dst))
-		}
-		return nil
-	})
+			return nil
+		})
 }
 
 // clg_add: a += b (ciphertexts), or a += pt when plain != 0 (b is then a plaintext handle).
 //
 //export clg_add
 func clg_add(a C.int64_t, b C.int64_t, plain C.int, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with(a, "ciphertext", errbuf, errlen, func(x *ctObj) error {
-		op, err := operand(x, a, b, plain)
-		if err != nil {
-			return err
-		}
-		return x.ctx.eval.Add(x.ct, op, x.ct)
-	})
+	return inPlace(a, b, plain, errbuf, errlen, (*ckks.Evaluator).Add)
 }
 
 // clg_rescale: divide by the last prime of the ciphertext's level, in place.
@@ -720,17 +724,18 @@ func clg_drop_level(cth C.int64_t, levels C.int, errbuf *C.char, errlen C.int) (
 //
 //export clg_rotate
 func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts", errbuf, errlen, func(e *evkObj, c *ctObj) error {
-		if c.ct.Degree() != 1 {
-			return errors.New("rotate needs a degree-1 ciphertext")
-		}
-		res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-		if err := e.eval.Rotate(c.ct, int(step), res); err != nil {
-			return err
-		}
-		*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
-		return nil
-	})
+	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts",
+		errbuf, errlen, func(e *evkObj, c *ctObj) error {
+			if c.ct.Degree() != 1 {
+				return errors.New("rotate needs a degree-1 ciphertext")
+			}
+			res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+			if err := e.eval.Rotate(c.ct, int(step), res); err != nil {
+				return err
+			}
+			*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+			return nil
+		})
 }
 
 // clg_rotate_hoisted: rotations of one ciphertext by each of steps[0..n), sharing one
@@ -739,50 +744,51 @@ func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, er
 //export clg_rotate_hoisted
 func clg_rotate_hoisted(evh C.int64_t, cth C.int64_t, steps *C.int64_t, n C.int, out *C.int64_t,
 	errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts", errbuf, errlen, func(e *evkObj, c *ctObj) error {
-		if c.ct.Degree() != 1 {
-			return errors.New("rotate needs a degree-1 ciphertext")
-		}
-		st := i64s(steps, n)
-		half := int64(c.ctx.params.MaxSlots())
-		var uniq []int
-		seen := map[int]bool{}
-		for _, s := range st {
-			if s <= -half || s >= half {
-				return fmt.Errorf("rotation step %d out of range", s)
+	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts",
+		errbuf, errlen, func(e *evkObj, c *ctObj) error {
+			if c.ct.Degree() != 1 {
+				return errors.New("rotate needs a degree-1 ciphertext")
 			}
-			k := int(s)
-			if k != 0 && !seen[k] {
-				seen[k] = true
-				uniq = append(uniq, k)
+			st := i64s(steps, n)
+			half := int64(c.ctx.params.MaxSlots())
+			var uniq []int
+			seen := map[int]bool{}
+			for _, s := range st {
+				if s <= -half || s >= half {
+					return fmt.Errorf("rotation step %d out of range", s)
+				}
+				k := int(s)
+				if k != 0 && !seen[k] {
+					seen[k] = true
+					uniq = append(uniq, k)
+				}
 			}
-		}
-		res := map[int]*rlwe.Ciphertext{}
-		for _, k := range uniq {
-			res[k] = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-		}
-		if len(uniq) > 0 {
-			if err := e.eval.RotateHoisted(c.ct, uniq, res); err != nil {
-				return err
+			res := map[int]*rlwe.Ciphertext{}
+			for _, k := range uniq {
+				res[k] = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
 			}
-		}
-		dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), int(n))
-		used := map[int]bool{}
-		for i, s := range st {
-			k := int(s)
-			var ct *rlwe.Ciphertext
-			switch {
-			case k == 0:
-				ct = c.ct.CopyNew()
-			case used[k]:
-				ct = res[k].CopyNew()
-			default:
-				ct, used[k] = res[k], true
+			if len(uniq) > 0 {
+				if err := e.eval.RotateHoisted(c.ct, uniq, res); err != nil {
+					return err
+				}
 			}
-			dst[i] = put(&ctObj{ctx: c.ctx, ct: ct})
-		}
-		return nil
-	})
+			dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), int(n))
+			used := map[int]bool{}
+			for i, s := range st {
+				k := int(s)
+				var ct *rlwe.Ciphertext
+				switch {
+				case k == 0:
+					ct = c.ct.CopyNew()
+				case used[k]:
+					ct = res[k].CopyNew()
+				default:
+					ct, used[k] = res[k], true
+				}
+				dst[i] = put(&ctObj{ctx: c.ctx, ct: ct})
+			}
+			return nil
+		})
 }
 
 // ----------------------------------------------------------------------------- linear transformations
