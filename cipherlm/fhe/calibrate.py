@@ -21,7 +21,7 @@ it loads models and runs the executor; `cipherlm.fhe.approx` stays below it.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

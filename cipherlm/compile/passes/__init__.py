@@ -9,9 +9,11 @@ graph is left as it was.
 * `blb_decompose`: LayerNorm, RMSNorm, softmax, GeLU / SiLU split into linear pieces and
   nonlinear cores (BLB Algorithms 3-5);
 * `blb_fusion`: BLB's FineGrainFusion: the linear pieces grouped into fused HE blocks
-  (Table 2 types, Table 4 patterns), ``meta["blb_blocks"]``.
+  (Table 2 types, Table 4 patterns), ``meta["blb_blocks"]``;
+* `fhe_levels`: the fhe mode's CKKS depth per node, value levels and greedy bootstrap
+  placement (AEGIS sections 2.1, 2.4), ``meta["fhe_levels"]``.
 """
 
-from . import blb_decompose, blb_fusion, fold_attention_scale, fold_norms, group_linears, moe_blocks
+from . import blb_decompose, blb_fusion, fhe_levels, fold_attention_scale, fold_norms, group_linears, moe_blocks
 
-__all__ = ["blb_decompose", "blb_fusion", "fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
+__all__ = ["blb_decompose", "blb_fusion", "fhe_levels", "fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
