@@ -93,9 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("model", help="model name (see `cipherlm models`) or path to an HF directory / .gguf file")
     i.add_argument("--all", action="store_true", help="every node (default: the nodes outside the layers and layer 0)")
     i.add_argument("--groups", action="store_true", help="also the projection groups (group_linears pass)")
-    i.add_argument("--mode", choices=MODES, default="plain",
+    i.add_argument("--mode", choices=MODES + ("fhe",), default="plain",
                    help="also the mode's plan (offload: matmul plans and Galois key steps; 2pc: the public plan "
-                        "and packing per layer) and the predicted bytes, rounds and HE operations per operator class")
+                        "and packing per layer) and the predicted bytes, rounds and HE operations per operator class; "
+                        "fhe: CKKS levels and bootstraps per block and the polynomial approximations (docs/fhe.md)")
+    i.add_argument("--fhe-levels", type=int, default=9,
+                   help="fhe: the top level after a bootstrap (default 9: Lattigo's N16QP1546H192H32)")
     i.add_argument("--tokens", type=int, default=16, help="prompt tokens the prediction assumes (default 16)")
     i.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
                    help="2pc: linear layers' packing the prediction assumes")

@@ -276,6 +276,28 @@ def inspect_blb(config: dict, all_layers: bool = False) -> str:
     return blb_fusion.format_blocks(blb_fusion.run(build_graph(config)), all_layers=all_layers)
 
 
+def inspect_fhe(config: dict, levels: int = 9) -> tuple[str, dict]:
+    """fhe mode: the approximations (default ranges) and the level pass's per-block depth and
+    bootstraps (`passes.fhe_levels`), as text and as a JSON-able dict."""
+    from cipherlm.compile import build_graph
+    from cipherlm.compile.passes import fhe_levels
+    from cipherlm.fhe import approx
+
+    if levels < 1:
+        raise UserError("--fhe-levels must be at least 1")
+    try:
+        g = fhe_levels.run(build_graph(config), levels=levels)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    s = g.meta["fhe_levels"]
+    used = {k: approx.approximation(k, v["lo"], v["hi"], approx.DEFAULT_RANGES[k][2])
+            for k, v in s["approximations"].items()}
+    lines = [("fhe approximations (default ranges, not calibrated: cipherlm.fhe.calibrate; errors measured "
+              "against numpy):"), approx.table(used), fhe_levels.format_summary(s),
+             "  (nothing encrypted yet: the fhe executor, packing and serving are not built, docs/fhe.md)"]
+    return "\n".join(lines), {"mode": "fhe", "fhe_levels": s}
+
+
 def cmd_inspect(args) -> int:
     name, config = model_config(args.model)
     print(inspect_text(config, name, all_nodes=args.all, groups=args.groups))
@@ -283,7 +305,10 @@ def cmd_inspect(args) -> int:
     tokens = int(getattr(args, "tokens", 16) or 16)
     if tokens < 1:
         raise UserError("--tokens must be at least 1")
-    text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"))
+    if mode == "fhe":
+        text, doc = inspect_fhe(config, int(getattr(args, "fhe_levels", 9)))
+    else:
+        text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"))
     print(text)
     if getattr(args, "fusion", "none") == "blb":
         print(inspect_blb(config, all_layers=args.all))
