@@ -155,6 +155,12 @@ func parallel(w int, work func(t int) error) error {
 // bsgsUnit: giant step i of output block o.
 type bsgsUnit struct{ o, i int }
 
+// diagonals: the plaintexts of unit u's inner sum, indexed by baby step (nil: a zero diagonal);
+// fewer than g in the last giant step when g does not divide m.
+func (b *bsgsObj) diagonals(u bsgsUnit) []*rlwe.Plaintext {
+	return b.pts[u.o][u.i*b.g : min((u.i+1)*b.g, b.m)]
+}
+
 // workerShare: worker t's contiguous share of the units (of w workers): a worker's units mostly
 // fall in one block (fewer partial sums).
 func workerShare(units []bsgsUnit, t, w int) []bsgsUnit {
@@ -265,12 +271,7 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 					c1 := min(c0+prodTile, N)
 					for x, u := range bu {
 						a0s, a1s, ps = a0s[:0], a1s[:0], ps[:0]
-						for j := 0; j < b.g; j++ {
-							k := u.i*b.g + j
-							if k >= b.m {
-								break
-							}
-							pt := b.pts[u.o][k]
+						for j, pt := range b.diagonals(u) {
 							if pt == nil {
 								continue
 							}
@@ -284,8 +285,8 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 			}
 			for x, u := range bu {
 				np := int64(0)
-				for j := 0; j < b.g && u.i*b.g+j < b.m; j++ {
-					if b.pts[u.o][u.i*b.g+j] != nil {
+				for _, pt := range b.diagonals(u) {
+					if pt != nil {
 						np++
 					}
 				}
@@ -420,12 +421,7 @@ func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, 
 		r := ckks.NewCiphertext(params, 1, b.level-1)
 		for _, u := range share {
 			var inner *rlwe.Ciphertext
-			for j := 0; j < b.g; j++ {
-				k := u.i*b.g + j
-				if k >= b.m {
-					break
-				}
-				pt := b.pts[u.o][k]
+			for j, pt := range b.diagonals(u) {
 				if pt == nil {
 					continue
 				}

@@ -1080,8 +1080,8 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 		nGiant := (b.m + b.g - 1) / b.g
 		for o := 0; o < b.nBlocks; o++ {
 			for i := 0; i < nGiant; i++ {
-				for j := 0; j < b.g && i*b.g+j < b.m; j++ {
-					if b.pts[o][i*b.g+j] != nil {
+				for _, pt := range b.diagonals(bsgsUnit{o, i}) {
+					if pt != nil {
 						units = append(units, bsgsUnit{o, i})
 						break
 					}
