@@ -170,3 +170,28 @@ def test_calibrate_minilm_when_installed():
     glo, ghi = r["observed"]["gelu"]
     assert glo < -1 and ghi > 1
     assert len([s for s in r["nodes"].values() if s["kind"] == "rsqrt"]) == 13  # embedding norm + 2 x 6 layers
+
+
+def test_calibrated_approximations_per_node_feed_the_level_pass(tiny_llama_dir):
+    from cipherlm.compile import build_graph
+    from cipherlm.compile.passes import fhe_levels
+    from cipherlm.fhe.calibrate import approximations, calibrate_ranges
+    from cipherlm.models import load_model
+
+    lm = load_model(tiny_llama_dir)
+    r = calibrate_ranges(lm, [list(range(1, 30))])
+    per_kind = approximations(r)
+    assert set(per_kind) == {"silu", "exp", "inv", "rsqrt"}
+    pn = approximations(r, per_node=True)
+    assert set(pn) == {s["node"] for s in r["nodes"].values()}
+    for node, d in pn.items():
+        for kind, a in d.items():
+            s = r["nodes"][node if kind not in ("exp", "inv") else f"{node}:{kind}"]
+            assert a.lo <= s["min"] and s["max"] <= a.hi   # each node's range holds what it saw
+            assert a.depth <= per_kind[kind].depth   # a node's range lies within the union
+    g = fhe_levels.run(build_graph(lm.config), levels=9, approximations=per_kind, per_node=pn)
+    for name in ("L0.attn_norm", "L1.ffn_norm", "out_norm"):
+        assert g.node(name).attrs["fhe"]["depth"] == 2 + pn[name]["rsqrt"].depth
+    assert g.node("L1.softmax").attrs["fhe"]["depth"] == pn["L1.softmax"]["exp"].depth + \
+        pn["L1.softmax"]["inv"].depth + 1
+    assert g.meta["fhe_levels"]["min_level"] >= 0

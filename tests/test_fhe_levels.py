@@ -157,3 +157,13 @@ def test_cli_inspect_fhe(tiny_llama_dir, capsys, tmp_path):
     s14 = fhe_levels.run(build_graph(config), levels=14).meta["fhe_levels"]
     assert s14["bootstraps"] < s["bootstraps"]
     assert f"{s14['bootstraps']} bootstraps" in capsys.readouterr().out
+
+
+def test_per_node_approximation_overrides_the_kind():
+    """The chain at L = 3 with act's own silu of depth 1 (degree 1 on [-1, 1]): act runs at
+    level 1 without a bootstrap; lin3 then reads 0 and is bootstrapped: one bootstrap."""
+    g = fhe_levels.run(_chain(), levels=3, approximations=SMALL, per_node={"act": {"silu": _fake("silu", 1)}})
+    s = g.meta["fhe_levels"]
+    assert g.node("act").attrs["fhe"]["depth"] == 1
+    assert [(b["before"], b["value"]) for b in s["bootstrap_points"]] == [("lin3", "act")]
+    assert s["output_levels"] == {"hidden": 1}

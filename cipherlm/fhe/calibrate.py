@@ -141,3 +141,29 @@ def calibrate_ranges(model_name_or_dir, texts: Iterable[str | Sequence[int]], ma
     return {"model": getattr(lm, "name", str(model_name_or_dir)), "inputs": n_in, "tokens": n_tok,
             "margin": margin, "nodes": rec.stats, "observed": observed,
             "ranges": {k: with_margin(k, lo, hi, margin) for k, (lo, hi) in observed.items()}}
+
+
+#: default error targets per kind (absolute for activations and exp, relative for inv and
+#: rsqrt: `cipherlm.fhe.approx`)
+TARGETS = {"gelu": 1e-3, "silu": 1e-3, "tanh": 1e-3, "exp": 1e-4, "inv": 1e-3, "rsqrt": 1e-3}
+
+
+def approximations(calibration: dict, targets: dict | None = None, per_node: bool = False,
+                   margin: float | None = None) -> dict:
+    """`cipherlm.fhe.approx.approximation`s for a `calibrate_ranges` result: kind -> Approx
+    over the union range of each kind, or with `per_node` node name -> {kind: Approx} over
+    each node's own range (margin: the calibration's unless given); for the level pass
+    (`passes.fhe_levels.run(graph, approximations=..., per_node=...)`).  Kinds the approx
+    module has no polynomial for (relu, ...) are left out."""
+    from .approx import OPS, approximation
+
+    t = {**TARGETS, **(targets or {})}
+    m = calibration["margin"] if margin is None else margin
+    if not per_node:
+        return {k: approximation(k, lo, hi, t[k]) for k, (lo, hi) in calibration["ranges"].items() if k in OPS}
+    out: dict[str, dict] = {}
+    for s in calibration["nodes"].values():
+        if s["kind"] in OPS:
+            lo, hi = with_margin(s["kind"], s["min"], s["max"], m)
+            out.setdefault(s["node"], {})[s["kind"]] = approximation(s["kind"], lo, hi, t[s["kind"]])
+    return out

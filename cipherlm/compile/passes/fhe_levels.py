@@ -127,9 +127,14 @@ def _block(node: Node, seen_layer: bool) -> str:
     return "head" if seen_layer else "embed"
 
 
-def run(graph: Graph, levels: int = DEFAULT_LEVELS, approximations: dict[str, Approx] | None = None) -> Graph:
+def run(graph: Graph, levels: int = DEFAULT_LEVELS, approximations: dict[str, Approx] | None = None,
+        per_node: dict[str, dict[str, Approx]] | None = None) -> Graph:
     """Annotate a copy of `graph` with CKKS depths and levels, place bootstraps greedily
-    from the top level `levels`; the summary is ``meta["fhe_levels"]`` (see `summarise`)."""
+    from the top level `levels`; the summary is ``meta["fhe_levels"]`` (see `summarise`).
+    `approximations`: kind (`cipherlm.fhe.approx.OPS`) -> Approx, the defaults for the
+    kinds not given; `per_node`: node name -> {kind: Approx} overriding them at that node
+    (e.g. `cipherlm.fhe.calibrate.approximations(..., per_node=True)`: each norm's own
+    variance range)."""
     L = int(levels)
     if L < 1:
         raise ValueError("levels must be >= 1")
@@ -145,7 +150,7 @@ def run(graph: Graph, levels: int = DEFAULT_LEVELS, approximations: dict[str, Ap
     for node in g.nodes:
         seen_layer = seen_layer or node.layer is not None
         block = _block(node, seen_layer)
-        st = stages(node, approx)
+        st = stages(node, {**approx, **per_node[node.name]} if per_node and node.name in per_node else approx)
         if st is None:
             unsupported.append(f"{node.name} ({node.op}{':' + node.attrs['fn'] if 'fn' in node.attrs else ''})")
             st = []
