@@ -34,9 +34,9 @@ y0 with relative error e0 < 1, then Newton iterations, each of which squares (ab
 the relative error:
 
 * inv:   y <- y (2 - x y);           1 - x y' = (1 - x y)^2; 2 levels per step (x*y, then y*(.));
-* rsqrt: y <- y (3 - x y^2) / 2;     1 - x y'^2 = (3 e^2 + e^3) / 4 with e = 1 - x y^2... in
-  terms of s = x y^2: 1 - s' = (1 - s)^2 (2 + s) / 4; 3 levels per step (y*y, x*(y^2),
-  (y/2)*(3 - .), y/2 computed alongside y*y).
+* rsqrt: y <- y (3 - x y^2) / 2;     with s = x y^2 (the error e = 1 - s):
+  s' = s (3 - s)^2 / 4 and 1 - s' = (1 - s)^2 (4 - s) / 4 = (3 e^2 + e^3) / 4;
+  3 levels per step (y*y, x*(y^2), (y/2)*(3 - .), y/2 computed alongside y*y).
 
 The initial polynomial for inv is the minimax-relative one in closed form (the
 extremal property of Chebyshev polynomials): 1 - x p(x) = T_n(t(x)) / T_n(t(0)),
