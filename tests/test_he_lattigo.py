@@ -13,11 +13,11 @@ import gc
 import importlib
 import math
 import struct
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _threads import run_threads
 
 from cipherlm.he.backend import get_backend
 from cipherlm.he.errors import HEError
@@ -224,21 +224,8 @@ def test_threads_release_the_gil(lat):
     _mod, be, ctx, keys, gk = lat
     x = _vec(10)
     ct = keys.encrypt(be.encode_slots(ctx, x))
-    results, errors = {}, []
-
-    def work(i):
-        try:
-            results[i] = [be.rotate_rows(ctx, ct, s, gk) for s in (1, 2, 3)]
-        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
-            errors.append(e)
-
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors
-    for outs in results.values():
+    results = run_threads([lambda: [be.rotate_rows(ctx, ct, s, gk) for s in (1, 2, 3)]] * 4)
+    for outs in results:
         for s, c in zip((1, 2, 3), outs):
             assert np.abs(_dec(be, ctx, keys, c) - np.roll(x, -s)).max() < TOL
 

@@ -24,16 +24,17 @@ refuses it without ``allow_insecure_for_tests=True``).  The production set runs 
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import math
 import os
 import resource
-import threading
 import time
 
 import numpy as np
 import pytest
+from _threads import run_threads
 
 from cipherlm.he.errors import HEError
 from cipherlm.he.params import check_security_logqp
@@ -212,23 +213,13 @@ def test_ops_concurrent_threads(mod, lv):
     coeffs = mod.chebyshev_coefficients(gelu, 15, (-8, 8))
     xs = [_vec(60 + i, ctx.slots, -8, 8) for i in range(4)]
     cts = [_enc(be, ctx, keys, x) for x in xs]
-    res: list = [None] * 4
-    errs = []
 
     def work(i):
-        try:
-            p = be.multiply(ctx, cts[i], cts[i], ev)
-            be.rescale_inplace(ctx, p)
-            res[i] = (p, be.evaluate_chebyshev(ctx, cts[i], coeffs, (-8, 8), ev))
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
+        p = be.multiply(ctx, cts[i], cts[i], ev)
+        be.rescale_inplace(ctx, p)
+        return p, be.evaluate_chebyshev(ctx, cts[i], coeffs, (-8, 8), ev)
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errs
+    res = run_threads([functools.partial(work, i) for i in range(4)])
     for x, (p, g) in zip(xs, res, strict=True):
         assert _bits(_dec(be, ctx, keys, p) / 64, x * x / 64) >= BITS_OPS - 2
         assert _bits(_dec(be, ctx, keys, g), np.polynomial.chebyshev.chebval(x / 8, coeffs)) >= BITS_POLY
@@ -407,22 +398,8 @@ def test_bootstrap_concurrent_threads(bt):
     be, ctx, keys, bk, _ev = bt
     xs = [_vec(30 + i, ctx.slots) for i in range(4)]
     cts = [_enc(be, ctx, keys, x, level=0) for x in xs]
-    out = [None] * 4
-    errs = []
-
-    def work(i):
-        try:
-            out[i] = be.bootstrap(ctx, cts[i], bk)
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
-
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errs
-    for x, r in zip(xs, out):
+    out = run_threads([functools.partial(be.bootstrap, ctx, ct, bk) for ct in cts])
+    for x, r in zip(xs, out, strict=True):
         assert _bits(_dec(be, ctx, keys, r), x) >= BITS_BTP
 
 
