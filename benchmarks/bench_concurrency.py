@@ -143,6 +143,9 @@ def main() -> None:
     ap.add_argument("--compare-threads", action="store_true",
                     help="also run the same phases against a server with --session-processes 1 (sessions in "
                          "threads), in the same run")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="one more `cipherlm serve` argument (repeat; e.g. --server-arg=--he-backend "
+                         "--server-arg=lattigo)")
     ap.add_argument("--report", metavar="FILE")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -160,7 +163,7 @@ def main() -> None:
     configs = [("processes", args.session_processes)] + ([("threads", 1)] if args.compare_threads else [])
     results = {}
     for name, processes in configs:
-        extra = ["--max-sessions-per-address", str(max(4, args.sessions))]  # the proxy is one address
+        extra = ["--max-sessions-per-address", str(max(4, args.sessions)), *args.server_arg]  # proxy: one address
         if processes is not None:
             extra += ["--session-processes", str(processes)]
         t0 = time.time()
@@ -193,6 +196,7 @@ def main() -> None:
                     "cpu_ceiling_before": ceiling_before, "cpu_ceiling_after": ceiling_after},
         "model": args.model, "via": args.via, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "sessions": args.sessions, "session_processes": args.session_processes or "default (one per core)",
+        "server_args": args.server_arg,
         "configs": results,
     }
     print(json.dumps({k: v for k, v in report.items() if k != "configs"} | {
