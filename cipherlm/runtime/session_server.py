@@ -234,8 +234,6 @@ class SessionServer:
         self._lingering: OrderedDict = OrderedDict()  # refused socket -> time to close it
         self._selector = None
         self._pool = None  # SessionWorkerPool when processes > 1
-        self._dispatched: dict[int, str] = {}  # token -> client IP of sessions in worker processes
-        self._next_token = 0
         self.sessions_served = 0
         self.sessions_failed = 0
         self.sessions_refused = 0
@@ -302,10 +300,7 @@ class SessionServer:
             self._refuse(conn, peer, busy)
             return True
         if self._pool is not None:
-            token = self._next_token = self._next_token + 1
-            if self._pool.dispatch(conn, peer, token):
-                self._dispatched[token] = peer[0]
-            else:
+            if not self._pool.dispatch(conn, peer):
                 self._release(peer[0])
                 self._refuse(conn, peer, "no session worker available")
             return True
@@ -331,14 +326,8 @@ class SessionServer:
     def _worker_report(self, control) -> None:
         """A worker's control socket is readable: sessions ended (or the worker did)."""
         before = set(self._pool.control_sockets())
-        for token, ok in self._pool.handle(control):
-            ip = self._dispatched.pop(token, None)
-            if ip is None:
-                continue
-            with self._lock:
-                self.sessions_served += 1
-                self.sessions_failed += 0 if ok else 1
-            self._release(ip)
+        for ip, ok in self._pool.handle(control):
+            self._ended(ip, ok)
         after = set(self._pool.control_sockets())
         for gone in before - after:
             try:
@@ -422,10 +411,14 @@ class SessionServer:
         try:
             ok = self._run_session(conn, peer)
         finally:
-            with self._lock:
-                self.sessions_served += 1
-                self.sessions_failed += 0 if ok else 1
-            self._release(peer[0])
+            self._ended(peer[0], ok)
+
+    def _ended(self, ip: str, ok: bool) -> None:
+        """A session from ``ip`` has ended (in a thread or a worker): count it, free its slot."""
+        with self._lock:
+            self.sessions_served += 1
+            self.sessions_failed += 0 if ok else 1
+        self._release(ip)
 
     def _run_session(self, conn: socket.socket, peer) -> bool:
         """Run one session on an accepted connection to its end; True when it ended with a bye.

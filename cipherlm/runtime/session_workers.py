@@ -82,7 +82,7 @@ class _Worker:
     def __init__(self, pid: int, control: socket.socket):
         self.pid = pid
         self.control = control
-        self.tokens: set[int] = set()  # sessions it runs now
+        self.tokens: dict[int, str] = {}  # sessions it runs now: token -> client IP
 
 
 class SessionWorkerPool:
@@ -105,6 +105,7 @@ class SessionWorkerPool:
         self.log = log or logging.getLogger("cipherlm.serve")
         self.workers: dict[socket.socket, _Worker] = {}
         self.respawned = 0
+        self._next_token = 0
 
     # ------------------------------------------------------------ parent side
 
@@ -115,23 +116,25 @@ class SessionWorkerPool:
     def control_sockets(self) -> list[socket.socket]:
         return list(self.workers)
 
-    def dispatch(self, conn: socket.socket, peer, token: int) -> bool:
+    def dispatch(self, conn: socket.socket, peer) -> bool:
         """Give an admitted connection to the least-loaded live worker; False when none took it.
-        The parent's copy of the socket is closed either way when True."""
+        When True, the parent's copy of the socket is closed."""
+        self._next_token += 1
+        token = self._next_token
         for worker in sorted(self.workers.values(), key=lambda w: len(w.tokens)):
             msg = json.dumps({"peer": [str(peer[0]), int(peer[1])], "token": token}).encode()
             try:
                 socket.send_fds(worker.control, [msg], [conn.fileno()])
             except OSError:
                 continue  # a dying worker: its end is handled when its control socket reads EOF
-            worker.tokens.add(token)
+            worker.tokens[token] = str(peer[0])
             conn.close()
             return True
         return False
 
-    def handle(self, control: socket.socket) -> list[tuple[int, bool]]:
-        """Read what a worker reported: (token, ok) for each session that ended.  A worker
-        that has gone reports its sessions as failed and is replaced."""
+    def handle(self, control: socket.socket) -> list[tuple[str, bool]]:
+        """Read what a worker reported: (client IP, ok) for each session that ended.  A
+        worker that has gone reports its sessions as failed and is replaced."""
         worker = self.workers.get(control)
         if worker is None:
             return []
@@ -147,11 +150,9 @@ class SessionWorkerPool:
                 token, ok = int(done["done"]), bool(done["ok"])
             except (ValueError, KeyError, TypeError):
                 return []
-            if token in worker.tokens:
-                worker.tokens.discard(token)
-                return [(token, ok)]
-            return []
-        lost = [(t, False) for t in sorted(worker.tokens)]
+            ip = worker.tokens.pop(token, None)
+            return [] if ip is None else [(ip, ok)]
+        lost = [(ip, False) for ip in worker.tokens.values()]
         self._bury(worker)
         self.log.warning("session worker %d ended with %d session%s open; starting another", worker.pid,
                          len(lost), "" if len(lost) == 1 else "s")
