@@ -332,7 +332,7 @@ def test_presets_and_security(mod):
 
 def test_bootstrap_test_preset(bt):
     be, ctx, keys, bk, _ev = bt
-    assert ctx.test_only and ctx.n == 1024 and ctx.max_level == 5
+    assert ctx.test_only and ctx.n == 1024 and ctx.max_level == 9
     assert bk.output_level == ctx.max_level and bk.depth > 0 and bk.n_galois_keys > 0
     x = _vec(20, ctx.slots)
     c = _enc(be, ctx, keys, x, level=0)
@@ -353,12 +353,13 @@ def _enc_scaled(be, ctx, keys, v, bits):
 
 
 def test_bootstrap_after_polynomial_then_continue(mod, bt):
-    """GeLU (degree 15 on [-8, 8]) uses up the chain, bootstrap, then a ct x ct product."""
+    """GeLU (degree 15 on [-8, 8], 5 levels) uses up the chain from level 5, bootstrap, then
+    a ct x ct product."""
     be, ctx, keys, bk, ev = bt
     x = _vec(21, ctx.slots, -8, 8)
     coeffs = mod.chebyshev_coefficients(gelu, 15, (-8, 8))
     want = np.polynomial.chebyshev.chebval(x / 8, coeffs)
-    g = be.evaluate_chebyshev(ctx, _enc(be, ctx, keys, x), coeffs, (-8, 8), ev)
+    g = be.evaluate_chebyshev(ctx, _enc(be, ctx, keys, x, level=5), coeffs, (-8, 8), ev)
     assert g.level == 0
     with pytest.raises(HEError, match="level 0"):
         be.multiply(ctx, g, g, ev)  # no prime left: it needs bootstrapping

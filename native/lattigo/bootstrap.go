@@ -11,7 +11,7 @@
 //	1  N16QP1546H192H32: Lattigo's default sparse set (residual Q 60 + 9 x 40 | P 5 x 61, secret
 //	   Hamming weight 192, ephemeral weight 32, 2^15 slots; log2(QP) of the bootstrapping
 //	   parameters 1546).  Key set: several GB, about a minute to generate.
-//	0  TEST ONLY, INSECURE: LogN 10 (residual Q 60 + 5 x 40 | P 2 x 61, the bootstrapping
+//	0  TEST ONLY, INSECURE: LogN 10 (residual Q 60 + 9 x 40 | P 2 x 61, the bootstrapping
 //	   circuit's own default chain on N = 2^10, far above any secure modulus), the message ratio
 //	   raised by 16 - LogN as in Lattigo's own bootstrapping tests.  Refused unless the caller
 //	   passes allowInsecure != 0; the Python side passes it only for allow_insecure_for_tests.
@@ -98,7 +98,7 @@ func clg_ckks_new_preset(preset C.int, allowInsecure C.int, out *C.int64_t, errb
 			test = true
 			lit = ckks.ParametersLiteral{
 				LogN:            10,
-				LogQ:            []int{60, 40, 40, 40, 40, 40},
+				LogQ:            []int{60, 40, 40, 40, 40, 40, 40, 40, 40, 40},
 				LogP:            []int{61, 61},
 				Xs:              ring.Ternary{H: 192},
 				LogDefaultScale: 40,
