@@ -450,3 +450,20 @@ def test_bootstrap_production_N16QP1546H192H32(mod):
     bk.close()
     assert r.level == ctx.max_level == 9
     assert bits >= BITS_BTP
+
+
+def test_scale_message_brings_a_large_value_through_bootstrapping(bt):
+    """|x| <= 30 is too large for the bootstrapping's EvalMod; read as x / 32 (scale metadata,
+    no level), bootstrapped, and multiplied back by the integer 32 (no level), it survives."""
+    be, ctx, keys, bk, _ev = bt
+    x = _vec(23, ctx.slots, -30, 30)
+    c = _enc(be, ctx, keys, x, level=0)
+    be.scale_message_inplace(ctx, c, 32.0)
+    assert c.level == 0 and abs(c.scale_bits - 45.0) < 1e-9
+    r = be.multiply_scalar(ctx, be.bootstrap(ctx, c, bk), 32)
+    assert r.level == ctx.max_level
+    assert _bits(_dec(be, ctx, keys, r), x) >= BITS_BTP - 6  # 32 = 2^5 times the absolute error
+    with pytest.raises(HEError, match="scale factor"):
+        be.scale_message_inplace(ctx, c, 0.0)
+    with pytest.raises(HEError, match="scale factor"):
+        be.scale_message_inplace(ctx, c, float("nan"))

@@ -54,7 +54,7 @@ coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
 `pack_lwes_stream`, `plaintext_to_numpy`.
 
-fhe-mode operations (ABI 5, ``native/lattigo/ckks_ops.go`` and ``bootstrap.go``; issue 15
+fhe-mode operations (ABI 5-6, ``native/lattigo/ckks_ops.go`` and ``bootstrap.go``; issue 15
 item 1, for the fhe mode of issue 17 and BLB's CKKS blocks of issue 16): evaluation key sets
 with a relinearisation key (`LattigoSecretKeys.eval_keys`, `relin_key_bytes`,
 `relin_keys_from_bytes`), `multiply` (ct x ct with relinearisation), `sub_inplace`,
@@ -122,7 +122,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 5
+_ABI_VERSION = 6
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -162,6 +162,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_mul_plain": (_i64, _i64, _i64, _p_i64),
     "clg_add": (_i64, _i64, _int),
     "clg_rescale": (_i64,),
+    "clg_ct_scale_by": (_i64, _dbl),
     "clg_drop_level": (_i64, _int),
     "clg_rotate": (_i64, _i64, _i64, _p_i64),
     "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
@@ -911,6 +912,12 @@ class LattigoBackend(HEBackend):
     def rescale_inplace(self, ctx, ct: LattigoCiphertext) -> None:
         """Divide by the last prime of the ciphertext's level (scale / q_l, one level down)."""
         _call("clg_rescale", ct.h)
+
+    def scale_message_inplace(self, ctx, ct: LattigoCiphertext, factor: float) -> None:
+        """Read ``ct`` as encrypting its message / ``factor``: the scale is multiplied by
+        ``factor``, the coefficients are untouched (no level used; CKKS precision is unchanged
+        in absolute terms, so the quotient has about log2(factor) fewer correct bits)."""
+        _call("clg_ct_scale_by", ct.h, float(factor))
 
     def mod_switch_to_inplace(self, ctx, ct: LattigoCiphertext, level) -> None:
         """Drop primes down to ``level`` without dividing (CKKS: the scale is unchanged)."""

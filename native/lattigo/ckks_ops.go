@@ -330,3 +330,20 @@ func logQAt(params ckks.Parameters, level int) float64 {
 	}
 	return s
 }
+
+// clg_ct_scale_by: multiply the ciphertext's scale by `factor` without touching its
+// coefficients, in place: the message it decodes to is divided by `factor`.  The fhe mode
+// brings a value of known bound B into the bootstrapping's input range this way (B on the
+// way in, an integer product by B on the way out), which needs no level.
+//
+//export clg_ct_scale_by
+func clg_ct_scale_by(cth C.int64_t, factor C.double, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		f := float64(factor)
+		if !(f > 0) || math.IsInf(f, 0) || f > 0x1p60 || f < 0x1p-60 {
+			return fmt.Errorf("bad scale factor %g (want 2^-60 <= factor <= 2^60)", f)
+		}
+		c.ct.Scale = c.ct.Scale.Mul(rlwe.NewScale(f))
+		return nil
+	})
+}
