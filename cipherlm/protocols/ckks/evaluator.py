@@ -1,0 +1,298 @@
+"""Encrypted tensors and the CKKS evaluator of the fhe mode: levels, bootstrapping,
+slot-wise arithmetic, rotations and polynomial approximations.
+
+AEGIS section 2.1 (CKKS: every product consumes a level, rescaling after it) and 2.4
+(nonlinear functions by polynomial approximation; bootstrapping replenishes the modulus
+chain).  A `CkksTensor` is a (T, d) activation in the token-group layout of
+`packing.TokenPacking`, with a public ``bound`` on |value| (from calibration).
+
+Level management is lazy and greedy, as `compile.passes.fhe_levels` plans it: every
+operation asks `refresh(t, levels)` for the levels it is about to consume, and only when
+the tensor has fewer is it bootstrapped.  Bootstrapping needs |message| <= 1 (Lattigo's
+EvalMod; docs/he_backend.md), so a tensor of bound B > 1 is first read as message / 2^k
+with 2^k >= B (`scale_message_inplace`: scale metadata, no level) and multiplied back by
+the integer 2^k afterwards (no level).  With ``refresh="client"`` the ciphertexts go to a
+refresher callable instead (the client-aided path of DESIGN.md's fhe mode).
+
+Counters (``stats``): rotations, ct x ct and ct x pt products, rescales, bootstraps,
+polynomial evaluations, and seconds per kind.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from cipherlm.he.errors import HEError
+
+from .packing import TokenPacking
+
+
+@dataclass
+class CkksTensor:
+    """A (T, d) activation: ciphertexts of `packing` (one per block of cpc channels)."""
+
+    cts: list
+    d: int
+    packing: TokenPacking
+    bound: float = 1.0
+
+    @property
+    def level(self) -> int:
+        return min(c.level for c in self.cts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.packing.tokens, self.d)
+
+    def with_cts(self, cts, d: int | None = None, bound: float | None = None) -> "CkksTensor":
+        return CkksTensor(list(cts), self.d if d is None else d, self.packing,
+                          self.bound if bound is None else float(bound))
+
+
+@dataclass
+class EvalStats:
+    counts: Counter = field(default_factory=Counter)
+    seconds: Counter = field(default_factory=Counter)
+    #: (label, level before) of every bootstrap (or client refresh)
+    refreshes: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"counts": dict(self.counts), "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+                "refreshes": len(self.refreshes)}
+
+
+def pow2_at_least(x: float) -> float:
+    """The smallest power of two >= x (>= 1)."""
+    return float(2.0 ** max(0, math.ceil(math.log2(max(float(x), 1.0)))))
+
+
+class CkksEvaluator:
+    """The server's CKKS operations over `CkksTensor`s (a Lattigo backend and context,
+    evaluation keys with the relinearisation key and every rotation the plan needs,
+    bootstrapping keys or a client refresher).
+
+    ``refresh``: "bootstrap" (default; needs ``bootstrap_keys``) or a callable
+    ``refresher(list of ciphertexts, factors) -> list of ciphertexts at the top level``
+    (the client-aided refresh)."""
+
+    def __init__(self, backend, ctx, eval_keys, bootstrap_keys=None, refresher: Callable | None = None):
+        self.be, self.ctx, self.keys = backend, ctx, eval_keys
+        self.bootstrap_keys = bootstrap_keys
+        self.refresher = refresher
+        if bootstrap_keys is None and refresher is None:
+            raise HEError("the fhe evaluator needs bootstrapping keys or a client refresher")
+        self.top = bootstrap_keys.output_level if bootstrap_keys is not None else ctx.max_level
+        self.stats = EvalStats()
+        self._prime_bits = [math.log2(q) for q in ctx.q_moduli]
+
+    # ---- bookkeeping
+
+    def _count(self, kind: str, n: int = 1) -> None:
+        self.stats.counts[kind] += n
+
+    class _Timer:
+        def __init__(self, ev, kind):
+            self.ev, self.kind = ev, kind
+
+        def __enter__(self):
+            self.t0 = time.perf_counter()
+
+        def __exit__(self, *exc):
+            self.ev.stats.seconds[self.kind] += time.perf_counter() - self.t0
+
+    def timer(self, kind: str):
+        return self._Timer(self, kind)
+
+    # ---- plaintexts
+
+    def encode(self, values, level: int, scale_bits: float | None = None):
+        """Slot values at `level`; scale 2^scale_bits (default: the level's last prime, so a
+        product followed by `rescale` keeps the ciphertext's scale)."""
+        sb = self._prime_bits[level] if scale_bits is None else scale_bits
+        return self.be.encode_slots(self.ctx, np.asarray(values, np.float64), level=level, scale_bits=sb)
+
+    # ---- levels
+
+    def drop_to(self, ct, level: int):
+        if ct.level > level:
+            self.be.mod_switch_to_inplace(self.ctx, ct, level)
+        return ct
+
+    def copy(self, ct):
+        out = self.be.multiply_scalar(self.ctx, ct, 1)  # an integer product at scale 1: a copy
+        return out
+
+    def refresh(self, t: CkksTensor, levels: int, label: str = "") -> CkksTensor:
+        """`t` with at least `levels` levels left: unchanged when it has them, else every
+        ciphertext bootstrapped (or refreshed by the client) to the top level."""
+        if levels > self.top:
+            raise HEError(f"{label or 'an operation'} needs {levels} levels; a refreshed ciphertext has "
+                          f"{self.top}: split it (approximation too deep)")
+        if t.level >= levels:
+            return t
+        f = pow2_at_least(t.bound)
+        with self.timer("bootstrap"):
+            self.stats.refreshes.append((label, t.level))
+            if self.refresher is not None:
+                cts = self.refresher(t.cts, f)
+                self._count("client_refresh", len(t.cts))
+            else:
+                cts = []
+                for ct in t.cts:
+                    c = self.copy(ct)
+                    if f > 1:
+                        self.be.scale_message_inplace(self.ctx, c, f)
+                    r = self.be.bootstrap(self.ctx, c, self.bootstrap_keys)
+                    if f > 1:
+                        r = self.be.multiply_scalar(self.ctx, r, int(f))
+                    cts.append(r)
+                self._count("bootstrap", len(t.cts))
+        return t.with_cts(cts)
+
+    # ---- slot-wise arithmetic (each returns new ciphertexts)
+
+    def rescale(self, ct):
+        self.be.rescale_inplace(self.ctx, ct)
+        self._count("rescale")
+        return ct
+
+    def add_ct(self, a, b):
+        """a + b for two ciphertexts (the higher one dropped to the lower level)."""
+        lvl = min(a.level, b.level)
+        out = self.drop_to(self.copy(a), lvl)
+        if b.level > lvl:
+            b = self.drop_to(self.copy(b), lvl)
+        self.be.add_inplace(self.ctx, out, b)
+        return out
+
+    def sub_ct(self, a, b):
+        lvl = min(a.level, b.level)
+        out = self.drop_to(self.copy(a), lvl)
+        if b.level > lvl:
+            b = self.drop_to(self.copy(b), lvl)
+        self.be.sub_inplace(self.ctx, out, b)
+        return out
+
+    def add(self, a: CkksTensor, b: CkksTensor, bound: float | None = None) -> CkksTensor:
+        if a.d != b.d or a.packing != b.packing:
+            raise HEError(f"cannot add tensors of {a.d} and {b.d} channels / other layouts")
+        return a.with_cts([self.add_ct(x, y) for x, y in zip(a.cts, b.cts)],
+                          bound=a.bound + b.bound if bound is None else bound)
+
+    def mul_ct(self, a, b):
+        """a * b (ciphertexts), relinearised and rescaled: one level."""
+        lvl = min(a.level, b.level)
+        if lvl < 1:
+            raise HEError("a product at level 0: refresh first")
+        if a.level > lvl:
+            a = self.drop_to(self.copy(a), lvl)
+        if b.level > lvl:
+            b = self.drop_to(self.copy(b), lvl)
+        out = self.be.multiply(self.ctx, a, b, self.keys)
+        self._count("mul")
+        return self.rescale(out)
+
+    def mul_plain_ct(self, ct, values):
+        """ct * values (a slot vector, encoded at the ciphertext's level), rescaled: one level."""
+        pt = self.encode(values, ct.level)
+        out = self.be.multiply_plain(self.ctx, ct, pt)
+        self._count("mul_plain")
+        return self.rescale(out)
+
+    def mul_scalar_ct(self, ct, c: float):
+        """ct * c: an integer costs no level, any other constant one (rescaled)."""
+        if float(c) == int(c) and abs(c) < 2**30:
+            return self.be.multiply_scalar(self.ctx, ct, int(c))
+        out = self.be.multiply_scalar(self.ctx, ct, float(c))
+        self._count("mul_scalar")
+        return self.rescale(out)
+
+    def add_plain_ct(self, ct, values):
+        """ct + values (encoded at the ciphertext's level and scale)."""
+        out = self.copy(ct)
+        self.be.add_plain_inplace(self.ctx, out, self.encode(values, ct.level, scale_bits=ct.scale_bits))
+        return out
+
+    def add_scalar_ct(self, ct, c: float):
+        out = self.copy(ct)
+        self.be.add_scalar_inplace(self.ctx, out, float(c))
+        return out
+
+    # ---- rotations
+
+    def rot(self, ct, step: int):
+        """Slots rotated left by `step` (0: the ciphertext itself)."""
+        step = int(step) % self.ctx.slots
+        if step == 0:
+            return ct
+        self._count("rotate")
+        return self.be.rotate_rows(self.ctx, ct, step, self.keys)
+
+    def rot_many(self, ct, steps: Sequence[int]) -> list:
+        """Rotations of one ciphertext by each step, hoisted (one key-switch decomposition)."""
+        steps = [int(s) % self.ctx.slots for s in steps]
+        nz = sorted({s for s in steps if s})
+        got = dict(zip(nz, self.be.rotate_hoisted(self.ctx, ct, nz, self.keys))) if nz else {}
+        self._count("rotate", len(nz))
+        return [ct if s == 0 else got[s] for s in steps]
+
+    def window_sum(self, ct, width: int, unit: int, backward: bool = False):
+        """Slot i <- sum_{k < width} slot (i + k*unit) (``backward``: i - k*unit), by log2(width)
+        rotate-and-adds (width a power of two)."""
+        if width & (width - 1):
+            raise HEError(f"window width {width} is not a power of two")
+        acc, span = ct, 1
+        while span < width:
+            acc = self.add_ct(acc, self.rot(acc, (-1 if backward else 1) * span * unit))
+            span *= 2
+        return acc
+
+    def channel_sum(self, t: CkksTensor):
+        """One ciphertext holding, at every channel slot of position p, the sum over the d
+        channels at p (padding channels are 0)."""
+        acc = t.cts[0]
+        for c in t.cts[1:]:
+            acc = self.add_ct(acc, c)
+        return self.window_sum(acc, t.packing.cpc, t.packing.tp)
+
+    # ---- polynomial approximations (cipherlm.fhe.approx.Approx)
+
+    def poly(self, t: CkksTensor, approx, label: str = "", bound: float | None = None) -> CkksTensor:
+        """approx(t) slot-wise: the Chebyshev series on [approx.lo, approx.hi], then its Newton
+        steps (inv: y(2 - xy), 2 levels; rsqrt: y(3 - xy^2)/2, 3 levels).  Refreshes before each
+        stage that would run out of levels.  ``bound``: of the result (default: max |approx| on
+        its interval)."""
+        lo, hi = float(approx.lo), float(approx.hi)
+        if bound is None:
+            g = np.linspace(lo, hi, 2001)
+            bound = float(np.max(np.abs(approx(g))))
+        x = self.refresh(t, approx.poly_depth, f"{label}.poly")
+        with self.timer("poly"):
+            y = [self.be.evaluate_chebyshev(self.ctx, c, approx.coeffs, (lo, hi), self.keys) for c in x.cts]
+        self._count("poly", len(y))
+        y = x.with_cts(y, bound=bound)
+        for i in range(approx.newton_steps):
+            need = 2 if approx.op == "inv" else 3
+            y = self.refresh(y, need, f"{label}.newton{i + 1}")
+            x = self.refresh(x, need, f"{label}.newton{i + 1}")
+            y = y.with_cts([self._newton(approx.op, xc, yc) for xc, yc in zip(x.cts, y.cts)])
+        return y
+
+    def _newton(self, op: str, x, y):
+        if op == "inv":  # y (2 - x y)
+            e = self.mul_ct(x, y)
+            e = self.mul_scalar_ct(e, -1)
+            e = self.add_scalar_ct(e, 2.0)
+            return self.mul_ct(y, e)
+        if op == "rsqrt":  # (y / 2) (3 - x y^2)
+            y2 = self.mul_ct(y, y)
+            e = self.mul_scalar_ct(self.mul_ct(x, y2), -1)
+            e = self.add_scalar_ct(e, 3.0)
+            return self.mul_ct(self.mul_scalar_ct(y, 0.5), e)
+        raise HEError(f"no Newton iteration for {op!r}")

@@ -1,0 +1,143 @@
+"""ct x pt matrix products of the fhe mode: Y = X W^T + b on token-group packed X
+(AEGIS section 2.3, "the weights are pre-encoded plaintexts"; the diagonal method of
+Halevi-Shoup with baby-step giant-step, as in NEXUS / AEGIS's per-worker kernels).
+
+In the layout of `packing.TokenPacking` a slot rotation by k * tp moves every channel by
+k and leaves positions alone, so one matrix-vector product over the cpc channels of a
+ciphertext applies the same matrix to all T tokens at once.  For output block o and
+input block i, M = W[o-block, i-block] (cpc x cpc, zero-padded) has diagonals
+
+    diag_k[c * tp + t] = M[c, (c + k) mod cpc] * mask[t],   k = 0..cpc-1,
+
+and Y_o = sum_i sum_k diag_k * rot(X_i, k tp).  With k = j g + b (g baby steps):
+
+    Y_o = sum_j rot( sum_i sum_b rot(diag_{jg+b}, -j g tp) * rot(X_i, b tp), j g tp ),
+
+the g - 1 baby rotations of each input ciphertext are hoisted (one decomposition) and
+shared by every output block, each (output block, j) costs one giant rotation, and
+one rescale per output block: one level.  All-zero diagonals are skipped.  ``mask``
+keeps padding positions at 0 (the bias is added on real positions only); the pooled
+heads pass a mask of position 0 alone, so the client's output holds nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cipherlm.he.errors import HEError
+
+from .evaluator import CkksEvaluator, CkksTensor
+from .packing import TokenPacking
+
+
+def baby_steps(cpc: int) -> int:
+    """g: the power of two nearest sqrt(cpc) from above."""
+    return 1 << math.ceil(math.log2(max(cpc, 1)) / 2)
+
+
+def rotation_steps(packing: TokenPacking) -> set[int]:
+    """The slot rotations `EncodedLinear` uses for this packing (baby and giant steps)."""
+    cpc, tp = packing.cpc, packing.tp
+    g = min(baby_steps(cpc), cpc)
+    return {b * tp for b in range(1, g)} | {j * g * tp for j in range(1, -(-cpc // g))}
+
+
+class EncodedLinear:
+    """W (d_out, d_in), b (d_out,) or None, for one packing; plaintext diagonals are encoded
+    on first use at the level the input arrives at, and kept (``cache``) per level."""
+
+    def __init__(self, w: np.ndarray, b: np.ndarray | None, packing: TokenPacking, *,
+                 positions: np.ndarray | None = None, cache: bool = True):
+        w = np.asarray(w, np.float64)
+        if w.ndim != 2:
+            raise HEError(f"expected a (d_out, d_in) matrix, got {w.shape}")
+        self.d_out, self.d_in = w.shape
+        self.packing = packing
+        self.b = None if b is None else np.asarray(b, np.float64).reshape(-1)
+        cpc, tp = packing.cpc, packing.tp
+        self.g = min(baby_steps(cpc), cpc)
+        self.n_giant = -(-cpc // self.g)
+        mask = packing.token_mask() if positions is None else np.asarray(positions, np.float64)
+        self.mask = mask
+        no, ni = packing.n_cts(self.d_out), packing.n_cts(self.d_in)
+        wp = np.zeros((no * cpc, ni * cpc))
+        wp[: self.d_out, : self.d_in] = w
+        # diagonals[(o, i, k)] = slot vector, pre-rotated for its giant step (None: all zero)
+        self._diag: dict[tuple[int, int, int], np.ndarray] = {}
+        rows = np.arange(cpc)
+        for o in range(no):
+            for i in range(ni):
+                blk = wp[o * cpc:(o + 1) * cpc, i * cpc:(i + 1) * cpc]
+                if not blk.any():
+                    continue
+                for k in range(cpc):
+                    dk = blk[rows, (rows + k) % cpc]
+                    if not dk.any():
+                        continue
+                    vec = (dk[:, None] * mask[None, :]).reshape(-1)
+                    j = k // self.g
+                    self._diag[(o, i, k)] = np.roll(vec, j * self.g * tp)
+        self.n_out, self.n_in = no, ni
+        self.cache = cache
+        self._pts: dict[tuple[int, int, int, int], object] = {}
+
+    @property
+    def n_diagonals(self) -> int:
+        return len(self._diag)
+
+    def _pt(self, ev: CkksEvaluator, key, level: int):
+        k = key + (level,)
+        pt = self._pts.get(k)
+        if pt is None:
+            pt = ev.encode(self._diag[key], level)
+            if self.cache:
+                self._pts[k] = pt
+        return pt
+
+    def __call__(self, ev: CkksEvaluator, x: CkksTensor, bound: float = 1.0, label: str = "linear") -> CkksTensor:
+        if x.d != self.d_in or x.packing != self.packing:
+            raise HEError(f"{label}: input of {x.d} channels, expected {self.d_in} in this layout")
+        x = ev.refresh(x, 1, label)
+        tp, g = self.packing.tp, self.g
+        lvl = x.level
+        cts = [ev.drop_to(ev.copy(c), lvl) if c.level > lvl else c for c in x.cts]
+        with ev.timer("linear"):
+            baby = [ev.rot_many(c, [b * tp for b in range(g)]) for c in cts]
+            outs = []
+            for o in range(self.n_out):
+                acc_o = None
+                for j in range(self.n_giant):
+                    acc_j = None
+                    for i in range(self.n_in):
+                        for b in range(g):
+                            key = (o, i, j * g + b)
+                            if key not in self._diag:
+                                continue
+                            p = ev.be.multiply_plain(ev.ctx, baby[i][b], self._pt(ev, key, lvl))
+                            ev._count("mul_plain")
+                            if acc_j is None:
+                                acc_j = p
+                            else:
+                                ev.be.add_inplace(ev.ctx, acc_j, p)
+                    if acc_j is None:
+                        continue
+                    acc_j = ev.rot(acc_j, j * g * tp)
+                    if acc_o is None:
+                        acc_o = acc_j
+                    else:
+                        ev.be.add_inplace(ev.ctx, acc_o, acc_j)
+                if acc_o is None:  # an all-zero output block: an encryption of 0 from the input
+                    acc_o = ev.be.multiply_plain(ev.ctx, cts[0], ev.encode(np.zeros(ev.ctx.slots), lvl))
+                ev.rescale(acc_o)
+                if self.b is not None:
+                    acc_o = ev.add_plain_ct(acc_o, self._bias_vector(o))
+                outs.append(acc_o)
+        return CkksTensor(outs, self.d_out, self.packing, bound)
+
+    def _bias_vector(self, o: int) -> np.ndarray:
+        cpc, tp = self.packing.cpc, self.packing.tp
+        cols = np.zeros(self.n_out * cpc)
+        cols[: self.d_out] = self.b
+        return (cols[o * cpc:(o + 1) * cpc, None] * self.mask[None, :tp]).reshape(-1)

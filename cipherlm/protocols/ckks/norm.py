@@ -1,0 +1,70 @@
+"""LayerNorm and RMSNorm on token-group packed ciphertexts (AEGIS section 2.4: the inverse
+square root by polynomial approximation and Newton steps, `cipherlm.fhe.approx`).
+
+Channel sums are rotate-and-add windows over the cpc channels of a ciphertext (the d real
+channels; padding channels hold 0), replicated to every channel slot of each position.
+
+LayerNorm, with s1 = sum x and s2 = sum x^2 over channels:
+
+    d^2 var = d s2 - s1^2,   y = (d x - s1) * (gamma / d) * rsqrt(var + eps) + beta,
+
+so the centring costs no level (integer products) and the 1/d goes into gamma's plaintext.
+RMSNorm: y = x * gamma * rsqrt(s2 / d + eps).  Padding positions have var = 0; a public
+fill (the middle of rsqrt's interval) is added there so rsqrt stays inside its interval,
+and their output stays 0 (x - mean = 0 there, beta is added on real positions only).
+Levels: 3 + rsqrt's depth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .evaluator import CkksEvaluator, CkksTensor
+
+
+def _fill(packing, approx) -> np.ndarray:
+    """(slots,) the value added to padding positions' variance: inside rsqrt's interval."""
+    row = (1.0 - packing.token_mask()) * float(np.sqrt(approx.lo * approx.hi))
+    return np.tile(row, packing.cpc)
+
+
+def _rsqrt(ev: CkksEvaluator, var_ct, x: CkksTensor, approx, eps: float, label: str):
+    var_ct = ev.add_plain_ct(var_ct, _fill(x.packing, approx) + eps)
+    v = CkksTensor([var_ct], x.packing.cpc, x.packing, approx.hi)
+    return ev.poly(v, approx, f"{label}.rsqrt", bound=float(1.0 / np.sqrt(approx.lo)) * 1.01).cts[0]
+
+
+def layer_norm(ev: CkksEvaluator, x: CkksTensor, gamma, beta, eps: float, rsqrt_approx, bound: float,
+               label: str = "layer_norm") -> CkksTensor:
+    P, d = x.packing, x.d
+    x = ev.refresh(x, 3, label)
+    with ev.timer("norm"):
+        s1 = ev.channel_sum(x)
+        sq = x.with_cts([ev.mul_ct(c, c) for c in x.cts])
+        s2 = ev.channel_sum(sq)
+        v = ev.sub_ct(ev.mul_scalar_ct(s2, d), ev.mul_ct(s1, s1))  # d^2 var
+        v = ev.mul_scalar_ct(v, 1.0 / (d * d))
+        g = P.channel_vector((np.ones(d) if gamma is None else np.asarray(gamma, np.float64)) / d, d)
+        centred = [ev.mul_plain_ct(ev.sub_ct(ev.mul_scalar_ct(c, d), s1), g[i]) for i, c in enumerate(x.cts)]
+    r = _rsqrt(ev, v, x, rsqrt_approx, eps, label)
+    with ev.timer("norm"):
+        out = [ev.mul_ct(c, r) for c in centred]
+        if beta is not None:
+            b = P.channel_vector(beta, d)
+            out = [ev.add_plain_ct(c, b[i]) for i, c in enumerate(out)]
+    return CkksTensor(out, d, P, bound)
+
+
+def rms_norm(ev: CkksEvaluator, x: CkksTensor, gamma, eps: float, rsqrt_approx, bound: float,
+             label: str = "rms_norm") -> CkksTensor:
+    P, d = x.packing, x.d
+    x = ev.refresh(x, 3, label)
+    with ev.timer("norm"):
+        s2 = ev.channel_sum(x.with_cts([ev.mul_ct(c, c) for c in x.cts]))
+        ms = ev.mul_scalar_ct(s2, 1.0 / d)
+        g = P.channel_vector(np.ones(d) if gamma is None else gamma, d)
+        scaled = [ev.mul_plain_ct(c, g[i]) for i, c in enumerate(x.cts)]
+    r = _rsqrt(ev, ms, x, rsqrt_approx, eps, label)
+    with ev.timer("norm"):
+        out = [ev.mul_ct(c, r) for c in scaled]
+    return CkksTensor(out, d, P, bound)
