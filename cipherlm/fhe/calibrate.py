@@ -167,3 +167,77 @@ def approximations(calibration: dict, targets: dict | None = None, per_node: boo
             lo, hi = with_margin(s["kind"], s["min"], s["max"], m)
             out.setdefault(s["node"], {})[s["kind"]] = approximation(s["kind"], lo, hi, t[s["kind"]])
     return out
+
+
+# --------------------------------------------------------------------------- the fhe executor's ranges
+
+
+def _plain_pass(ex, ids) -> tuple[dict, dict]:
+    """(every value of one plain pass over token ids `ids`, the pass's ctx)."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if ex.graph.kind == "encoder":
+        _single, _B, _T, ctx, inputs = ex._encoder_ctx(ids, None, None)
+        return ex.run_nodes(ex.graph.nodes, dict(inputs), ctx), ctx
+    T = ids.size
+    ctx = {"pos0": 0, "T": T, "positions": np.arange(T), "last_only": False}
+    inputs = {"ids": ids, "positions": np.arange(T)}
+    return ex.run_nodes(ex.graph.nodes, inputs, ctx, ex.new_cache()), ctx
+
+
+def fhe_ranges(ex, inputs: Iterable[Sequence[int]], margin: float = 0.25) -> dict:
+    """What the fhe executor (`runtime.fhe_executor`) needs to know about values before it
+    runs, measured by plain passes of the graph executor `ex` over token id lists `inputs`:
+
+    * ``bounds``: value name -> max |value| x (1 + margin) (every value of the graph: the
+      bootstrapping's input scaling, `protocols.ckks.evaluator`);
+    * ``ranges``: (node name, kind) -> (lo, hi) of each approximation's input, widened by
+      `with_margin`: activations, ``rsqrt`` (LayerNorm variance / RMSNorm mean square + eps),
+      and per softmax ``inv``: the row sums of exp(s - S) for the node's score bound S
+      (``bounds`` of the scores: no encrypted maximum, `protocols.ckks.attention`).
+    """
+    m = float(margin)
+    bounds: dict[str, float] = {}
+    raw: dict[tuple[str, str], list[float]] = {}
+    nodes = ex.graph.nodes
+
+    def note(key, v):
+        v = np.asarray(v, np.float64)
+        v = v[np.isfinite(v)]
+        if v.size:
+            r = raw.setdefault(key, [np.inf, -np.inf])
+            r[0], r[1] = min(r[0], float(v.min())), max(r[1], float(v.max()))
+
+    passes = []
+    for ids in inputs:
+        vals, _ctx = _plain_pass(ex, ids)
+        passes.append(vals)
+        for name, v in vals.items():
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                f = np.abs(v[np.isfinite(v)])
+                if f.size:
+                    bounds[name] = max(bounds.get(name, 0.0), float(f.max()))
+        for n in nodes:
+            if n.op == "activation":
+                note((n.name, _ACT_KIND.get(n.attrs["fn"], n.attrs["fn"])), vals[n.inputs[0]])
+            elif n.op == "layer_norm":
+                note((n.name, "rsqrt"), np.var(vals[n.inputs[0]], axis=-1) + n.attrs["eps"])
+            elif n.op == "rms_norm":
+                x = vals[n.inputs[0]]
+                note((n.name, "rsqrt"), np.mean(x * x, axis=-1) + n.attrs["eps"])
+    if not passes:
+        raise ValueError("no input to calibrate on")
+    bounds = {k: v * (1 + m) + 1e-3 for k, v in bounds.items()}
+    for n in nodes:  # softmax row sums, against the (final) bound of the scores
+        if n.op != "softmax":
+            continue
+        S = bounds[n.inputs[0]]
+        for vals in passes:
+            s = vals[n.inputs[0]]
+            note((n.name, "inv"), np.sum(np.where(np.isfinite(s), np.exp(s - S), 0.0), axis=-1))
+    ranges = {}
+    for (node, kind), (lo, hi) in raw.items():
+        if kind == "inv":
+            ranges[(node, kind)] = (lo / (1 + m), max(hi * (1 + m), 1.0 + m))  # padding rows sum to 1
+        else:
+            ranges[(node, kind)] = with_margin(kind, lo, hi, m)
+    return {"bounds": bounds, "ranges": ranges, "margin": m, "inputs": len(passes)}

@@ -1,0 +1,375 @@
+"""The fhe backend of the graph executor: the server walks the model graph on CKKS
+ciphertexts, with no client interaction between the upload and the result (AEGIS
+sections 2.1-2.4; DESIGN.md "Three security modes", fhe).
+
+Split of the work (`client_nodes`):
+
+* the **client** looks its tokens up in the embedding tables (the embedding nodes and the
+  additions of their outputs: word + position + token type), packs the (T, d) sum in the
+  token-group layout (`protocols.ckks.packing`) and encrypts it;
+* the **server** runs every other node of the graph on ciphertexts (`FheBackend`,
+  `FheLinear`, over `protocols.ckks`): norms, projections, RoPE, attention, activations,
+  residuals, the final norm and the head, bootstrapping where levels run out;
+* the client decrypts the result: the logits of the last position (decoders) or of the
+  sentence embedding's classifier (encoders, `FheModel.classify`), or the last hidden
+  states.
+
+What the server needs besides the weights comes from a plain calibration pass
+(`cipherlm.fhe.calibrate.fhe_ranges`): a bound per value (the bootstrapping's input
+scaling) and the input range of each approximation (`cipherlm.fhe.approx`: GeLU/SiLU,
+exp, inverse, inverse square root).
+
+Grouped-query attention: the K and V projections of a model with fewer key/value heads
+are expanded at load time (each kv head's rows repeated for its query heads), so Q.K^T
+and P.V see one K and V head per query head.
+
+Not yet: the KV cache (a decoder pass recomputes the whole prefix), the encrypted
+maximum of softmax (a calibrated bound instead), MoE routing, GPT-2's fused QKV split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import numpy as np
+
+from cipherlm.compile import bind, build_graph
+from cipherlm.compile.ir import Graph, Node
+from cipherlm.fhe.approx import approximation
+from cipherlm.he.errors import HEError
+from cipherlm.protocols.ckks import attention as attn
+from cipherlm.protocols.ckks import linear as lin
+from cipherlm.protocols.ckks import norm
+from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor
+from cipherlm.protocols.ckks.packing import TokenPacking
+
+from .graph_executor import GraphExecutor
+
+#: error targets of the approximations (absolute for activations and exp, relative for inv
+#: and rsqrt: `cipherlm.fhe.approx`)
+TARGETS = {"gelu": 1e-3, "silu": 1e-3, "tanh": 1e-3, "exp": 1e-5, "inv": 1e-3, "rsqrt": 1e-3}
+_ACT_KIND = {"gelu": "gelu", "gelu_tanh": "gelu", "silu": "silu", "tanh": "tanh"}
+#: ops the client runs (table lookups and their sums)
+CLIENT_OPS = ("embed",)
+#: ops the fhe backend evaluates on ciphertexts
+SUPPORTED_OPS = {"linear", "layer_norm", "rms_norm", "rope", "qk", "softmax", "av", "activation", "mul",
+                 "add", "head", "embed"}
+
+
+def client_nodes(graph: Graph) -> tuple[list[Node], str]:
+    """(the nodes the client evaluates in the clear, the value it encrypts): the embedding
+    lookups and the additions of their outputs."""
+    mine: list[Node] = []
+    made: set[str] = set()
+    for n in graph.nodes:
+        if n.op in CLIENT_OPS or (n.op == "add" and all(v in made for v in n.inputs)):
+            mine.append(n)
+            made.update(n.outputs)
+        else:
+            break
+    if not mine:
+        raise ValueError("the graph has no embedding nodes")
+    return mine, mine[-1].out
+
+
+def _kv_linears(graph: Graph) -> dict[str, tuple[int, int, int]]:
+    """{linear name: (kv heads, repeat, head dim)} of the K and V projections of grouped-query
+    attention (followed back from each qk / av node through rope and the KV cache)."""
+    producer = graph.producers()
+    out = {}
+    for n in graph.nodes:
+        if n.op not in ("qk", "av"):
+            continue
+        H, Hkv, hd = n.attrs["heads"], n.attrs["kv_heads"], n.attrs.get("head_dim")
+        if H == Hkv:
+            continue
+        v = n.inputs[1]
+        while True:
+            p = producer[v]
+            if p.op == "linear":
+                break
+            v = p.inputs[0] if p.op in ("rope",) else p.inputs[-1 if p.op == "kv_cache" and v == p.outputs[1] else 0]
+        if hd is None:
+            hd = p.attrs["d_out"] // Hkv
+        out[p.attrs["name"]] = (Hkv, H // Hkv, hd)
+    return out
+
+
+class FheLinear:
+    """The graph's projections on ciphertexts (`protocols.ckks.linear.EncodedLinear`, one per
+    projection and token count), K/V expanded for grouped-query attention."""
+
+    def __init__(self, model: "FheModel"):
+        self.model = model
+        self._enc: dict[tuple, lin.EncodedLinear] = {}
+
+    def encoded(self, name: str, packing: TokenPacking, position: int | None) -> lin.EncodedLinear:
+        key = (name, packing, position)
+        e = self._enc.get(key)
+        if e is None:
+            w, b = self.model.weights(name)
+            mask = None
+            if position is not None:
+                mask = np.zeros(packing.tp)
+                mask[position] = 1.0
+            e = self._enc[key] = lin.EncodedLinear(w, b, packing, positions=mask)
+        return e
+
+    def linear(self, x: CkksTensor, names: Sequence[str]) -> list[CkksTensor]:
+        ev = self.model.evaluator
+        pos = x.position
+        outs = []
+        for name in names:
+            e = self.encoded(name, x.packing, pos)
+            y = e(ev, x, bound=self.model.bound_of_linear(name), label=name)
+            if pos is not None:
+                y.position = pos
+            outs.append(y)
+        return outs
+
+
+def _keep(x: CkksTensor, y: CkksTensor) -> CkksTensor:
+    y.position = x.position
+    return y
+
+
+class FheBackend:
+    """The graph's non-projection operators on ciphertexts (method per op, as `PlainBackend`)."""
+
+    def __init__(self, model: "FheModel"):
+        self.m = model
+
+    @property
+    def ev(self) -> CkksEvaluator:
+        return self.m.evaluator
+
+    def _vec(self, name):
+        return None if name is None else np.asarray(self.m.params[name], np.float64)
+
+    def layer_norm(self, node, x, ctx):
+        return _keep(x, norm.layer_norm(self.ev, x, self._vec(node.attrs["gamma"]), self._vec(node.attrs.get("beta")),
+                               node.attrs["eps"], self.m.approx(node, "rsqrt"), self.m.bound(node.out), node.name))
+
+    def rms_norm(self, node, x, ctx):
+        return _keep(x, norm.rms_norm(self.ev, x, self._vec(node.attrs.get("gamma")), node.attrs["eps"],
+                                      self.m.approx(node, "rsqrt"), self.m.bound(node.out), node.name))
+
+    def rope(self, node, x, ctx):
+        return attn.rope(self.ev, x, ctx["positions"], node.attrs["head_dim"], node.attrs["theta"],
+                         bool(node.attrs.get("interleave")), node.name)
+
+    def qk(self, node, q, k, ctx):
+        return attn.scores(self.ev, q, k, node.attrs["head_dim"], node.attrs["scale"], self.m.bound(node.out),
+                           node.name)
+
+    def softmax(self, node, s, ctx):
+        qk = self.m.producer[node.inputs[0]]
+        exp = approximation("exp", *attn.exp_interval(s.bound), TARGETS["exp"])
+        return attn.softmax(self.ev, s, exp, self.m.approx(node, "inv"), causal=bool(qk.attrs.get("causal")),
+                            window=qk.attrs.get("sliding_window"), label=node.name)
+
+    def av(self, node, p, v, ctx):
+        return attn.attend(self.ev, p, v, self.m.bound(node.out), node.name)
+
+    def activation(self, node, x, ctx):
+        kind = _ACT_KIND.get(node.attrs["fn"])
+        if kind is None:
+            raise HEError(f"{node.name}: no polynomial for activation {node.attrs['fn']!r}")
+        return self.ev.poly(x, self.m.approx(node, kind), node.name, bound=self.m.bound(node.out))
+
+    def mul(self, node, a, b, ctx):
+        a, b = self.ev.refresh(a, 1, node.name), self.ev.refresh(b, 1, node.name)
+        return a.with_cts([self.ev.mul_ct(x, y) for x, y in zip(a.cts, b.cts)], bound=self.m.bound(node.out))
+
+    def add(self, node, a, b, ctx):
+        return self.ev.add(a, b, bound=self.m.bound(node.out))
+
+    def head(self, node, x, ctx):
+        """Decoders: only the last position goes on (the LM head's diagonals keep that
+        position alone, so the client's result holds nothing else)."""
+        if node.attrs["select"] == "first":
+            raise HEError(f"{node.name}: the pooler head is not an fhe output (use FheModel.classify)")
+        if ctx.get("last_only"):
+            y = x.with_cts(x.cts)
+            y.position = x.packing.tokens - 1
+            return y
+        return x
+
+
+class FheModel:
+    """The server's side of the fhe mode for one model: the graph, the weights, the ranges
+    from calibration, and (per session) an evaluator with the client's keys.
+
+    `FheModel(config, weights, calibration)`; `attach(evaluator)` then
+    `run(x_enc, positions)`, `logits(...)`, `classify(...)`."""
+
+    def __init__(self, config: dict, weights: dict[str, np.ndarray], calibration: dict,
+                 classifier: tuple[np.ndarray, np.ndarray | None] | None = None):
+        self.graph = build_graph(config)
+        bad = sorted({n.op for n in self.graph.nodes} - SUPPORTED_OPS - {"kv_cache", "argmax"})  # the client argmaxes
+        if bad:
+            raise HEError(f"the fhe mode does not evaluate {bad} yet ({config.get('model_type')})")
+        if any(n.op == "kv_cache" for n in self.graph.nodes):
+            self.graph = _without_kv_cache(self.graph)
+        self.params = bind(self.graph, weights)
+        self.calibration = calibration
+        self.producer = self.graph.producers()
+        self.client, self.input_value = client_nodes(self.graph)
+        self._kv = _kv_linears(self.graph)
+        self._lin_out = {n.attrs["name"]: n.out for n in self.graph.linears()}
+        self.classifier = classifier
+        self.linear = FheLinear(self)
+        self.backend = FheBackend(self)
+        self.executor = GraphExecutor(self.graph, self.params, linear=self.linear, backend=self.backend)
+        self.graph = self.executor.graph  # with the linear groups
+        self.evaluator: CkksEvaluator | None = None
+
+    # ---- weights and ranges
+
+    def weights(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        if name == "classifier":
+            if self.classifier is None:
+                raise HEError("no classifier head")
+            return self.classifier
+        w = np.asarray(self.params[f"{name}.weight"], np.float64)
+        b = self.params.get(f"{name}.bias")
+        b = None if b is None else np.asarray(b, np.float64)
+        if name in self._kv:
+            Hkv, rep, hd = self._kv[name]
+            w = np.repeat(w.reshape(Hkv, hd, -1), rep, axis=0).reshape(Hkv * rep * hd, -1)
+            b = None if b is None else np.repeat(b.reshape(Hkv, hd), rep, axis=0).reshape(-1)
+        return w, b
+
+    def bound(self, value: str) -> float:
+        b = self.calibration["bounds"].get(value)
+        if b is None:
+            raise HEError(f"no calibrated bound for {value!r}")
+        return float(b)
+
+    def bound_of_linear(self, name: str) -> float:
+        if name == "classifier":
+            return float(self.calibration.get("classifier_bound", 64.0))
+        return self.bound(self._lin_out[name])
+
+    def approx(self, node: Node, kind: str):
+        r = self.calibration["ranges"].get((node.name, kind))
+        if r is None:
+            raise HEError(f"{node.name}: no calibrated range for {kind}")
+        return approximation(kind, float(r[0]), float(r[1]), TARGETS[kind])
+
+    # ---- keys the client must send
+
+    def rotation_steps(self, packing: TokenPacking) -> list[int]:
+        """Every slot rotation a pass over T tokens needs (linear BSGS steps, channel sums,
+        attention shifts and head windows, RoPE partners, token sums of the pooled head)."""
+        steps = set(lin.rotation_steps(packing))
+        for n in self.graph.nodes:
+            if n.op == "qk":
+                steps |= attn.rotation_steps(packing, n.attrs["head_dim"])
+            if n.op == "rope":
+                hd = n.attrs["head_dim"]
+                p = 1 if n.attrs.get("interleave") else hd // 2
+                steps |= {(p * packing.tp) % packing.slots, (-p * packing.tp) % packing.slots}
+        k = 1
+        while k < packing.cpc:
+            steps.add(k * packing.tp)
+            k *= 2
+        k = 1
+        while k < packing.tp:
+            steps.add(k)
+            k *= 2
+        return sorted(s for s in steps if s % packing.slots)
+
+    # ---- passes
+
+    def attach(self, evaluator: CkksEvaluator) -> None:
+        self.evaluator = evaluator
+
+    def _ctx(self, T: int, positions, last_only: bool) -> dict:
+        ctx = {"pos0": int(positions[0]), "T": T, "positions": np.asarray(positions), "last_only": last_only}
+        if self.graph.kind == "encoder":
+            ctx["B"] = None
+        return ctx
+
+    def run(self, x: CkksTensor, positions=None, outputs: Sequence[str] = ("hidden",),
+            last_only: bool = False) -> dict:
+        """The graph's `outputs` from the encrypted input value (the client's embedding sum)."""
+        if self.evaluator is None:
+            raise HEError("no evaluator attached (the session's keys)")
+        T = x.packing.tokens
+        positions = np.arange(T) if positions is None else np.asarray(positions)
+        need = self.executor.needed(self.graph.outputs[r] for r in outputs)
+        client = {n.name for n in self.client}
+        nodes = [n for n in self.graph.nodes if n.name in need and n.name not in client]
+        vals = self.executor.run_nodes(nodes, {self.input_value: x}, self._ctx(T, positions, last_only))
+        return {r: vals[self.graph.outputs[r]] for r in outputs}
+
+    def logits(self, x: CkksTensor, positions=None) -> CkksTensor:
+        """Decoders: the logits of the last position (valid at position T - 1 only)."""
+        return self.run(x, positions, ("logits",), last_only=True)["logits"]
+
+    def classify(self, x: CkksTensor) -> CkksTensor:
+        """Encoders with a classifier head: logits (valid at position 0) of the classifier on
+        the L2-normalised mean of the last hidden states (sentence-transformers pooling)."""
+        ev = self.evaluator
+        h = self.run(x)["hidden"]
+        P, T = h.packing, h.packing.tokens
+        h = ev.refresh(h, 1, "pool")
+        with ev.timer("pool"):
+            cts = [ev.mul_scalar_ct(ev.window_sum(c, P.tp // 2, 1), 1.0 / T) for c in h.cts]
+        mean = h.with_cts(cts, bound=self.calibration["bounds"]["pool.mean"])
+        mean = ev.refresh(mean, 1, "pool.norm")
+        n2 = ev.channel_sum(mean.with_cts([ev.mul_ct(c, c) for c in mean.cts]))
+        r = ev.poly(CkksTensor([n2], P.cpc, P, self.calibration["ranges"][("pool", "rsqrt")][1]),
+                    self.approx(_POOL, "rsqrt"), "pool.rsqrt")
+        mean = ev.refresh(mean, 1, "pool.scale")
+        r = ev.refresh(r, 1, "pool.scale")
+        emb = mean.with_cts([ev.mul_ct(c, r.cts[0]) for c in mean.cts], bound=1.01)
+        emb.position = 0
+        return self.linear.linear(emb, ["classifier"])[0]
+
+
+class _PoolNode:
+    name = "pool"
+
+
+_POOL = _PoolNode()
+
+
+def _without_kv_cache(graph: Graph) -> Graph:
+    """The graph with its kv_cache nodes bypassed (a pass sees only its own keys/values:
+    the whole prefix is recomputed)."""
+    import copy
+
+    g = copy.deepcopy(graph)
+    rename = {}
+    keep = []
+    for n in g.nodes:
+        if n.op == "kv_cache":
+            for o, i in zip(n.outputs, n.inputs):
+                rename[o] = i
+            continue
+        keep.append(n)
+    for n in keep:
+        n.inputs = tuple(rename.get(v, v) for v in n.inputs)
+    g.nodes = keep
+    return g
+
+
+def pooled_ranges(hidden: Sequence[np.ndarray], margin: float = 0.25) -> dict:
+    """Calibration entries of `FheModel.classify`'s pooling from plain last hidden states
+    (T, d): the mean's bound and the range of its squared norm."""
+    means = [np.asarray(h, np.float64).mean(axis=0) for h in hidden]
+    n2 = np.array([float(m @ m) for m in means])
+    return {"bounds": {"pool.mean": float(max(np.abs(m).max() for m in means)) * (1 + margin)},
+            "ranges": {("pool", "rsqrt"): (float(n2.min()) / (1 + margin), float(n2.max()) * (1 + margin))}}
+
+
+@contextlib.contextmanager
+def attached(model: FheModel, evaluator: CkksEvaluator):
+    model.attach(evaluator)
+    try:
+        yield model
+    finally:
+        model.evaluator = None
