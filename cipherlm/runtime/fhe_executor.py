@@ -29,7 +29,6 @@ maximum of softmax (a calibrated bound instead), MoE routing, GPT-2's fused QKV 
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import numpy as np
@@ -100,28 +99,15 @@ class FheLinear:
     """The graph's projections on ciphertexts (`protocols.ckks.linear.EncodedLinear`, one per
     projection and token count), K/V expanded for grouped-query attention."""
 
-    def __init__(self, model: "FheModel"):
-        self.model = model
-        self._enc: dict[tuple, lin.EncodedLinear] = {}
-
-    def encoded(self, name: str, packing: TokenPacking, position: int | None) -> lin.EncodedLinear:
-        key = (name, packing, position)
-        e = self._enc.get(key)
-        if e is None:
-            w, b = self.model.weights(name)
-            mask = None
-            if position is not None:
-                mask = np.zeros(packing.tp)
-                mask[position] = 1.0
-            e = self._enc[key] = lin.EncodedLinear(w, b, packing, positions=mask)
-        return e
+    def __init__(self, model: "FheModel", ev: CkksEvaluator):
+        self.model, self.ev = model, ev
 
     def linear(self, x: CkksTensor, names: Sequence[str]) -> list[CkksTensor]:
-        ev = self.model.evaluator
+        ev = self.ev
         pos = x.position
         outs = []
         for name in names:
-            e = self.encoded(name, x.packing, pos)
+            e = self.model.encoded(name, x.packing, pos)
             y = e(ev, x, bound=self.model.bound_of_linear(name), label=name)
             if pos is not None:
                 y.position = pos
@@ -137,12 +123,8 @@ def _keep(x: CkksTensor, y: CkksTensor) -> CkksTensor:
 class FheBackend:
     """The graph's non-projection operators on ciphertexts (method per op, as `PlainBackend`)."""
 
-    def __init__(self, model: "FheModel"):
-        self.m = model
-
-    @property
-    def ev(self) -> CkksEvaluator:
-        return self.m.evaluator
+    def __init__(self, model: "FheModel", ev: CkksEvaluator):
+        self.m, self.ev = model, ev
 
     def _vec(self, name):
         return None if name is None else np.asarray(self.m.params[name], np.float64)
@@ -199,10 +181,10 @@ class FheBackend:
 
 class FheModel:
     """The server's side of the fhe mode for one model: the graph, the weights, the ranges
-    from calibration, and (per session) an evaluator with the client's keys.
-
-    `FheModel(config, weights, calibration)`; `attach(evaluator)` then
-    `run(x_enc, positions)`, `logits(...)`, `classify(...)`."""
+    from calibration (`calibrate`), and the encoded projections (shared by every session).
+    Each pass takes the session's evaluator (its keys): `run(ev, x_enc, positions)`,
+    `logits(ev, ...)`, `classify(ev, ...)`; `packing(slots, T, max_tokens)` and
+    `rotation_steps(packing)` tell the client which Galois keys to make."""
 
     def __init__(self, config: dict, weights: dict[str, np.ndarray], calibration: dict,
                  classifier: tuple[np.ndarray, np.ndarray | None] | None = None):
@@ -219,11 +201,25 @@ class FheModel:
         self._kv = _kv_linears(self.graph)
         self._lin_out = {n.attrs["name"]: n.out for n in self.graph.linears()}
         self.classifier = classifier
-        self.linear = FheLinear(self)
-        self.backend = FheBackend(self)
-        self.executor = GraphExecutor(self.graph, self.params, linear=self.linear, backend=self.backend)
+        self.executor = GraphExecutor(self.graph, self.params, linear=object(), backend=object())
         self.graph = self.executor.graph  # with the linear groups
-        self.evaluator: CkksEvaluator | None = None
+        self._enc: dict[tuple, lin.EncodedLinear] = {}
+
+    def encoded(self, name: str, packing: TokenPacking, position: int | None) -> lin.EncodedLinear:
+        """The projection `name` encoded for `packing` (only `position` kept, if given); cached."""
+        key = (name, packing, position)
+        e = self._enc.get(key)
+        if e is None:
+            w, b = self.weights(name)
+            mask = None
+            if position is not None:
+                mask = np.zeros(packing.tp)
+                mask[position] = 1.0
+            e = self._enc[key] = lin.EncodedLinear(w, b, packing, positions=mask)
+        return e
+
+    def _executor(self, ev: CkksEvaluator) -> GraphExecutor:
+        return GraphExecutor(self.graph, self.params, linear=FheLinear(self, ev), backend=FheBackend(self, ev))
 
     # ---- weights and ranges
 
@@ -283,8 +279,10 @@ class FheModel:
 
     # ---- passes
 
-    def attach(self, evaluator: CkksEvaluator) -> None:
-        self.evaluator = evaluator
+    @staticmethod
+    def packing(slots: int, tokens: int, max_tokens: int | None = None) -> TokenPacking:
+        """The layout of `tokens` tokens in a session whose keys cover up to `max_tokens`."""
+        return TokenPacking(slots, tokens, tp_min=TokenPacking(slots, max_tokens or tokens).tp)
 
     def _ctx(self, T: int, positions, last_only: bool) -> dict:
         ctx = {"pos0": int(positions[0]), "T": T, "positions": np.asarray(positions), "last_only": last_only}
@@ -292,28 +290,25 @@ class FheModel:
             ctx["B"] = None
         return ctx
 
-    def run(self, x: CkksTensor, positions=None, outputs: Sequence[str] = ("hidden",),
+    def run(self, ev: CkksEvaluator, x: CkksTensor, positions=None, outputs: Sequence[str] = ("hidden",),
             last_only: bool = False) -> dict:
         """The graph's `outputs` from the encrypted input value (the client's embedding sum)."""
-        if self.evaluator is None:
-            raise HEError("no evaluator attached (the session's keys)")
         T = x.packing.tokens
         positions = np.arange(T) if positions is None else np.asarray(positions)
         need = self.executor.needed(self.graph.outputs[r] for r in outputs)
         client = {n.name for n in self.client}
         nodes = [n for n in self.graph.nodes if n.name in need and n.name not in client]
-        vals = self.executor.run_nodes(nodes, {self.input_value: x}, self._ctx(T, positions, last_only))
+        vals = self._executor(ev).run_nodes(nodes, {self.input_value: x}, self._ctx(T, positions, last_only))
         return {r: vals[self.graph.outputs[r]] for r in outputs}
 
-    def logits(self, x: CkksTensor, positions=None) -> CkksTensor:
+    def logits(self, ev: CkksEvaluator, x: CkksTensor, positions=None) -> CkksTensor:
         """Decoders: the logits of the last position (valid at position T - 1 only)."""
-        return self.run(x, positions, ("logits",), last_only=True)["logits"]
+        return self.run(ev, x, positions, ("logits",), last_only=True)["logits"]
 
-    def classify(self, x: CkksTensor) -> CkksTensor:
+    def classify(self, ev: CkksEvaluator, x: CkksTensor) -> CkksTensor:
         """Encoders with a classifier head: logits (valid at position 0) of the classifier on
         the L2-normalised mean of the last hidden states (sentence-transformers pooling)."""
-        ev = self.evaluator
-        h = self.run(x)["hidden"]
+        h = self.run(ev, x)["hidden"]
         P, T = h.packing, h.packing.tokens
         h = ev.refresh(h, 1, "pool")
         with ev.timer("pool"):
@@ -327,7 +322,7 @@ class FheModel:
         r = ev.refresh(r, 1, "pool.scale")
         emb = mean.with_cts([ev.mul_ct(c, r.cts[0]) for c in mean.cts], bound=1.01)
         emb.position = 0
-        return self.linear.linear(emb, ["classifier"])[0]
+        return FheLinear(self, ev).linear(emb, ["classifier"])[0]
 
 
 class _PoolNode:
@@ -366,10 +361,47 @@ def pooled_ranges(hidden: Sequence[np.ndarray], margin: float = 0.25) -> dict:
             "ranges": {("pool", "rsqrt"): (float(n2.min()) / (1 + margin), float(n2.max()) * (1 + margin))}}
 
 
-@contextlib.contextmanager
-def attached(model: FheModel, evaluator: CkksEvaluator):
-    model.attach(evaluator)
-    try:
-        yield model
-    finally:
-        model.evaluator = None
+def client_tensors(model: FheModel) -> dict[str, np.ndarray]:
+    """The graph tensors the client's nodes read (the embedding tables): what a server sends
+    its fhe clients."""
+    return {w: np.asarray(model.params[w]) for n in model.client for w in n.weights}
+
+
+def client_embedding(graph: Graph, tensors: dict[str, np.ndarray], ids, token_types=None) -> np.ndarray:
+    """The client's part of a pass: the (T, d) embedding sum of token ids `ids` (positions
+    0..T-1; token types 0 unless given), in the clear, from the embedding tables."""
+    from .graph_executor import PlainBackend
+
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    T = ids.size
+    nodes, out = client_nodes(graph)
+    inputs = {"ids": ids, "positions": np.arange(T),
+              "token_types": np.zeros(T, np.int64) if token_types is None else np.asarray(token_types, np.int64)}
+    be = PlainBackend(tensors)
+    vals = dict(inputs)
+    for n in nodes:
+        vals[n.out] = getattr(be, n.op)(n, *[vals[v] for v in n.inputs], ctx={})
+    return vals[out]
+
+
+def calibrated_model(lm, inputs, classifier=None, margin: float = 0.25) -> FheModel:
+    """An `FheModel` of a loaded model (`cipherlm.models.load_model`) with its ranges measured by
+    plain passes over token id lists `inputs` (`cipherlm.fhe.calibrate.fhe_ranges`); with a
+    ``classifier`` (W, b) head, also the pooling's and the head's ranges."""
+    from cipherlm.fhe.calibrate import _plain_pass, fhe_ranges
+
+    from .plain import plain_executor
+
+    ex = plain_executor(lm, dtype=np.float64)
+    inputs = [np.asarray(i, np.int64) for i in inputs]
+    cal = fhe_ranges(ex, inputs, margin)
+    if classifier is not None:
+        hidden = [_plain_pass(ex, i)[0][ex.graph.outputs["hidden"]] for i in inputs]
+        pr = pooled_ranges(hidden, margin)
+        cal["bounds"].update(pr["bounds"])
+        cal["ranges"].update(pr["ranges"])
+        w, b = classifier
+        embs = [h.mean(0) / np.linalg.norm(h.mean(0)) for h in hidden]
+        logits = np.array([e @ np.asarray(w, np.float64).T + (0 if b is None else b) for e in embs])
+        cal["classifier_bound"] = float(np.abs(logits).max()) * (1 + margin) + 1.0
+    return FheModel(lm.config, lm.weights, cal, classifier)

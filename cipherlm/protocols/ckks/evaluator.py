@@ -41,6 +41,8 @@ class CkksTensor:
     d: int
     packing: TokenPacking
     bound: float = 1.0
+    #: the one position that carries a result (the heads), or None: every real position
+    position: int | None = None
 
     @property
     def level(self) -> int:
@@ -52,7 +54,7 @@ class CkksTensor:
 
     def with_cts(self, cts, d: int | None = None, bound: float | None = None) -> "CkksTensor":
         return CkksTensor(list(cts), self.d if d is None else d, self.packing,
-                          self.bound if bound is None else float(bound))
+                          self.bound if bound is None else float(bound), self.position)
 
 
 @dataclass

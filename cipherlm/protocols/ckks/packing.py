@@ -33,6 +33,8 @@ class TokenPacking:
 
     slots: int
     tokens: int
+    #: at least this many positions per channel (a session's keys are made for its largest T)
+    tp_min: int = 0
 
     def __post_init__(self):
         if self.tokens < 1:
@@ -45,8 +47,8 @@ class TokenPacking:
 
     @property
     def tp(self) -> int:
-        """Positions per channel: a power of two >= 2T."""
-        return next_pow2(2 * self.tokens)
+        """Positions per channel: a power of two >= 2T (and >= tp_min)."""
+        return max(next_pow2(2 * self.tokens), next_pow2(self.tp_min))
 
     @property
     def cpc(self) -> int:
