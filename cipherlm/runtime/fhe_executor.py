@@ -218,8 +218,10 @@ class FheModel:
             e = self._enc[key] = lin.EncodedLinear(w, b, packing, positions=mask)
         return e
 
-    def _executor(self, ev: CkksEvaluator) -> GraphExecutor:
-        return GraphExecutor(self.graph, self.params, linear=FheLinear(self, ev), backend=FheBackend(self, ev))
+    def _executor(self, ev: CkksEvaluator, on_layer=None) -> GraphExecutor:
+        ex = _FheWalk(self.graph, self.params, linear=FheLinear(self, ev), backend=FheBackend(self, ev))
+        ex.on_layer = on_layer
+        return ex
 
     # ---- weights and ranges
 
@@ -291,24 +293,27 @@ class FheModel:
         return ctx
 
     def run(self, ev: CkksEvaluator, x: CkksTensor, positions=None, outputs: Sequence[str] = ("hidden",),
-            last_only: bool = False) -> dict:
-        """The graph's `outputs` from the encrypted input value (the client's embedding sum)."""
+            last_only: bool = False, on_layer=None) -> dict:
+        """The graph's `outputs` from the encrypted input value (the client's embedding sum).
+        ``on_layer(layer, n_layers)`` is called after each layer (progress, a session's
+        liveness check: an exception there stops the pass)."""
         T = x.packing.tokens
         positions = np.arange(T) if positions is None else np.asarray(positions)
         need = self.executor.needed(self.graph.outputs[r] for r in outputs)
         client = {n.name for n in self.client}
         nodes = [n for n in self.graph.nodes if n.name in need and n.name not in client]
-        vals = self._executor(ev).run_nodes(nodes, {self.input_value: x}, self._ctx(T, positions, last_only))
+        vals = self._executor(ev, on_layer).run_nodes(nodes, {self.input_value: x},
+                                                       self._ctx(T, positions, last_only))
         return {r: vals[self.graph.outputs[r]] for r in outputs}
 
-    def logits(self, ev: CkksEvaluator, x: CkksTensor, positions=None) -> CkksTensor:
+    def logits(self, ev: CkksEvaluator, x: CkksTensor, positions=None, on_layer=None) -> CkksTensor:
         """Decoders: the logits of the last position (valid at position T - 1 only)."""
-        return self.run(ev, x, positions, ("logits",), last_only=True)["logits"]
+        return self.run(ev, x, positions, ("logits",), last_only=True, on_layer=on_layer)["logits"]
 
-    def classify(self, ev: CkksEvaluator, x: CkksTensor) -> CkksTensor:
+    def classify(self, ev: CkksEvaluator, x: CkksTensor, on_layer=None) -> CkksTensor:
         """Encoders with a classifier head: logits (valid at position 0) of the classifier on
         the L2-normalised mean of the last hidden states (sentence-transformers pooling)."""
-        h = self.run(ev, x)["hidden"]
+        h = self.run(ev, x, on_layer=on_layer)["hidden"]
         P, T = h.packing, h.packing.tokens
         h = ev.refresh(h, 1, "pool")
         with ev.timer("pool"):
@@ -323,6 +328,16 @@ class FheModel:
         emb = mean.with_cts([ev.mul_ct(c, r.cts[0]) for c in mean.cts], bound=1.01)
         emb.position = 0
         return FheLinear(self, ev).linear(emb, ["classifier"])[0]
+
+
+class _FheWalk(GraphExecutor):
+    """The graph walk with a per-layer callback."""
+
+    on_layer = None
+
+    def _layer_done(self, layer, ctx) -> None:
+        if self.on_layer is not None and layer is not None:
+            self.on_layer(layer, self.graph.n_layers)
 
 
 class _PoolNode:
