@@ -47,7 +47,7 @@ from .graph_executor import GraphExecutor
 
 #: error targets of the approximations (absolute for activations and exp, relative for inv
 #: and rsqrt: `cipherlm.fhe.approx`)
-TARGETS = {"gelu": 1e-3, "silu": 1e-3, "tanh": 1e-3, "exp": 1e-5, "inv": 1e-3, "rsqrt": 1e-3}
+TARGETS = {"gelu": 1e-3, "silu": 1e-3, "tanh": 1e-3, "exp": 1e-5, "inv": 1e-4, "rsqrt": 1e-4}
 _ACT_KIND = {"gelu": "gelu", "gelu_tanh": "gelu", "silu": "silu", "tanh": "tanh"}
 #: ops the client runs (table lookups and their sums)
 CLIENT_OPS = ("embed",)
@@ -161,7 +161,8 @@ class FheBackend:
         return self.ev.poly(x, self.m.approx(node, kind), node.name, bound=self.m.bound(node.out))
 
     def mul(self, node, a, b, ctx):
-        a, b = self.ev.refresh(a, 1, node.name), self.ev.refresh(b, 1, node.name)
+        need = 1 + self.ev.reserve(self.m.bound(node.out))
+        a, b = self.ev.refresh(a, need, node.name), self.ev.refresh(b, need, node.name)
         return a.with_cts([self.ev.mul_ct(x, y) for x, y in zip(a.cts, b.cts)], bound=self.m.bound(node.out))
 
     def add(self, node, a, b, ctx):

@@ -149,7 +149,7 @@ def rope(ev: CkksEvaluator, x: CkksTensor, positions: np.ndarray, head_dim: int,
     cos_g = grid(cos)
     minus_g = grid(np.where(first[:, None], -sin, 0.0))
     plus_g = grid(np.where(first[:, None], 0.0, sin))
-    x = ev.refresh(x, 1, label)
+    x = ev.refresh(x, 1 + ev.reserve(x.bound), label)
     out = []
     with ev.timer("rope"):
         for i, c in enumerate(x.cts):
@@ -171,8 +171,8 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
     P = q.packing
     if P.cpc % head_dim:
         raise HEError(f"{label}: head dim {head_dim} does not divide {P.cpc} channels per ciphertext")
-    q = ev.refresh(q, 2, label)
-    k = ev.refresh(k, 2, label)
+    q = ev.refresh(q, 2 + ev.reserve(bound), label)
+    k = ev.refresh(k, 2 + ev.reserve(bound), label)
     rs = shifts(P.tokens)
     start = np.zeros((P.n_cts(q.d) * P.cpc, P.tp))
     start[: q.d][np.arange(q.d) % head_dim == 0] = scale
@@ -217,10 +217,11 @@ def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str
     """sum_r P_r * rot(V, r): the attention output (T, d); one level."""
     if v.d != p.d or v.packing != p.packing:
         raise HEError(f"{label}: v has {v.d} channels, the scores {p.d}")
-    v = ev.refresh(v, 1, label)
+    v = ev.refresh(v, 1 + ev.reserve(bound), label)
     rs = sorted(p.cts)
-    if p.level < 1:
-        p = Scores({r: ev.refresh(CkksTensor(row, p.d, p.packing, 1.0), 1, label).cts for r, row in p.cts.items()},
+    if p.level < 1 + ev.reserve(bound):
+        p = Scores({r: ev.refresh(CkksTensor(row, p.d, p.packing, 1.0), 1 + ev.reserve(bound), label).cts
+                    for r, row in p.cts.items()},
                    p.packing, p.d, 1.0)
     out = []
     with ev.timer("av"):

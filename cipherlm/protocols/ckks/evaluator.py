@@ -69,6 +69,13 @@ class EvalStats:
                 "refreshes": len(self.refreshes)}
 
 
+#: the largest bound a level-0 ciphertext may carry into bootstrapping (read as message / f
+#: through its scale metadata; Lattigo's bootstrapping checks that q0 / scale leaves room for
+#: its message ratio, which at the test preset allows 2^6).  Above it, an operation keeps one
+#: level in reserve (`CkksEvaluator.reserve`) so the division is a rescaled product instead.
+LEVEL0_MAX_FACTOR = 32.0
+
+
 def pow2_at_least(x: float) -> float:
     """The smallest power of two >= x (>= 1)."""
     return float(2.0 ** max(0, math.ceil(math.log2(max(float(x), 1.0)))))
@@ -130,6 +137,12 @@ class CkksEvaluator:
         out = self.be.multiply_scalar(self.ctx, ct, 1)  # an integer product at scale 1: a copy
         return out
 
+    @staticmethod
+    def reserve(bound: float) -> int:
+        """Levels an operation whose result has this bound leaves unused (1 above
+        `LEVEL0_MAX_FACTOR`: the result's bootstrapping divides it by a rescaled product)."""
+        return 1 if pow2_at_least(bound) > LEVEL0_MAX_FACTOR else 0
+
     def refresh(self, t: CkksTensor, levels: int, label: str = "") -> CkksTensor:
         """`t` with at least `levels` levels left: unchanged when it has them, else every
         ciphertext bootstrapped (or refreshed by the client) to the top level."""
@@ -147,9 +160,15 @@ class CkksEvaluator:
             else:
                 cts = []
                 for ct in t.cts:
-                    c = self.copy(ct)
-                    if f > 1:
-                        self.be.scale_message_inplace(self.ctx, c, f)
+                    if f > 1 and ct.level >= 1:
+                        c = self.mul_scalar_ct(ct, 1.0 / f)
+                    elif f > LEVEL0_MAX_FACTOR:
+                        raise HEError(f"{label or 'a value'}: bound {t.bound:g} at level 0 is too large to "
+                                      "bootstrap (the operation before it should have kept a level: reserve())")
+                    else:
+                        c = self.copy(ct)
+                        if f > 1:
+                            self.be.scale_message_inplace(self.ctx, c, f)
                     r = self.be.bootstrap(self.ctx, c, self.bootstrap_keys)
                     if f > 1:
                         r = self.be.multiply_scalar(self.ctx, r, int(f))
@@ -274,13 +293,14 @@ class CkksEvaluator:
         if bound is None:
             g = np.linspace(lo, hi, 2001)
             bound = float(np.max(np.abs(approx(g))))
-        x = self.refresh(t, approx.poly_depth, f"{label}.poly")
+        keep = self.reserve(bound)  # every stage's output has about this bound
+        x = self.refresh(t, approx.poly_depth + keep, f"{label}.poly")
         with self.timer("poly"):
             y = [self.be.evaluate_chebyshev(self.ctx, c, approx.coeffs, (lo, hi), self.keys) for c in x.cts]
         self._count("poly", len(y))
         y = x.with_cts(y, bound=bound)
         for i in range(approx.newton_steps):
-            need = 2 if approx.op == "inv" else 3
+            need = (2 if approx.op == "inv" else 3) + keep
             y = self.refresh(y, need, f"{label}.newton{i + 1}")
             x = self.refresh(x, need, f"{label}.newton{i + 1}")
             y = y.with_cts([self._newton(approx.op, xc, yc) for xc, yc in zip(x.cts, y.cts)])

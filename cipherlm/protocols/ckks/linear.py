@@ -99,7 +99,7 @@ class EncodedLinear:
     def __call__(self, ev: CkksEvaluator, x: CkksTensor, bound: float = 1.0, label: str = "linear") -> CkksTensor:
         if x.d != self.d_in or x.packing != self.packing:
             raise HEError(f"{label}: input of {x.d} channels, expected {self.d_in} in this layout")
-        x = ev.refresh(x, 1, label)
+        x = ev.refresh(x, 1 + ev.reserve(bound), label)
         tp, g = self.packing.tp, self.g
         lvl = x.level
         cts = [ev.drop_to(ev.copy(c), lvl) if c.level > lvl else c for c in x.cts]

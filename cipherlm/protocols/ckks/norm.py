@@ -31,7 +31,16 @@ def _fill(packing, approx) -> np.ndarray:
 def _rsqrt(ev: CkksEvaluator, var_ct, x: CkksTensor, approx, eps: float, label: str):
     var_ct = ev.add_plain_ct(var_ct, _fill(x.packing, approx) + eps)
     v = CkksTensor([var_ct], x.packing.cpc, x.packing, approx.hi)
-    return ev.poly(v, approx, f"{label}.rsqrt", bound=float(1.0 / np.sqrt(approx.lo)) * 1.01).cts[0]
+    r = ev.poly(v, approx, f"{label}.rsqrt", bound=float(1.0 / np.sqrt(approx.lo)) * 1.01)
+    return r
+
+
+def _times(ev: CkksEvaluator, parts: list, r: CkksTensor, x: CkksTensor, bound: float, label: str) -> list:
+    """parts[i] * r (one level; both refreshed first when they have too few)."""
+    need = 1 + ev.reserve(bound)
+    p = ev.refresh(x.with_cts(parts, bound=x.bound * 2), need, f"{label}.scale")
+    r = ev.refresh(r, need, f"{label}.scale").cts[0]
+    return [ev.mul_ct(c, r) for c in p.cts]
 
 
 def layer_norm(ev: CkksEvaluator, x: CkksTensor, gamma, beta, eps: float, rsqrt_approx, bound: float,
@@ -48,7 +57,7 @@ def layer_norm(ev: CkksEvaluator, x: CkksTensor, gamma, beta, eps: float, rsqrt_
         centred = [ev.mul_plain_ct(ev.sub_ct(ev.mul_scalar_ct(c, d), s1), g[i]) for i, c in enumerate(x.cts)]
     r = _rsqrt(ev, v, x, rsqrt_approx, eps, label)
     with ev.timer("norm"):
-        out = [ev.mul_ct(c, r) for c in centred]
+        out = _times(ev, centred, r, x, bound, label)
         if beta is not None:
             b = P.channel_vector(beta, d)
             out = [ev.add_plain_ct(c, b[i]) for i, c in enumerate(out)]
@@ -66,5 +75,5 @@ def rms_norm(ev: CkksEvaluator, x: CkksTensor, gamma, eps: float, rsqrt_approx, 
         scaled = [ev.mul_plain_ct(c, g[i]) for i, c in enumerate(x.cts)]
     r = _rsqrt(ev, ms, x, rsqrt_approx, eps, label)
     with ev.timer("norm"):
-        out = [ev.mul_ct(c, r) for c in scaled]
+        out = _times(ev, scaled, r, x, bound, label)
     return CkksTensor(out, d, P, bound)

@@ -1,0 +1,127 @@
+"""The fhe backend of the graph executor (cipherlm/runtime/fhe_executor.py) against the plain
+executor on small random configs of the BERT and Llama families, at the INSECURE N = 2^10
+test preset: the client embeds and encrypts, the server walks every other node on
+ciphertexts (bootstrapping where levels run out), the client decrypts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cipherlm.he.errors import HEError
+from cipherlm.he.lattigo_backend import TEST_INSECURE_PRESET, LattigoBackend, LattigoContext, available
+from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor
+
+pytestmark = pytest.mark.skipif(not available(), reason="the Lattigo library is not built (make lattigo)")
+
+
+@pytest.fixture(scope="module")
+def keys():
+    be = LattigoBackend()
+    ctx = LattigoContext.from_preset(TEST_INSECURE_PRESET, allow_insecure_for_tests=True)
+    sk = be.keygen(ctx)
+    bk = sk.bootstrapping_keys()
+    yield be, ctx, sk, bk
+    bk.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory) -> str:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, max_position_embeddings=64)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    transformers.BertModel(cfg).eval().save_pretrained(path)
+    return str(path)
+
+
+def _session(keys, model, T, max_tokens):
+    be, ctx, sk, bk = keys
+    P = model.packing(ctx.slots, T, max_tokens)
+    ek = sk.eval_keys(relin=True, steps=model.rotation_steps(model.packing(ctx.slots, max_tokens)))
+    return P, CkksEvaluator(be, ctx, ek, bk)
+
+
+def _encrypt(keys, model, P, ids):
+    from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
+
+    be, ctx, sk, _ = keys
+    x = client_embedding(model.graph, client_tensors(model), ids)
+    return CkksTensor([sk.encrypt(be.encode_slots(ctx, r)) for r in P.pack(x)], x.shape[1], P,
+                      model.bound(model.input_value))
+
+
+def _slots(keys, t):
+    be, ctx, sk, _ = keys
+    return np.stack([be.decode_slots(ctx, sk.decrypt(c)) for c in t.cts]).reshape(-1, t.packing.tp)
+
+
+def test_bert_hidden_and_classifier(keys, tiny_bert_dir):
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_executor import calibrated_model, client_nodes
+    from cipherlm.runtime.plain import plain_executor
+
+    lm = load_model(tiny_bert_dir)
+    rng = np.random.default_rng(2)
+    W, b = rng.normal(size=(2, 32)), rng.normal(size=2) * 0.1
+    model = calibrated_model(lm, [rng.integers(0, 100, size=10) for _ in range(4)], classifier=(W, b))
+    nodes, value = client_nodes(model.graph)
+    assert [n.op for n in nodes] == ["embed", "embed", "embed", "add", "add"] and value == "embed_sum"
+    ids = rng.integers(0, 100, size=7)
+    P, ev = _session(keys, model, len(ids), 12)
+    ex = plain_executor(lm, dtype=np.float64)
+    hidden = model.run(ev, _encrypt(keys, model, P, ids))["hidden"]
+    got = P.unpack(_slots(keys, hidden).reshape(-1, ev.ctx.slots), hidden.d)
+    want = ex.forward(ids)
+    assert np.abs(got - want).max() < 2e-2
+    assert ev.stats.counts["bootstrap"] > 0 and ev.stats.counts["poly"] > 0
+    logits = model.classify(ev, _encrypt(keys, model, P, ids))
+    s = _slots(keys, logits)
+    want_l = ex.sentence_embedding(ids) @ W.T + b
+    assert np.abs(s[:2, 0] - want_l).max() < 1e-2
+    s[:2, 0] = 0
+    assert np.abs(s).max() < 1e-4  # the result holds the logits and nothing else
+
+
+def test_llama_logits_and_greedy_tokens(keys, tiny_llama_dir):
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_executor import calibrated_model
+    from cipherlm.runtime.plain import plain_executor
+
+    lm = load_model(tiny_llama_dir)
+    rng = np.random.default_rng(3)
+    model = calibrated_model(lm, [rng.integers(0, 96, size=12) for _ in range(4)])
+    ex = plain_executor(lm, dtype=np.float64)
+    ids = list(rng.integers(0, 96, size=5))
+    P, ev = _session(keys, model, len(ids), 8)
+    out = model.logits(ev, _encrypt(keys, model, P, ids))
+    s = _slots(keys, out)
+    got = s[: out.d, len(ids) - 1]
+    want = ex.forward(ids)[-1]
+    assert np.abs(got - want).max() < 5e-3
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    s[: out.d, len(ids) - 1] = 0
+    assert np.abs(s).max() < 1e-4  # only the last position's logits
+    # greedy decoding of two tokens, one fhe pass per token over the whole prefix
+    new = [int(np.argmax(got))]
+    seq = list(ids) + new
+    P, ev = _session(keys, model, len(seq), 8)
+    lg = _slots(keys, model.logits(ev, _encrypt(keys, model, P, seq)))[: out.d, len(seq) - 1]
+    new.append(int(np.argmax(lg)))
+    assert new == ex.generate(ids, max_new_tokens=2, eos_token_ids=[])
+
+
+def test_unsupported_graphs_are_refused(tiny_llama_dir):
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_executor import FheModel
+
+    lm = load_model(tiny_llama_dir)
+    cfg = dict(lm.config, model_type="gpt2", n_embd=64, n_layer=1, n_head=4, vocab_size=96, n_positions=64)
+    from cipherlm.compile import build_graph
+
+    if "split" not in {n.op for n in build_graph(cfg).nodes}:
+        pytest.skip("this gpt2 graph has no fused-QKV split")
+    with pytest.raises(HEError, match="does not evaluate"):
+        FheModel(cfg, lm.weights, {"bounds": {}, "ranges": {}})

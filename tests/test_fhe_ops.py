@@ -1,0 +1,192 @@
+"""The fhe mode's CKKS operators (cipherlm/protocols/ckks) against numpy, at the INSECURE
+N = 2^10 test preset (512 slots, levels 0..9 like the production preset; bootstrapping
+keys in 0.3 s).  Every operator also keeps the layout's invariant: padding positions and
+padding channels decrypt to 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cipherlm.fhe.approx import approximation
+from cipherlm.he.errors import HEError
+from cipherlm.he.lattigo_backend import TEST_INSECURE_PRESET, LattigoBackend, LattigoContext, available
+from cipherlm.protocols.ckks import attention as A
+from cipherlm.protocols.ckks import linear as L
+from cipherlm.protocols.ckks import norm as NM
+from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor, pow2_at_least
+from cipherlm.protocols.ckks.packing import TokenPacking
+from cipherlm.runtime import ops
+
+pytestmark = pytest.mark.skipif(not available(), reason="the Lattigo library is not built (make lattigo)")
+
+T, HD = 5, 8
+
+
+@pytest.fixture(scope="module")
+def env():
+    be = LattigoBackend()
+    ctx = LattigoContext.from_preset(TEST_INSECURE_PRESET, allow_insecure_for_tests=True)
+    sk = be.keygen(ctx)
+    bk = sk.bootstrapping_keys()
+    P = TokenPacking(ctx.slots, T)
+    steps = L.rotation_steps(P) | A.rotation_steps(P, HD, [HD // 2, 1])
+    k = 1
+    while k < P.cpc:
+        steps.add(k * P.tp)
+        k *= 2
+    ek = sk.eval_keys(relin=True, steps=sorted(steps))
+    yield be, ctx, sk, ek, bk, P
+    bk.close()
+
+
+@pytest.fixture
+def ev(env):
+    be, ctx, sk, ek, bk, P = env
+    return CkksEvaluator(be, ctx, ek, bk)
+
+
+def enc(env, X, bound=1.0, level=None):
+    be, ctx, sk, *_rest, P = env
+    cts = [sk.encrypt(be.encode_slots(ctx, r, level=level)) for r in P.pack(X)]
+    return CkksTensor(cts, X.shape[1], P, bound)
+
+
+def slots_of(env, t):
+    be, ctx, sk, *_ = env
+    return np.stack([be.decode_slots(ctx, sk.decrypt(c)) for c in t.cts])
+
+
+def dec(env, t):
+    return t.packing.unpack(slots_of(env, t), t.d)
+
+
+def padding_max(env, t):
+    P = t.packing
+    v = slots_of(env, t).reshape(-1, P.tp)
+    m = np.ones(v.shape, bool)
+    m[: t.d, : P.tokens] = False
+    return float(np.abs(v[m]).max())
+
+
+def test_packing_layout_roundtrip():
+    P = TokenPacking(512, 5)
+    assert (P.tp, P.cpc) == (16, 32)
+    X = np.arange(5 * 40, dtype=float).reshape(5, 40)
+    s = P.pack(X)
+    assert s.shape == (2, 512)
+    assert s[0, 3 * 16 + 2] == X[2, 3] and s[1, 7 * 16 + 4] == X[4, 32 + 7]
+    assert np.array_equal(P.unpack(s, 40), X)
+    assert TokenPacking(512, 5, tp_min=32).tp == 32
+    with pytest.raises(ValueError, match="slots"):
+        TokenPacking(512, 300)
+
+
+def test_linear_blocks_bias_and_position(env, ev):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(T, 40))  # two input blocks of 32 channels
+    W, b = rng.normal(size=(70, 40)) / 6, rng.normal(size=70)  # three output blocks
+    x = enc(env, X, 4)
+    y = L.EncodedLinear(W, b, env[-1])(ev, x, bound=6)
+    assert y.d == 70 and y.level == x.level - 1
+    assert np.abs(dec(env, y) - (X @ W.T + b)).max() < 1e-6
+    assert padding_max(env, y) < 1e-6
+    mask = np.zeros(env[-1].tp)
+    mask[T - 1] = 1
+    z = L.EncodedLinear(W, b, env[-1], positions=mask)(ev, x, bound=6)
+    s = slots_of(env, z).reshape(-1, env[-1].tp)
+    assert np.abs(s[:70, T - 1] - (X[-1] @ W.T + b)).max() < 1e-6
+    s[:70, T - 1] = 0
+    assert np.abs(s).max() < 1e-6  # nothing else reaches the client
+    with pytest.raises(HEError, match="channels"):
+        L.EncodedLinear(W[:, :30], None, env[-1])(ev, x)
+
+
+def test_bootstrap_refresh_scales_large_values(env, ev):
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-20, 20, size=(T, 32))
+    x = enc(env, X, bound=20.0, level=1)
+    y = ev.refresh(x, 5, "test")
+    assert ev.stats.counts["bootstrap"] == 1 and y.level >= 5
+    assert np.abs(dec(env, y) - X).max() < 1e-3
+    assert ev.refresh(y, 5) is y  # enough levels: untouched
+    assert pow2_at_least(20.0) == 32.0 and pow2_at_least(0.3) == 1.0
+    with pytest.raises(HEError, match="levels"):
+        ev.refresh(y, 50, "too deep")
+
+
+@pytest.mark.parametrize("fn,lo,hi", [("gelu", -6.0, 6.0), ("silu", -6.0, 6.0)])
+def test_activation_polynomials(env, ev, fn, lo, hi):
+    X = np.random.default_rng(2).uniform(lo, hi, size=(T, 32))
+    a = approximation(fn, lo, hi, 1e-3)
+    y = ev.poly(enc(env, X, hi), a, fn)
+    assert np.abs(dec(env, y) - ops.activation(fn)(X)).max() < a.max_abs_error + 1e-4
+    assert padding_max(env, y) < 1e-4
+
+
+def test_inverse_and_rsqrt_with_newton_steps(env, ev):
+    X = np.random.default_rng(3).uniform(1.0, 30.0, size=(T, 32))
+    for op, f in (("inv", lambda x: 1 / x), ("rsqrt", lambda x: 1 / np.sqrt(x))):
+        a = approximation(op, 0.9, 33.0, 1e-3)
+        y = ev.poly(enc(env, X, 33.0), a, op)
+        got = dec(env, y)
+        assert np.max(np.abs(got - f(X)) / f(X)) < 2 * a.max_rel_error + 1e-4, op
+
+
+def test_layer_norm_and_rms_norm(env, ev):
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(T, 40)) * 2 + 0.5
+    g, b = rng.normal(size=40), rng.normal(size=40)
+    var = X.var(-1)
+    a = approximation("rsqrt", var.min() / 2, var.max() * 2, 1e-3)
+    y = NM.layer_norm(ev, enc(env, X, 8), g, b, 1e-5, a, bound=10)
+    assert np.abs(dec(env, y) - ops.layer_norm(X, g, b, 1e-5)).max() < 1e-2
+    assert padding_max(env, y) < 1e-4
+    ms = (X * X).mean(-1)
+    a2 = approximation("rsqrt", ms.min() / 2, ms.max() * 2, 1e-3)
+    z = NM.rms_norm(ev, enc(env, X, 8), g, 1e-5, a2, bound=10)
+    assert np.abs(dec(env, z) - ops.rms_norm(X, g, 1e-5)).max() < 1e-2
+    assert padding_max(env, z) < 1e-4
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_rope(env, ev, interleave):
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(T, 32))
+    pos = np.arange(7, 7 + T)
+    y = dec(env, A.rope(ev, enc(env, X, 4), pos, HD, 10000.0, interleave))
+    H = 32 // HD
+    h = X.reshape(T, H, HD).transpose(1, 0, 2)
+    if interleave:  # the plain executor's halves layout = a per-head permutation of the pairs
+        h = h.reshape(H, T, HD // 2, 2).transpose(0, 1, 3, 2).reshape(H, T, HD)
+    want = ops.apply_rope(h, pos, ops.rope_inv_freq(HD, 10000.0))
+    if interleave:
+        want = want.reshape(H, T, 2, HD // 2).transpose(0, 1, 3, 2).reshape(H, T, HD)
+    assert np.abs(y - want.transpose(1, 0, 2).reshape(T, 32)).max() < 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_scores_softmax_values(env, ev, causal):
+    rng = np.random.default_rng(6 + causal)
+    d = 32
+    H = d // HD
+    Q, K, V = (rng.normal(size=(T, d)) for _ in range(3))
+    scale = 1 / np.sqrt(HD)
+    qh, kh, vh = (m.reshape(T, H, HD).transpose(1, 0, 2) for m in (Q, K, V))
+    S = qh @ kh.transpose(0, 2, 1) * scale
+    if causal:
+        S = np.where(np.tril(np.ones((T, T)))[None] > 0, S, -np.inf)
+    bound = float(np.abs(S[np.isfinite(S)]).max()) * 1.2
+    want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(T, d)
+    sums = np.exp(np.where(np.isfinite(S), S - bound, -np.inf)).sum(-1)
+    s = A.scores(ev, enc(env, Q, 4), enc(env, K, 4), HD, scale, bound)
+    assert sorted(s.cts) == list(range(-(T - 1), T))
+    r1 = s.packing.unpack(slots_of(env, CkksTensor(s.cts[1], d, s.packing)), d)  # shift +1, head 0
+    assert np.abs(r1[: T - 1, 0] - np.diagonal(qh[0] @ kh[0].T * scale, 1)).max() < 1e-6
+    p = A.softmax(ev, s, approximation("exp", *A.exp_interval(bound), 1e-6),
+                  approximation("inv", sums.min() / 1.5, 2.0 * T, 1e-4), causal=causal)
+    out = A.attend(ev, p, enc(env, V, 4), bound=4)
+    assert np.abs(dec(env, out) - want).max() < 1e-3
+    assert padding_max(env, out) < 1e-4
+    with pytest.raises(HEError, match="exp approximated"):
+        A.softmax(ev, s, approximation("exp", -4.0, 0.0, 1e-4), approximation("inv", 0.5, 10.0, 1e-3))
