@@ -44,11 +44,11 @@ def _session(keys, model, T, max_tokens):
     return P, CkksEvaluator(be, ctx, ek, bk)
 
 
-def _encrypt(keys, model, P, ids):
+def _encrypt(keys, model, P, ids, positions=None):
     from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
 
     be, ctx, sk, _ = keys
-    x = client_embedding(model.graph, client_tensors(model), ids)
+    x = client_embedding(model.graph, client_tensors(model), ids, positions=positions)
     return CkksTensor([sk.encrypt(be.encode_slots(ctx, r)) for r in P.pack(x)], x.shape[1], P,
                       model.bound(model.input_value))
 
@@ -104,13 +104,28 @@ def test_llama_logits_and_greedy_tokens(keys, tiny_llama_dir):
     assert int(np.argmax(got)) == int(np.argmax(want))
     s[: out.d, len(ids) - 1] = 0
     assert np.abs(s).max() < 1e-4  # only the last position's logits
-    # greedy decoding of two tokens, one fhe pass per token over the whole prefix
-    new = [int(np.argmax(got))]
-    seq = list(ids) + new
-    P, ev = _session(keys, model, len(seq), 8)
-    lg = _slots(keys, model.logits(ev, _encrypt(keys, model, P, seq)))[: out.d, len(seq) - 1]
-    new.append(int(np.argmax(lg)))
-    assert new == ex.generate(ids, max_new_tokens=2, eos_token_ids=[])
+    # greedy decoding with the encrypted KV cache: a prefill pass, then one token per pass
+    P, ev = _session(keys, model, len(ids), 8)
+    cache = model.new_cache(ev)
+    lg = _slots(keys, model.logits(ev, _encrypt(keys, model, P, ids), cache=cache))[: out.d, len(ids) - 1]
+    new = [int(np.argmax(lg))]
+    assert cache.length == len(ids) and sorted(cache.k) == [0, 1]
+    for step in range(2):
+        pos = len(ids) + step
+        Pn = model.packing(ev.ctx.slots, 1, 8, offset=pos)
+        x = _encrypt(keys, model, Pn, [new[-1]], positions=[pos])
+        step_logits = _slots(keys, model.logits(ev, x, cache=cache))
+        lg = step_logits[: out.d, pos].copy()
+        want = ex.forward(list(ids) + new)[-1]
+        assert np.abs(lg - want).max() < 5e-3
+        step_logits[: out.d, pos] = 0
+        assert np.abs(step_logits).max() < 1e-4
+        new.append(int(np.argmax(lg)))
+    assert cache.length == len(ids) + 2
+    assert new == ex.generate(ids, max_new_tokens=3, eos_token_ids=[])
+    with pytest.raises(HEError, match="cache holds"):
+        model.logits(ev, _encrypt(keys, model, model.packing(ev.ctx.slots, 1, 8, offset=2), [1], positions=[2]),
+                     cache=cache)
 
 
 def test_unsupported_graphs_are_refused(tiny_llama_dir):

@@ -23,8 +23,12 @@ Grouped-query attention: the K and V projections of a model with fewer key/value
 are expanded at load time (each kv head's rows repeated for its query heads), so Q.K^T
 and P.V see one K and V head per query head.
 
-Not yet: the KV cache (a decoder pass recomputes the whole prefix), the encrypted
-maximum of softmax (a calibrated bound instead), MoE routing, GPT-2's fused QKV split.
+Decoders keep an encrypted KV cache on the server (`FheKVCache`): keys (after RoPE) and
+values of every layer, packed by absolute position, so a decoding step encrypts only its
+new token (at position offset = the cache's length, `TokenPacking.offset`).
+
+Not yet: the encrypted maximum of softmax (a calibrated bound instead), MoE routing,
+GPT-2's fused QKV split.
 """
 
 from __future__ import annotations
@@ -143,7 +147,7 @@ class FheBackend:
 
     def qk(self, node, q, k, ctx):
         return attn.scores(self.ev, q, k, node.attrs["head_dim"], node.attrs["scale"], self.m.bound(node.out),
-                           node.name)
+                           bool(node.attrs.get("causal")), node.name)
 
     def softmax(self, node, s, ctx):
         qk = self.m.producer[node.inputs[0]]
@@ -175,7 +179,7 @@ class FheBackend:
             raise HEError(f"{node.name}: the pooler head is not an fhe output (use FheModel.classify)")
         if ctx.get("last_only"):
             y = x.with_cts(x.cts)
-            y.position = x.packing.tokens - 1
+            y.position = x.packing.end - 1
             return y
         return x
 
@@ -193,8 +197,6 @@ class FheModel:
         bad = sorted({n.op for n in self.graph.nodes} - SUPPORTED_OPS - {"kv_cache", "argmax"})  # the client argmaxes
         if bad:
             raise HEError(f"the fhe mode does not evaluate {bad} yet ({config.get('model_type')})")
-        if any(n.op == "kv_cache" for n in self.graph.nodes):
-            self.graph = _without_kv_cache(self.graph)
         self.params = bind(self.graph, weights)
         self.calibration = calibration
         self.producer = self.graph.producers()
@@ -283,9 +285,15 @@ class FheModel:
     # ---- passes
 
     @staticmethod
-    def packing(slots: int, tokens: int, max_tokens: int | None = None) -> TokenPacking:
-        """The layout of `tokens` tokens in a session whose keys cover up to `max_tokens`."""
-        return TokenPacking(slots, tokens, tp_min=TokenPacking(slots, max_tokens or tokens).tp)
+    def packing(slots: int, tokens: int, max_tokens: int | None = None, offset: int = 0) -> TokenPacking:
+        """The layout of `tokens` tokens at positions offset.. in a session whose keys cover up
+        to `max_tokens` positions."""
+        if max_tokens is not None and offset + tokens > max_tokens:
+            raise HEError(f"positions up to {offset + tokens} exceed the session's {max_tokens}")
+        return TokenPacking(slots, tokens, tp_min=TokenPacking(slots, max_tokens or tokens).tp, offset=offset)
+
+    def new_cache(self, ev: CkksEvaluator) -> "FheKVCache":
+        return FheKVCache(ev)
 
     def _ctx(self, T: int, positions, last_only: bool) -> dict:
         ctx = {"pos0": int(positions[0]), "T": T, "positions": np.asarray(positions), "last_only": last_only}
@@ -293,23 +301,28 @@ class FheModel:
             ctx["B"] = None
         return ctx
 
-    def run(self, ev: CkksEvaluator, x: CkksTensor, positions=None, outputs: Sequence[str] = ("hidden",),
-            last_only: bool = False, on_layer=None) -> dict:
-        """The graph's `outputs` from the encrypted input value (the client's embedding sum).
-        ``on_layer(layer, n_layers)`` is called after each layer (progress, a session's
-        liveness check: an exception there stops the pass)."""
+    def run(self, ev: CkksEvaluator, x: CkksTensor, outputs: Sequence[str] = ("hidden",),
+            last_only: bool = False, on_layer=None, cache: "FheKVCache | None" = None) -> dict:
+        """The graph's `outputs` from the encrypted input value (the client's embedding sum,
+        packed at positions x.packing.offset..; decoders: after what `cache` holds, a fresh
+        cache if None).  ``on_layer(layer, n_layers)`` is called after each layer (progress, a
+        session's liveness check: an exception there stops the pass)."""
         T = x.packing.tokens
-        positions = np.arange(T) if positions is None else np.asarray(positions)
+        if cache is not None and cache.length != x.packing.offset:
+            raise HEError(f"the pass starts at position {x.packing.offset}, the cache holds {cache.length}")
+        cache = self.new_cache(ev) if cache is None else cache
+        positions = np.arange(x.packing.offset, x.packing.end)
         need = self.executor.needed(self.graph.outputs[r] for r in outputs)
         client = {n.name for n in self.client}
         nodes = [n for n in self.graph.nodes if n.name in need and n.name not in client]
         vals = self._executor(ev, on_layer).run_nodes(nodes, {self.input_value: x},
-                                                       self._ctx(T, positions, last_only))
+                                                       self._ctx(T, positions, last_only), cache)
+        cache.length = x.packing.end
         return {r: vals[self.graph.outputs[r]] for r in outputs}
 
-    def logits(self, ev: CkksEvaluator, x: CkksTensor, positions=None, on_layer=None) -> CkksTensor:
-        """Decoders: the logits of the last position (valid at position T - 1 only)."""
-        return self.run(ev, x, positions, ("logits",), last_only=True, on_layer=on_layer)["logits"]
+    def logits(self, ev: CkksEvaluator, x: CkksTensor, on_layer=None, cache: "FheKVCache | None" = None) -> CkksTensor:
+        """Decoders: the logits of the pass's last position (valid there only)."""
+        return self.run(ev, x, ("logits",), last_only=True, on_layer=on_layer, cache=cache)["logits"]
 
     def classify(self, ev: CkksEvaluator, x: CkksTensor, on_layer=None) -> CkksTensor:
         """Encoders with a classifier head: logits (valid at position 0) of the classifier on
@@ -331,6 +344,38 @@ class FheModel:
         return FheLinear(self, ev).linear(emb, ["classifier"])[0]
 
 
+class FheKVCache:
+    """A decoder session's KV cache on the server: per layer the keys (after RoPE) and the
+    values of every position so far, encrypted, packed by absolute position (offset 0).  A
+    pass's new keys sit at its own positions and zeros elsewhere, so appending is a
+    ciphertext addition.  The cache is refreshed when it would otherwise be bootstrapped by
+    every later step (kept with the levels Q.K^T and P.V consume)."""
+
+    def __init__(self, ev: CkksEvaluator):
+        self.ev = ev
+        self.k: dict[int, CkksTensor] = {}
+        self.v: dict[int, CkksTensor] = {}
+        self.length = 0
+
+    def _append(self, old: CkksTensor | None, new: CkksTensor, need: int, label: str) -> CkksTensor:
+        P = new.packing
+        if old is not None and old.packing.end != P.offset:
+            raise HEError(f"{label}: cached positions end at {old.packing.end}, the pass starts at {P.offset}")
+        whole = TokenPacking(P.slots, P.end, tp_min=P.tp)
+        if old is None:
+            t = CkksTensor(new.cts, new.d, whole, new.bound)
+        else:
+            t = CkksTensor([self.ev.add_ct(a, b) for a, b in zip(old.cts, new.cts)], new.d, whole,
+                           max(old.bound, new.bound))
+        return self.ev.refresh(t, need + self.ev.reserve(t.bound), label)
+
+    def append_node(self, node: Node, k: CkksTensor, v: CkksTensor) -> tuple[CkksTensor, CkksTensor]:
+        layer = node.attrs["layer"]
+        self.k[layer] = self._append(self.k.get(layer), k, 2, f"{node.name}.k")
+        self.v[layer] = self._append(self.v.get(layer), v, 1, f"{node.name}.v")
+        return self.k[layer], self.v[layer]
+
+
 class _FheWalk(GraphExecutor):
     """The graph walk with a per-layer callback."""
 
@@ -348,26 +393,6 @@ class _PoolNode:
 _POOL = _PoolNode()
 
 
-def _without_kv_cache(graph: Graph) -> Graph:
-    """The graph with its kv_cache nodes bypassed (a pass sees only its own keys/values:
-    the whole prefix is recomputed)."""
-    import copy
-
-    g = copy.deepcopy(graph)
-    rename = {}
-    keep = []
-    for n in g.nodes:
-        if n.op == "kv_cache":
-            for o, i in zip(n.outputs, n.inputs):
-                rename[o] = i
-            continue
-        keep.append(n)
-    for n in keep:
-        n.inputs = tuple(rename.get(v, v) for v in n.inputs)
-    g.nodes = keep
-    return g
-
-
 def pooled_ranges(hidden: Sequence[np.ndarray], margin: float = 0.25) -> dict:
     """Calibration entries of `FheModel.classify`'s pooling from plain last hidden states
     (T, d): the mean's bound and the range of its squared norm."""
@@ -383,15 +408,16 @@ def client_tensors(model: FheModel) -> dict[str, np.ndarray]:
     return {w: np.asarray(model.params[w]) for n in model.client for w in n.weights}
 
 
-def client_embedding(graph: Graph, tensors: dict[str, np.ndarray], ids, token_types=None) -> np.ndarray:
-    """The client's part of a pass: the (T, d) embedding sum of token ids `ids` (positions
-    0..T-1; token types 0 unless given), in the clear, from the embedding tables."""
+def client_embedding(graph: Graph, tensors: dict[str, np.ndarray], ids, token_types=None,
+                     positions=None) -> np.ndarray:
+    """The client's part of a pass: the (T, d) embedding sum of token ids `ids` (at `positions`,
+    default 0..T-1; token types 0 unless given), in the clear, from the embedding tables."""
     from .graph_executor import PlainBackend
 
     ids = np.asarray(ids, np.int64).reshape(-1)
     T = ids.size
     nodes, out = client_nodes(graph)
-    inputs = {"ids": ids, "positions": np.arange(T),
+    inputs = {"ids": ids, "positions": np.arange(T) if positions is None else np.asarray(positions, np.int64),
               "token_types": np.zeros(T, np.int64) if token_types is None else np.asarray(token_types, np.int64)}
     be = PlainBackend(tensors)
     vals = dict(inputs)

@@ -456,9 +456,12 @@ class GraphExecutor:
                 res = (group_out[gi][node.attrs["name"]],)
                 t0 = None
             elif node.op == "kv_cache":
-                Hkv = node.attrs["kv_heads"]
-                k, v = (_heads(t, Hkv) for t in ins)
-                res = cache.extend(node.attrs["layer"], k, v)
+                if hasattr(cache, "append_node"):  # a cache of non-array values (the fhe mode's ciphertexts)
+                    res = cache.append_node(node, *ins)
+                else:
+                    Hkv = node.attrs["kv_heads"]
+                    k, v = (_heads(t, Hkv) for t in ins)
+                    res = cache.extend(node.attrs["layer"], k, v)
             else:
                 with (meter(OP_CLASS[node.op], node.name) if meter is not None else _NO_METER):
                     r = getattr(self.backend, node.op)(node, *ins, ctx=ctx)

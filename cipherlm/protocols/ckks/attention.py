@@ -2,11 +2,16 @@
 server with no client help (AEGIS section 2.3-2.4: ct x ct products for Q.K^T and .V,
 softmax by polynomial approximation).
 
-Scores are kept by **diagonals**: for a shift r in -(T-1)..T-1 the ciphertext S_r holds,
-at every channel slot of head h and position t, the scaled score of query t against key
-t + r of head h (replicated over the head's hd channels):
+Scores are kept by **diagonals**: for a shift r the ciphertext S_r holds, at every channel
+slot of head h and position p, the scaled score of the query at position p against the key
+at position p + r of head h (replicated over the head's hd channels):
 
-    S_r = replicate_h( sum_{c in head h} Q[c, t] * K[c, t + r] ) * scale.
+    S_r = replicate_h( sum_{c in head h} Q[c, p] * K[c, p + r] ) * scale,
+
+for r from -(last query position) to (last key position - first query position); causal
+models need only r <= 0.  Queries and keys are packed by absolute position
+(`packing.TokenPacking.offset`), so a decoding step's queries meet the KV cache's keys,
+which stay encrypted on the server (`runtime.fhe_executor.FheKVCache`).
 
 `packing.TokenPacking` keeps tp >= 2T with zero padding positions, so a plain slot
 rotation of K by r brings key t + r under query t, with zeros where t + r is out of
@@ -48,14 +53,21 @@ class Scores:
     packing: TokenPacking
     d: int
     bound: float
+    #: the number of key positions (0..keys-1)
+    keys: int = 0
 
     @property
     def level(self) -> int:
         return min(c.level for row in self.cts.values() for c in row)
 
 
-def shifts(T: int) -> list[int]:
-    return list(range(-(T - 1), T))
+def shifts(T: int, offset: int = 0, keys: int | None = None, causal: bool = False) -> list[int]:
+    """The shifts r with a valid (query, key) pair: queries at offset..offset+T-1, keys at
+    0..keys-1 (default offset + T); r <= 0 only when causal."""
+    end = offset + T
+    keys = end if keys is None else keys
+    hi = 0 if causal else keys - 1 - offset
+    return list(range(-(end - 1), hi + 1))
 
 
 def rotation_steps(packing: TokenPacking, head_dim: int, rope_partners=()) -> set[int]:
@@ -71,11 +83,11 @@ def rotation_steps(packing: TokenPacking, head_dim: int, rope_partners=()) -> se
     return {s % packing.slots for s in out if s % packing.slots}
 
 
-def _valid(T: int, r: int, causal: bool, window: int | None) -> np.ndarray:
-    """(T,) whether query t may see key t + r."""
-    t = np.arange(T)
+def _valid(packing: TokenPacking, keys: int, r: int, causal: bool, window: int | None) -> np.ndarray:
+    """(T,) whether the query at position offset + t may see the key at that position + r."""
+    t = np.arange(packing.offset, packing.end)
     k = t + r
-    ok = (k >= 0) & (k < T)
+    ok = (k >= 0) & (k < keys)
     if causal:
         ok &= k <= t
     if window is not None:
@@ -84,20 +96,22 @@ def _valid(T: int, r: int, causal: bool, window: int | None) -> np.ndarray:
 
 
 def softmax_mask(packing: TokenPacking, d: int, r: int, bound: float, causal: bool = False,
-                 window: int | None = None, key_keep: np.ndarray | None = None) -> np.ndarray:
-    """(n_cts(d), slots) additive mask of shift r: -S on valid entries of real rows, -S - gap
-    - S on invalid ones, 0 at r = 0 of padding rows and channels (they attend to themselves)."""
-    T, tp = packing.tokens, packing.tp
+                 window: int | None = None, key_keep: np.ndarray | None = None, keys: int | None = None) -> np.ndarray:
+    """(n_cts(d), slots) additive mask of shift r: -S on valid entries of the pass's rows, -S -
+    gap - S on invalid ones, 0 at r = 0 of the other rows and of padding channels (they attend
+    to themselves).  ``keys``: key positions 0..keys-1 (default: up to the pass's end)."""
+    tp = packing.tp
+    keys = packing.end if keys is None else keys
     invalid = -2.0 * bound - MASK_GAP
-    ok = _valid(T, r, causal, window)
+    ok = _valid(packing, keys, r, causal, window)
     if key_keep is not None:  # encoders: padding tokens of the batch's mask
-        t = np.arange(T)
-        kk = np.zeros(T, bool)
-        inr = (t + r >= 0) & (t + r < T)
-        kk[inr] = np.asarray(key_keep, bool)[(t + r)[inr]]
+        k = np.arange(packing.offset, packing.end) + r
+        kk = np.zeros(k.size, bool)
+        inr = (k >= 0) & (k < keys)
+        kk[inr] = np.asarray(key_keep, bool)[k[inr]]
         ok &= kk
     row = np.full(tp, 0.0 if r == 0 else invalid)
-    row[:T] = np.where(ok, -bound, invalid)
+    row[packing.offset:packing.end] = np.where(ok, -bound, invalid)
     grid = np.tile(row, (d, 1))
     out = packing.grid(grid, d)
     if r == 0:  # padding channels: 0 (attend to themselves)
@@ -121,7 +135,7 @@ def rope(ev: CkksEvaluator, x: CkksTensor, positions: np.ndarray, head_dim: int,
     gives the plain executor's halves layout up to a per-head permutation that Q.K^T does
     not see): x cos + rot(x, p tp) (-sin on the first of each pair) + rot(x, -p tp) (sin on
     the second), p = hd/2 (or 1): three plaintext products, one rescale, one level."""
-    P, T = x.packing, x.packing.tokens
+    P, T, o = x.packing, x.packing.tokens, x.packing.offset
     if x.d % head_dim:
         raise HEError(f"{label}: {x.d} channels are not whole heads of {head_dim}")
     positions = np.asarray(positions, np.float64).reshape(-1)
@@ -143,7 +157,7 @@ def rope(ev: CkksEvaluator, x: CkksTensor, positions: np.ndarray, head_dim: int,
 
     def grid(per_head):  # (hd, T) -> (n_cts, slots) over all heads, padding positions 0
         g = np.zeros((x.d, P.tp))
-        g[:, :T] = np.tile(per_head, (heads, 1))
+        g[:, o:o + T] = np.tile(per_head, (heads, 1))
         return P.grid(g, x.d)
 
     cos_g = grid(cos)
@@ -164,16 +178,18 @@ def rope(ev: CkksEvaluator, x: CkksTensor, positions: np.ndarray, head_dim: int,
 
 
 def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale: float, bound: float,
-           label: str = "qk") -> Scores:
-    """The score diagonals S_r (module docstring); two levels."""
-    if q.d != k.d or q.packing != k.packing:
-        raise HEError(f"{label}: q has {q.d} channels, k {k.d} (expand grouped K/V heads first)")
+           causal: bool = False, label: str = "qk") -> Scores:
+    """The score diagonals S_r of queries `q` against keys `k` (positions 0..k.packing.end-1:
+    the pass's own, or the KV cache's); two levels."""
+    if q.d != k.d or q.packing.layout() != k.packing.layout() or k.packing.offset != 0:
+        raise HEError(f"{label}: q has {q.d} channels, k {k.d} (expand grouped K/V heads first), "
+                      f"or another layout")
     P = q.packing
     if P.cpc % head_dim:
         raise HEError(f"{label}: head dim {head_dim} does not divide {P.cpc} channels per ciphertext")
     q = ev.refresh(q, 2 + ev.reserve(bound), label)
     k = ev.refresh(k, 2 + ev.reserve(bound), label)
-    rs = shifts(P.tokens)
+    rs = shifts(P.tokens, P.offset, k.packing.end, causal)
     start = np.zeros((P.n_cts(q.d) * P.cpc, P.tp))
     start[: q.d][np.arange(q.d) % head_dim == 0] = scale
     start = start.reshape(-1, P.slots)
@@ -186,7 +202,7 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
                 s = ev.window_sum(s, head_dim, P.tp)
                 s = ev.mul_plain_ct(s, start[i])
                 out[r].append(ev.window_sum(s, head_dim, P.tp, backward=True))
-    return Scores(out, P, q.d, bound)
+    return Scores(out, P, q.d, bound, k.packing.end)
 
 
 def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: bool = False,
@@ -199,7 +215,7 @@ def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: boo
     e: dict[int, CkksTensor] = {}
     total = None
     for r, row in s.cts.items():
-        mask = softmax_mask(P, s.d, r, s.bound, causal, window, key_keep)
+        mask = softmax_mask(P, s.d, r, s.bound, causal, window, key_keep, s.keys)
         z = CkksTensor([ev.add_plain_ct(c, mask[i]) for i, c in enumerate(row)], s.d, P, 3 * s.bound + MASK_GAP)
         e[r] = ev.poly(z, exp_approx, f"{label}.exp", bound=1.0)
         total = e[r] if total is None else ev.add(total, e[r], bound=total.bound + 1.0)
@@ -210,19 +226,21 @@ def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: boo
         iv = ev.refresh(inv, 1, f"{label}.normalise")
         inv = iv
         out[r] = [ev.mul_ct(a, b) for a, b in zip(er.cts, iv.cts)]
-    return Scores(out, P, s.d, 1.0)
+    return Scores(out, P, s.d, 1.0, s.keys)
 
 
 def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str = "av") -> CkksTensor:
-    """sum_r P_r * rot(V, r): the attention output (T, d); one level."""
-    if v.d != p.d or v.packing != p.packing:
+    """sum_r P_r * rot(V, r): the attention output (T, d) in the queries' packing; one level.
+    Rows outside the pass hold sums of their own V rows (a KV cache's): the projection after
+    attention keeps the pass's rows only (`linear.EncodedLinear`'s mask)."""
+    if v.d != p.d or v.packing.layout() != p.packing.layout():
         raise HEError(f"{label}: v has {v.d} channels, the scores {p.d}")
     v = ev.refresh(v, 1 + ev.reserve(bound), label)
     rs = sorted(p.cts)
     if p.level < 1 + ev.reserve(bound):
         p = Scores({r: ev.refresh(CkksTensor(row, p.d, p.packing, 1.0), 1 + ev.reserve(bound), label).cts
                     for r, row in p.cts.items()},
-                   p.packing, p.d, 1.0)
+                   p.packing, p.d, 1.0, p.keys)
     out = []
     with ev.timer("av"):
         for i, vc in enumerate(v.cts):
@@ -232,4 +250,4 @@ def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str
                 t = ev.mul_ct(p.cts[r][i], vr)
                 acc = t if acc is None else ev.add_ct(acc, t)
             out.append(acc)
-    return CkksTensor(out, v.d, v.packing, bound)
+    return CkksTensor(out, v.d, p.packing, bound)
