@@ -1,0 +1,94 @@
+"""Messages of the fhe mode's protocol: whole blocks on ciphertexts, no interaction.
+
+The server evaluates every node of the model graph after the embedding on CKKS
+ciphertexts (`cipherlm.runtime.fhe_executor.FheModel`), bootstrapping where the levels
+run out; the client embeds its tokens in the clear, encrypts the (T, d) sum, uploads it
+and, after the server's single answer, decrypts the result.  Between the upload and the
+result the server sends nothing and the client sends nothing.  One session on one
+channel:
+
+==========  ==============================================  ======================================
+step        client -> server                                server -> client
+==========  ==============================================  ======================================
+hello       ``{type: hello, protocol, mode: "fhe", model}``  ``{type: welcome, protocol, model, kind,
+                                                             config, preset, insecure, slots, d,
+                                                             max_tokens, rotation_steps, labels,
+                                                             key_sizes, key_chunk, bundle_digest,
+                                                             limits}``
+bundle      ``{type: get_bundle}`` (only if not cached;      ``{type: bundle, tensors, tokenizer}``
+            at most once per session)
+keys        ``{type: keys, sizes: {relin, galois,            (nothing until the last part)
+            bootstrap}, parts: K}``, then K x
+            ``{type: keys_part, index, total, blob, data}``  ``{type: ready}``
+infer       ``{type: infer, task, tokens, cts: [bytes]}``    (nothing until the result)
+                                                             ``{type: result, task, d, cts: [bytes],
+                                                             stats}``
+stats       ``{type: stats}``                                ``{type: stats, seconds, counts, work,
+                                                             infers}``
+bye         ``{type: bye}``                                  (connection closed)
+==========  ==============================================  ======================================
+
+The welcome: ``kind`` "encoder" or "decoder"; ``preset`` the Lattigo bootstrapping
+parameter set (`LattigoContext.from_preset`); ``insecure`` True only for the INSECURE
+test preset (a client refuses such a server unless told otherwise, and decides from the
+preset's name, not from this flag); ``slots`` per ciphertext; ``d`` the width of the
+encrypted input (the embedding sum); ``max_tokens`` the most tokens one ``infer`` takes;
+``rotation_steps`` exactly the slot rotations a pass of up to ``max_tokens`` tokens needs
+(the client makes Galois keys for these and no others); ``labels`` the classifier's
+labels (encoders with a classifier head) or None; ``key_sizes`` ``{relin, galois_max,
+bootstrap}`` in bytes (relin and bootstrap exact for the preset, galois an upper bound);
+``key_chunk`` the largest ``keys_part`` data the server takes; ``bundle_digest`` the
+sha256 of the client bundle (`cipherlm.runtime.bundle`: the embedding tables the client
+needs, `fhe_executor.client_tensors`, and the tokenizer).
+
+Keys: the bootstrapping keys are ~7.9 GB at the production preset, over the 1 GiB frame
+limit, so the three key blobs (relinearisation key "CLGR", seeded Galois keys for the
+welcome's steps, bootstrapping keys "CLGB") go in ``keys_part`` messages, in that order
+(``blob``: "relin", "galois", "bootstrap"; ``index`` 0..K-1, ``total`` K; each ``data``
+non-empty and at most ``key_chunk`` bytes, inside its blob).  The announced sizes are
+checked against the preset's before any part is taken; the parts are reassembled, then
+parsed and validated (`LattigoBackend.*_from_bytes`); the keys are held for the session
+and dropped when it ends.  A second ``keys`` message is an error.
+
+``infer``: ``task`` "classify" (encoders with a classifier head: the classifier's logits
+of the pooled, normalised last hidden states, at position 0 of each output channel) or
+"logits" (decoders: the LM head's logits of the last position, at position T-1);
+``tokens`` T in 1..max_tokens; ``cts`` exactly ``ceil(d / cpc)`` ciphertexts of the
+token-group packing of T tokens for a session of ``max_tokens``
+(`FheModel.packing(slots, T, max_tokens)`, `protocols.ckks.packing`).  The result's
+``stats``: ``{counts, seconds, refreshes, levels, layers}`` (operation counts and seconds
+per kind from the evaluator, the output levels).  ``refresh: "client"`` (the
+client-aided refresh of DESIGN.md) is answered with an error: not available yet.
+
+The hello is strict as in every mode (`session_server.MessageSession.check_hello`).  Any
+request the server cannot serve is answered ``{type: error, message}`` and ends that
+session only; the server goes on serving others.
+"""
+
+from __future__ import annotations
+
+from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
+
+PROTOCOL_VERSION = 1
+MODE = "fhe"
+TASKS = ("classify", "logits")
+#: the order of the key blobs in the ``keys_part`` stream
+KEY_BLOBS = ("relin", "galois", "bootstrap")
+#: the largest ``keys_part`` data a server takes (and the size a client cuts)
+KEY_CHUNK = 64 << 20
+#: the smallest part a client may send, except for the last part of a blob (caps the
+#: number of parts of an upload)
+MIN_KEY_CHUNK = 1 << 20
+#: the production preset (128-bit) and the INSECURE one for tests
+DEFAULT_PRESET = "N16QP1546H192H32"
+TEST_PRESET = "test-insecure-N1024"
+#: tokens one pass takes by default (the Galois keys are made for this many)
+DEFAULT_MAX_TOKENS = 32
+
+__all__ = ["PROTOCOL_VERSION", "MODE", "TASKS", "KEY_BLOBS", "KEY_CHUNK", "MIN_KEY_CHUNK", "DEFAULT_PRESET",
+           "TEST_PRESET", "DEFAULT_MAX_TOKENS", "ProtocolError", "RemoteError", "expect", "max_key_parts"]
+
+
+def max_key_parts(sizes: dict) -> int:
+    """The most ``keys_part`` messages an upload of blobs of these sizes may take."""
+    return sum(-(-int(sizes[b]) // MIN_KEY_CHUNK) for b in KEY_BLOBS)
