@@ -12,6 +12,10 @@ import sys
 from cipherlm import __version__
 from cipherlm.launch import DEFAULT_DECODER, DEFAULT_ENCODER, DEFAULT_PROMPT, MODES
 
+#: the client commands' modes: the session modes and fhe (whole blocks on ciphertexts, docs/fhe.md)
+RUN_MODES = MODES + ("fhe",)
+FHE_PRESETS = ("N16QP1546H192H32", "test-insecure-N1024")
+
 
 def _add_packing_args(p: argparse.ArgumentParser, where: str) -> None:
     p.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
@@ -57,6 +61,23 @@ def _add_limit_args(p: argparse.ArgumentParser) -> None:
                    help="offload: ciphertexts one session may have evaluated in all (default 1048576)")
 
 
+def _add_fhe_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fhe-preset", default=FHE_PRESETS[0], choices=FHE_PRESETS,
+                   help="fhe: the CKKS bootstrapping preset (default N16QP1546H192H32: 128-bit, 2^15 slots, "
+                        "bootstrapping keys ~7.9 GB per session; test-insecure-N1024 is INSECURE and needs "
+                        "--insecure-test-preset)")
+    p.add_argument("--insecure-test-preset", action="store_true",
+                   help="fhe: allow the INSECURE test preset (no security at all; for tests only)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="fhe: the most tokens one encrypted pass takes (the Galois keys are made for it; "
+                        "default 32)")
+
+
+def _add_fhe_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--insecure-ok", action="store_true",
+                   help="fhe: accept a server on the INSECURE test preset (tests only; refused by default)")
+
+
 def _server_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -73,18 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("prompt")
-    g.add_argument("--mode", choices=MODES, default="plain")
+    g.add_argument("--mode", choices=RUN_MODES, default="plain")
     g.add_argument("--model", default=DEFAULT_DECODER, help="model name or path (plain mode)")
-    g.add_argument("--server", type=_server_address, help="HOST:PORT of a `cipherlm serve` (offload / 2pc mode)")
+    g.add_argument("--server", type=_server_address, help="HOST:PORT of a `cipherlm serve` (offload / 2pc / fhe mode)")
+    _add_fhe_client_args(g)
     g.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
     _add_sampling_args(g)
     _add_report_args(g)
 
     c = sub.add_parser("classify", help="classify sentences with a BERT model and its linear probe")
     c.add_argument("sentences", nargs="*", help="sentences to classify (default: the 200 polarity sentences)")
-    c.add_argument("--mode", choices=MODES, default="plain")
+    c.add_argument("--mode", choices=RUN_MODES, default="plain")
     c.add_argument("--model", default=DEFAULT_ENCODER)
     c.add_argument("--server", type=_server_address)
+    _add_fhe_client_args(c)
     c.add_argument("--limit", type=int, default=0, help="only the first N polarity sentences")
     c.add_argument("--compare", action="store_true", help="also run the plaintext executor and report agreement")
     _add_report_args(c)
@@ -106,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--fusion", choices=("none", "blb"), default="none", help="blb: also the BLB fused blocks per layer (FineGrainFusion passes, docs/blb.md)")
 
     s = sub.add_parser("serve", help="serve a model to private-inference clients")
-    s.add_argument("--mode", choices=("offload", "2pc"), default="offload")
+    s.add_argument("--mode", choices=("offload", "2pc", "fhe"), default="offload")
     s.add_argument("--model", default=DEFAULT_DECODER)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7070, help="0 picks a free port (printed on stdout)")
@@ -130,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="2pc, MoE models: CryptoMoE capacity factor c (each expert takes "
                         "ceil(c m k / n) of a pass's m tokens; public)")
     _add_packing_args(s, "2pc")
+    _add_fhe_serve_args(s)
 
     x = sub.add_parser("proxy", help="an OpenAI-compatible HTTP API on this machine, in front of a `cipherlm serve` "
                                      "(the keys stay in the proxy; docs/proxy.md)")
@@ -149,10 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "request) for models that are on this machine: runs the plaintext model too")
 
     d = sub.add_parser("demo", help="server and client as two processes on loopback, short generation")
-    d.add_argument("--mode", choices=MODES, default="offload")
-    d.add_argument("--model", default=DEFAULT_DECODER)
+    d.add_argument("--mode", choices=RUN_MODES, default="offload")
+    d.add_argument("--model", default=None,
+                   help=f"default {DEFAULT_DECODER} ({DEFAULT_ENCODER} in the fhe mode, which classifies the prompt)")
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
-    d.add_argument("--max-new-tokens", type=int, default=None, help="default 8 (offload), 2 (2pc)")
+    d.add_argument("--max-new-tokens", type=int, default=None, help="default 8 (offload), 2 (2pc), 1 (fhe)")
+    _add_fhe_serve_args(d)
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")

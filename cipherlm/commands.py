@@ -334,7 +334,7 @@ def cmd_generate(args) -> int:
         return 0
     if args.server is None:
         raise UserError(f"--mode {args.mode} needs --server HOST:PORT (start one with `cipherlm serve --mode {args.mode}`)")
-    run = run_twopc_generation if args.mode == "2pc" else run_offload_generation
+    run = {"2pc": run_twopc_generation, "fhe": run_fhe_generation}.get(args.mode, run_offload_generation)
     result = run(args.server, args.model, args.prompt, args, report=report, compare=args.compare)
     report.extra.update(result["extra"])
     report.finish(wall_seconds=time.perf_counter() - t0)
@@ -524,7 +524,12 @@ def _sentences(args) -> list[str]:
     from cipherlm.models.data import load_polarity
 
     pairs = load_polarity()
-    return [t for t, _ in pairs][: args.limit] if args.limit else [t for t, _ in pairs]
+    limit = args.limit
+    if not limit and getattr(args, "mode", "") == "fhe":
+        limit = FHE_DEFAULT_SENTENCES
+        _err(f"fhe mode: classifying the first {limit} polarity sentences (one encrypted pass each; --limit N "
+             "for more)")
+    return [t for t, _ in pairs][:limit] if limit else [t for t, _ in pairs]
 
 
 def classify_texts(executor, tokenizer, texts, progress_label: str | None = None) -> np.ndarray:
@@ -588,6 +593,11 @@ def cmd_classify(args) -> int:
         if args.server is None:
             raise UserError("--mode 2pc needs --server HOST:PORT (start one with `cipherlm serve --mode 2pc --model minilm-l6`)")
         logits, labels = classify_twopc(args.server, args.model, texts, report)
+    elif args.mode == "fhe":
+        if args.server is None:
+            raise UserError("--mode fhe needs --server HOST:PORT (start one with `cipherlm serve --mode fhe "
+                            "--model minilm-l6`)")
+        logits, labels = classify_fhe(args.server, args.model, texts, report, args)
     else:
         if args.server is None:
             raise UserError("--mode offload needs --server HOST:PORT (start one with `cipherlm serve --mode offload --model minilm-l6`)")
@@ -675,6 +685,8 @@ def cmd_serve(args) -> int:
                                      network=getattr(args, "packing_network", "LAN"), limits=limits,
                                      session_processes=_session_processes(args))
         return 0
+    if args.mode == "fhe":
+        return serve_fhe(args, timeout)
     from cipherlm.runtime import offload_server
 
     limits = serve_limits(args, offload_server.DEFAULT_LIMITS)
@@ -707,11 +719,17 @@ def cmd_proxy(args) -> int:
 def cmd_demo(args) -> int:
     from cipherlm.report import RunReport
 
+    from cipherlm.launch import DEFAULT_DECODER, DEFAULT_ENCODER
+
     t0 = time.perf_counter()
+    if getattr(args, "model", None) is None:
+        args.model = DEFAULT_ENCODER if args.mode == "fhe" else DEFAULT_DECODER
     report = RunReport(mode=args.mode, model=args.model, command=sys.argv)
     args.temperature, args.top_k, args.top_p, args.seed, args.raw = 0.0, 0, 1.0, None, False
     if args.max_new_tokens is None:
-        args.max_new_tokens = 2 if args.mode == "2pc" else 8
+        args.max_new_tokens = {"2pc": 2, "fhe": 1}.get(args.mode, 8)
+    if args.mode == "fhe":
+        return demo_fhe(args, report, t0)
     if args.mode == "2pc":
         return demo_twopc(args, report, t0)
     if args.mode == "plain":
@@ -763,6 +781,234 @@ def demo_twopc(args, report, t0) -> int:
     print(f"2pc (private):        {ex['text']!r}")
     print(f"plaintext executor:   {ex['plain_text']!r}")
     print(f"agreement with plaintext: {ex['agreement']:.3f} (identical prefix {ex['identical_prefix']} tokens)")
+    print(report.summary_text())
+    _write_outputs(report, args)
+    return 0
+
+
+# ----------------------------------------------------------------------------- fhe mode
+
+#: polarity sentences `cipherlm classify --mode fhe` takes without sentences or --limit (a pass each)
+FHE_DEFAULT_SENTENCES = 2
+
+
+@contextlib.contextmanager
+def _fhe_session(server, model, args):
+    """An `FheClient` session with a `cipherlm serve --mode fhe`; its faults as user errors."""
+    from cipherlm.net.channel import ChannelClosed, ChannelTimeout
+    from cipherlm.runtime.fhe_client import FheClient
+    from cipherlm.runtime.fhe_protocol import ProtocolError, RemoteError
+
+    host, port = server
+    _err(f"connecting to {host}:{port} (fhe) ...")
+    try:
+        with FheClient(host, port, model=model, insecure_ok=bool(getattr(args, "insecure_ok", False)),
+                       progress=_err) as client:
+            _err(f"session ready in {client.setup_seconds:.1f} s: {client.model} ({client.kind}), preset "
+                 f"{client.preset}{' (INSECURE test preset)' if client.insecure else ''}, up to "
+                 f"{client.max_tokens} tokens per pass")
+            yield client
+    except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout) as exc:
+        raise UserError(f"fhe session failed: {exc}") from exc
+
+
+def peak_rss_mb() -> float:
+    from cipherlm.runtime.fhe_server import peak_rss_mb as peak
+
+    return peak()
+
+
+def _add_fhe_stats(report, client) -> None:
+    """Traffic, server seconds per operation kind (the evaluator's), bootstraps and HE op counts,
+    client seconds and peak memory of an fhe session, into the report."""
+    server_stats = client.server_stats()
+    report.add_channel_stats(client.chan.stats(), party="client")
+    for kind, seconds in client.server_seconds.items():
+        report.add_seconds(kind, seconds)
+    report.add_he_ops(dict(client.server_counts), op_class="fhe")
+    for kind, seconds in client.seconds.items():
+        report.add_seconds(f"client_{kind}", seconds)
+    keys_s = (server_stats.get("seconds") or {}).get("keys", 0.0)
+    report.add_seconds("keys_load", keys_s)
+    report.extra.update({
+        "preset": client.preset, "insecure_preset": client.insecure, "max_tokens": client.max_tokens,
+        "setup_seconds": client.setup_seconds, "bundle_from_cache": client.bundle_from_cache,
+        "bootstraps": int(client.server_counts.get("bootstrap", 0)),
+        "server_seconds": dict(client.server_seconds), "server_keys_load_seconds": keys_s,
+        "server_compute_seconds": sum(client.server_seconds.values()),
+        "client_seconds": dict(client.seconds), "client_compute_seconds": sum(client.seconds.values()),
+        "passes": [{k: v for k, v in p.items()} for p in client.infer_stats],
+        "peak_rss_mb": {"client": peak_rss_mb(), "server": server_stats.get("peak_rss_mb")},
+    })
+
+
+def _fhe_generate_with(client, prompt, args, report, stream=True) -> dict:
+    tok = client.tokenizer
+    if client.kind != "decoder":
+        raise UserError(f"the server's model {client.model!r} is an encoder: use `cipherlm classify --mode fhe`")
+    if tok is None:
+        raise UserError(f"the server's model {client.model!r} has no tokenizer")
+    prompt_ids = tok.encode(chat_prompt(tok, prompt, getattr(args, "raw", False))).ids
+    if len(prompt_ids) > client.max_tokens:
+        raise UserError(f"the prompt is {len(prompt_ids)} tokens: this fhe server takes at most {client.max_tokens} "
+                        "per pass (serve --max-tokens)")
+    _err(f"{len(prompt_ids)} prompt tokens; generating: one encrypted pass over the whole prefix per token "
+         "(no KV cache yet), the server answers each pass once ...")
+    streamer = TokenStreamer(tok) if stream else (lambda t: None)
+    token_times: list[float] = []
+    t_gen = time.perf_counter()
+
+    def on_token(tid):
+        token_times.append(time.perf_counter() - t_gen)
+        streamer(tid)
+
+    new_ids, logits = client.generate(prompt_ids, args.max_new_tokens, eos_ids(client.config, tok), on_token)
+    if stream:
+        streamer.finish()
+    _add_fhe_stats(report, client)
+    extra = {
+        "prompt_tokens": len(prompt_ids), "new_tokens": len(new_ids), "new_ids": new_ids,
+        "first_token_seconds": token_times[0] if token_times else None,
+        "later_token_seconds_mean": float(np.mean(np.diff(token_times))) if len(token_times) > 1 else None,
+        "text": tok.decode(new_ids, skip_special_tokens=True),
+    }
+    return {"prompt_ids": prompt_ids, "new_ids": new_ids, "logits": logits, "extra": extra}
+
+
+def run_fhe_generation(server, model, prompt, args, report, compare: bool, stream=True) -> dict:
+    """Greedy generation with an fhe server (whole blocks on ciphertexts); optionally compared
+    with the local plaintext executor."""
+    with _fhe_session(server, model, args) as client:
+        result = _fhe_generate_with(client, prompt, args, report, stream)
+        name = client.model
+    if compare:
+        result["extra"].update(compare_with_plain(name, result["prompt_ids"], result["new_ids"], result["logits"],
+                                                  args))
+        report.agreement = result["extra"]["agreement"]
+    return result
+
+
+def _fhe_classify_with(client, texts) -> np.ndarray:
+    from cipherlm.progress import Progress
+
+    if "classify" not in client.tasks or not client.labels:
+        raise UserError(f"the server's model {client.model!r} has no classifier head")
+    if client.tokenizer is None:
+        raise UserError(f"the server's model {client.model!r} has no tokenizer")
+    out, cut = [], 0
+    with Progress("classifying under FHE (one encrypted pass per sentence)") as bar:
+        for i, text in enumerate(texts):
+            ids = client.tokenizer.encode(text).ids
+            if len(ids) > client.max_tokens:
+                ids, cut = ids[: client.max_tokens], cut + 1
+            out.append(client.classify(ids))
+            bar.update(i + 1, len(texts))
+    if cut:
+        _err(f"{cut} sentence(s) cut to the server's {client.max_tokens} tokens (serve --max-tokens)")
+    return np.stack(out)
+
+
+def classify_fhe(server, model, texts, report, args):
+    """Class logits (N, C) of each sentence from an fhe server (one encrypted pass each)."""
+    with _fhe_session(server, model, args) as client:
+        logits = _fhe_classify_with(client, texts)
+        _add_fhe_stats(report, client)
+        return logits, list(client.labels)
+
+
+def _fhe_serve_options(args) -> tuple[str, bool, int]:
+    from cipherlm.runtime.fhe_protocol import DEFAULT_MAX_TOKENS, TEST_PRESET
+
+    preset = getattr(args, "fhe_preset", None) or "N16QP1546H192H32"
+    insecure = bool(getattr(args, "insecure_test_preset", False))
+    if preset == TEST_PRESET and not insecure:
+        raise UserError(f"--fhe-preset {TEST_PRESET} is INSECURE (no security at all): it needs "
+                        "--insecure-test-preset, for tests only")
+    max_tokens = getattr(args, "max_tokens", None)
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    if max_tokens < 1:
+        raise UserError("--max-tokens must be a positive integer")
+    return preset, insecure, max_tokens
+
+
+def serve_fhe(args, timeout) -> int:
+    """`cipherlm serve --mode fhe`: sessions in threads, keys per session, bootstrapping."""
+    from cipherlm.he import HEError
+    from cipherlm.runtime import fhe_server
+
+    if getattr(args, "session_processes", None) not in (None, 1):
+        raise UserError("--session-processes: the fhe mode runs sessions in threads (Lattigo's Go runtime "
+                        "must not be forked; it uses every core)")
+    if getattr(args, "workers", 1) != 1:
+        raise UserError("--workers is an offload option")
+    preset, insecure, max_tokens = _fhe_serve_options(args)
+    limits = serve_limits(args, fhe_server.DEFAULT_LIMITS)
+    try:
+        fhe_server.run_server(args.model, args.host, args.port, timeout, limits=limits, preset=preset,
+                              insecure_test_preset=insecure, max_tokens=max_tokens)
+    except HEError as exc:
+        raise UserError(f"fhe: {exc}") from exc
+    return 0
+
+
+def demo_fhe(args, report, t0) -> int:
+    """`cipherlm demo --mode fhe`: an fhe server process on loopback; a decoder generates
+    --max-new-tokens greedy tokens (default 1), an encoder classifies the prompt; compared
+    with the plaintext executor."""
+    preset, insecure, max_tokens = _fhe_serve_options(args)
+    args.insecure_ok = insecure
+    extra_args = ["--fhe-preset", preset, "--max-tokens", str(max_tokens)] + (
+        ["--insecure-test-preset"] if insecure else [])
+    _err(f"starting the fhe server for {args.model} (a separate process; preset {preset}) ...")
+    proc, addr = start_server_process(args.model, mode="fhe", extra_args=extra_args)
+    try:
+        print(f"prompt: {args.prompt}")
+        with _fhe_session(addr, None, args) as client:
+            if client.kind == "decoder":
+                result = _fhe_generate_with(client, args.prompt, args, report)
+                name, kind = client.model, "decoder"
+            else:
+                if client.tokenizer is None:
+                    raise UserError(f"the server's model {client.model!r} has no tokenizer: nothing to classify")
+                logits = _fhe_classify_with(client, [args.prompt])[0]
+                _add_fhe_stats(report, client)
+                labels, name, kind = list(client.labels), client.model, "encoder"
+    finally:
+        stop_process(proc)
+    if kind == "decoder":
+        ex = result["extra"]
+        try:
+            ex.update(compare_with_plain(name, result["prompt_ids"], result["new_ids"], result["logits"], args))
+            report.agreement = ex["agreement"]
+        except Exception as exc:  # a model the plaintext side cannot load (a path served elsewhere)
+            _err(f"no plaintext comparison: {type(exc).__name__}")
+        report.extra.update(ex)
+        print(f"fhe (private):        {ex['text']!r}")
+        if "plain_text" in ex:
+            print(f"plaintext executor:   {ex['plain_text']!r}")
+    else:
+        report.extra.update(prediction=labels[int(np.argmax(logits))], logits=[float(v) for v in logits])
+        print(f"fhe (private):        {labels[int(np.argmax(logits))]} (logits {', '.join(f'{v:.4f}' for v in logits)})")
+        try:
+            from cipherlm.models import load_model
+            from cipherlm.runtime.plain import polarity_classifier
+
+            executor, tokenizer, _ = polarity_classifier(load_model(name))
+            ids = tokenizer.encode(args.prompt).ids[:max_tokens]
+            ref = np.asarray(executor.classify(np.asarray([ids]))).reshape(-1)
+            report.agreement = float(np.argmax(ref) == np.argmax(logits))
+            report.extra["max_abs_logit_error"] = float(np.max(np.abs(ref - logits)))
+            print(f"plaintext executor:   {labels[int(np.argmax(ref))]} (max |logit error| "
+                  f"{report.extra['max_abs_logit_error']:.2e})")
+        except Exception as exc:
+            _err(f"no plaintext comparison: {type(exc).__name__}")
+    report.finish(wall_seconds=time.perf_counter() - t0)
+    c = report.parties["client"]
+    x = report.extra
+    print(f"bytes up {c['bytes_sent'] / 1e6:.1f} MB, down {c['bytes_received'] / 1e6:.1f} MB (keys once per session "
+          f"included), {report.rounds} rounds; {x['bootstraps']} bootstraps, server HE time "
+          f"{x['server_compute_seconds']:.1f} s, client time {x['client_compute_seconds']:.1f} s; peak memory "
+          f"client {x['peak_rss_mb']['client']:.0f} MB, server {x['peak_rss_mb']['server'] or 0:.0f} MB")
     print(report.summary_text())
     _write_outputs(report, args)
     return 0
