@@ -966,19 +966,19 @@ def demo_fhe(args, report, t0) -> int:
         with _fhe_session(addr, None, args) as client:
             if client.kind == "decoder":
                 result = _fhe_generate_with(client, args.prompt, args, report)
-                name, kind = client.model, "decoder"
+                kind = "decoder"
             else:
                 if client.tokenizer is None:
                     raise UserError(f"the server's model {client.model!r} has no tokenizer: nothing to classify")
                 logits = _fhe_classify_with(client, [args.prompt])[0]
                 _add_fhe_stats(report, client)
-                labels, name, kind = list(client.labels), client.model, "encoder"
+                labels, kind = list(client.labels), "encoder"
     finally:
         stop_process(proc)
     if kind == "decoder":
         ex = result["extra"]
         try:
-            ex.update(compare_with_plain(name, result["prompt_ids"], result["new_ids"], result["logits"], args))
+            ex.update(compare_with_plain(args.model, result["prompt_ids"], result["new_ids"], result["logits"], args))
             report.agreement = ex["agreement"]
         except Exception as exc:  # a model the plaintext side cannot load (a path served elsewhere)
             _err(f"no plaintext comparison: {type(exc).__name__}")
@@ -993,7 +993,7 @@ def demo_fhe(args, report, t0) -> int:
             from cipherlm.models import load_model
             from cipherlm.runtime.plain import polarity_classifier
 
-            executor, tokenizer, _ = polarity_classifier(load_model(name))
+            executor, tokenizer, _ = polarity_classifier(load_model(args.model))
             ids = tokenizer.encode(args.prompt).ids[:max_tokens]
             ref = np.asarray(executor.classify(np.asarray([ids]))).reshape(-1)
             report.agreement = float(np.argmax(ref) == np.argmax(logits))
