@@ -324,7 +324,10 @@ class Session(MessageSession):
         with self.chan.step("setup"):
             for i in range(parts):
                 self.check_lifetime()
-                part = expect(self.chan.recv(), "keys_part")
+                part = self.chan.recv()
+                if isinstance(part, dict) and part.get("type") == "error":  # the client's report, not ours
+                    raise ProtocolError(f"keys_part {i}: the client sent an error report instead")
+                part = expect(part, "keys_part")
                 if type(part.get("index")) is not int or part["index"] != i:
                     raise ProtocolError(f"keys_part {i}: index {part.get('index')!r} out of order")
                 if type(part.get("total")) is not int or part["total"] != parts:
