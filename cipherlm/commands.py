@@ -795,6 +795,7 @@ FHE_DEFAULT_SENTENCES = 2
 @contextlib.contextmanager
 def _fhe_session(server, model, args):
     """An `FheClient` session with a `cipherlm serve --mode fhe`; its faults as user errors."""
+    from cipherlm.he import HEError
     from cipherlm.net.channel import ChannelClosed, ChannelTimeout
     from cipherlm.runtime.fhe_client import FheClient
     from cipherlm.runtime.fhe_protocol import ProtocolError, RemoteError
@@ -808,7 +809,7 @@ def _fhe_session(server, model, args):
                  f"{client.preset}{' (INSECURE test preset)' if client.insecure else ''}, up to "
                  f"{client.max_tokens} tokens per pass")
             yield client
-    except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout) as exc:
+    except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout, HEError) as exc:
         raise UserError(f"fhe session failed: {exc}") from exc
 
 
