@@ -178,15 +178,18 @@ def test_attention_scores_softmax_values(env, ev, causal):
         S = np.where(np.tril(np.ones((T, T)))[None] > 0, S, -np.inf)
     bound = float(np.abs(S[np.isfinite(S)]).max()) * 1.2
     want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(T, d)
-    sums = np.exp(np.where(np.isfinite(S), S - bound, -np.inf)).sum(-1)
     s = A.scores(ev, enc(env, Q, 4), enc(env, K, 4), HD, scale, bound)
     assert sorted(s.cts) == list(range(-(T - 1), T))
     r1 = s.packing.unpack(slots_of(env, CkksTensor(s.cts[1], d, s.packing)), d)  # shift +1, head 0
     assert np.abs(r1[: T - 1, 0] - np.diagonal(qh[0] @ kh[0].T * scale, 1)).max() < 1e-6
-    p = A.softmax(ev, s, approximation("exp", *A.exp_interval(bound), 1e-6),
-                  approximation("inv", sums.min() / 1.5, 2.0 * T, 1e-4), causal=causal)
+    e_iv, i_iv = A.softmax_intervals(bound, causal, HD, T, len(s.cts))
+    p = A.softmax(ev, s, approximation("exp", *e_iv, 1e-6), approximation("inv", *i_iv, 1e-4), causal=causal)
+    assert p.compact and len({id(c) for row in p.cts.values() for c, _j in row}) == 2  # 9 shifts in 2 chunks of 8
     out = A.attend(ev, p, enc(env, V, 4), bound=4)
     assert np.abs(dec(env, out) - want).max() < 1e-3
     assert padding_max(env, out) < 1e-4
     with pytest.raises(HEError, match="exp approximated"):
         A.softmax(ev, s, approximation("exp", -4.0, 0.0, 1e-4), approximation("inv", 0.5, 10.0, 1e-3))
+    rel, over = A.relu_series(10.0)
+    x = np.linspace(-10, 10, 10001)
+    assert np.all(rel(x) >= np.maximum(x, 0) - 1e-9) and np.all(rel(x) <= np.maximum(x, 0) + over + 1e-9)

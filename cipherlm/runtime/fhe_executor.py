@@ -151,9 +151,11 @@ class FheBackend:
 
     def softmax(self, node, s, ctx):
         qk = self.m.producer[node.inputs[0]]
-        exp = approximation("exp", *attn.exp_interval(s.bound), TARGETS["exp"])
-        return attn.softmax(self.ev, s, exp, self.m.approx(node, "inv"), causal=bool(qk.attrs.get("causal")),
-                            window=qk.attrs.get("sliding_window"), label=node.name)
+        causal, window = bool(qk.attrs.get("causal")), qk.attrs.get("sliding_window")
+        e_iv, i_iv = attn.softmax_intervals(s.bound, causal or window is not None, s.head_dim, s.keys, len(s.cts))
+        return attn.softmax(self.ev, s, approximation("exp", *e_iv, TARGETS["exp"]),
+                            approximation("inv", *i_iv, TARGETS["inv"]), causal=causal, window=window,
+                            label=node.name)
 
     def av(self, node, p, v, ctx):
         return attn.attend(self.ev, p, v, self.m.bound(node.out), node.name)

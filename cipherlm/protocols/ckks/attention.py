@@ -32,6 +32,7 @@ P.V is sum_r P_r * rot(V, r): one ct x ct product per shift.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,8 @@ from .packing import TokenPacking
 
 #: how far below the valid entries the additive mask puts the invalid ones (e^-14 ~ 8e-7)
 MASK_GAP = 14.0
+#: degree of the relu interpolant of the encrypted row maximum (`softmax`)
+RELU_DEGREE = 127
 
 
 @dataclass
@@ -55,10 +58,13 @@ class Scores:
     bound: float
     #: the number of key positions (0..keys-1)
     keys: int = 0
+    head_dim: int = 1
+    #: normalised form (`softmax`): cts[r] = [(compact chunk ciphertext, offset j) per block]
+    compact: bool = False
 
     @property
     def level(self) -> int:
-        return min(c.level for row in self.cts.values() for c in row)
+        return min((c[0] if isinstance(c, tuple) else c).level for row in self.cts.values() for c in row)
 
 
 def shifts(T: int, offset: int = 0, keys: int | None = None, causal: bool = False) -> list[int]:
@@ -177,10 +183,18 @@ def rope(ev: CkksEvaluator, x: CkksTensor, positions: np.ndarray, head_dim: int,
     return x.with_cts(out)
 
 
+def _start_mask(P: TokenPacking, d: int, head_dim: int, value: float = 1.0) -> np.ndarray:
+    """(n_cts(d), slots): `value` at the first channel of each head (all positions), else 0."""
+    m = np.zeros((P.n_cts(d) * P.cpc, P.tp))
+    m[:d][np.arange(d) % head_dim == 0] = value
+    return m.reshape(-1, P.slots)
+
+
 def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale: float, bound: float,
            causal: bool = False, label: str = "qk") -> Scores:
     """The score diagonals S_r of queries `q` against keys `k` (positions 0..k.packing.end-1:
-    the pass's own, or the KV cache's); two levels."""
+    the pass's own, or the KV cache's), each held at the first channel of its head (the other
+    channels 0); two levels."""
     if q.d != k.d or q.packing.layout() != k.packing.layout() or k.packing.offset != 0:
         raise HEError(f"{label}: q has {q.d} channels, k {k.d} (expand grouped K/V heads first), "
                       f"or another layout")
@@ -190,9 +204,7 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
     q = ev.refresh(q, 2 + ev.reserve(bound), label)
     k = ev.refresh(k, 2 + ev.reserve(bound), label)
     rs = shifts(P.tokens, P.offset, k.packing.end, causal)
-    start = np.zeros((P.n_cts(q.d) * P.cpc, P.tp))
-    start[: q.d][np.arange(q.d) % head_dim == 0] = scale
-    start = start.reshape(-1, P.slots)
+    start = _start_mask(P, q.d, head_dim, scale)
     out: dict[int, list] = {r: [] for r in rs}
     with ev.timer("qk"):
         for i, (qc, kc) in enumerate(zip(q.cts, k.cts)):
@@ -200,54 +212,228 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
             for r, kr in zip(rs, rot):
                 s = ev.mul_ct(qc, kr)
                 s = ev.window_sum(s, head_dim, P.tp)
-                s = ev.mul_plain_ct(s, start[i])
-                out[r].append(ev.window_sum(s, head_dim, P.tp, backward=True))
-    return Scores(out, P, q.d, bound, k.packing.end)
+                out[r].append(ev.mul_plain_ct(s, start[i]))
+    return Scores(out, P, q.d, bound, k.packing.end, head_dim)
+
+
+@dataclass
+class Series:
+    """A Chebyshev series on [lo, hi] (what `CkksEvaluator.poly` evaluates)."""
+
+    op: str
+    lo: float
+    hi: float
+    coeffs: tuple
+    newton_steps: int = 0
+
+    @property
+    def poly_depth(self) -> int:
+        d = len(self.coeffs) - 1
+        return int(np.ceil(np.log2(d + 1))) + 1 if d > 0 else 0
+
+    def __call__(self, x):
+        return np.polynomial.chebyshev.chebval((2 * np.asarray(x) - self.lo - self.hi) / (self.hi - self.lo),
+                                               self.coeffs)
+
+
+@functools.lru_cache(maxsize=64)
+def relu_series(R: float, degree: int = RELU_DEGREE) -> tuple[Series, float]:
+    """(max(x, 0) on [-R, R] by its Chebyshev interpolant, raised by its largest shortfall so it
+    never underestimates, the largest overestimate): max(a, b) = b + relu(a - b) then errs
+    upward only, by at most that much per comparison."""
+    c = np.polynomial.chebyshev.chebinterpolate(lambda t: np.maximum(t, 0.0), degree)
+    t = np.linspace(-1, 1, 400001)
+    e = np.polynomial.chebyshev.chebval(t, c) - np.maximum(t, 0.0)
+    c = c.copy()
+    c[0] -= e.min()
+    over = float((e - e.min()).max())
+    return Series("relu", -R, R, tuple(float(v) * R for v in c)), over * R
+
+
+def relu_range(bound: float, strict: bool) -> float:
+    """R of the comparisons: scores in [-S, S], invalid entries at -S (out of range: score 0)
+    or, ``strict`` (causal, window, padded keys: real scores), in [-3S - 1, -S - 1]; with room
+    for the estimates' own upward error."""
+    return ((4.0 if strict else 2.0) * bound + 1.0) * 1.1 + 2.0
+
+
+def max_error(bound: float, strict: bool, head_dim: int, n_diagonals: int) -> float:
+    """The most the encrypted row maximum may exceed the true one (`softmax`)."""
+    R = relu_range(bound, strict)
+    rounds = int(np.ceil(np.log2(max(1, -(-n_diagonals // head_dim))))) + int(np.log2(head_dim))
+    return rounds * relu_series(R)[1]
+
+
+def softmax_intervals(bound: float, strict: bool, head_dim: int, keys: int, n_diagonals: int):
+    """(exp's interval, inv's interval) of `softmax` for scores of bound S (``strict``: causal,
+    sliding window or padded keys)."""
+    err = max_error(bound, strict, head_dim, n_diagonals)
+    lo = -(4.0 * bound + 1.0 if strict else 2.0 * bound) - err - MASK_GAP - 1.0
+    return (lo, 1.0), (float(np.exp(-err)) / 1.2, keys + 2.0)
+
+
+def _compact_mask(P: TokenPacking, d: int, head_dim: int, chunk: list[int], keys: int, bound: float,
+                  causal: bool, window: int | None, key_keep, gap: float) -> np.ndarray:
+    """(n_cts(d), slots) additive mask of one compact chunk (slot (head h, offset j, position p)
+    holds diagonal chunk[j]): 0 on valid entries, the invalid offset M (below every valid
+    score) minus `gap` elsewhere; the rows outside the pass, and padding heads, keep one
+    valid entry (shift 0, whose score is 0 there)."""
+    strict = causal or window is not None or key_keep is not None
+    M = -(2.0 * bound + 1.0) if strict else -bound
+    n = P.n_cts(d)
+    out = np.full((n * P.cpc, P.tp), M - gap)
+    for c in range(n * P.cpc):
+        h0, j = c - c % head_dim, c % head_dim
+        if h0 >= d:  # a padding head: its shift-0 slot of the first chunk stays valid
+            if j == 0 and 0 in chunk:
+                out[c] = 0.0
+            continue
+        if j >= len(chunk):
+            continue
+        r = chunk[j]
+        row = np.full(P.tp, 0.0 if r == 0 else M - gap)
+        m = softmax_mask(P, 1, r, 1.0, causal, window, key_keep, keys)[0].reshape(P.cpc, P.tp)[0]
+        row[P.offset:P.end] = np.where(m[P.offset:P.end] == -1.0, 0.0, M - gap)
+        out[c] = row
+    return out.reshape(n, P.slots)
+
+
+def _gather(ev: CkksEvaluator, items: list, tp: int):
+    """sum_j rot(items[j], -j tp) (item j's first channels moved to offset j), by a binary
+    tree of rotations by powers of two channels (None: an absent item)."""
+    span = 1
+    while len(items) > 1:
+        nxt = []
+        for a, b in zip(items[0::2], items[1::2]):
+            if b is not None:
+                b = ev.rot(b, -span * tp)
+            nxt.append(b if a is None else a if b is None else ev.add_ct(a, b))
+        items, span = nxt, span * 2
+    return items[0]
+
+
+def _spread(ev: CkksEvaluator, ct, n: int, tp: int) -> list:
+    """[rot(ct, j tp) for j < n], each from an earlier one by a power-of-two rotation."""
+    out = [ct]
+    for j in range(1, n):
+        low = j & -j
+        out.append(ev.rot(out[j - low], low * tp))
+    return out
+
+
+def _max_ct(ev: CkksEvaluator, a, b, relu: Series, bound: float):
+    """b + relu(a - b) >= max(a, b) (a, b of bound `bound`)."""
+    keep = ev.reserve(relu.hi)  # a - b's bootstrap (in relu) divides by a rescaled product
+    a, b = (ev.refresh(CkksTensor([c], 1, None, bound), keep, "softmax.max").cts[0] for c in (a, b))
+    d = ev.sub_ct(a, b)
+    r = ev.poly(CkksTensor([d], 1, None, relu.hi), relu, "softmax.max", bound=bound).cts[0]
+    return ev.add_ct(b, r)
 
 
 def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: bool = False,
             window: int | None = None, key_keep=None, label: str = "softmax") -> Scores:
-    """Row-wise softmax of the score diagonals (module docstring)."""
-    P = s.packing
-    lo, hi = exp_interval(s.bound)
-    if exp_approx.lo > lo + 1e-9 or exp_approx.hi < hi - 1e-9:
-        raise HEError(f"{label}: exp approximated on [{exp_approx.lo}, {exp_approx.hi}], needs [{lo}, {hi}]")
-    e: dict[int, CkksTensor] = {}
-    total = None
-    for r, row in s.cts.items():
-        mask = softmax_mask(P, s.d, r, s.bound, causal, window, key_keep, s.keys)
-        z = CkksTensor([ev.add_plain_ct(c, mask[i]) for i, c in enumerate(row)], s.d, P, 3 * s.bound + MASK_GAP)
-        e[r] = ev.poly(z, exp_approx, f"{label}.exp", bound=1.0)
-        total = e[r] if total is None else ev.add(total, e[r], bound=total.bound + 1.0)
-    inv = ev.poly(total, inv_approx, f"{label}.inv")
+    """Row-wise softmax of the score diagonals, in compact form: the diagonals of each head are
+    gathered hd at a time into one ciphertext (diagonal j of a chunk at the head's channel j:
+    rotations only), so the maximum, exp and the inverse run on ceil(#shifts / hd)
+    ciphertexts instead of one per shift.
+
+    1. A public additive mask puts invalid entries (out of range, causal, sliding window,
+       padded keys) below every valid score (at M = -S, or -2S - 1 when causal).
+    2. The row maximum m by a tournament of max(a, b) = b + relu(a - b), relu a Chebyshev
+       interpolant on [-R, R] raised so it never underestimates (`relu_series`): across the
+       chunks, then over the hd channels of each head (rotations by 1..hd/2 channels); the
+       head's first channel is kept and broadcast over the head.  m >= the true maximum, by
+       at most `max_error`.
+    3. e = exp(z - m - gap on invalid entries) (exp on `softmax_intervals`), the row sum by
+       adding the chunks and a window over the head's channels, its inverse (inv on the
+       interval [e^-max_error / 1.2, keys + 2]) broadcast, P = e * inverse.
+    The result is compact too; `attend` expands each shift again."""
+    P, hd = s.packing, s.head_dim
+    rs = sorted(s.cts)
+    chunks = [rs[g:g + hd] for g in range(0, len(rs), hd)]
+    nb = len(s.cts[rs[0]])
+    strict = causal or window is not None or key_keep is not None
+    (elo, ehi), _inv = softmax_intervals(s.bound, strict, hd, s.keys, len(rs))
+    if exp_approx.lo > elo + 1e-9 or exp_approx.hi < ehi - 1e-9:
+        raise HEError(f"{label}: exp approximated on [{exp_approx.lo}, {exp_approx.hi}], needs [{elo}, {ehi}]")
+    R = relu_range(s.bound, strict)
+    relu, _over = relu_series(R)
+    zbound = R + MASK_GAP
+    start = _start_mask(P, s.d, hd)
+    with ev.timer("softmax"):
+        comp, masks_gap = [], []
+        for chunk in chunks:
+            cmask = _compact_mask(P, s.d, hd, chunk, s.keys, s.bound, causal, window, key_keep, 0.0)
+            gmask = _compact_mask(P, s.d, hd, chunk, s.keys, s.bound, causal, window, key_keep, MASK_GAP) - cmask
+            row = []
+            for i in range(nb):
+                acc = _gather(ev, [s.cts[r][i] for r in chunk] + [None] * (hd - len(chunk)), P.tp)
+                row.append(ev.add_plain_ct(acc, cmask[i]))
+            comp.append(row)
+            masks_gap.append(gmask)
+    out_chunks = []
+    for i in range(nb):
+        m = comp[0][i]
+        for g in range(1, len(comp)):
+            m = _max_ct(ev, comp[g][i], m, relu, zbound)
+        k = 1
+        while k < hd:
+            m = _max_ct(ev, ev.rot(m, k * P.tp), m, relu, zbound)
+            k *= 2
+        mt = ev.refresh(CkksTensor([m], 1, P, zbound), 1, f"{label}.max")
+        m = ev.window_sum(ev.mul_plain_ct(mt.cts[0], start[i]), hd, P.tp, backward=True)
+        es, total = [], None
+        keep = ev.reserve(zbound + MASK_GAP)  # z's bootstrap (in exp) divides by a product
+        m = ev.refresh(CkksTensor([m], 1, P, zbound), keep, f"{label}.exp").cts[0]
+        for g in range(len(comp)):
+            cg = ev.refresh(CkksTensor([comp[g][i]], 1, P, zbound), keep, f"{label}.exp").cts[0]
+            z = ev.add_plain_ct(ev.sub_ct(cg, m), masks_gap[g][i])
+            e = ev.poly(CkksTensor([z], 1, P, zbound + MASK_GAP), exp_approx, f"{label}.exp", bound=np.e).cts[0]
+            es.append(e)
+            total = e if total is None else ev.add_ct(total, e)
+        total = ev.window_sum(total, hd, P.tp)
+        inv = ev.poly(CkksTensor([total], 1, P, s.keys + 2.0), inv_approx, f"{label}.inv")
+        inv = ev.refresh(inv, 1, f"{label}.inv")
+        inv = ev.window_sum(ev.mul_plain_ct(inv.cts[0], start[i]), hd, P.tp, backward=True)
+        et = ev.refresh(CkksTensor(es, 1, P, np.e), 1, f"{label}.normalise")
+        it = ev.refresh(CkksTensor([inv], 1, P, 1.1 / inv_approx.lo), 1, f"{label}.normalise")
+        out_chunks.append([ev.mul_ct(e, it.cts[0]) for e in et.cts])
+    # out[r] = [block i: the compact chunk holding r, its offset]
     out = {}
-    for r, er in e.items():
-        er = ev.refresh(er, 1, f"{label}.normalise")
-        iv = ev.refresh(inv, 1, f"{label}.normalise")
-        inv = iv
-        out[r] = [ev.mul_ct(a, b) for a, b in zip(er.cts, iv.cts)]
-    return Scores(out, P, s.d, 1.0, s.keys)
+    for g, chunk in enumerate(chunks):
+        for j, r in enumerate(chunk):
+            out[r] = [(out_chunks[i][g], j) for i in range(nb)]
+    return Scores(out, P, s.d, 1.0, s.keys, hd, compact=True)
 
 
 def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str = "av") -> CkksTensor:
-    """sum_r P_r * rot(V, r): the attention output (T, d) in the queries' packing; one level.
-    Rows outside the pass hold sums of their own V rows (a KV cache's): the projection after
-    attention keeps the pass's rows only (`linear.EncodedLinear`'s mask)."""
-    if v.d != p.d or v.packing.layout() != p.packing.layout():
-        raise HEError(f"{label}: v has {v.d} channels, the scores {p.d}")
-    v = ev.refresh(v, 1 + ev.reserve(bound), label)
+    """sum_r P_r * rot(V, r): the attention output (T, d) in the queries' packing.  Each P_r is
+    taken out of its compact chunk (a rotation, the heads' first channels kept, a window
+    back over the head: one level), then one ct x ct product per shift.  Rows outside the
+    pass hold sums of their own V rows (a KV cache's): the projection after attention keeps
+    the pass's rows only (`linear.EncodedLinear`'s mask)."""
+    if v.d != p.d or v.packing.layout() != p.packing.layout() or not p.compact:
+        raise HEError(f"{label}: v has {v.d} channels, the scores {p.d} (or scores not normalised)")
+    P, hd = p.packing, p.head_dim
     rs = sorted(p.cts)
-    if p.level < 1 + ev.reserve(bound):
-        p = Scores({r: ev.refresh(CkksTensor(row, p.d, p.packing, 1.0), 1 + ev.reserve(bound), label).cts
-                    for r, row in p.cts.items()},
-                   p.packing, p.d, 1.0, p.keys)
+    need = 2 + ev.reserve(bound)
+    start = _start_mask(P, p.d, hd)
+    v = ev.refresh(v, 1 + ev.reserve(bound), label)
     out = []
     with ev.timer("av"):
+        spread: dict[int, list] = {}
         for i, vc in enumerate(v.cts):
             rot = ev.rot_many(vc, rs)
             acc = None
             for r, vr in zip(rs, rot):
-                t = ev.mul_ct(p.cts[r][i], vr)
+                ct, j = p.cts[r][i]
+                key = id(ct)
+                if key not in spread:
+                    fresh = ev.refresh(CkksTensor([ct], 1, P, 1.0), need, label).cts[0]
+                    spread[key] = _spread(ev, fresh, hd, P.tp)
+                pr = ev.mul_plain_ct(spread[key][j], start[i])
+                pr = ev.window_sum(pr, hd, P.tp, backward=True)
+                t = ev.mul_ct(pr, vr)
                 acc = t if acc is None else ev.add_ct(acc, t)
             out.append(acc)
-    return CkksTensor(out, v.d, p.packing, bound)
+    return CkksTensor(out, v.d, P, bound)

@@ -1,0 +1,205 @@
+"""``cipherlm bench fhe``: the fhe mode on one machine, client and server in one process
+(no network: the bytes are the serialised sizes of what would travel).
+
+Workloads:
+
+* ``minilm``: MiniLM-L6 polarity classification (the polarity probe as the classifier
+  head, `runtime.fhe_executor.FheModel.classify`) of polarity test sentences cut or
+  repeated to exactly ``--tokens`` tokens; per sentence the fhe prediction against the
+  plain executor's, and the logit error;
+* ``bert-base``: one BERT-base layer (hidden 768, 12 heads, FFN 3072; random weights,
+  seed 0) at ``--tokens`` tokens, its hidden states against the plain layer.
+
+Per run: seconds per inference (and per op kind: linear, qk, av, norm, poly, bootstrap),
+bootstraps, key generation seconds, bytes up (evaluation + bootstrapping keys once; the
+input ciphertexts per inference) and down (the result ciphertexts), and the process's
+peak resident memory.  The published single-device figures it is compared with: NEXUS on
+a 64-thread CPU 457 min for 12-layer BERT-base (about 38 min a layer; BLB Table 9), 37.3 s
+on GPU; THOR 590.6 s on one A100.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+PUBLISHED = {"nexus_cpu_bert_base_layer_s": 457 * 60 / 12, "nexus_gpu_bert_base_s": 37.3,
+             "thor_a100_bert_base_s": 590.6}
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _fit(ids: list[int], n: int, cls_id: int | None = None, sep_id: int | None = None) -> list[int]:
+    """Exactly n ids: the sentence's inner tokens cut or repeated, between [CLS] and [SEP]."""
+    inner = [t for t in ids if t not in (cls_id, sep_id)] or [0]
+    k = n - (cls_id is not None) - (sep_id is not None)
+    body = (inner * (k // len(inner) + 1))[:k]
+    return ([cls_id] if cls_id is not None else []) + body + ([sep_id] if sep_id is not None else [])
+
+
+class _Keys:
+    """The client's keys for one packing layout, and the server's evaluator built from them."""
+
+    def __init__(self, model, preset: str, max_tokens: int, insecure: bool):
+        from cipherlm.he.lattigo_backend import LattigoBackend, LattigoContext
+        from cipherlm.protocols.ckks.evaluator import CkksEvaluator
+
+        self.be = LattigoBackend()
+        self.ctx = LattigoContext.from_preset(preset, allow_insecure_for_tests=insecure)
+        t0 = time.perf_counter()
+        self.sk = self.be.keygen(self.ctx)
+        self.bk = self.sk.bootstrapping_keys()
+        steps = model.rotation_steps(model.packing(self.ctx.slots, max_tokens))
+        self.ek = self.sk.eval_keys(relin=True, steps=steps)
+        self.keygen_seconds = time.perf_counter() - t0
+        self.key_bytes = {"bootstrapping": self.bk.size_bytes,
+                          "relin_galois": len(self.sk.relin_key_bytes()) + len(self.sk.galois_keys_bytes(steps)),
+                          "rotation_steps": len(steps)}
+        self.ev = CkksEvaluator(self.be, self.ctx, self.ek, self.bk)
+
+    def encrypt(self, model, packing, x):
+        from cipherlm.protocols.ckks.evaluator import CkksTensor
+
+        blobs = [self.sk.encrypt_seeded(self.be.encode_slots(self.ctx, r)) for r in packing.pack(x)]
+        cts = [self.be.ciphertext_from_bytes(self.ctx, b) for b in blobs]
+        return CkksTensor(cts, x.shape[1], packing, model.bound(model.input_value)), sum(map(len, blobs))
+
+    def slots(self, t) -> tuple[np.ndarray, int]:
+        blobs = [self.be.ciphertext_to_bytes(c) for c in t.cts]
+        s = np.stack([self.be.decode_slots(self.ctx, self.sk.decrypt(c)) for c in t.cts])
+        return s.reshape(-1, t.packing.tp), sum(map(len, blobs))
+
+    def close(self):
+        self.bk.close()
+
+
+def _stats(ev) -> dict:
+    d = ev.stats.as_dict()
+    ev.stats.counts.clear()
+    ev.stats.seconds.clear()
+    ev.stats.refreshes.clear()
+    return d
+
+
+def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print) -> dict:
+    from cipherlm.models import load_model
+    from cipherlm.models.data import polarity_split
+    from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
+    from cipherlm.runtime.plain import polarity_classifier
+
+    lm = load_model("minilm-l6")
+    ex, tok, probe = polarity_classifier(lm)
+    W, b = probe.as_linear()["classifier"]
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    _train, test = polarity_split()
+    calib = [_fit(tok.encode(t).ids, tokens, cls_id, sep_id) for t, _ in test[-8:]]
+    t0 = time.perf_counter()
+    model = calibrated_model(lm, calib, classifier=(np.asarray(W, np.float64), np.asarray(b, np.float64)))
+    setup = time.perf_counter() - t0
+    keys = _Keys(model, preset, tokens, insecure)
+    progress(f"minilm: keys in {keys.keygen_seconds:.1f} s ({keys.key_bytes['bootstrapping'] / 1e9:.2f} GB "
+             f"bootstrapping keys), calibration {setup:.1f} s")
+    rows = []
+    for i, (text, label) in enumerate(test[:n]):
+        ids = _fit(tok.encode(text).ids, tokens, cls_id, sep_id)
+        plain = ex.classify(np.asarray(ids))
+        P = model.packing(keys.ctx.slots, len(ids), tokens)
+        x, up = keys.encrypt(model, P, client_embedding(model.graph, client_tensors(model), ids))
+        t1 = time.perf_counter()
+        out = model.classify(keys.ev, x)
+        sec = time.perf_counter() - t1
+        s, down = keys.slots(out)
+        got = s[: out.d, 0]
+        st = _stats(keys.ev)
+        rows.append({"sentence": i, "tokens": len(ids), "seconds": round(sec, 2),
+                     "fhe_prediction": int(np.argmax(got)), "plain_prediction": int(np.argmax(plain)),
+                     "label": int(label), "max_logit_error": float(np.abs(got - plain).max()),
+                     "bytes_up": up, "bytes_down": down, "bootstraps": st["counts"].get("bootstrap", 0),
+                     "counts": st["counts"], "seconds_by_kind": st["seconds"]})
+        progress(f"minilm sentence {i}: {sec:.1f} s, {rows[-1]['bootstraps']} bootstraps, prediction "
+                 f"{rows[-1]['fhe_prediction']} (plain {rows[-1]['plain_prediction']}), logit error "
+                 f"{rows[-1]['max_logit_error']:.2e}")
+    keys.close()
+    return {"workload": "minilm", "tokens": tokens, "preset": preset, "keygen_seconds": keys.keygen_seconds,
+            "key_bytes": keys.key_bytes, "calibration_seconds": setup, "rows": rows,
+            "identical_predictions": sum(r["fhe_prediction"] == r["plain_prediction"] for r in rows),
+            "peak_rss_bytes": _peak_rss_bytes()}
+
+
+def bench_bert_base_layer(tokens: int, preset: str, insecure: bool, progress=print) -> dict:
+    import torch
+    import transformers
+
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
+    from cipherlm.runtime.plain import plain_executor
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(num_hidden_layers=1, max_position_embeddings=max(512, tokens))
+    with tempfile.TemporaryDirectory() as d:
+        transformers.BertModel(cfg).eval().save_pretrained(d)
+        lm = load_model(d)
+    rng = np.random.default_rng(0)
+    calib = [rng.integers(1000, 20000, size=tokens) for _ in range(4)]
+    model = calibrated_model(lm, calib)
+    keys = _Keys(model, preset, tokens, insecure)
+    progress(f"bert-base layer: keys in {keys.keygen_seconds:.1f} s")
+    ids = rng.integers(1000, 20000, size=tokens)
+    P = model.packing(keys.ctx.slots, tokens, tokens)
+    x, up = keys.encrypt(model, P, client_embedding(model.graph, client_tensors(model), ids))
+    t1 = time.perf_counter()
+    out = model.run(keys.ev, x)["hidden"]
+    sec = time.perf_counter() - t1
+    s, down = keys.slots(out)
+    got = P.unpack(s.reshape(-1, keys.ctx.slots), out.d)
+    want = plain_executor(lm, dtype=np.float64).forward(ids)
+    st = _stats(keys.ev)
+    keys.close()
+    return {"workload": "bert-base-layer", "tokens": tokens, "preset": preset, "seconds": sec,
+            "max_abs_error": float(np.abs(got - want).max()), "bytes_up": up, "bytes_down": down,
+            "keygen_seconds": keys.keygen_seconds, "key_bytes": keys.key_bytes,
+            "bootstraps": st["counts"].get("bootstrap", 0), "counts": st["counts"],
+            "seconds_by_kind": st["seconds"], "peak_rss_bytes": _peak_rss_bytes(), "published": PUBLISHED}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="cipherlm bench fhe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="minilm")
+    p.add_argument("--tokens", default="32", help="comma-separated token counts")
+    p.add_argument("--sentences", type=int, default=1, help="minilm: sentences per token count")
+    p.add_argument("--preset", default="N16QP1546H192H32")
+    p.add_argument("--insecure-test-preset", action="store_true",
+                   help="run at the INSECURE N=2^10 test preset (checks the circuits quickly; no security)")
+    p.add_argument("--json", default=None, help="write the results here")
+    a = p.parse_args(argv)
+    preset = "test-insecure-N1024" if a.insecure_test_preset else a.preset
+    out = []
+    for w in a.workloads.split(","):
+        for t in (int(v) for v in a.tokens.split(",")):
+            if w == "minilm":
+                out.append(bench_minilm(t, a.sentences, preset, a.insecure_test_preset,
+                                        progress=lambda m: print(m, file=sys.stderr, flush=True)))
+            elif w == "bert-base":
+                out.append(bench_bert_base_layer(t, preset, a.insecure_test_preset,
+                                                 progress=lambda m: print(m, file=sys.stderr, flush=True)))
+            else:
+                raise SystemExit(f"unknown workload {w!r} (minilm, bert-base)")
+    text = json.dumps(out, indent=1, default=float)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
