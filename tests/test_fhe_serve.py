@@ -148,10 +148,19 @@ def good_infer(c, ids, task="classify") -> dict:
 # ----------------------------------------------------------------------------- set-up
 
 
-def test_welcome_and_insecure_refusal(bert):
+def test_welcome_and_insecure_refusal(bert, monkeypatch):
     from cipherlm.runtime.fhe_client import FheClient, InsecureServerError
+    from cipherlm.runtime.fhe_server import FheServer
 
     srv, host, keys = bert
+    sessions = []
+    real_new_session = FheServer.new_session
+
+    def keep(self, chan):
+        sessions.append(real_new_session(self, chan))
+        return sessions[-1]
+
+    monkeypatch.setattr(FheServer, "new_session", keep)
     with pytest.raises(InsecureServerError, match="INSECURE"):
         FheClient(*srv.address, timeout=30.0)  # insecure_ok not given: refused after the welcome
     with client(srv, keys) as c:
@@ -164,6 +173,11 @@ def test_welcome_and_insecure_refusal(bert):
         assert sizes["relin"] == w["key_sizes"]["relin"] and sizes["bootstrap"] == w["key_sizes"]["bootstrap"]
         assert sizes["galois"] == w["key_sizes"]["galois_max"]
         assert c.server_stats()["infers"] == 0
+        bk = sessions[-1].bootstrap_keys
+        assert bk is not None and bk.h
+    # the session's keys are dropped when it ends (the bootstrapping keys freed at once)
+    wait_for(lambda: sessions[-1].bootstrap_keys is None and sessions[-1].eval_keys is None, "keys dropped")
+    assert bk.h == 0
 
 
 def test_cli_refuses_the_test_preset_without_the_flag(capsys):
