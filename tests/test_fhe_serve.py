@@ -176,8 +176,8 @@ def test_welcome_and_insecure_refusal(bert, monkeypatch):
         bk = sessions[-1].bootstrap_keys
         assert bk is not None and bk.h
     # the session's keys are dropped when it ends (the bootstrapping keys freed at once)
-    wait_for(lambda: sessions[-1].bootstrap_keys is None and sessions[-1].eval_keys is None, "keys dropped")
-    assert bk.h == 0
+    wait_for(lambda: sessions[-1].bootstrap_keys is None and sessions[-1].eval_keys is None and bk.h == 0,
+             "keys dropped")
 
 
 def test_cli_refuses_the_test_preset_without_the_flag(capsys):
