@@ -191,9 +191,9 @@ def fhe_ranges(ex, inputs: Iterable[Sequence[int]], margin: float = 0.25) -> dic
     * ``bounds``: value name -> max |value| x (1 + margin) (every value of the graph: the
       bootstrapping's input scaling, `protocols.ckks.evaluator`);
     * ``ranges``: (node name, kind) -> (lo, hi) of each approximation's input, widened by
-      `with_margin`: activations, ``rsqrt`` (LayerNorm variance / RMSNorm mean square + eps),
-      and per softmax ``inv``: the row sums of exp(s - S) for the node's score bound S
-      (``bounds`` of the scores: no encrypted maximum, `protocols.ckks.attention`).
+      `with_margin`: activations and ``rsqrt`` (LayerNorm variance / RMSNorm mean square +
+      eps).  Softmax needs only its scores' bound: its exp and inverse intervals follow
+      from it (`protocols.ckks.attention.softmax_intervals`: an encrypted row maximum).
     """
     m = float(margin)
     bounds: dict[str, float] = {}
@@ -227,17 +227,5 @@ def fhe_ranges(ex, inputs: Iterable[Sequence[int]], margin: float = 0.25) -> dic
     if not passes:
         raise ValueError("no input to calibrate on")
     bounds = {k: v * (1 + m) + 1e-3 for k, v in bounds.items()}
-    for n in nodes:  # softmax row sums, against the (final) bound of the scores
-        if n.op != "softmax":
-            continue
-        S = bounds[n.inputs[0]]
-        for vals in passes:
-            s = vals[n.inputs[0]]
-            note((n.name, "inv"), np.sum(np.where(np.isfinite(s), np.exp(s - S), 0.0), axis=-1))
-    ranges = {}
-    for (node, kind), (lo, hi) in raw.items():
-        if kind == "inv":
-            ranges[(node, kind)] = (lo / (1 + m), max(hi * (1 + m), 1.0 + m))  # padding rows sum to 1
-        else:
-            ranges[(node, kind)] = with_margin(kind, lo, hi, m)
+    ranges = {key: with_margin(key[1], lo, hi, m) for key, (lo, hi) in raw.items()}
     return {"bounds": bounds, "ranges": ranges, "margin": m, "inputs": len(passes)}

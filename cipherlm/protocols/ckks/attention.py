@@ -380,7 +380,7 @@ def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: boo
         while k < hd:
             m = _max_ct(ev, ev.rot(m, k * P.tp), m, relu, zbound)
             k *= 2
-        mt = ev.refresh(CkksTensor([m], 1, P, zbound), 1, f"{label}.max")
+        mt = ev.refresh(CkksTensor([m], 1, P, zbound), 1 + ev.reserve(zbound), f"{label}.max")
         m = ev.window_sum(ev.mul_plain_ct(mt.cts[0], start[i]), hd, P.tp, backward=True)
         es, total = [], None
         keep = ev.reserve(zbound + MASK_GAP)  # z's bootstrap (in exp) divides by a product
@@ -393,7 +393,7 @@ def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: boo
             total = e if total is None else ev.add_ct(total, e)
         total = ev.window_sum(total, hd, P.tp)
         inv = ev.poly(CkksTensor([total], 1, P, s.keys + 2.0), inv_approx, f"{label}.inv")
-        inv = ev.refresh(inv, 1, f"{label}.inv")
+        inv = ev.refresh(inv, 1 + ev.reserve(inv.bound), f"{label}.inv")
         inv = ev.window_sum(ev.mul_plain_ct(inv.cts[0], start[i]), hd, P.tp, backward=True)
         et = ev.refresh(CkksTensor(es, 1, P, np.e), 1, f"{label}.normalise")
         it = ev.refresh(CkksTensor([inv], 1, P, 1.1 / inv_approx.lo), 1, f"{label}.normalise")

@@ -201,10 +201,14 @@ class CkksEvaluator:
         return out
 
     def add(self, a: CkksTensor, b: CkksTensor, bound: float | None = None) -> CkksTensor:
+        """a + b; when the sum's bound needs a reserve level (`reserve`) that the operands,
+        of smaller bounds, did not keep, they are refreshed first."""
         if a.d != b.d or a.packing != b.packing:
             raise HEError(f"cannot add tensors of {a.d} and {b.d} channels / other layouts")
-        return a.with_cts([self.add_ct(x, y) for x, y in zip(a.cts, b.cts)],
-                          bound=a.bound + b.bound if bound is None else bound)
+        bound = a.bound + b.bound if bound is None else bound
+        keep = self.reserve(bound)
+        a, b = self.refresh(a, keep, "add"), self.refresh(b, keep, "add")
+        return a.with_cts([self.add_ct(x, y) for x, y in zip(a.cts, b.cts)], bound=bound)
 
     def mul_ct(self, a, b):
         """a * b (ciphertexts), relinearised and rescaled: one level."""
