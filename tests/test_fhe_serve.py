@@ -381,7 +381,26 @@ def test_llama_next_token_and_greedy_generation(llama, tiny_llama_dir):
     assert np.max(np.abs(logits[0] - want_logits[0])) < 1e-2
     assert new == list(want_new)
     assert traffic["messages_sent"] == 1 and traffic["messages_received"] == 1
+    steps = [(s["tokens"]) for s in c.infer_stats]
+    assert steps == [len(ids), 1]  # the second token's pass carried only the first new token (KV cache)
     assert time.perf_counter() - t0 < 120
+
+
+def test_decoding_steps_must_follow_the_kv_cache(llama):
+    """A decoding step (offset > 0) must start where the session's KV cache ends; a classify
+    request takes no offset; offset 0 starts a new cache."""
+    srv, host, keys = llama
+    with client(srv, keys) as c:
+        with pytest.raises(RemoteError, match="KV cache holds 0"):
+            c.next_logits([4], offset=3)
+    with client(srv, keys) as c:
+        c.next_logits([3, 4])
+        with pytest.raises(RemoteError, match="KV cache holds 2"):
+            c.next_logits([5], offset=1)
+    with client(srv, keys) as c:  # the session ended at the error; a new one is served
+        c.next_logits([3, 4])
+        c.next_logits([5], offset=2)
+        c.next_logits([6, 7], offset=0)  # a new prompt: a new cache
 
 
 def test_remote_error_reaches_the_client(llama):

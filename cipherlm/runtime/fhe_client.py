@@ -242,17 +242,19 @@ class FheClient(SessionClient):
 
     # ---- one request
 
-    def packing(self, tokens: int):
-        """The layout of `tokens` tokens in this session (the server's `FheModel.packing`)."""
+    def packing(self, tokens: int, offset: int = 0):
+        """The layout of `tokens` tokens at positions offset.. in this session (the server's
+        `FheModel.packing`)."""
         from cipherlm.runtime.fhe_executor import FheModel
 
-        return FheModel.packing(self.slots, tokens, self.max_tokens)
+        return FheModel.packing(self.slots, tokens, self.max_tokens, offset)
 
-    def embed(self, ids) -> np.ndarray:
-        """The (T, d) embedding sum of token ids, in the clear (`fhe_executor.client_embedding`)."""
+    def embed(self, ids, offset: int = 0) -> np.ndarray:
+        """The (T, d) embedding sum of token ids at positions offset.., in the clear
+        (`fhe_executor.client_embedding`)."""
         from cipherlm.runtime.fhe_executor import client_embedding
 
-        return client_embedding(self.graph, self.tensors, ids)
+        return client_embedding(self.graph, self.tensors, ids, positions=np.arange(offset, offset + len(ids)))
 
     def _ids(self, ids) -> list[int]:
         if isinstance(ids, str):
@@ -269,22 +271,26 @@ class FheClient(SessionClient):
             raise ValueError(f"token ids must be in 0..{vocab - 1}")
         return ids
 
-    def infer(self, task: str, ids) -> tuple[np.ndarray, int]:
-        """One request: the decrypted result (channels x positions) and its width d."""
+    def infer(self, task: str, ids, offset: int = 0) -> tuple[np.ndarray, int]:
+        """One request: the decrypted result (channels x positions) and its width d.  ``offset``
+        > 0 ("logits" only): a decoding step after the `offset` positions the server's KV cache
+        of this session holds (0 starts a new cache)."""
         if task not in self.tasks:
             raise ValueError(f"the server's {self.kind} model has no {task!r} task (it serves {self.tasks})")
         ids = self._ids(ids)
         T = len(ids)
-        P = self.packing(T)
+        if offset + T > self.max_tokens:
+            raise ValueError(f"positions up to {offset + T}: this server takes at most {self.max_tokens}")
+        P = self.packing(T, offset)
         t0 = time.perf_counter()
-        x = self.embed(ids)
+        x = self.embed(ids, offset)
         self.seconds["embed"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         cts = self.keys.encrypt_rows(P.pack(x))
         self.seconds["encrypt"] += time.perf_counter() - t0
         before = self.chan.totals()
         with self.chan.step("fhe"):
-            self.chan.send({"type": "infer", "task": task, "tokens": T, "cts": cts})
+            self.chan.send({"type": "infer", "task": task, "tokens": T, "cts": cts, "offset": int(offset)})
             t_wait = time.perf_counter()
             reply = expect(self.chan.recv(timeout=self.infer_timeout), "result")
             wait = time.perf_counter() - t_wait
@@ -316,29 +322,33 @@ class FheClient(SessionClient):
             raise ProtocolError(f"{d} class logits for {len(self.labels)} labels")
         return grid[:, 0].copy()
 
-    def next_logits(self, ids) -> np.ndarray:
-        """Decoders: the logits (vocab,) of the token after `ids`, read at position T - 1."""
+    def next_logits(self, ids, offset: int = 0) -> np.ndarray:
+        """Decoders: the logits (vocab,) of the token after `ids` (at positions offset..: after
+        what the server's KV cache holds; 0 starts a new cache), read at the last position."""
         ids = self._ids(ids)
-        grid, _ = self.infer("logits", ids)
-        return grid[:, len(ids) - 1].copy()
+        grid, _ = self.infer("logits", ids, offset)
+        return grid[:, offset + len(ids) - 1].copy()
 
     def generate(self, ids, max_new_tokens: int, eos_ids: Iterable[int] = (),
                  on_token: Callable[[int], None] | None = None) -> tuple[list[int], list[np.ndarray]]:
-        """Greedy generation: (new ids, logits of each step).  No KV cache yet: every new token
-        is one full encrypted pass over the whole prefix.  Stops at an EOS id (included), after
-        `max_new_tokens`, or when the prefix would exceed the server's max_tokens."""
+        """Greedy generation: (new ids, logits of each step).  One encrypted pass over the prompt,
+        then one pass per new token over that token alone: the keys and values of the earlier
+        positions stay encrypted in the server's KV cache.  Stops at an EOS id (included), after
+        `max_new_tokens`, or when the positions would exceed the server's max_tokens."""
         ids = self._ids(ids)
         eos = {int(e) for e in eos_ids}
         new: list[int] = []
         logits: list[np.ndarray] = []
+        step, offset = ids, 0
         for _ in range(int(max_new_tokens)):
-            if len(ids) > self.max_tokens:
+            if offset + len(step) > self.max_tokens:
                 break
-            lg = self.next_logits(ids)
+            lg = self.next_logits(step, offset)
+            offset += len(step)
             tok = int(np.argmax(lg))
             logits.append(lg)
             new.append(tok)
-            ids = ids + [tok]
+            step = [tok]
             if on_token is not None:
                 on_token(tok)
             if tok in eos:

@@ -20,7 +20,7 @@ bundle      ``{type: get_bundle}`` (only if not cached;      ``{type: bundle, te
 keys        ``{type: keys, sizes: {relin, galois,            (nothing until the last part)
             bootstrap}, parts: K}``, then K x
             ``{type: keys_part, index, total, blob, data}``  ``{type: ready}``
-infer       ``{type: infer, task, tokens, cts: [bytes]}``    (nothing until the result)
+infer       ``{type: infer, task, tokens, offset, cts}``     (nothing until the result)
                                                              ``{type: result, task, d, cts: [bytes],
                                                              stats}``
 stats       ``{type: stats}``                                ``{type: stats, seconds, counts, work,
@@ -52,10 +52,13 @@ and dropped when it ends.  A second ``keys`` message is an error.
 
 ``infer``: ``task`` "classify" (encoders with a classifier head: the classifier's logits
 of the pooled, normalised last hidden states, at position 0 of each output channel) or
-"logits" (decoders: the LM head's logits of the last position, at position T-1);
-``tokens`` T in 1..max_tokens; ``cts`` exactly ``ceil(d / cpc)`` ciphertexts of the
-token-group packing of T tokens for a session of ``max_tokens``
-(`FheModel.packing(slots, T, max_tokens)`, `protocols.ckks.packing`).  The result's
+"logits" (decoders: the LM head's logits of the last position, offset + T - 1);
+``tokens`` T in 1..max_tokens; ``offset`` (default 0; "logits" only) the position of the
+first token: 0 starts a new encrypted KV cache for this session (`FheKVCache`: keys and
+values of every layer stay on the server), > 0 is a decoding step and must equal the
+positions the cache holds (offset + T <= max_tokens); ``cts`` exactly ``ceil(d / cpc)``
+ciphertexts of the token-group packing of T tokens at positions offset.. for a session of
+``max_tokens`` (`FheModel.packing(slots, T, max_tokens, offset)`, `protocols.ckks.packing`).  The result's
 ``stats``: ``{counts, seconds, refreshes, levels, layers}`` (operation counts and seconds
 per kind from the evaluator, the output levels).  ``refresh: "client"`` (the
 client-aided refresh of DESIGN.md) is answered with an error: not available yet.

@@ -202,8 +202,8 @@ class FheHost:
         return {"relin": relin, "galois_max": galois_max,
                 "bootstrap": expected_bootstrap_key_bytes(self.be, self.ctx)}
 
-    def packing(self, tokens: int):
-        return self.model.packing(self.slots, tokens, self.max_tokens)
+    def packing(self, tokens: int, offset: int = 0):
+        return self.model.packing(self.slots, tokens, self.max_tokens, offset)
 
     def welcome(self) -> dict:
         return {
@@ -261,6 +261,7 @@ class Session(MessageSession):
             self.sid = "?"
         self.eval_keys = None
         self.bootstrap_keys = None
+        self.kv = None  # the decoder's encrypted KV cache (runtime.fhe_executor.FheKVCache)
         self.keys_received = False
         self.bundle_sent = False
         self.work_done = 0
@@ -269,8 +270,8 @@ class Session(MessageSession):
         self.counts: Counter = Counter()
 
     def close(self) -> None:
-        """Drop this session's keys (the bootstrapping keys' GBs are freed at once)."""
-        bk, self.bootstrap_keys, self.eval_keys = self.bootstrap_keys, None, None
+        """Drop this session's keys (the bootstrapping keys' GBs are freed at once) and its KV cache."""
+        bk, self.bootstrap_keys, self.eval_keys, self.kv = self.bootstrap_keys, None, None, None
         if bk is not None:
             bk.close()
 
@@ -388,7 +389,16 @@ class Session(MessageSession):
         if type(T) is not int or not 1 <= T <= self.host.max_tokens:
             raise LimitExceeded(f"tokens must be an integer in 1..{self.host.max_tokens} (this server's "
                                 "max_tokens)")
-        P = self.host.packing(T)
+        offset = msg.get("offset", 0)
+        if type(offset) is not int or offset < 0 or (offset and task != "logits"):
+            raise ProtocolError("offset must be an integer >= 0, and > 0 only for 'logits' (a decoding step)")
+        if offset + T > self.host.max_tokens:
+            raise LimitExceeded(f"positions up to {offset + T}: this server takes at most {self.host.max_tokens}")
+        held = 0 if self.kv is None else self.kv.length
+        if offset and offset != held:
+            raise ProtocolError(f"a decoding step at position {offset}, but this session's KV cache holds {held} "
+                                "positions (offset 0 starts a new one)")
+        P = self.host.packing(T, offset)
         n = P.n_cts(self.host.d)
         cts = msg.get("cts")
         if not isinstance(cts, list) or len(cts) != n:
@@ -428,7 +438,11 @@ class Session(MessageSession):
         if task == "classify":
             out = host.model.classify(ev, x, on_layer=on_layer)
         else:
-            out = host.model.logits(ev, x, on_layer=on_layer)
+            cache = host.model.new_cache(ev) if P.offset == 0 else self.kv
+            cache.ev = ev
+            self.kv = None  # a pass that fails leaves no half-extended cache behind
+            out = host.model.logits(ev, x, on_layer=on_layer, cache=cache)
+            self.kv = cache
         seconds = time.perf_counter() - t0
         result = [host.be.ciphertext_to_bytes(c) for c in out.cts]
         st = ev.stats.as_dict()
