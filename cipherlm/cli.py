@@ -76,6 +76,15 @@ def _add_fhe_serve_args(p: argparse.ArgumentParser) -> None:
 def _add_fhe_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure-ok", action="store_true",
                    help="fhe: accept a server on the INSECURE test preset (tests only; refused by default)")
+    _add_fhe_refresh_arg(p)
+
+
+def _add_fhe_refresh_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--refresh", choices=("bootstrap", "client"), default="bootstrap",
+                   help="fhe: how ciphertexts that run out of levels are refreshed: bootstrap (default; the "
+                        "server bootstraps, nothing travels during a pass; ~7.9 GB of bootstrapping keys per "
+                        "session) or client (no bootstrapping keys: the server sends masked ciphertexts for "
+                        "the client to re-encrypt, one round trip per refresh; docs/fhe.md)")
 
 
 def _server_address(text: str) -> tuple[str, int]:
@@ -179,19 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
     d.add_argument("--max-new-tokens", type=int, default=None, help="default 8 (offload), 2 (2pc), 1 (fhe)")
     _add_fhe_serve_args(d)
+    _add_fhe_refresh_arg(d)
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc"), help="which benchmark")
+    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc", "fhe"), help="which benchmark")
     b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--rows", type=int, default=128,
                    help="rows of the nonlinear shapes (bench mpc; softmax 128x128, GeLU 128x3072, ...)")
     b.add_argument("--only", help="comma-separated operation names (bench mpc; default all)")
     b.add_argument("--processes", action="store_true",
                    help="bench mpc: the two parties as two OS processes over TCP (default: two threads)")
-    b.add_argument("--workloads", default="minilm,smollm-block,bert-base",
+    b.add_argument("--workloads", default=None,
                    help="bench 2pc: comma-separated (minilm: MiniLM's encoder layers; smollm-block: one SmolLM2 "
-                        "block; bert-base: BERT-base shape, random weights, extrapolated from --layers)")
+                        "block; bert-base: BERT-base shape, random weights, extrapolated from --layers; default "
+                        "all three); bench fhe: minilm (polarity classification) and/or bert-base (one layer, "
+                        "random weights); default minilm")
     b.add_argument("--layers", type=int, default=None,
                    help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12)")
     _add_packing_args(b, "bench 2pc")
@@ -200,7 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", help="bench embedding: comma-separated rows (default the Table 6 ablation)")
     b.add_argument("--tokens", type=int, default=None,
                    help="bench embedding: token ids per query (default 1); bench 2pc: tokens (default 128, "
-                        "smollm-block 64)")
+                        "smollm-block 64); bench fhe: tokens per inference (default 32)")
+    b.add_argument("--sentences", type=int, default=1, help="bench fhe: MiniLM polarity sentences (default 1)")
+    b.add_argument("--fhe-preset", default=FHE_PRESETS[0], choices=FHE_PRESETS,
+                   help="bench fhe: the CKKS bootstrapping preset (test-insecure-N1024 needs --insecure-test-preset)")
+    b.add_argument("--insecure-test-preset", action="store_true",
+                   help="bench fhe: allow the INSECURE test preset (checks the circuits quickly; no security)")
+    _add_fhe_refresh_arg(b)
     b.add_argument("--flood-bits", default="40", help="bench embedding: flooding bits, e.g. 40 or 40,0")
     b.add_argument("--seed", type=int, default=0, help="bench embedding / moe: random table / weights seed")
     b.add_argument("--shape", default="reduced", choices=("reduced", "olmoe", "qwen"),

@@ -804,10 +804,10 @@ def _fhe_session(server, model, args):
     _err(f"connecting to {host}:{port} (fhe) ...")
     try:
         with FheClient(host, port, model=model, insecure_ok=bool(getattr(args, "insecure_ok", False)),
-                       progress=_err) as client:
+                       progress=_err, refresh=getattr(args, "refresh", "bootstrap")) as client:
             _err(f"session ready in {client.setup_seconds:.1f} s: {client.model} ({client.kind}), preset "
                  f"{client.preset}{' (INSECURE test preset)' if client.insecure else ''}, up to "
-                 f"{client.max_tokens} tokens per pass")
+                 f"{client.max_tokens} tokens per pass, refresh by {client.refresh}")
             yield client
     except (RemoteError, ProtocolError, ChannelClosed, ChannelTimeout, HEError) as exc:
         raise UserError(f"fhe session failed: {exc}") from exc
@@ -834,7 +834,10 @@ def _add_fhe_stats(report, client) -> None:
     report.extra.update({
         "preset": client.preset, "insecure_preset": client.insecure, "max_tokens": client.max_tokens,
         "setup_seconds": client.setup_seconds, "bundle_from_cache": client.bundle_from_cache,
+        "refresh": client.refresh,
         "bootstraps": int(client.server_counts.get("bootstrap", 0)),
+        "client_refreshes": client.client_refreshes,
+        "client_refreshed_ciphertexts": int(client.server_counts.get("client_refresh", 0)),
         "server_seconds": dict(client.server_seconds), "server_keys_load_seconds": keys_s,
         "server_compute_seconds": sum(client.server_seconds.values()),
         "client_seconds": dict(client.seconds), "client_compute_seconds": sum(client.seconds.values()),
@@ -853,8 +856,8 @@ def _fhe_generate_with(client, prompt, args, report, stream=True) -> dict:
     if len(prompt_ids) > client.max_tokens:
         raise UserError(f"the prompt is {len(prompt_ids)} tokens: this fhe server takes at most {client.max_tokens} "
                         "per pass (serve --max-tokens)")
-    _err(f"{len(prompt_ids)} prompt tokens; generating: one encrypted pass over the whole prefix per token "
-         "(no KV cache yet), the server answers each pass once ...")
+    _err(f"{len(prompt_ids)} prompt tokens; generating: one encrypted pass over the prompt, then one per new "
+         "token (the keys and values stay encrypted in the server's KV cache) ...")
     streamer = TokenStreamer(tok) if stream else (lambda t: None)
     token_times: list[float] = []
     t_gen = time.perf_counter()
@@ -1007,7 +1010,9 @@ def demo_fhe(args, report, t0) -> int:
     c = report.parties["client"]
     x = report.extra
     print(f"bytes up {c['bytes_sent'] / 1e6:.1f} MB, down {c['bytes_received'] / 1e6:.1f} MB (keys once per session "
-          f"included), {report.rounds} rounds; {x['bootstraps']} bootstraps, server HE time "
+          f"included), {report.rounds} rounds; refresh by {x['refresh']}: "
+          f"{x['bootstraps'] if x['refresh'] == 'bootstrap' else x['client_refreshes']} "
+          f"{'bootstraps' if x['refresh'] == 'bootstrap' else 'client refreshes'}, server HE time "
           f"{x['server_compute_seconds']:.1f} s, client time {x['client_compute_seconds']:.1f} s; peak memory "
           f"client {x['peak_rss_mb']['client']:.0f} MB, server {x['peak_rss_mb']['server'] or 0:.0f} MB")
     print(report.summary_text())
@@ -1019,7 +1024,8 @@ def cmd_bench(args) -> int:
     from cipherlm.report import RunReport
 
     t0 = time.perf_counter()
-    report = RunReport(mode="offload" if args.what == "offload" else "2pc", model=args.model, command=sys.argv)
+    mode = {"offload": "offload", "fhe": "fhe"}.get(args.what, "2pc")
+    report = RunReport(mode=mode, model=args.model, command=sys.argv)
     if args.what == "mpc":
         report.extra["operations"] = bench_mpc(args)
     elif args.what == "embedding":
@@ -1034,6 +1040,10 @@ def cmd_bench(args) -> int:
         from cipherlm.bench import twopc
 
         report.extra["workloads"] = twopc.run(args)
+    elif args.what == "fhe":
+        from cipherlm.bench import fhe
+
+        report.extra["workloads"] = fhe.run(args)
     else:
         from cipherlm.bench import offload
 

@@ -283,7 +283,7 @@ def test_bad_infer(bert, case):
         want = ("no 'logits' task",)
     else:
         msg["refresh"] = "client"
-        want = ("not available yet",)
+        want = ("this session refreshes by 'bootstrap'",)
     c.chan.send(msg)
     refused(c.chan, *want)
     assert srv.infers_done == 0
@@ -413,3 +413,104 @@ def test_remote_error_reaches_the_client(llama):
         c.tasks = ["logits", "classify"]  # pretend, so the request goes out
         with pytest.raises(RemoteError, match="no 'classify' task"):
             c.classify([1, 2])
+
+
+# ----------------------------------------------------------------------------- client-aided refresh
+
+
+@pytest.fixture(scope="module")
+def client_keys(bert):
+    from cipherlm.runtime.fhe_client import FheKeys
+
+    srv, host, _ = bert
+    return FheKeys(TEST_PRESET, host.rotation_steps, insecure_ok=True, refresh="client")
+
+
+def test_client_refresh_classify_matches_plaintext(bert, client_keys, tiny_bert_dir, head, log_secrets):
+    """--refresh client: no bootstrapping keys go up, the server never bootstraps, every
+    refresh is one round trip (one message each way, counted by the channel), and the class
+    logits match the plaintext computation as closely as with bootstrapping."""
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import plain_executor
+
+    srv, host, _ = bert
+    ids = [11, 42, 7, 93, 28, 64, 3]
+    log_secrets.add("11, 42, 7, 93")
+    with client(srv, client_keys, refresh="client") as c:
+        assert "bootstrap" not in client_keys.sizes() and c.welcome["refresh"] == ["bootstrap", "client"]
+        setup_up = c.chan.bytes_sent
+        got = c.classify(ids)
+        traffic, stats = c.last_infer_traffic, c.infer_stats[-1]
+        rounds = c.client_refreshes
+    W, b = head
+    e = plain_executor(load_model(tiny_bert_dir), dtype=np.float64).sentence_embedding(np.asarray(ids))
+    want = e @ W.T + b
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    assert np.max(np.abs(got - want)) < 1e-2, (got, want)
+    assert stats["refresh"] == "client" and stats["counts"].get("bootstrap", 0) == 0
+    assert rounds == stats["client_refreshes"] == stats["refresh_rounds_answered"] > 0
+    assert stats["counts"]["client_refresh"] >= rounds
+    assert traffic["messages_sent"] == 1 + rounds and traffic["messages_received"] == 1 + rounds, traffic
+    assert setup_up < host.key_sizes["bootstrap"]  # the upload carried no bootstrapping keys
+
+
+def test_client_refresh_greedy_generation(llama, tiny_llama_dir):
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_client import FheKeys
+    from cipherlm.runtime.plain import plain_executor
+
+    srv, host, _ = llama
+    keys = FheKeys(TEST_PRESET, host.rotation_steps, insecure_ok=True, refresh="client")
+    ids = [3, 17, 42, 5, 9]
+    with client(srv, keys, refresh="client") as c:
+        new, logits = c.generate(ids, 2)
+        steps = [(s["tokens"], s["refresh"]) for s in c.infer_stats]
+    want_new, want_logits = plain_executor(load_model(tiny_llama_dir), dtype=np.float64).generate(
+        ids, max_new_tokens=2, return_logits=True, eos_token_ids=[])
+    assert new == list(want_new) and np.max(np.abs(logits[0] - want_logits[0])) < 1e-2
+    assert steps == [(len(ids), "client"), (1, "client")]
+
+
+@pytest.mark.parametrize("case", ["garbage", "wrong count", "not a list", "error report", "vanishes"])
+def test_bad_client_refresh_answers_end_only_that_session(bert, client_keys, case):
+    srv, host, _ = bert
+    failed = srv.sessions_failed
+    c = client(srv, client_keys, refresh="client")
+    c.chan.send(good_infer(c, [4, 8, 15]))
+    msg = c.chan.recv()
+    assert msg["type"] == "refresh" and all(isinstance(b, bytes) for b in msg["cts"])
+    if case == "vanishes":
+        c.chan.close()
+        wait_for(lambda: srv.sessions_failed > failed, "the session ended", limit=60)
+    else:
+        fresh = c.keys.reencrypt(msg["cts"])
+        reply = {"garbage": {"type": "refreshed", "cts": [b"\x00junk" * 8] * len(fresh)},
+                 "wrong count": {"type": "refreshed", "cts": fresh + fresh},
+                 "not a list": {"type": "refreshed", "cts": "abc"},
+                 "error report": {"type": "error", "message": "no"}}[case]
+        c.chan.send(reply)
+        want = {"garbage": "HEError", "wrong count": "refreshed 2", "not a list": "must be a list",
+                "error report": "error report"}[case]
+        if case == "wrong count" and len(fresh) != 1:
+            want = "refreshed"
+        refused(c.chan, want)
+    assert srv.infers_done >= 0
+    with client(srv, client_keys, refresh="client") as good:  # the server serves the next session
+        assert good.classify([5, 6]).shape == (2,)
+
+
+@pytest.mark.parametrize("case", ["unknown path", "bootstrap keys with client", "no bootstrap keys"])
+def test_refresh_path_of_the_key_upload_is_checked(bert, case):
+    srv, host, keys = bert
+    chan = raw(srv)
+    sizes = {"relin": host.key_sizes["relin"], "galois": 1 << 20, "bootstrap": host.key_sizes["bootstrap"]}
+    if case == "unknown path":
+        chan.send({"type": "keys", "refresh": "teleport", "sizes": sizes, "parts": 3})
+        refused(chan, "unknown refresh path 'teleport'")
+    elif case == "bootstrap keys with client":
+        chan.send({"type": "keys", "refresh": "client", "sizes": sizes, "parts": 3})
+        refused(chan, "sizes must give the bytes of ['relin', 'galois']")
+    else:
+        del sizes["bootstrap"]
+        chan.send({"type": "keys", "sizes": sizes, "parts": 2})
+        refused(chan, "sizes must give the bytes of ['relin', 'galois', 'bootstrap']")

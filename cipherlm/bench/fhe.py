@@ -46,22 +46,38 @@ def _fit(ids: list[int], n: int, cls_id: int | None = None, sep_id: int | None =
 class _Keys:
     """The client's keys for one packing layout, and the server's evaluator built from them."""
 
-    def __init__(self, model, preset: str, max_tokens: int, insecure: bool):
-        from cipherlm.he.lattigo_backend import LattigoBackend, LattigoContext
+    def __init__(self, model, preset: str, max_tokens: int, insecure: bool, refresh: str = "bootstrap"):
+        from cipherlm.he import get_backend
         from cipherlm.protocols.ckks.evaluator import CkksEvaluator
+        from cipherlm.protocols.ckks.refresh import ClientRefresher, reencrypt_blobs
 
-        self.be = LattigoBackend()
-        self.ctx = LattigoContext.from_preset(preset, allow_insecure_for_tests=insecure)
+        self.be = get_backend("lattigo")
+        self.ctx = self.be.bootstrappable_context(preset, allow_insecure_for_tests=insecure)
         t0 = time.perf_counter()
         self.sk = self.be.keygen(self.ctx)
-        self.bk = self.sk.bootstrapping_keys()
-        steps = model.rotation_steps(model.packing(self.ctx.slots, max_tokens))
+        self.bk = self.sk.bootstrapping_keys() if refresh == "bootstrap" else None
+        #: bytes of the client-aided refreshes (down: masked ciphertexts, up: fresh ones)
+        self.refresh_bytes = {"down": 0, "up": 0}
+        steps = list(model.rotation_steps(model.packing(self.ctx.slots, max_tokens)))
         self.ek = self.sk.eval_keys(relin=True, steps=steps)
         self.keygen_seconds = time.perf_counter() - t0
-        self.key_bytes = {"bootstrapping": self.bk.size_bytes,
-                          "relin_galois": len(self.sk.relin_key_bytes()) + len(self.sk.galois_keys_bytes(steps)),
+        # the upload's size without making the Galois keys a second time (GBs at N = 2^16): the
+        # seeded blob of one and of two keys gives the header and the per-key bytes
+        one, two = len(self.sk.galois_keys_bytes(steps[:1])), len(self.sk.galois_keys_bytes(steps[:2]))
+        self.key_bytes = {"bootstrapping": self.bk.size_bytes if self.bk is not None else 0,
+                          "relin_galois": len(self.sk.relin_key_bytes()) + one + (two - one) * (len(steps) - 1),
                           "rotation_steps": len(steps)}
-        self.ev = CkksEvaluator(self.be, self.ctx, self.ek, self.bk)
+
+        def exchange(blobs):  # the round trip to the client, in process
+            self.refresh_bytes["down"] += sum(map(len, blobs))
+            back = reencrypt_blobs(self.be, self.ctx, self.sk, blobs)
+            self.refresh_bytes["up"] += sum(map(len, back))
+            return back
+
+        if self.bk is not None:
+            self.ev = CkksEvaluator(self.be, self.ctx, self.ek, self.bk)
+        else:
+            self.ev = CkksEvaluator(self.be, self.ctx, self.ek, refresher=ClientRefresher(self.be, self.ctx, exchange))
 
     def encrypt(self, model, packing, x):
         from cipherlm.protocols.ckks.evaluator import CkksTensor
@@ -76,7 +92,8 @@ class _Keys:
         return s.reshape(-1, t.packing.tp), sum(map(len, blobs))
 
     def close(self):
-        self.bk.close()
+        if self.bk is not None:
+            self.bk.close()
 
 
 def _stats(ev) -> dict:
@@ -87,7 +104,7 @@ def _stats(ev) -> dict:
     return d
 
 
-def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print) -> dict:
+def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print, refresh: str = "bootstrap") -> dict:
     from cipherlm.models import load_model
     from cipherlm.models.data import polarity_split
     from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
@@ -101,8 +118,9 @@ def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=prin
     calib = [_fit(tok.encode(t).ids, tokens, cls_id, sep_id) for t, _ in test[-8:]]
     t0 = time.perf_counter()
     model = calibrated_model(lm, calib, classifier=(np.asarray(W, np.float64), np.asarray(b, np.float64)))
+    model.cache_plaintexts = preset.startswith("test-insecure")  # at 2^15 slots: GBs, and one pass uses each once
     setup = time.perf_counter() - t0
-    keys = _Keys(model, preset, tokens, insecure)
+    keys = _Keys(model, preset, tokens, insecure, refresh)
     progress(f"minilm: keys in {keys.keygen_seconds:.1f} s ({keys.key_bytes['bootstrapping'] / 1e9:.2f} GB "
              f"bootstrapping keys), calibration {setup:.1f} s")
     rows = []
@@ -121,18 +139,20 @@ def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=prin
                      "fhe_prediction": int(np.argmax(got)), "plain_prediction": int(np.argmax(plain)),
                      "label": int(label), "max_logit_error": float(np.abs(got - plain).max()),
                      "bytes_up": up, "bytes_down": down, "bootstraps": st["counts"].get("bootstrap", 0),
+                     "client_refreshes": st["refreshes"] if refresh == "client" else 0,
                      "counts": st["counts"], "seconds_by_kind": st["seconds"]})
         progress(f"minilm sentence {i}: {sec:.1f} s, {rows[-1]['bootstraps']} bootstraps, prediction "
                  f"{rows[-1]['fhe_prediction']} (plain {rows[-1]['plain_prediction']}), logit error "
                  f"{rows[-1]['max_logit_error']:.2e}")
     keys.close()
-    return {"workload": "minilm", "tokens": tokens, "preset": preset, "keygen_seconds": keys.keygen_seconds,
+    return {"workload": "minilm", "tokens": tokens, "preset": preset, "refresh": refresh,
+            "refresh_bytes": dict(keys.refresh_bytes), "keygen_seconds": keys.keygen_seconds,
             "key_bytes": keys.key_bytes, "calibration_seconds": setup, "rows": rows,
             "identical_predictions": sum(r["fhe_prediction"] == r["plain_prediction"] for r in rows),
             "peak_rss_bytes": _peak_rss_bytes()}
 
 
-def bench_bert_base_layer(tokens: int, preset: str, insecure: bool, progress=print) -> dict:
+def bench_bert_base_layer(tokens: int, preset: str, insecure: bool, progress=print, refresh: str = "bootstrap") -> dict:
     import torch
     import transformers
 
@@ -148,7 +168,8 @@ def bench_bert_base_layer(tokens: int, preset: str, insecure: bool, progress=pri
     rng = np.random.default_rng(0)
     calib = [rng.integers(1000, 20000, size=tokens) for _ in range(4)]
     model = calibrated_model(lm, calib)
-    keys = _Keys(model, preset, tokens, insecure)
+    model.cache_plaintexts = preset.startswith("test-insecure")
+    keys = _Keys(model, preset, tokens, insecure, refresh)
     progress(f"bert-base layer: keys in {keys.keygen_seconds:.1f} s")
     ids = rng.integers(1000, 20000, size=tokens)
     P = model.packing(keys.ctx.slots, tokens, tokens)
@@ -161,11 +182,38 @@ def bench_bert_base_layer(tokens: int, preset: str, insecure: bool, progress=pri
     want = plain_executor(lm, dtype=np.float64).forward(ids)
     st = _stats(keys.ev)
     keys.close()
-    return {"workload": "bert-base-layer", "tokens": tokens, "preset": preset, "seconds": sec,
+    return {"workload": "bert-base-layer", "tokens": tokens, "preset": preset, "refresh": refresh,
+            "refresh_bytes": dict(keys.refresh_bytes), "seconds": sec,
             "max_abs_error": float(np.abs(got - want).max()), "bytes_up": up, "bytes_down": down,
             "keygen_seconds": keys.keygen_seconds, "key_bytes": keys.key_bytes,
             "bootstraps": st["counts"].get("bootstrap", 0), "counts": st["counts"],
             "seconds_by_kind": st["seconds"], "peak_rss_bytes": _peak_rss_bytes(), "published": PUBLISHED}
+
+
+def run_workloads(workloads: str, tokens: list[int], sentences: int, preset: str, insecure: bool,
+                  progress=print, refresh: str = "bootstrap") -> list[dict]:
+    """Each workload at each token count, one result dict each."""
+    out = []
+    for w in (w.strip() for w in workloads.split(",") if w.strip()):
+        for t in tokens:
+            if w == "minilm":
+                out.append(bench_minilm(t, sentences, preset, insecure, progress=progress, refresh=refresh))
+            elif w == "bert-base":
+                out.append(bench_bert_base_layer(t, preset, insecure, progress=progress, refresh=refresh))
+            else:
+                raise SystemExit(f"unknown fhe workload {w!r} (minilm, bert-base)")
+    return out
+
+
+def run(args) -> list[dict]:
+    """`cipherlm bench fhe` (see the module docstring; results go into the run report)."""
+    if args.fhe_preset.startswith("test-insecure") and not args.insecure_test_preset:
+        raise SystemExit(f"--fhe-preset {args.fhe_preset} is INSECURE: add --insecure-test-preset (tests only)")
+    preset = "test-insecure-N1024" if args.insecure_test_preset else args.fhe_preset
+    return run_workloads(args.workloads or "minilm", [args.tokens or 32], args.sentences, preset,
+                         preset.startswith("test-insecure"),
+                         progress=lambda m: print(f"bench fhe: {m}", file=sys.stderr, flush=True),
+                         refresh=getattr(args, "refresh", "bootstrap"))
 
 
 def main(argv=None) -> int:
@@ -182,17 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
     preset = "test-insecure-N1024" if a.insecure_test_preset else a.preset
-    out = []
-    for w in a.workloads.split(","):
-        for t in (int(v) for v in a.tokens.split(",")):
-            if w == "minilm":
-                out.append(bench_minilm(t, a.sentences, preset, a.insecure_test_preset,
-                                        progress=lambda m: print(m, file=sys.stderr, flush=True)))
-            elif w == "bert-base":
-                out.append(bench_bert_base_layer(t, preset, a.insecure_test_preset,
-                                                 progress=lambda m: print(m, file=sys.stderr, flush=True)))
-            else:
-                raise SystemExit(f"unknown workload {w!r} (minilm, bert-base)")
+    out = run_workloads(a.workloads, [int(v) for v in a.tokens.split(",")], a.sentences, preset,
+                        a.insecure_test_preset, progress=lambda m: print(m, file=sys.stderr, flush=True))
     text = json.dumps(out, indent=1, default=float)
     if a.json:
         with open(a.json, "w") as f:

@@ -28,6 +28,9 @@ import time
 
 import numpy as np
 
+#: `cipherlm bench 2pc` without --workloads
+DEFAULT_WORKLOADS = "minilm,smollm-block,bert-base"
+
 PUBLISHED_BERT_BASE = {
     "BLB (BLB paper, Table 11)": 3.0e9,
     "BFV+MPC baseline, Bumblebee-style (BLB paper, Table 11)": 5.8e9,
@@ -215,7 +218,7 @@ def run(args) -> list[dict]:
     import sys
 
     rows = []
-    for w in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+    for w in [w.strip() for w in (args.workloads or DEFAULT_WORKLOADS).split(",") if w.strip()]:
         print(f"bench 2pc: {w} (tokens {args.tokens or 'default'}, layers {args.layers or 'default'}) "
               "as two processes ...", file=sys.stderr, flush=True)
         row = run_workload(w, args.tokens, args.layers, linear_packing=getattr(args, "linear_packing", "coeff"),

@@ -122,7 +122,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 6
+_ABI_VERSION = 7
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -163,6 +163,10 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_add": (_i64, _i64, _int),
     "clg_rescale": (_i64,),
     "clg_ct_scale_by": (_i64, _dbl),
+    "clg_ct_add_mask": (_i64, _p_u8, _int, _int, _int, _dbl),
+    "clg_ct_reencrypt": (_i64, _i64, _p_i64),
+    "clg_ct_scale": (_i64, _p_dbl),
+    "clg_pt_coeffs": (_i64, _p_u64, _i64),
     "clg_drop_level": (_i64, _int),
     "clg_rotate": (_i64, _i64, _i64, _p_i64),
     "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
@@ -331,6 +335,13 @@ class LattigoPlaintext(_Handle):
     def scale_bits(self) -> float:
         return self._info()[1]
 
+    def coefficients(self) -> np.ndarray:
+        """The polynomial's RNS coefficients, (level + 1, N) uint64, coefficient form."""
+        k = self.level + 1
+        out = np.zeros((k, self.ctx.n), np.uint64)
+        _call("clg_pt_coeffs", self.h, out.ctypes.data_as(_p_u64), out.size)
+        return out
+
 
 class LattigoCiphertext(_Handle):
     __slots__ = ()
@@ -352,6 +363,13 @@ class LattigoCiphertext(_Handle):
     def scale_bits(self) -> float:
         """log2 of the CKKS scale."""
         return self._info()[2]
+
+    @property
+    def scale(self) -> float:
+        """The CKKS scale (the float64 its serialisation carries)."""
+        v = _dbl()
+        _call("clg_ct_scale", self.h, ctypes.byref(v))
+        return v.value
 
     def _replace(self, h: int) -> None:
         """Take over Go object ``h`` (in-place operations that allocate a result)."""
@@ -595,6 +613,14 @@ class LattigoSecretKeys(SecretKeys):
 
     def decrypt(self, ct: LattigoCiphertext) -> LattigoPlaintext:
         return LattigoPlaintext(_new("clg_decrypt", self._sk.h, ct.h), self.ctx)
+
+    def reencrypt(self, ct: LattigoCiphertext) -> LattigoCiphertext:
+        """The client's half of the client-aided refresh (`protocols.ckks.refresh`): ``ct``
+        decrypted to its integer polynomial (exact, centred modulo the primes of its level),
+        scaled by default scale / its scale, and encrypted afresh at the top level with the
+        default scale.  Fails only for coefficients too large for the top modulus, never
+        because of what they encode."""
+        return LattigoCiphertext(_new("clg_ct_reencrypt", self._sk.h, ct.h), self.ctx)
 
     def public_key_bytes(self) -> bytes:
         return _bytes_out("clg_pk_to_bytes", self.public_key.h)
@@ -841,6 +867,11 @@ class LattigoBackend(HEBackend):
                      "rescale": int(cnt[3])}
 
     # -- fhe-mode operations (ABI 5: ckks_ops.go, bootstrap.go) ---------------------------
+    @staticmethod
+    def bootstrap_presets() -> dict[str, bool]:
+        """The bootstrapping presets `bootstrappable_context` knows: name -> INSECURE (tests only)."""
+        return {k: bool(v[1]) for k, v in LattigoContext.PRESETS.items()}
+
     def bootstrappable_context(self, preset: str = "N16QP1546H192H32", *,
                                allow_insecure_for_tests: bool = False) -> LattigoContext:
         """`LattigoContext.from_preset` (the test preset only with ``allow_insecure_for_tests``)."""
@@ -918,6 +949,19 @@ class LattigoBackend(HEBackend):
         ``factor``, the coefficients are untouched (no level used; CKKS precision is unchanged
         in absolute terms, so the quotient has about log2(factor) fewer correct bits)."""
         _call("clg_ct_scale_by", ct.h, float(factor))
+
+    def add_mask_inplace(self, ctx, ct: LattigoCiphertext, seed: bytes, bits: int, *, sign: int = 1,
+                         from_scale: float | None = None) -> None:
+        """The server's half of the client-aided refresh (`protocols.ckks.refresh`): add (sign
+        +1) or subtract (-1) the integer polynomial u the 32-byte ``seed`` expands to
+        (coefficients uniform in [-2^bits, 2^bits)), multiplied by scale(ct) / ``from_scale``
+        and rounded (None: by 1, and the scale is first rounded to the float64 the wire
+        carries).  ``2^(bits + 2)`` must not exceed the modulus at the ciphertext's level."""
+        if not isinstance(seed, (bytes, bytearray)) or len(seed) != 32:
+            raise HEError("the mask seed must be 32 bytes")
+        buf = (ctypes.c_ubyte * 32).from_buffer_copy(bytes(seed))
+        _call("clg_ct_add_mask", ct.h, ctypes.cast(buf, _p_u8), 32, int(bits), int(sign),
+              float(from_scale) if from_scale is not None else 0.0)
 
     def mod_switch_to_inplace(self, ctx, ct: LattigoCiphertext, level) -> None:
         """Drop primes down to ``level`` without dividing (CKKS: the scale is unchanged)."""

@@ -15,8 +15,12 @@ Galois keys for exactly the welcome's rotation steps, a relinearisation key and 
 bootstrapping keys (~7.9 GB and about a minute at the production preset), checks their
 sizes against the welcome's and uploads them in ``keys_part`` chunks.
 
-Not yet: the KV cache.  `FheClient.generate` runs one full pass over the whole prefix for
-every new token (each pass recomputes every earlier position).
+``refresh="client"`` (the client-aided refresh, `protocols.ckks.refresh`) makes and sends
+no bootstrapping keys; the server then sends masked ciphertexts during a pass and the
+client answers each with fresh encryptions (`FheClient.last_infer_traffic` then counts
+one more message each way per refresh).  Decoders keep their keys and values in the
+server's encrypted KV cache: `FheClient.generate` sends the prompt once and then one
+token per step.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ import numpy as np
 from cipherlm.net.channel import TCPChannel
 from cipherlm.runtime.bundle import check_bundle, load_bundle, store_bundle
 from cipherlm.runtime.fhe_protocol import (
-    KEY_BLOBS,
     KEY_CHUNK,
+    MAX_REFRESH_CTS,
     MODE,
     PROTOCOL_VERSION,
+    REFRESH_PATHS,
     TASKS,
     ProtocolError,
     expect,
+    key_blobs,
 )
 from cipherlm.runtime.session_server import SessionClient
 
@@ -84,43 +90,52 @@ def check_fhe_welcome(w: dict) -> dict:
     ks = w.get("key_sizes")
     if not isinstance(ks, dict) or not all(_is_int(ks.get(k), 1) for k in ("relin", "galois_max", "bootstrap")):
         raise ProtocolError("welcome: key_sizes must give positive relin, galois_max and bootstrap sizes")
+    refresh = w.setdefault("refresh", ["bootstrap"])  # servers before the client-aided refresh
+    if not isinstance(refresh, list) or not refresh or not all(isinstance(r, str) and r in REFRESH_PATHS
+                                                              for r in refresh):
+        raise ProtocolError(f"welcome: refresh must be a non-empty list out of {list(REFRESH_PATHS)}")
     return w
 
 
 class FheKeys:
     """A secret key for a preset and the key blobs a server needs (relinearisation key, seeded
-    Galois keys for `steps`, bootstrapping keys).  Reusable for several sessions with servers
-    of the same preset and steps (the tests make one and share it)."""
+    Galois keys for `steps`, and for ``refresh="bootstrap"`` the bootstrapping keys).
+    Reusable for several sessions with servers of the same preset and steps (the tests make
+    one and share it)."""
 
-    def __init__(self, preset: str, steps: Sequence[int], insecure_ok: bool = False):
-        from cipherlm.he.lattigo_backend import LattigoBackend, LattigoContext
+    def __init__(self, preset: str, steps: Sequence[int], insecure_ok: bool = False, refresh: str = "bootstrap"):
+        from cipherlm.he import get_backend
 
         t0 = time.perf_counter()
-        test_only = LattigoContext.PRESETS.get(preset, (None, False))[1]
+        self.be = get_backend("lattigo")
+        test_only = self.be.bootstrap_presets().get(preset, False)
         self.preset = preset
+        self.refresh = refresh
+        self.blob_names = key_blobs(refresh)
         self.steps = sorted(int(s) for s in steps)
-        self.be = LattigoBackend()
-        self.ctx = LattigoContext.from_preset(preset, allow_insecure_for_tests=bool(test_only and insecure_ok))
+        self.ctx = self.be.bootstrappable_context(preset, allow_insecure_for_tests=bool(test_only and insecure_ok))
         self.sk = self.be.keygen(self.ctx)
         blobs = {"relin": self.sk.relin_key_bytes(), "galois": self.sk.galois_keys_bytes(self.steps)}
-        bk = self.sk.bootstrapping_keys()
-        try:
-            blobs["bootstrap"] = bk.to_bytes()
-        finally:
-            bk.close()  # the client never bootstraps: only the bytes are kept, for the upload
+        if "bootstrap" in self.blob_names:
+            bk = self.sk.bootstrapping_keys()
+            try:
+                blobs["bootstrap"] = bk.to_bytes()
+            finally:
+                bk.close()  # the client never bootstraps: only the bytes are kept, for the upload
         self.blobs: dict | None = blobs
         self.seconds = time.perf_counter() - t0
 
-    def matches(self, preset: str, steps: Sequence[int]) -> bool:
-        return self.blobs is not None and preset == self.preset and sorted(int(s) for s in steps) == self.steps
+    def matches(self, preset: str, steps: Sequence[int], refresh: str = "bootstrap") -> bool:
+        return (self.blobs is not None and preset == self.preset and refresh == self.refresh
+                and sorted(int(s) for s in steps) == self.steps)
 
     def sizes(self) -> dict:
-        return {b: len(self.blobs[b]) for b in KEY_BLOBS}
+        return {b: len(self.blobs[b]) for b in self.blob_names}
 
     def parts(self, chunk: int) -> list[tuple[str, memoryview]]:
         """The upload's ``keys_part`` data: each blob cut in pieces of at most `chunk` bytes."""
         out = []
-        for b in KEY_BLOBS:
+        for b in self.blob_names:
             mv = memoryview(self.blobs[b])
             out += [(b, mv[i:i + chunk]) for i in range(0, len(mv), chunk)]
         return out
@@ -137,6 +152,12 @@ class FheKeys:
         ct = self.be.ciphertext_from_bytes(self.ctx, blob)
         return np.asarray(self.be.decode_slots(self.ctx, self.sk.decrypt(ct)), np.float64)
 
+    def reencrypt(self, blobs: list) -> list[bytes]:
+        """The client's half of a client-aided refresh (`protocols.ckks.refresh`)."""
+        from cipherlm.protocols.ckks.refresh import reencrypt_blobs
+
+        return reencrypt_blobs(self.be, self.ctx, self.sk, blobs)
+
 
 class FheClient(SessionClient):
     """A session with an fhe server: set-up (keys uploaded), then `classify`, `next_logits`,
@@ -144,12 +165,19 @@ class FheClient(SessionClient):
 
     ``insecure_ok``: accept a server on the INSECURE test preset (tests only).  ``keys``: an
     `FheKeys` to reuse (made here when None or when it does not fit the server).
+    ``refresh``: "bootstrap" (the server bootstraps; nothing travels during a pass) or
+    "client" (no bootstrapping keys; the client re-encrypts masked ciphertexts during a
+    pass, `protocols.ckks.refresh`).
     ``progress``: a callable taking one status line (e.g. printing to stderr)."""
 
     def __init__(self, host: str, port: int, model: str | None = None, insecure_ok: bool = False,
                  keys: FheKeys | None = None, timeout: float = 600.0,
-                 infer_timeout: float | None = DEFAULT_INFER_TIMEOUT, progress: Callable[[str], None] | None = None):
+                 infer_timeout: float | None = DEFAULT_INFER_TIMEOUT, progress: Callable[[str], None] | None = None,
+                 refresh: str = "bootstrap"):
         self.t_start = time.perf_counter()
+        key_blobs(refresh)  # ProtocolError for an unknown path, before connecting
+        self.refresh = refresh
+        self.client_refreshes = 0
         self.insecure_ok = bool(insecure_ok)
         self.infer_timeout = infer_timeout
         self.progress = progress or (lambda s: None)
@@ -170,15 +198,15 @@ class FheClient(SessionClient):
 
     def _setup(self, model: str | None, keys: FheKeys | None) -> None:
         from cipherlm.compile import build_graph
-        from cipherlm.he.lattigo_backend import LattigoContext
+        from cipherlm.he import get_backend
 
         with self.chan.step("setup"):
             self.chan.send({"type": "hello", "protocol": PROTOCOL_VERSION, "mode": MODE, "model": model})
             w = check_fhe_welcome(expect(self.chan.recv(), "welcome"))
-        known = LattigoContext.PRESETS
+        known = get_backend("lattigo").bootstrap_presets()
         if w["preset"] not in known:
             raise ProtocolError(f"the server's preset {w['preset']!r} is not one this client knows")
-        insecure = bool(known[w["preset"]][1]) or w["insecure"]
+        insecure = known[w["preset"]] or w["insecure"]
         if insecure and not self.insecure_ok:
             raise InsecureServerError(f"the server runs the INSECURE test preset {w['preset']!r} (no security): "
                                       "refused (insecure_ok=True / --insecure-ok is for tests only)")
@@ -219,21 +247,25 @@ class FheClient(SessionClient):
 
     def _keys(self, keys: FheKeys | None) -> None:
         w = self.welcome
-        own = keys is None or not keys.matches(self.preset, self.rotation_steps)
+        if self.refresh not in w["refresh"]:
+            raise ProtocolError(f"the server does not offer the {self.refresh!r} refresh (it offers {w['refresh']})")
+        own = keys is None or not keys.matches(self.preset, self.rotation_steps, self.refresh)
         if own:
-            self.progress(f"making keys for {self.preset} ({len(self.rotation_steps)} rotation keys and "
-                          f"bootstrapping keys, {w['key_sizes']['bootstrap'] / 1e9:.2f} GB) ...")
-            keys = FheKeys(self.preset, self.rotation_steps, insecure_ok=self.insecure_ok)
+            what = (f"bootstrapping keys, {w['key_sizes']['bootstrap'] / 1e9:.2f} GB" if self.refresh == "bootstrap"
+                    else "no bootstrapping keys: client-aided refresh")
+            self.progress(f"making keys for {self.preset} ({len(self.rotation_steps)} rotation keys and {what}) ...")
+            keys = FheKeys(self.preset, self.rotation_steps, insecure_ok=self.insecure_ok, refresh=self.refresh)
             self.seconds["keygen"] += keys.seconds
         self.keys = keys
         sizes = keys.sizes()
         ks = w["key_sizes"]
-        if sizes["relin"] != ks["relin"] or sizes["bootstrap"] != ks["bootstrap"] or sizes["galois"] > ks["galois_max"]:
+        if (sizes["relin"] != ks["relin"] or sizes.get("bootstrap", ks["bootstrap"]) != ks["bootstrap"]
+                or sizes["galois"] > ks["galois_max"]):
             raise ProtocolError(f"the server expects keys of other sizes ({ks}) than this preset's ({sizes})")
         parts = keys.parts(min(int(w["key_chunk"]), KEY_CHUNK))
         self.progress(f"uploading keys ({sum(sizes.values()) / 1e6:.1f} MB in {len(parts)} parts) ...")
         with self.chan.step("setup"):
-            self.chan.send({"type": "keys", "sizes": sizes, "parts": len(parts)})
+            self.chan.send({"type": "keys", "refresh": self.refresh, "sizes": sizes, "parts": len(parts)})
             for i, (blob, data) in enumerate(parts):
                 self.chan.send({"type": "keys_part", "index": i, "total": len(parts), "blob": blob, "data": data})
             expect(self.chan.recv(), "ready")
@@ -282,6 +314,8 @@ class FheClient(SessionClient):
         if offset + T > self.max_tokens:
             raise ValueError(f"positions up to {offset + T}: this server takes at most {self.max_tokens}")
         P = self.packing(T, offset)
+        self.seconds_refresh_last = 0.0
+        refreshes_before = self.client_refreshes
         t0 = time.perf_counter()
         x = self.embed(ids, offset)
         self.seconds["embed"] += time.perf_counter() - t0
@@ -292,8 +326,12 @@ class FheClient(SessionClient):
         with self.chan.step("fhe"):
             self.chan.send({"type": "infer", "task": task, "tokens": T, "cts": cts, "offset": int(offset)})
             t_wait = time.perf_counter()
-            reply = expect(self.chan.recv(timeout=self.infer_timeout), "result")
-            wait = time.perf_counter() - t_wait
+            reply = self.chan.recv(timeout=self.infer_timeout)
+            while self.refresh == "client" and isinstance(reply, dict) and reply.get("type") == "refresh":
+                self._answer_refresh(reply)
+                reply = self.chan.recv(timeout=self.infer_timeout)
+            reply = expect(reply, "result")
+            wait = time.perf_counter() - t_wait - self.seconds_refresh_last
         after = self.chan.totals()
         self.last_infer_traffic = {k: after[k] - before[k] for k in after}
         out, d, st = reply.get("cts"), reply.get("d"), reply.get("stats")
@@ -305,7 +343,8 @@ class FheClient(SessionClient):
         slots = np.stack([self.keys.decrypt(b) for b in out])
         self.seconds["decrypt"] += time.perf_counter() - t0
         if isinstance(st, dict):
-            self.infer_stats.append({"task": task, "tokens": T, "wait_seconds": wait, **st})
+            self.infer_stats.append({"task": task, "tokens": T, "wait_seconds": wait, **st,
+                                     "refresh_rounds_answered": self.client_refreshes - refreshes_before})
             for k, v in (st.get("seconds") or {}).items():
                 if isinstance(k, str) and isinstance(v, (int, float)):
                     self.server_seconds[k] += float(v)
@@ -313,6 +352,21 @@ class FheClient(SessionClient):
                 if isinstance(k, str) and _is_int(v):
                     self.server_counts[k] += v
         return slots.reshape(-1, P.cpc, P.tp).reshape(-1, P.tp)[:d], d
+
+    def _answer_refresh(self, msg: dict) -> None:
+        """One client-aided refresh: the server's masked ciphertexts re-encrypted at the top
+        level (`protocols.ckks.refresh`; what this client sees is statistically independent
+        of the values)."""
+        blobs = msg.get("cts")
+        if not isinstance(blobs, list) or not 1 <= len(blobs) <= MAX_REFRESH_CTS:
+            raise ProtocolError(f"refresh: cts must be a list of 1..{MAX_REFRESH_CTS} ciphertexts")
+        t0 = time.perf_counter()
+        fresh = self.keys.reencrypt(blobs)  # HEError for a blob that does not parse
+        dt = time.perf_counter() - t0
+        self.seconds["refresh"] += dt
+        self.seconds_refresh_last += dt
+        self.client_refreshes += 1
+        self.chan.send({"type": "refreshed", "cts": fresh})
 
     def classify(self, text_or_ids) -> np.ndarray:
         """Class logits (len(labels),) of a sentence (text or token ids): the classifier head on

@@ -209,6 +209,9 @@ class FheModel:
         self.executor = GraphExecutor(self.graph, self.params, linear=object(), backend=object())
         self.graph = self.executor.graph  # with the linear groups
         self._enc: dict[tuple, lin.EncodedLinear] = {}
+        #: keep the projections' encoded plaintexts between passes (False: encode on every use;
+        #: a model at 2^15 slots would otherwise hold GBs of plaintexts per level it meets)
+        self.cache_plaintexts = True
 
     def encoded(self, name: str, packing: TokenPacking, position: int | None) -> lin.EncodedLinear:
         """The projection `name` encoded for `packing` (only `position` kept, if given); cached."""
@@ -220,7 +223,7 @@ class FheModel:
             if position is not None:
                 mask = np.zeros(packing.tp)
                 mask[position] = 1.0
-            e = self._enc[key] = lin.EncodedLinear(w, b, packing, positions=mask)
+            e = self._enc[key] = lin.EncodedLinear(w, b, packing, positions=mask, cache=self.cache_plaintexts)
         return e
 
     def _executor(self, ev: CkksEvaluator, on_layer=None) -> GraphExecutor:

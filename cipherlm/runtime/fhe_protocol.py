@@ -4,8 +4,10 @@ The server evaluates every node of the model graph after the embedding on CKKS
 ciphertexts (`cipherlm.runtime.fhe_executor.FheModel`), bootstrapping where the levels
 run out; the client embeds its tokens in the clear, encrypts the (T, d) sum, uploads it
 and, after the server's single answer, decrypts the result.  Between the upload and the
-result the server sends nothing and the client sends nothing.  One session on one
-channel:
+result the server sends nothing and the client sends nothing (the default refresh path,
+"bootstrap").  A session that chose the client-aided refresh ("client", with its keys)
+instead gets ``refresh`` messages in between, one per refresh, each answered by the client
+(`protocols.ckks.refresh`).  One session on one channel:
 
 ==========  ==============================================  ======================================
 step        client -> server                                server -> client
@@ -17,10 +19,12 @@ hello       ``{type: hello, protocol, mode: "fhe", model}``  ``{type: welcome, p
                                                              limits}``
 bundle      ``{type: get_bundle}`` (only if not cached;      ``{type: bundle, tensors, tokenizer}``
             at most once per session)
-keys        ``{type: keys, sizes: {relin, galois,            (nothing until the last part)
-            bootstrap}, parts: K}``, then K x
+keys        ``{type: keys, refresh, sizes: {relin,           (nothing until the last part)
+            galois[, bootstrap]}, parts: K}``, then K x
             ``{type: keys_part, index, total, blob, data}``  ``{type: ready}``
 infer       ``{type: infer, task, tokens, offset, cts}``     (nothing until the result)
+(refresh    ``{type: refreshed, cts: [bytes]}``              ``{type: refresh, cts: [bytes]}``
+client)                                                      (zero or more, each answered)
                                                              ``{type: result, task, d, cts: [bytes],
                                                              stats}``
 stats       ``{type: stats}``                                ``{type: stats, seconds, counts, work,
@@ -37,6 +41,7 @@ encrypted input (the embedding sum); ``max_tokens`` the most tokens one ``infer`
 (the client makes Galois keys for these and no others); ``labels`` the classifier's
 labels (encoders with a classifier head) or None; ``key_sizes`` ``{relin, galois_max,
 bootstrap}`` in bytes (relin and bootstrap exact for the preset, galois an upper bound);
+``refresh`` the refresh paths it serves (["bootstrap", "client"]);
 ``key_chunk`` the largest ``keys_part`` data the server takes; ``bundle_digest`` the
 sha256 of the client bundle (`cipherlm.runtime.bundle`: the embedding tables the client
 needs, `fhe_executor.client_tensors`, and the tokenizer).
@@ -48,7 +53,15 @@ welcome's steps, bootstrapping keys "CLGB") go in ``keys_part`` messages, in tha
 non-empty and at most ``key_chunk`` bytes, inside its blob).  The announced sizes are
 checked against the preset's before any part is taken; the parts are reassembled, then
 parsed and validated (`LattigoBackend.*_from_bytes`); the keys are held for the session
-and dropped when it ends.  A second ``keys`` message is an error.
+and dropped when it ends.  A second ``keys`` message is an error.  ``refresh`` (default
+"bootstrap") fixes the session's refresh path: "client" sends no bootstrapping keys (the
+``bootstrap`` size and blob are left out: `key_blobs`).
+
+Client-aided refresh: where a value runs out of levels the server sends ``{type: refresh,
+cts}``, the value's ciphertexts masked (`protocols.ckks.refresh`: the client learns
+nothing, statistically); the client answers ``{type: refreshed, cts}``, as many fresh
+ciphertexts at the top level, within the session's timeout.  The result's ``stats`` say
+which path ran (``refresh``) and how many rounds it took (``client_refreshes``).
 
 ``infer``: ``task`` "classify" (encoders with a classifier head: the classifier's logits
 of the pooled, normalised last hidden states, at position 0 of each output channel) or
@@ -60,8 +73,7 @@ positions the cache holds (offset + T <= max_tokens); ``cts`` exactly ``ceil(d /
 ciphertexts of the token-group packing of T tokens at positions offset.. for a session of
 ``max_tokens`` (`FheModel.packing(slots, T, max_tokens, offset)`, `protocols.ckks.packing`).  The result's
 ``stats``: ``{counts, seconds, refreshes, levels, layers}`` (operation counts and seconds
-per kind from the evaluator, the output levels).  ``refresh: "client"`` (the
-client-aided refresh of DESIGN.md) is answered with an error: not available yet.
+per kind from the evaluator, the output levels, the refresh path and its rounds).
 
 The hello is strict as in every mode (`session_server.MessageSession.check_hello`).  Any
 request the server cannot serve is answered ``{type: error, message}`` and ends that
@@ -77,6 +89,11 @@ MODE = "fhe"
 TASKS = ("classify", "logits")
 #: the order of the key blobs in the ``keys_part`` stream
 KEY_BLOBS = ("relin", "galois", "bootstrap")
+#: how a session refreshes ciphertexts that run out of levels: the server bootstraps, or the
+#: client re-encrypts masked ciphertexts (`protocols.ckks.refresh`)
+REFRESH_PATHS = ("bootstrap", "client")
+#: the most ciphertexts one ``refresh`` message carries (a value of the widest activation)
+MAX_REFRESH_CTS = 4096
 #: the largest ``keys_part`` data a server takes (and the size a client cuts)
 KEY_CHUNK = 64 << 20
 #: the smallest part a client may send, except for the last part of a blob (caps the
@@ -89,9 +106,17 @@ TEST_PRESET = "test-insecure-N1024"
 DEFAULT_MAX_TOKENS = 32
 
 __all__ = ["PROTOCOL_VERSION", "MODE", "TASKS", "KEY_BLOBS", "KEY_CHUNK", "MIN_KEY_CHUNK", "DEFAULT_PRESET",
-           "TEST_PRESET", "DEFAULT_MAX_TOKENS", "ProtocolError", "RemoteError", "expect", "max_key_parts"]
+           "TEST_PRESET", "DEFAULT_MAX_TOKENS", "REFRESH_PATHS", "MAX_REFRESH_CTS", "ProtocolError", "RemoteError",
+           "expect", "key_blobs", "max_key_parts"]
+
+
+def key_blobs(refresh: str) -> tuple[str, ...]:
+    """The key blobs a session of this refresh path uploads, in stream order."""
+    if refresh not in REFRESH_PATHS:
+        raise ProtocolError(f"unknown refresh path {refresh!r} (one of {list(REFRESH_PATHS)})")
+    return KEY_BLOBS if refresh == "bootstrap" else KEY_BLOBS[:2]
 
 
 def max_key_parts(sizes: dict) -> int:
     """The most ``keys_part`` messages an upload of blobs of these sizes may take."""
-    return sum(-(-int(sizes[b]) // MIN_KEY_CHUNK) for b in KEY_BLOBS)
+    return sum(-(-int(sizes[b]) // MIN_KEY_CHUNK) for b in KEY_BLOBS if b in sizes)

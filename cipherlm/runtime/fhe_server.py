@@ -40,8 +40,8 @@ from cipherlm.he import HEError
 from cipherlm.runtime.fhe_protocol import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRESET,
-    KEY_BLOBS,
     KEY_CHUNK,
+    REFRESH_PATHS,
     MIN_KEY_CHUNK,
     MODE,
     PROTOCOL_VERSION,
@@ -49,8 +49,10 @@ from cipherlm.runtime.fhe_protocol import (
     TEST_PRESET,
     ProtocolError,
     expect,
+    key_blobs,
     max_key_parts,
 )
+from cipherlm.protocols.ckks.refresh import ClientRefresher
 from cipherlm.runtime.session_server import LimitExceeded, MessageSession, ServerLimits, SessionServer
 
 log = logging.getLogger("cipherlm.serve")
@@ -133,7 +135,7 @@ class FheHost:
     def __init__(self, model_name: str, preset: str = DEFAULT_PRESET, max_tokens: int = DEFAULT_MAX_TOKENS,
                  insecure_test_preset: bool = False, classifier=None, labels=None):
         from cipherlm.compile import build_graph
-        from cipherlm.he.lattigo_backend import LattigoBackend, LattigoContext
+        from cipherlm.he import get_backend
         from cipherlm.models import load_model
         from cipherlm.runtime.bundle import bundle_digest
         from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
@@ -141,14 +143,14 @@ class FheHost:
         t0 = time.perf_counter()
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        known = LattigoContext.PRESETS
+        self.be = get_backend("lattigo")
+        known = self.be.bootstrap_presets()
         if preset not in known:
             raise ValueError(f"unknown fhe preset {preset!r}; known: {sorted(known)}")
-        self.insecure = bool(known[preset][1])
+        self.insecure = known[preset]
         if self.insecure and insecure_test_preset is not True:
             raise ValueError(f"{preset} is an INSECURE test-only preset: it needs --insecure-test-preset")
-        self.be = LattigoBackend()
-        self.ctx = LattigoContext.from_preset(preset, allow_insecure_for_tests=self.insecure)
+        self.ctx = self.be.bootstrappable_context(preset, allow_insecure_for_tests=self.insecure)
         self.preset = preset
         self.slots = self.ctx.slots
         self.max_tokens = max_tokens
@@ -222,6 +224,7 @@ class FheHost:
             "tasks": list(self.tasks),
             "key_sizes": dict(self.key_sizes),
             "key_chunk": KEY_CHUNK,
+            "refresh": list(REFRESH_PATHS),
             "bundle_digest": self.bundle_digest,
         }
 
@@ -261,6 +264,7 @@ class Session(MessageSession):
             self.sid = "?"
         self.eval_keys = None
         self.bootstrap_keys = None
+        self.refresh = "bootstrap"  # the session's refresh path, chosen with its keys
         self.kv = None  # the decoder's encrypted KV cache (runtime.fhe_executor.FheKVCache)
         self.keys_received = False
         self.bundle_sent = False
@@ -291,11 +295,11 @@ class Session(MessageSession):
 
     # ---- keys
 
-    def _check_sizes(self, msg: dict) -> tuple[dict, int]:
+    def _check_sizes(self, msg: dict, blobs: tuple[str, ...]) -> tuple[dict, int]:
         sizes, parts = msg.get("sizes"), msg.get("parts")
-        if not isinstance(sizes, dict) or set(sizes) != set(KEY_BLOBS):
-            raise ProtocolError(f"keys: sizes must give the bytes of {list(KEY_BLOBS)}")
-        for b in KEY_BLOBS:
+        if not isinstance(sizes, dict) or set(sizes) != set(blobs):
+            raise ProtocolError(f"keys: sizes must give the bytes of {list(blobs)} (refresh {self.refresh!r})")
+        for b in blobs:
             v = sizes[b]
             if type(v) is not int or v < 1:
                 raise ProtocolError(f"keys: the {b} size must be a positive integer")
@@ -306,7 +310,7 @@ class Session(MessageSession):
         if sizes["galois"] > want["galois_max"]:
             raise ProtocolError(f"keys: Galois keys of {sizes['galois']} bytes, at most {want['galois_max']} "
                                 "for the welcome's rotation steps")
-        if sizes["bootstrap"] != want["bootstrap"]:
+        if "bootstrap" in blobs and sizes["bootstrap"] != want["bootstrap"]:
             raise ProtocolError(f"keys: bootstrapping keys of {sizes['bootstrap']} bytes, this preset's are "
                                 f"{want['bootstrap']}")
         if type(parts) is not int or not 1 <= parts <= max_key_parts(sizes):
@@ -317,10 +321,15 @@ class Session(MessageSession):
         if self.keys_received:
             raise ProtocolError("keys were already sent in this session")
         self.keys_received = True
-        sizes, parts = self._check_sizes(msg)
+        refresh = msg.get("refresh", "bootstrap")
+        if not isinstance(refresh, str):
+            raise ProtocolError("keys: refresh must be a string")
+        blobs_order = key_blobs(refresh)  # ProtocolError for an unknown path
+        self.refresh = refresh
+        sizes, parts = self._check_sizes(msg, blobs_order)
         t0 = time.perf_counter()
-        chunks: dict[str, list] = {b: [] for b in KEY_BLOBS}
-        got = dict.fromkeys(KEY_BLOBS, 0)
+        chunks: dict[str, list] = {b: [] for b in blobs_order}
+        got = dict.fromkeys(blobs_order, 0)
         blob_i = 0
         with self.chan.step("setup"):
             for i in range(parts):
@@ -334,11 +343,11 @@ class Session(MessageSession):
                 if type(part.get("total")) is not int or part["total"] != parts:
                     raise ProtocolError(f"keys_part {i}: total {part.get('total')!r}, announced {parts}")
                 blob, data = part.get("blob"), part.get("data")
-                while blob_i < len(KEY_BLOBS) and got[KEY_BLOBS[blob_i]] == sizes[KEY_BLOBS[blob_i]]:
+                while blob_i < len(blobs_order) and got[blobs_order[blob_i]] == sizes[blobs_order[blob_i]]:
                     blob_i += 1
-                if blob_i == len(KEY_BLOBS) or blob != KEY_BLOBS[blob_i]:
+                if blob_i == len(blobs_order) or blob != blobs_order[blob_i]:
                     raise ProtocolError(f"keys_part {i}: blob {blob!r} where "
-                                        f"{KEY_BLOBS[blob_i] if blob_i < len(KEY_BLOBS) else 'nothing'!r} "
+                                        f"{blobs_order[blob_i] if blob_i < len(blobs_order) else 'nothing'!r} "
                                         "was expected")
                 if not isinstance(data, bytes) or not 0 < len(data) <= KEY_CHUNK:
                     raise ProtocolError(f"keys_part {i}: data must be 1..{KEY_CHUNK} bytes")
@@ -349,12 +358,12 @@ class Session(MessageSession):
                     raise ProtocolError(f"keys_part {i}: parts below {MIN_KEY_CHUNK} bytes end a blob")
                 chunks[blob].append(data)
                 got[blob] += len(data)
-        short = [b for b in KEY_BLOBS if got[b] != sizes[b]]
+        short = [b for b in blobs_order if got[b] != sizes[b]]
         if short:
             raise ProtocolError(f"keys: the parts end before the {short[0]} blob is complete")
         be, ctx = self.host.be, self.host.ctx
         blobs = {}
-        for b in KEY_BLOBS:
+        for b in blobs_order:
             blobs[b] = b"".join(chunks[b])
             chunks[b] = None
         relin = be.relin_keys_from_bytes(ctx, blobs.pop("relin"))
@@ -362,23 +371,22 @@ class Session(MessageSession):
                                            max_keys=len(self.host.rotation_steps))
         self.eval_keys = relin.merged(galois)
         del relin, galois
-        self.bootstrap_keys = be.bootstrapping_keys_from_bytes(ctx, blobs.pop("bootstrap"))
+        if "bootstrap" in blobs:
+            self.bootstrap_keys = be.bootstrapping_keys_from_bytes(ctx, blobs.pop("bootstrap"))
         self.seconds["keys"] += time.perf_counter() - t0
-        log.info("session %s: keys loaded (%.1f MB in %d parts, %.1f s)", self.sid,
-                 sum(sizes.values()) / 1e6, parts, time.perf_counter() - t0)
+        log.info("session %s: keys loaded (%.1f MB in %d parts, %.1f s; refresh %s)", self.sid,
+                 sum(sizes.values()) / 1e6, parts, time.perf_counter() - t0, refresh)
         with self.chan.step("setup"):
             self.chan.send({"type": "ready"})
 
     # ---- inference
 
     def _parse_infer(self, msg: dict):
-        if msg.get("refresh", "bootstrap") != "bootstrap":
-            if msg.get("refresh") == "client":
-                raise ProtocolError("refresh 'client' (the client-aided refresh) is not available yet: this "
-                                    "server bootstraps")
-            raise ProtocolError(f"unknown refresh {msg.get('refresh')!r}")
-        if self.bootstrap_keys is None:
+        if self.eval_keys is None:
             raise ProtocolError("infer before keys")
+        if "refresh" in msg and msg["refresh"] != self.refresh:
+            raise ProtocolError(f"this session refreshes by {self.refresh!r} (chosen with its keys), not "
+                                f"{msg['refresh']!r}")
         task = msg.get("task")
         if not isinstance(task, str) or task not in TASKS:
             raise ProtocolError(f"unknown task {task!r} (one of {list(TASKS)})")
@@ -423,8 +431,13 @@ class Session(MessageSession):
         task, T, P, cts = self._parse_infer(msg)
         host = self.host
         self.work_done += len(cts)
-        log.info("session %s: infer %s, %d tokens, %d ciphertexts", self.sid, task, T, len(cts))
-        ev = CkksEvaluator(host.be, host.ctx, self.eval_keys, self.bootstrap_keys)
+        log.info("session %s: infer %s, %d tokens, %d ciphertexts, refresh %s", self.sid, task, T, len(cts),
+                 self.refresh)
+        if self.refresh == "client":
+            ev = CkksEvaluator(host.be, host.ctx, self.eval_keys,
+                               refresher=ClientRefresher(host.be, host.ctx, self._client_refresh))
+        else:
+            ev = CkksEvaluator(host.be, host.ctx, self.eval_keys, self.bootstrap_keys)
         x = CkksTensor(cts, host.d, P, host.model.bound(host.model.input_value))
         t0 = time.perf_counter()
         layers = [0]
@@ -446,7 +459,8 @@ class Session(MessageSession):
         seconds = time.perf_counter() - t0
         result = [host.be.ciphertext_to_bytes(c) for c in out.cts]
         st = ev.stats.as_dict()
-        st.update(levels=[int(c.level) for c in out.cts], layers=layers[0], seconds_total=round(seconds, 4))
+        st.update(levels=[int(c.level) for c in out.cts], layers=layers[0], seconds_total=round(seconds, 4),
+                  refresh=self.refresh, client_refreshes=ev.refresher.rounds if ev.refresher is not None else 0)
         self.seconds.update(ev.stats.seconds)
         self.counts.update(ev.stats.counts)
         self.infers += 1
@@ -456,6 +470,20 @@ class Session(MessageSession):
                  st["counts"].get("bootstrap", 0), st["counts"].get("rotate", 0))
         with self.chan.step("fhe"):
             self.chan.send({"type": "result", "task": task, "d": int(out.d), "cts": result, "stats": st})
+
+    def _client_refresh(self, blobs: list[bytes]) -> list:
+        """One round of the client-aided refresh: the masked ciphertexts down, the client's
+        fresh ones back (checked by `ClientRefresher`); the session's timeouts apply."""
+        self.check_lifetime()
+        with self.chan.step("fhe"):
+            self.chan.send({"type": "refresh", "cts": blobs})
+            reply = self.chan.recv()
+        if isinstance(reply, dict) and reply.get("type") == "error":
+            raise ProtocolError("the client sent an error report instead of the refreshed ciphertexts")
+        cts = expect(reply, "refreshed").get("cts")
+        if not isinstance(cts, list):
+            raise ProtocolError("refreshed: cts must be a list of ciphertexts")
+        return cts
 
     def _stats(self, msg: dict) -> None:
         self.chan.send({"type": "stats", "seconds": {k: round(v, 4) for k, v in self.seconds.items()},

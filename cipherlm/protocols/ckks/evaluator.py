@@ -11,8 +11,10 @@ operation asks `refresh(t, levels)` for the levels it is about to consume, and o
 the tensor has fewer is it bootstrapped.  Bootstrapping needs |message| <= 1 (Lattigo's
 EvalMod; docs/he_backend.md), so a tensor of bound B > 1 is first read as message / 2^k
 with 2^k >= B (`scale_message_inplace`: scale metadata, no level) and multiplied back by
-the integer 2^k afterwards (no level).  With ``refresh="client"`` the ciphertexts go to a
-refresher callable instead (the client-aided path of DESIGN.md's fhe mode).
+the integer 2^k afterwards (no level).  With a ``refresher`` the ciphertexts go to it
+instead (the client-aided refresh, `refresh.ClientRefresher`): it needs no message bound,
+but a ciphertext is refreshed from level `refresh.MIN_LEVEL` or above (room for the mask),
+so that path keeps that many levels unused (`floor`).
 
 Counters (``stats``): rotations, ct x ct and ct x pt products, rescales, bootstraps,
 polynomial evaluations, and seconds per kind.
@@ -31,6 +33,7 @@ import numpy as np
 from cipherlm.he.errors import HEError
 
 from .packing import TokenPacking
+from .refresh import MIN_LEVEL
 
 
 @dataclass
@@ -86,9 +89,9 @@ class CkksEvaluator:
     evaluation keys with the relinearisation key and every rotation the plan needs,
     bootstrapping keys or a client refresher).
 
-    ``refresh``: "bootstrap" (default; needs ``bootstrap_keys``) or a callable
-    ``refresher(list of ciphertexts, factors) -> list of ciphertexts at the top level``
-    (the client-aided refresh)."""
+    Refresh by bootstrapping (``bootstrap_keys``) or, given ``refresher``, by the callable
+    ``refresher(list of ciphertexts, bound) -> list of ciphertexts at the top level``
+    (the client-aided refresh, `refresh.ClientRefresher`)."""
 
     def __init__(self, backend, ctx, eval_keys, bootstrap_keys=None, refresher: Callable | None = None):
         self.be, self.ctx, self.keys = backend, ctx, eval_keys
@@ -96,7 +99,13 @@ class CkksEvaluator:
         self.refresher = refresher
         if bootstrap_keys is None and refresher is None:
             raise HEError("the fhe evaluator needs bootstrapping keys or a client refresher")
+        if bootstrap_keys is not None and refresher is not None:
+            raise HEError("the fhe evaluator refreshes by bootstrapping or by the client, not both")
         self.top = bootstrap_keys.output_level if bootstrap_keys is not None else ctx.max_level
+        #: levels never consumed: a client refresh masks at refresh.MIN_LEVEL or above
+        self.floor = 0 if refresher is None else MIN_LEVEL
+        #: "bootstrap" or "client"
+        self.refresh_path = "bootstrap" if refresher is None else "client"
         self.stats = EvalStats()
         self._prime_bits = [math.log2(q) for q in ctx.q_moduli]
 
@@ -137,27 +146,35 @@ class CkksEvaluator:
         out = self.be.multiply_scalar(self.ctx, ct, 1)  # an integer product at scale 1: a copy
         return out
 
-    @staticmethod
-    def reserve(bound: float) -> int:
-        """Levels an operation whose result has this bound leaves unused (1 above
-        `LEVEL0_MAX_FACTOR`: the result's bootstrapping divides it by a rescaled product)."""
-        return 1 if pow2_at_least(bound) > LEVEL0_MAX_FACTOR else 0
+    def reserve(self, bound: float) -> int:
+        """Levels an operation whose result has this bound leaves unused (bootstrapping: 1
+        above `LEVEL0_MAX_FACTOR`, the result's bootstrapping divides it by a rescaled
+        product; the client refresh masks any bound and needs none beyond `floor`)."""
+        return 1 if self.refresher is None and pow2_at_least(bound) > LEVEL0_MAX_FACTOR else 0
 
-    def refresh(self, t: CkksTensor, levels: int, label: str = "") -> CkksTensor:
+    def refresh(self, t: CkksTensor, levels: int, label: str = "", factor: float = 1.0) -> CkksTensor:
         """`t` with at least `levels` levels left: unchanged when it has them, else every
-        ciphertext bootstrapped (or refreshed by the client) to the top level."""
-        if levels > self.top:
+        ciphertext bootstrapped (or refreshed by the client) to the top level.  ``factor``
+        (client refresh only; 1 otherwise): a refresh multiplies the values by it for free
+        (`refresh.ClientRefresher`), so the caller must check `needs_refresh` first and
+        apply the factor itself when no refresh happens."""
+        if levels + self.floor > self.top:
             raise HEError(f"{label or 'an operation'} needs {levels} levels; a refreshed ciphertext has "
-                          f"{self.top}: split it (approximation too deep)")
-        if t.level >= levels:
+                          f"{self.top - self.floor}: split it (approximation too deep)")
+        if t.level >= levels + self.floor:
             return t
         f = pow2_at_least(t.bound)
-        with self.timer("bootstrap"):
+        with self.timer("bootstrap" if self.refresher is None else "client_refresh"):
             self.stats.refreshes.append((label, t.level))
             if self.refresher is not None:
-                cts = self.refresher(t.cts, f)
+                if t.level < self.floor:
+                    raise HEError(f"{label or 'a value'} at level {t.level}: a client refresh needs level "
+                                  f">= {self.floor} (an operation consumed levels it did not ask for)")
+                cts = self.refresher(t.cts, t.bound, factor)
                 self._count("client_refresh", len(t.cts))
             else:
+                if factor != 1.0:
+                    raise HEError("only the client refresh folds a factor in")
                 cts = []
                 for ct in t.cts:
                     if f > 1 and ct.level >= 1:
@@ -174,7 +191,11 @@ class CkksEvaluator:
                         r = self.be.multiply_scalar(self.ctx, r, int(f))
                     cts.append(r)
                 self._count("bootstrap", len(t.cts))
-        return t.with_cts(cts)
+        return t.with_cts(cts, bound=t.bound * abs(factor))
+
+    def needs_refresh(self, t: CkksTensor, levels: int) -> bool:
+        """Whether `refresh(t, levels)` would refresh."""
+        return t.level < levels + self.floor
 
     # ---- slot-wise arithmetic (each returns new ciphertexts)
 
@@ -298,9 +319,19 @@ class CkksEvaluator:
             g = np.linspace(lo, hi, 2001)
             bound = float(np.max(np.abs(approx(g))))
         keep = self.reserve(bound)  # every stage's output has about this bound
-        x = self.refresh(t, approx.poly_depth + keep, f"{label}.poly")
+        interval = (lo, hi)
+        if self.refresher is not None and (lo, hi) != (-1.0, 1.0) and self.needs_refresh(t, approx.poly_depth + keep):
+            # a client refresh multiplies by 2 / (hi - lo) for free: the change of variable to
+            # [-1, 1] then costs no level (the series' coefficients are those of that variable)
+            u = self.refresh(t, approx.poly_depth - 1 + keep, f"{label}.poly", factor=2.0 / (hi - lo))
+            shift = -(lo + hi) / (hi - lo)
+            u = u.with_cts([self.add_scalar_ct(c, shift) if shift else c for c in u.cts], bound=1.0)
+            interval = (-1.0, 1.0)
+            x = t
+        else:
+            x = u = self.refresh(t, approx.poly_depth + keep, f"{label}.poly")
         with self.timer("poly"):
-            y = [self.be.evaluate_chebyshev(self.ctx, c, approx.coeffs, (lo, hi), self.keys) for c in x.cts]
+            y = [self.be.evaluate_chebyshev(self.ctx, c, approx.coeffs, interval, self.keys) for c in u.cts]
         self._count("poly", len(y))
         y = x.with_cts(y, bound=bound)
         for i in range(approx.newton_steps):

@@ -64,8 +64,10 @@ class EncodedLinear:
         no, ni = packing.n_cts(self.d_out), packing.n_cts(self.d_in)
         wp = np.zeros((no * cpc, ni * cpc))
         wp[: self.d_out, : self.d_in] = w
-        # diagonals[(o, i, k)] = slot vector, pre-rotated for its giant step (None: all zero)
-        self._diag: dict[tuple[int, int, int], np.ndarray] = {}
+        self._wp = wp
+        # the (o, i, k) of the diagonals that are not all zero; their slot vectors (`_diagonal`)
+        # are made when encoded, not kept (at 2^15 slots they would be GBs for a model)
+        self._diag: set[tuple[int, int, int]] = set()
         rows = np.arange(cpc)
         for o in range(no):
             for i in range(ni):
@@ -73,12 +75,8 @@ class EncodedLinear:
                 if not blk.any():
                     continue
                 for k in range(cpc):
-                    dk = blk[rows, (rows + k) % cpc]
-                    if not dk.any():
-                        continue
-                    vec = (dk[:, None] * mask[None, :]).reshape(-1)
-                    j = k // self.g
-                    self._diag[(o, i, k)] = np.roll(vec, j * self.g * tp)
+                    if blk[rows, (rows + k) % cpc].any():
+                        self._diag.add((o, i, k))
         self.n_out, self.n_in = no, ni
         self.cache = cache
         self._pts: dict[tuple[int, int, int, int], object] = {}
@@ -87,11 +85,20 @@ class EncodedLinear:
     def n_diagonals(self) -> int:
         return len(self._diag)
 
+    def _diagonal(self, key) -> np.ndarray:
+        """Diagonal k of block (o, i) as a slot vector, pre-rotated for its giant step."""
+        o, i, k = key
+        cpc, tp = self.packing.cpc, self.packing.tp
+        rows = np.arange(cpc)
+        dk = self._wp[o * cpc + rows, i * cpc + (rows + k) % cpc]
+        vec = (dk[:, None] * self.mask[None, :]).reshape(-1)
+        return np.roll(vec, (k // self.g) * self.g * tp)
+
     def _pt(self, ev: CkksEvaluator, key, level: int):
         k = key + (level,)
         pt = self._pts.get(k)
         if pt is None:
-            pt = ev.encode(self._diag[key], level)
+            pt = ev.encode(self._diagonal(key), level)
             if self.cache:
                 self._pts[k] = pt
         return pt
