@@ -189,3 +189,23 @@ def test_mask_bits_formula():
     assert refresh.mask_bits(2.0 ** 40, 1.0) == math.ceil(math.log2(2 * 2.0 ** 40 * 2)) + 80
     with pytest.raises(HEError):
         refresh.mask_bits(float("nan"), 1.0)
+
+
+@pytest.mark.parametrize("spare", [-1, 0, 1])
+def test_polynomial_after_a_client_refresh_folds_its_change_of_variable(env, spare):
+    """A polynomial on [lo, hi] != [-1, 1] whose input has too few levels is refreshed with
+    the change of variable folded in; around the boundary (the input has depth - 1 + spare
+    levels above the floor) the result is the function, whichever path was taken."""
+    from cipherlm.fhe.approx import approximation
+    from cipherlm.runtime.ops import activation
+
+    be, ctx, sk = env
+    ev = CkksEvaluator(be, ctx, sk.eval_keys(relin=True),
+                       refresher=refresh.ClientRefresher(be, ctx, lambda b: refresh.reencrypt_blobs(be, ctx, sk, b)))
+    a = approximation("silu", -6.0, 6.0, 1e-3)
+    x = np.random.default_rng(4).uniform(-6, 6, ctx.slots)
+    level = ev.floor + a.poly_depth - 1 + spare
+    t = CkksTensor([_encrypt_at(env, x, level)], 1, TokenPacking(ctx.slots, 4), bound=6.0)
+    y = ev.poly(t, a, "silu")
+    assert np.abs(_decode(env, y.cts[0]) - activation("silu")(x)).max() < a.max_abs_error + 1e-4
+    assert ev.stats.counts.get("client_refresh", 0) == (1 if spare < 1 else 0)

@@ -155,13 +155,12 @@ class CkksEvaluator:
     def refresh(self, t: CkksTensor, levels: int, label: str = "", factor: float = 1.0) -> CkksTensor:
         """`t` with at least `levels` levels left: unchanged when it has them, else every
         ciphertext bootstrapped (or refreshed by the client) to the top level.  ``factor``
-        (client refresh only; 1 otherwise): a refresh multiplies the values by it for free
-        (`refresh.ClientRefresher`), so the caller must check `needs_refresh` first and
-        apply the factor itself when no refresh happens."""
+        (client refresh only; 1 otherwise): the values multiplied by it for free
+        (`refresh.ClientRefresher`); a factor other than 1 always refreshes."""
         if levels + self.floor > self.top:
             raise HEError(f"{label or 'an operation'} needs {levels} levels; a refreshed ciphertext has "
                           f"{self.top - self.floor}: split it (approximation too deep)")
-        if t.level >= levels + self.floor:
+        if t.level >= levels + self.floor and factor == 1.0:
             return t
         f = pow2_at_least(t.bound)
         with self.timer("bootstrap" if self.refresher is None else "client_refresh"):
