@@ -1,5 +1,5 @@
 """The client-aided refresh of the fhe mode (cipherlm/protocols/ckks/refresh.py, Lattigo's
-clg_ct_add_mask / clg_ct_reencrypt) at the INSECURE N = 2^10 test preset: correctness
+clg_ct_add_mask / clg_ct_refresh_plaintext) at the INSECURE N = 2^10 test preset: correctness
 against numpy, the client's view statistically independent of the server's value, bad
 input, and the evaluator running a tiny model with client refreshes instead of
 bootstrapping."""

@@ -164,7 +164,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_rescale": (_i64,),
     "clg_ct_scale_by": (_i64, _dbl),
     "clg_ct_add_mask": (_i64, _p_u8, _int, _int, _int, _dbl),
-    "clg_ct_reencrypt": (_i64, _i64, _p_i64),
+    "clg_ct_refresh_plaintext": (_i64, _i64, _p_i64),
     "clg_ct_scale": (_i64, _p_dbl),
     "clg_pt_coeffs": (_i64, _p_u64, _i64),
     "clg_drop_level": (_i64, _int),
@@ -614,13 +614,13 @@ class LattigoSecretKeys(SecretKeys):
     def decrypt(self, ct: LattigoCiphertext) -> LattigoPlaintext:
         return LattigoPlaintext(_new("clg_decrypt", self._sk.h, ct.h), self.ctx)
 
-    def reencrypt(self, ct: LattigoCiphertext) -> LattigoCiphertext:
-        """The client's half of the client-aided refresh (`protocols.ckks.refresh`): ``ct``
-        decrypted to its integer polynomial (exact, centred modulo the primes of its level),
-        scaled by default scale / its scale, and encrypted afresh at the top level with the
-        default scale.  Fails only for coefficients too large for the top modulus, never
-        because of what they encode."""
-        return LattigoCiphertext(_new("clg_ct_reencrypt", self._sk.h, ct.h), self.ctx)
+    def refresh_plaintext(self, ct: LattigoCiphertext) -> LattigoPlaintext:
+        """The client's half of the client-aided refresh (`protocols.ckks.refresh`), up to the
+        encryption: ``ct`` decrypted to its integer polynomial (exact, centred modulo the
+        primes of its level), scaled by default scale / its scale, as a plaintext at the top
+        level with the default scale.  Fails only for coefficients too large for the top
+        modulus, never because of what they encode."""
+        return LattigoPlaintext(_new("clg_ct_refresh_plaintext", self._sk.h, ct.h), self.ctx)
 
     def public_key_bytes(self) -> bytes:
         return _bytes_out("clg_pk_to_bytes", self.public_key.h)

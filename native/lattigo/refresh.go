@@ -166,14 +166,15 @@ func clg_ct_add_mask(cth C.int64_t, seed *C.uchar, seedLen C.int, bits C.int, si
 	})
 }
 
-// clg_ct_reencrypt: the client's half of the refresh.  Decrypts ct (level l) to its integer
-// polynomial (centred mod Q_l), multiplies it by defaultScale / scale(ct) (rounded), and encrypts
-// that under the secret key at the top level with the default scale.  It never fails because of
-// the decrypted values (only for a coefficient too large for the top modulus, which a masked
-// ciphertext of the server's never produces), so its answer reveals nothing about them.
+// clg_ct_refresh_plaintext: the client's half of the refresh, up to the encryption.  Decrypts ct
+// (level l) to its integer polynomial (centred mod Q_l), multiplies it by defaultScale / scale(ct)
+// (rounded) and returns it as a plaintext at the top level with the default scale, for a fresh
+// (seeded) encryption.  It never fails because of the decrypted values (only for a coefficient too
+// large for the top modulus, which a masked ciphertext of the server's never produces), so the
+// client's answer reveals nothing about them.
 //
-//export clg_ct_reencrypt
-func clg_ct_reencrypt(skh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+//export clg_ct_refresh_plaintext
+func clg_ct_refresh_plaintext(skh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	return with2(skh, "secret key", cth, "ciphertext", "ciphertext and key belong to different contexts",
 		errbuf, errlen, func(s *skObj, c *ctObj) error {
 			if c.ct.Degree() != 1 {
@@ -205,11 +206,7 @@ func clg_ct_reencrypt(skh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.ch
 			fresh.Scale = params.DefaultScale()
 			fresh.IsNTT = true
 			fresh.Value = polyOfInts(s.ctx, vs, top, true)
-			ct, err := s.enc.EncryptNew(fresh)
-			if err != nil {
-				return err
-			}
-			*out = C.int64_t(put(&ctObj{ctx: s.ctx, ct: ct}))
+			*out = C.int64_t(put(&ptObj{ctx: s.ctx, pt: fresh}))
 			return nil
 		})
 }

@@ -13,8 +13,8 @@ its slot values (the server's calibration, `fhe_calibrate`):
    ct' is sent to the client.
 2. client: decrypts ct' exactly to the integers v = m + e + u (centred modulo Q_l: no
    wrap-around, 2^(b + 2) <= Q_l), scales them to the default scale (v' = round(v Delta /
-   s)) and encrypts v' afresh under its secret key at the top level; sends it back.
-   (`LattigoSecretKeys.reencrypt`)
+   s)) and encrypts v' afresh under its secret key at the top level (seeded: a 32-byte seed
+   in place of the uniform half); sends it back.  (`LattigoSecretKeys.refresh_plaintext`)
 3. server: subtracts round(u Delta / s) (same code, same rounding): a fresh encryption
    of m + e at the top level, error <= 1 unit of the new scale (plus the fresh noise).
 
@@ -152,5 +152,5 @@ def reencrypt_blobs(backend, ctx, secret_key, blobs: list) -> list[bytes]:
         if not isinstance(b, bytes):
             raise HEError(f"masked ciphertext {i} is not a byte blob")
         ct = backend.ciphertext_from_bytes(ctx, b)
-        out.append(backend.ciphertext_to_bytes(secret_key.reencrypt(ct)))
+        out.append(secret_key.encrypt_seeded(secret_key.refresh_plaintext(ct)))  # half-size: seed + c0
     return out
