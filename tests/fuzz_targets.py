@@ -1012,6 +1012,61 @@ for _kind, _ci in (("ciphertext", 120), ("public_key", 80), ("galois_keys", 40),
     _lattigo_target(_kind, _ci)
 
 
+# ---- the fhe mode (docs/fhe.md): the client's welcome check and its half of the client-aided refresh
+
+
+def _fhe_welcome_seed() -> dict:
+    """A welcome as `fhe_server.FheHost.welcome` + `Session.welcome` send it (test preset)."""
+    return {"type": "welcome", "protocol": 1, "model": "tiny", "kind": "decoder",
+            "config": {"model_type": "llama", "hidden_size": 64}, "preset": "test-insecure-N1024",
+            "insecure": True, "slots": 512, "d": 64, "max_tokens": 8, "rotation_steps": [1, 2, 4, 8, 64, 128],
+            "labels": None, "tasks": ["logits"],
+            "key_sizes": {"relin": 1_000_000, "galois_max": 3_000_000, "bootstrap": 51_000_000},
+            "key_chunk": 64 << 20, "refresh": ["bootstrap", "client"], "bundle_digest": "ab" * 32,
+            "limits": {"max_cts_per_request": 64, "max_work_per_session": 1000, "session_lifetime": None}}
+
+
+@target("fhe_welcome", "cipherlm.runtime.fhe_client.check_fhe_welcome", _protocol_errors, "ProtocolError", ci=300)
+def _fhe_welcome():
+    def check(w):
+        from cipherlm.runtime.fhe_client import check_fhe_welcome
+
+        try:
+            check_fhe_welcome(over_the_wire(w))
+        except _protocol_errors():
+            pass
+    return st.deferred(lambda: mutated_tree([_fhe_welcome_seed()])), check
+
+
+@functools.lru_cache(maxsize=1)
+def _fhe_refresh_state() -> dict:
+    from cipherlm.he import get_backend
+    from cipherlm.protocols.ckks import refresh
+
+    be = get_backend("lattigo")
+    ctx = be.bootstrappable_context("test-insecure-N1024", allow_insecure_for_tests=True)
+    sk = be.keygen(ctx)
+    ct = sk.encrypt(be.encode_slots(ctx, np.full(ctx.slots, 0.5)))
+    be.mod_switch_to_inplace(ctx, ct, 3)
+    masked, _m = refresh.mask(be, ctx, ct, 1.0)
+    return {"be": be, "ctx": ctx, "sk": sk, "seeds": [be.ciphertext_to_bytes(masked)]}
+
+
+@target("fhe_client_refresh", "cipherlm.protocols.ckks.refresh.reencrypt_blobs (the fhe client's answer to a "
+        "server's masked ciphertexts)", lambda: (_he_error(),), "HEError", native=True, ci=60, needs=_lattigo_needs)
+def _fhe_client_refresh():
+    def check(blob):
+        from cipherlm.he import HEError
+        from cipherlm.protocols.ckks import refresh
+
+        s = _fhe_refresh_state()
+        try:
+            refresh.reencrypt_blobs(s["be"], s["ctx"], s["sk"], [blob])
+        except HEError:
+            pass
+    return st.deferred(lambda: mutated_bytes(_fhe_refresh_state()["seeds"], max_ops=3)), check
+
+
 # =========================================================================== the runner
 
 

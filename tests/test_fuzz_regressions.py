@@ -235,3 +235,18 @@ def test_2pc_welcome_protocol_or_mode_array_is_a_protocol_error(key, value):
     TwoPCClient._check_welcome(w)  # control: the genuine welcome passes
     with pytest.raises(ProtocolError):
         TwoPCClient._check_welcome(dict(w, **{key: value}))
+
+
+# --------------------------------------------------------------------------- fhe_client.check_fhe_welcome
+
+
+@pytest.mark.parametrize("field,value", [("protocol", np.array([1, 1])),  # found: the protocol as an array
+                                         ("kind", np.array([1, 2])), ("kind", ["decoder"])])
+def test_fhe_welcome_arrays_are_protocol_errors(field, value):
+    from fuzz_targets import _fhe_welcome_seed
+
+    from cipherlm.runtime.fhe_client import check_fhe_welcome
+
+    assert check_fhe_welcome(_fhe_welcome_seed())["refresh"] == ["bootstrap", "client"]
+    with pytest.raises(ProtocolError):
+        check_fhe_welcome(dict(_fhe_welcome_seed(), **{field: value}))

@@ -61,12 +61,12 @@ def _is_int(v, lo: int = 0) -> bool:
 
 def check_fhe_welcome(w: dict) -> dict:
     """Type-check an fhe welcome (ProtocolError on anything malformed); returns it."""
-    if w.get("protocol") != PROTOCOL_VERSION or type(w.get("protocol")) is not int:
+    if type(w.get("protocol")) is not int or w["protocol"] != PROTOCOL_VERSION:  # type first: an array
         raise ProtocolError(f"the server speaks fhe protocol {w.get('protocol')!r}, this client {PROTOCOL_VERSION}")
     for k in ("model", "preset", "bundle_digest"):
         if not isinstance(w.get(k), str):
             raise ProtocolError(f"welcome: {k} must be a string")
-    if w.get("kind") not in ("encoder", "decoder"):
+    if not isinstance(w.get("kind"), str) or w["kind"] not in ("encoder", "decoder"):
         raise ProtocolError("welcome: kind must be 'encoder' or 'decoder'")
     if not isinstance(w.get("config"), dict):
         raise ProtocolError("welcome: config must be a dict")
