@@ -444,8 +444,8 @@ class Session(MessageSession):
 
         def on_layer(layer, n_layers):
             layers[0] = layer + 1
-            log.info("session %s: layer %d of %d done (%.1f s, %d bootstraps)", self.sid, layer + 1, n_layers,
-                     time.perf_counter() - t0, ev.stats.counts.get("bootstrap", 0))
+            log.info("session %s: layer %d of %d done (%.1f s, %d refreshes by %s)", self.sid, layer + 1, n_layers,
+                     time.perf_counter() - t0, len(ev.stats.refreshes), ev.refresh_path)
             self.check_alive(f"after layer {layer + 1} of {n_layers}")
 
         if task == "classify":
@@ -466,8 +466,8 @@ class Session(MessageSession):
         self.infers += 1
         if self.server is not None:
             self.server.infers_done += 1
-        log.info("session %s: %s done in %.1f s (%d bootstraps, %d rotations)", self.sid, task, seconds,
-                 st["counts"].get("bootstrap", 0), st["counts"].get("rotate", 0))
+        log.info("session %s: %s done in %.1f s (%d refreshes by %s, %d rotations)", self.sid, task, seconds,
+                 st["refreshes"], self.refresh, st["counts"].get("rotate", 0))
         with self.chan.step("fhe"):
             self.chan.send({"type": "result", "task": task, "d": int(out.d), "cts": result, "stats": st})
 
