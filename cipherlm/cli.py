@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "fhe: CKKS levels and bootstraps per block and the polynomial approximations (docs/fhe.md)")
     i.add_argument("--fhe-levels", type=int, default=9,
                    help="fhe: the top level after a bootstrap (default 9: Lattigo's N16QP1546H192H32)")
+    i.add_argument("--workers", type=int, default=None, metavar="W",
+                   help="fhe: also the AEGIS placement on W workers for --tokens tokens: dependency groups, the "
+                        "collectives inserted and their predicted bytes beside tensor parallelism (docs/aegis.md)")
     i.add_argument("--tokens", type=int, default=16, help="prompt tokens the prediction assumes (default 16)")
     i.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
                    help="2pc: linear layers' packing the prediction assumes")

@@ -298,6 +298,21 @@ def inspect_fhe(config: dict, levels: int = 9) -> tuple[str, dict]:
     return "\n".join(lines), {"mode": "fhe", "fhe_levels": s}
 
 
+def inspect_aegis(config: dict, workers: int, tokens: int, levels: int = 9) -> tuple[str, dict]:
+    """fhe mode on W workers: the AEGIS placement plan (`passes.aegis_placement`: groups,
+    collectives, predicted bytes by AEGIS's Table 2, the tensor-parallel figure), as text and dict."""
+    from cipherlm.compile import build_graph
+    from cipherlm.compile.passes import aegis_placement, fhe_levels
+
+    if workers < 1:
+        raise UserError("--workers must be at least 1")
+    try:
+        plan = aegis_placement.run(fhe_levels.run(build_graph(config), levels=levels), workers, tokens)
+    except (ValueError, NotImplementedError) as e:
+        raise UserError(str(e)) from e
+    return aegis_placement.format_plan(plan), plan.to_dict()
+
+
 def cmd_inspect(args) -> int:
     name, config = model_config(args.model)
     print(inspect_text(config, name, all_nodes=args.all, groups=args.groups))
@@ -305,8 +320,14 @@ def cmd_inspect(args) -> int:
     tokens = int(getattr(args, "tokens", 16) or 16)
     if tokens < 1:
         raise UserError("--tokens must be at least 1")
+    workers = getattr(args, "workers", None)
+    if workers is not None and mode != "fhe":
+        raise UserError("--workers needs --mode fhe (the AEGIS placement of the fhe mode)")
     if mode == "fhe":
         text, doc = inspect_fhe(config, int(getattr(args, "fhe_levels", 9)))
+        if workers is not None:
+            aegis_text, doc["aegis"] = inspect_aegis(config, int(workers), tokens, int(getattr(args, "fhe_levels", 9)))
+            text += "\n" + aegis_text
     else:
         text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"))
     print(text)

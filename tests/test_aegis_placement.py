@@ -305,3 +305,33 @@ def test_aegis_against_tensor_parallel(graphs):
         assert two[0].bytes > two[0].tp_bytes
         assert [c.level for c in two[0].collectives if c.form == "gather"][0] == 8
         assert not any(bt["stage"] == "input" for bt in two[0].bootstraps if bt["before"] in ("L0.softmax", "L0.o"))
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def test_cli_inspect_fhe_workers(tiny_llama_dir, capsys, tmp_path):
+    from cipherlm import cli
+
+    out_json = tmp_path / "aegis.json"
+    # 1024 tokens: 2048 positions x 16 channels per ciphertext, so d = 64 is 4 blocks
+    assert cli.main(["inspect", tiny_llama_dir, "--mode", "fhe", "--workers", "2", "--tokens", "1024",
+                     "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
+    plan = A.run(fhe_levels.run(build_graph(config)), 2, 1024)
+    assert "aegis placement" in text and "2 worker(s), 1024 tokens" in text and "top level L = 9" in text
+    assert "width     64:   4 ct  (w0: 0-1, w1: 2-3)" in text
+    for c in plan.collectives():
+        assert f" {c.id:>3} {c.kind:<13} {c.form:<9} " in text
+    assert "tensor-par." in text and f"{plan.layer_bytes / 1e6:.1f} MB" in text
+    doc = json.loads(out_json.read_text())
+    assert doc["aegis"]["workers"] == 2 and doc["aegis"]["bytes"] == plan.bytes
+    assert doc["aegis"]["tp_bytes"] == plan.tp_bytes and doc["fhe_levels"]["levels"] == 9
+    # one worker: the plan without collectives; the flag needs --mode fhe
+    assert cli.main(["inspect", tiny_llama_dir, "--mode", "fhe", "--workers", "1"]) == 0
+    assert "no collectives: one worker" in capsys.readouterr().out
+    assert cli.main(["inspect", tiny_llama_dir, "--workers", "2"]) == 2
+    assert "--workers needs --mode fhe" in capsys.readouterr().err
+    assert cli.main(["inspect", tiny_llama_dir, "--mode", "fhe", "--workers", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
