@@ -275,8 +275,8 @@ class BlockPlan:
     layer: int | None
     nodes: list = field(default_factory=list)        # [{node, op, group, workers, collective}]
     collectives: list = field(default_factory=list)  # [Collective]
-    order: list = field(default_factory=list)        # [(step, name)] in issue order
-    bootstraps: list = field(default_factory=list)   # [{value, before, stage, by, cts_per_worker}]
+    order: list = field(default_factory=list)        # [(global seq, node / collective / bootstrap, name)]
+    bootstraps: list = field(default_factory=list)   # [{value, before, stage, level, by, cts_per_worker, tp_...}]
     bytes: int = 0
     sent_per_worker: list = field(default_factory=list)
     tp_collectives: list = field(default_factory=list)
