@@ -294,7 +294,8 @@ def inspect_fhe(config: dict, levels: int = 9) -> tuple[str, dict]:
             for k, v in s["approximations"].items()}
     lines = [("fhe approximations (default ranges, not calibrated: cipherlm.fhe.calibrate; errors measured "
               "against numpy):"), approx.table(used), fhe_levels.format_summary(s),
-             "  (nothing encrypted yet: the fhe executor, packing and serving are not built, docs/fhe.md)"]
+             "  (the level pass's plan; the fhe executor places its own bootstraps greedily at run time and "
+             "calibrates the ranges on the served model: cipherlm serve --mode fhe, docs/fhe.md)"]
     return "\n".join(lines), {"mode": "fhe", "fhe_levels": s}
 
 

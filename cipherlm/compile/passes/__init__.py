@@ -11,9 +11,21 @@ graph is left as it was.
 * `blb_fusion`: BLB's FineGrainFusion: the linear pieces grouped into fused HE blocks
   (Table 2 types, Table 4 patterns), ``meta["blb_blocks"]``;
 * `fhe_levels`: the fhe mode's CKKS depth per node, value levels and greedy bootstrap
-  placement (AEGIS sections 2.1, 2.4), ``meta["fhe_levels"]``.
+  placement (AEGIS sections 2.1, 2.4), ``meta["fhe_levels"]``;
+* `aegis_placement`: AEGIS's dependency-aware placement of an fhe graph on W workers and the
+  collectives it inserts, with Table 2's predicted bytes (sections 3-4, Figure 9).
 """
 
-from . import blb_decompose, blb_fusion, fhe_levels, fold_attention_scale, fold_norms, group_linears, moe_blocks
+from . import (
+    aegis_placement,
+    blb_decompose,
+    blb_fusion,
+    fhe_levels,
+    fold_attention_scale,
+    fold_norms,
+    group_linears,
+    moe_blocks,
+)
 
-__all__ = ["blb_decompose", "blb_fusion", "fhe_levels", "fold_attention_scale", "fold_norms", "group_linears", "moe_blocks"]
+__all__ = ["aegis_placement", "blb_decompose", "blb_fusion", "fhe_levels", "fold_attention_scale", "fold_norms",
+           "group_linears", "moe_blocks"]
