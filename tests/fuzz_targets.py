@@ -1067,6 +1067,100 @@ def _fhe_client_refresh():
     return st.deferred(lambda: mutated_bytes(_fhe_refresh_state()["seeds"], max_ops=3)), check
 
 
+def _fhe_server_errors():
+    from cipherlm.runtime.fhe_server import FheServer
+
+    return FheServer.expected_errors
+
+
+class _StubFheModel:
+    """Stands in for `FheModel` past the request checks (the evaluation is not what is fuzzed)."""
+
+    input_value = "embed_sum"
+
+    def classify(self, ev, x, on_layer=None):
+        from cipherlm.he import HEError
+
+        raise HEError("stub model: the request passed every check")
+
+    logits = run = classify
+
+    def bound(self, value):
+        return 1.0
+
+    def new_cache(self, ev):
+        return type("Cache", (), {"length": 0})()
+
+
+@functools.lru_cache(maxsize=1)
+def _fhe_server_state() -> dict:
+    """A stub `FheHost` with the real Lattigo context of the test preset, and a genuine session
+    script (hello, keys for the client refresh in parts, an infer)."""
+    from cipherlm.he import get_backend
+    from cipherlm.protocols.ckks.packing import TokenPacking
+
+    be = get_backend("lattigo")
+    ctx = be.bootstrappable_context("test-insecure-N1024", allow_insecure_for_tests=True)
+    sk = be.keygen(ctx)
+    relin, galois = sk.relin_key_bytes(), sk.galois_keys_bytes([1, 2])
+
+    class Host:
+        name, kind, d, max_tokens, tasks = "tiny", "encoder", 8, 4, ("classify",)
+        rotation_steps = [1, 2]
+        key_sizes = {"relin": len(relin), "galois_max": len(galois) + 1000, "bootstrap": 51_000_000}
+        bundle = {"type": "bundle", "tensors": {"e": np.zeros((2, 2), np.float32)}, "tokenizer": None}
+        model = _StubFheModel()
+
+        def __init__(self):
+            self.be, self.ctx, self.slots = be, ctx, ctx.slots
+
+        def packing(self, tokens, offset=0):
+            return TokenPacking(ctx.slots, tokens, tp_min=8, offset=offset)
+
+        def welcome(self):
+            return {"type": "welcome", "protocol": 1, "model": self.name}
+
+    host = Host()
+    P = host.packing(3)
+    x = np.zeros((3, host.d))
+    cts = [sk.encrypt_seeded(be.encode_slots(ctx, r)) for r in P.pack(x)]
+    hello = {"type": "hello", "protocol": 1, "mode": "fhe", "model": None}
+    keys = [{"type": "keys", "refresh": "client", "sizes": {"relin": len(relin), "galois": len(galois)}, "parts": 2},
+            {"type": "keys_part", "index": 0, "total": 2, "blob": "relin", "data": relin},
+            {"type": "keys_part", "index": 1, "total": 2, "blob": "galois", "data": galois}]
+    infer = {"type": "infer", "task": "classify", "tokens": 3, "offset": 0, "cts": cts}
+    return {"host": host, "scripts": [[hello] + keys + [infer, {"type": "stats"}, {"type": "bye"}],
+                                      [hello, {"type": "get_bundle"}, infer] + keys]}
+
+
+@target("fhe_server_requests", "cipherlm.runtime.fhe_server.Session (hello, keys and keys_part, infer, stats; "
+        "the Lattigo key and ciphertext loaders on what arrives)", _fhe_server_errors,
+        "ProtocolError (LimitExceeded), HEError, ChannelClosed", native=True, ci=60, needs=_lattigo_needs)
+def _fhe_server_requests():
+    def strategy():
+        scripts = _fhe_server_state()["scripts"]
+        flat = [m for sc in scripts for m in sc]
+        return st.one_of(st.tuples(st.sampled_from(scripts), st.integers(0, 7), mutated_tree(flat, max_ops=2)),
+                         st.tuples(st.sampled_from(scripts), st.integers(0, 7), wire_values))
+
+    def check(x):
+        from cipherlm.runtime.fhe_server import Session
+        from cipherlm.runtime.session_server import ServerLimits
+
+        msgs, at, bad = x
+        msgs = list(msgs)
+        msgs.insert(min(at, len(msgs)), over_the_wire(bad) if isinstance(bad, dict) else bad)
+        s = Session(_fhe_server_state()["host"], _ScriptChannel(msgs), None)
+        s.limits = ServerLimits(max_cts_per_request=4, max_work_per_session=8)
+        try:
+            s.run()
+        except _fhe_server_errors():
+            pass
+        finally:
+            s.close()
+    return st.deferred(strategy), check
+
+
 # =========================================================================== the runner
 
 

@@ -250,3 +250,25 @@ def test_fhe_welcome_arrays_are_protocol_errors(field, value):
     assert check_fhe_welcome(_fhe_welcome_seed())["refresh"] == ["bootstrap", "client"]
     with pytest.raises(ProtocolError):
         check_fhe_welcome(dict(_fhe_welcome_seed(), **{field: value}))
+
+
+# --------------------------------------------------------------------------- fhe_server.Session
+
+
+@pytest.mark.parametrize("field", ["type", "blob"])  # found: keys_part's type / blob as arrays
+def test_fhe_key_part_arrays_are_protocol_errors(field):
+    pytest.importorskip("cipherlm.he.lattigo_backend")
+    from cipherlm.he import lattigo_backend
+
+    if not lattigo_backend.available():
+        pytest.skip("the Lattigo library is not built")
+    from fuzz_targets import _fhe_server_state, _ScriptChannel
+
+    from cipherlm.runtime.fhe_server import Session
+
+    script = list(_fhe_server_state()["scripts"][0])
+    script[2] = dict(script[2], **{field: np.array([1, 2])})
+    s = Session(_fhe_server_state()["host"], _ScriptChannel(script), None)
+    with pytest.raises(ProtocolError, match="keys_part"):
+        s.run()
+    s.close()

@@ -327,7 +327,8 @@ class FheClient(SessionClient):
             self.chan.send({"type": "infer", "task": task, "tokens": T, "cts": cts, "offset": int(offset)})
             t_wait = time.perf_counter()
             reply = self.chan.recv(timeout=self.infer_timeout)
-            while self.refresh == "client" and isinstance(reply, dict) and reply.get("type") == "refresh":
+            while (self.refresh == "client" and isinstance(reply, dict) and isinstance(reply.get("type"), str)
+                   and reply["type"] == "refresh"):
                 self._answer_refresh(reply)
                 reply = self.chan.recv(timeout=self.infer_timeout)
             reply = expect(reply, "result")

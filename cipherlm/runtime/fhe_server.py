@@ -335,7 +335,8 @@ class Session(MessageSession):
             for i in range(parts):
                 self.check_lifetime()
                 part = self.chan.recv()
-                if isinstance(part, dict) and part.get("type") == "error":  # the client's report, not ours
+                if isinstance(part, dict) and isinstance(part.get("type"), str) and part["type"] == "error":
+                    # the client's report, not ours
                     raise ProtocolError(f"keys_part {i}: the client sent an error report instead")
                 part = expect(part, "keys_part")
                 if type(part.get("index")) is not int or part["index"] != i:
@@ -345,7 +346,7 @@ class Session(MessageSession):
                 blob, data = part.get("blob"), part.get("data")
                 while blob_i < len(blobs_order) and got[blobs_order[blob_i]] == sizes[blobs_order[blob_i]]:
                     blob_i += 1
-                if blob_i == len(blobs_order) or blob != blobs_order[blob_i]:
+                if blob_i == len(blobs_order) or not isinstance(blob, str) or blob != blobs_order[blob_i]:
                     raise ProtocolError(f"keys_part {i}: blob {blob!r} where "
                                         f"{blobs_order[blob_i] if blob_i < len(blobs_order) else 'nothing'!r} "
                                         "was expected")
@@ -384,7 +385,7 @@ class Session(MessageSession):
     def _parse_infer(self, msg: dict):
         if self.eval_keys is None:
             raise ProtocolError("infer before keys")
-        if "refresh" in msg and msg["refresh"] != self.refresh:
+        if "refresh" in msg and (not isinstance(msg["refresh"], str) or msg["refresh"] != self.refresh):
             raise ProtocolError(f"this session refreshes by {self.refresh!r} (chosen with its keys), not "
                                 f"{msg['refresh']!r}")
         task = msg.get("task")
@@ -478,7 +479,7 @@ class Session(MessageSession):
         with self.chan.step("fhe"):
             self.chan.send({"type": "refresh", "cts": blobs})
             reply = self.chan.recv()
-        if isinstance(reply, dict) and reply.get("type") == "error":
+        if isinstance(reply, dict) and isinstance(reply.get("type"), str) and reply["type"] == "error":
             raise ProtocolError("the client sent an error report instead of the refreshed ciphertexts")
         cts = expect(reply, "refreshed").get("cts")
         if not isinstance(cts, list):
