@@ -167,6 +167,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_ct_refresh_plaintext": (_i64, _i64, _p_i64),
     "clg_ct_scale": (_i64, _p_dbl),
     "clg_pt_coeffs": (_i64, _p_u64, _i64),
+    "clg_tg_linear": (_i64, _p_i64, _int, _p_dbl, _int, _p_dbl, _int, _int, _int, _p_i64, _p_i64),
     "clg_drop_level": (_i64, _int),
     "clg_rotate": (_i64, _i64, _i64, _p_i64),
     "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
@@ -865,6 +866,30 @@ class LattigoBackend(HEBackend):
         res = [LattigoCiphertext(int(h), ctx) if h else None for h in out]
         return res, {"rotations": int(cnt[0]), "multiply_plain": int(cnt[1]), "add": int(cnt[2]),
                      "rescale": int(cnt[3])}
+
+    def token_group_linear(self, ctx, cts: Sequence[LattigoCiphertext], w, mask, *, tp: int, g: int,
+                           keys: LattigoEvalKeys, workers: int = 2) -> tuple[list, dict[str, int]]:
+        """The fhe mode's projection in one call (native/lattigo/tg_linear.go): the padded
+        matrix ``w`` (n_out cpc x n_in cpc) times the token-group packed ciphertexts ``cts``
+        (one level; cpc = slots / tp channels each), positions weighted by ``mask`` (tp
+        values), by diagonals over the channels with ``g`` hoisted baby steps of tp slots and
+        giant steps of g tp, the diagonals encoded on the fly at the input's level by
+        ``workers`` goroutines.  Returns each output block (None: all-zero; one level below,
+        rescaled) and the op counts (rotations, products, rescales)."""
+        W = np.ascontiguousarray(w, dtype=np.float64)
+        m = np.ascontiguousarray(mask, dtype=np.float64).reshape(-1)
+        cpc = ctx.slots // int(tp)
+        if W.ndim != 2 or W.shape[1] != len(cts) * cpc or W.shape[0] % cpc or m.size != int(tp):
+            raise HEError(f"matrix {W.shape} / mask {m.size} do not fit {len(cts)} inputs of {cpc} channels x {tp}")
+        n_out = W.shape[0] // cpc
+        hs = np.asarray([c.h for c in cts], np.int64)
+        out = np.zeros(n_out, np.int64)
+        cnt = np.zeros(3, np.int64)
+        _call("clg_tg_linear", keys.h, hs.ctypes.data_as(_p_i64), len(cts), W.ctypes.data_as(_p_dbl), n_out,
+              m.ctypes.data_as(_p_dbl), int(tp), int(g), int(workers), out.ctypes.data_as(_p_i64),
+              cnt.ctypes.data_as(_p_i64))
+        return ([LattigoCiphertext(int(h), ctx) if h else None for h in out],
+                {"rotate": int(cnt[0]), "mul_plain": int(cnt[1]), "rescale": int(cnt[2])})
 
     # -- fhe-mode operations (ABI 5: ckks_ops.go, bootstrap.go) ---------------------------
     @staticmethod

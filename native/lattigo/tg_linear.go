@@ -1,0 +1,242 @@
+// The fhe mode's projections in one call (cipherlm/protocols/ckks/linear.py, EncodedLinear): a
+// ct x pt matrix product on token-group packed ciphertexts (AEGIS section 2.3: slot
+// c * tp + t holds channel c of position t, cpc = slots / tp channels per ciphertext) by
+// Halevi-Shoup diagonals over the channels with baby-step giant-step rotations in units of tp
+// slots.  The diagonals are made from the matrix and encoded here, at the input's level, on the
+// fly (at 2^15 slots a model's encoded diagonals would take tens of GB), by `workers` goroutines
+// that share out the (output block, giant step) units; the baby steps are hoisted.
+//
+// Output block o = sum_j rot( rescale( sum_{i, b} diag(o, i, j g + b) * rot(x_i, b tp) ), j g tp ),
+// diag(o, i, k)[c tp + t] = W[o cpc + c, i cpc + (c + k) mod cpc] * mask[t], pre-rotated by
+// -(j g tp) so that the giant rotation lines it up (`EncodedLinear._diagonal`, same layout).
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+type tgUnit struct{ o, j int }
+
+// clg_tg_linear: the product of the padded matrix w (nOut cpc rows x nIn cpc columns, row-major)
+// with the nIn ciphertexts `cts` (one level, degree 1) in the token-group layout of tp positions
+// per channel, positions weighted by mask (tp values), g baby steps.  out[o]: block o's result
+// (one level below the input, the input's scale), 0 when all its diagonals are zero.  counts:
+// rotations, products, rescales.
+//
+//export clg_tg_linear
+func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C.int, mask *C.double, tp C.int,
+	g C.int, workers C.int, out *C.int64_t, counts *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(evh, "key set", errbuf, errlen, func(e *evkObj) error {
+		params := e.ctx.params
+		slots := params.MaxSlots()
+		T, G, ni, no := int(tp), int(g), int(nIn), int(nOut)
+		if T < 1 || slots%T != 0 || ni < 1 || no < 1 || ni > 1<<12 || no > 1<<12 || cts == nil || w == nil || mask == nil {
+			return fmt.Errorf("bad shape: %d inputs, %d outputs, tp %d (slots %d)", ni, no, T, slots)
+		}
+		cpc := slots / T
+		if G < 1 || G > cpc {
+			return fmt.Errorf("%d baby steps for %d channels per ciphertext", G, cpc)
+		}
+		hs := unsafe.Slice((*int64)(unsafe.Pointer(cts)), ni)
+		in := make([]*rlwe.Ciphertext, ni)
+		for i, h := range hs {
+			c, err := getIn[*ctObj](C.int64_t(h), "ciphertext", "ciphertext and keys belong to different contexts", e)
+			if err != nil {
+				return err
+			}
+			if c.ct.Degree() != 1 || (i > 0 && c.ct.Level() != in[0].Level()) {
+				return errors.New("the inputs must be degree-1 ciphertexts at one level")
+			}
+			in[i] = c.ct
+		}
+		lvl := in[0].Level()
+		if lvl < 1 {
+			return errors.New("input at level 0: no prime left to rescale the product; refresh first")
+		}
+		W := unsafe.Slice((*float64)(unsafe.Pointer(w)), no*cpc*ni*cpc)
+		M := unsafe.Slice((*float64)(unsafe.Pointer(mask)), T)
+		for _, v := range W {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return errors.New("matrix entries must be finite")
+			}
+		}
+		cols := ni * cpc
+		at := func(o, i, k, c int) float64 { return W[(o*cpc+c)*cols+i*cpc+(c+k)%cpc] }
+		nz := make([]bool, no*ni*cpc) // diagonal (o, i, k) not all zero
+		for o := 0; o < no; o++ {
+			for i := 0; i < ni; i++ {
+				for k := 0; k < cpc; k++ {
+					for c := 0; c < cpc; c++ {
+						if at(o, i, k, c) != 0 {
+							nz[(o*ni+i)*cpc+k] = true
+							break
+						}
+					}
+				}
+			}
+		}
+		nGiant := (cpc + G - 1) / G
+		var units []tgUnit
+		for o := 0; o < no; o++ {
+			for j := 0; j < nGiant; j++ {
+				for i := 0; i < ni; i++ {
+					found := false
+					for b := 0; b < G && j*G+b < cpc; b++ {
+						if nz[(o*ni+i)*cpc+j*G+b] {
+							found = true
+							break
+						}
+					}
+					if found {
+						units = append(units, tgUnit{o, j})
+						break
+					}
+				}
+			}
+		}
+		steps := []int{}
+		for b := 1; b < G; b++ {
+			steps = append(steps, b*T)
+		}
+		for j := 1; j < nGiant; j++ {
+			steps = append(steps, j*G*T)
+		}
+		for _, s := range steps {
+			if _, ok := e.set.GaloisKeys[params.GaloisElement(s)]; !ok {
+				return fmt.Errorf("the key set lacks the rotation by %d", s)
+			}
+		}
+		wk := max(1, min(int(workers), 64))
+		eval := e.eval
+
+		// baby steps rot(x_i, b tp), hoisted per input, shared out over the workers
+		baby := make([][]*rlwe.Ciphertext, ni)
+		for i := range baby {
+			baby[i] = make([]*rlwe.Ciphertext, G)
+			baby[i][0] = in[i]
+		}
+		err := parallel(wk, func(t int) error {
+			for i := 0; i < ni; i++ {
+				var mine []int
+				for b := 1 + t; b < G; b += wk {
+					mine = append(mine, b*T)
+				}
+				if len(mine) == 0 {
+					continue
+				}
+				res := map[int]*rlwe.Ciphertext{}
+				for _, s := range mine {
+					res[s] = ckks.NewCiphertext(params, 1, lvl)
+				}
+				if err := eval.RotateHoisted(in[i], mine, res); err != nil {
+					return err
+				}
+				for _, s := range mine {
+					baby[i][s/T] = res[s]
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+
+		// the units: products with diagonals encoded on the fly, rescale, giant rotation
+		scale := rlwe.NewScale(params.Q()[lvl])
+		sums := make([]*rlwe.Ciphertext, len(units))
+		var mu sync.Mutex
+		var products, rotations int64
+		err = parallel(wk, func(t int) error {
+			v := make([]float64, slots)
+			var prods, rots int64
+			for u := t; u < len(units); u += wk {
+				o, j := units[u].o, units[u].j
+				shift := j * G * T
+				var acc *rlwe.Ciphertext
+				for i := 0; i < ni; i++ {
+					for b := 0; b < G && j*G+b < cpc; b++ {
+						k := j*G + b
+						if !nz[(o*ni+i)*cpc+k] {
+							continue
+						}
+						for c := 0; c < cpc; c++ { // the diagonal, rolled right by shift slots
+							val := at(o, i, k, c)
+							for p := 0; p < T; p++ {
+								v[(c*T+p+shift)%slots] = val * M[p]
+							}
+						}
+						pt := ckks.NewPlaintext(params, lvl)
+						pt.Scale = scale
+						if err := e.ctx.encoder.Encode(v, pt); err != nil {
+							return err
+						}
+						if acc == nil {
+							acc = ckks.NewCiphertext(params, 1, lvl)
+							if err := eval.Mul(baby[i][b], pt, acc); err != nil {
+								return err
+							}
+						} else if err := eval.MulThenAdd(baby[i][b], pt, acc); err != nil {
+							return err
+						}
+						prods++
+					}
+				}
+				if err := eval.Rescale(acc, acc); err != nil {
+					return err
+				}
+				if shift != 0 {
+					r := ckks.NewCiphertext(params, 1, acc.Level())
+					if err := eval.Rotate(acc, shift, r); err != nil {
+						return err
+					}
+					acc = r
+					rots++
+				}
+				sums[u] = acc
+			}
+			mu.Lock()
+			products += prods
+			rotations += rots
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		res := make([]*rlwe.Ciphertext, no)
+		for u, s := range sums {
+			o := units[u].o
+			if res[o] == nil {
+				res[o] = s
+			} else if err := eval.Add(res[o], s, res[o]); err != nil {
+				return err
+			}
+		}
+		dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), no)
+		for o, y := range res {
+			if y == nil {
+				dst[o] = 0
+			} else {
+				dst[o] = put(&ctObj{ctx: e.ctx, ct: y})
+			}
+		}
+		cs := unsafe.Slice((*int64)(unsafe.Pointer(counts)), 3)
+		cs[0] = rotations + int64(ni*(G-1))
+		cs[1] = products
+		cs[2] = int64(len(units))
+		return nil
+	})
+}
