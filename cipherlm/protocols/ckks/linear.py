@@ -22,6 +22,7 @@ heads pass a mask of position 0 alone, so the client's output holds nothing else
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -69,24 +70,30 @@ class EncodedLinear:
         wp = np.zeros((no * cpc, ni * cpc))
         wp[: self.d_out, : self.d_in] = w
         self._wp = wp
-        # the (o, i, k) of the diagonals that are not all zero; their slot vectors (`_diagonal`)
-        # are made when encoded, not kept (at 2^15 slots they would be GBs for a model)
-        self._diag: set[tuple[int, int, int]] = set()
-        rows = np.arange(cpc)
-        for o in range(no):
-            for i in range(ni):
-                blk = wp[o * cpc:(o + 1) * cpc, i * cpc:(i + 1) * cpc]
-                if not blk.any():
-                    continue
-                for k in range(cpc):
-                    if blk[rows, (rows + k) % cpc].any():
-                        self._diag.add((o, i, k))
         self.n_out, self.n_in = no, ni
         self.cache = cache
         #: evaluate in one native call where the backend has one (`_native`); False: the
         #: per-diagonal reference path below (tests compare the two)
         self.native = True
         self._pts: dict[tuple[int, int, int, int], object] = {}
+
+    @functools.cached_property
+    def _diag(self) -> set[tuple[int, int, int]]:
+        """The (o, i, k) of the diagonals that are not all zero (the reference path's; the
+        native one finds them itself).  Their slot vectors (`_diagonal`) are made when
+        encoded, not kept: at 2^15 slots they would be GBs for a model."""
+        cpc = self.packing.cpc
+        rows = np.arange(cpc)
+        out = set()
+        for o in range(self.n_out):
+            for i in range(self.n_in):
+                blk = self._wp[o * cpc:(o + 1) * cpc, i * cpc:(i + 1) * cpc]
+                if not blk.any():
+                    continue
+                for k in range(cpc):
+                    if blk[rows, (rows + k) % cpc].any():
+                        out.add((o, i, k))
+        return out
 
     @property
     def n_diagonals(self) -> int:
@@ -144,13 +151,17 @@ class EncodedLinear:
                         acc_o = acc_j
                     else:
                         ev.be.add_inplace(ev.ctx, acc_o, acc_j)
-                if acc_o is None:  # an all-zero output block: an encryption of 0 from the input
-                    acc_o = ev.be.multiply_plain(ev.ctx, cts[0], ev.encode(np.zeros(ev.ctx.slots), lvl))
-                ev.rescale(acc_o)
-                if self.b is not None:
-                    acc_o = ev.add_plain_ct(acc_o, self._bias_vector(o))
-                outs.append(acc_o)
+                outs.append(self._finish(ev, o, None if acc_o is None else ev.rescale(acc_o), cts[0]))
         return CkksTensor(outs, self.d_out, self.packing, bound)
+
+    def _finish(self, ev: CkksEvaluator, o: int, acc, x0):
+        """Output block o from its rescaled sum (None: an all-zero block, an encryption of 0
+        made from the input ciphertext x0), plus the bias on the real positions."""
+        if acc is None:
+            acc = ev.rescale(ev.be.multiply_plain(ev.ctx, x0, ev.encode(np.zeros(ev.ctx.slots), x0.level)))
+        if self.b is not None:
+            acc = ev.add_plain_ct(acc, self._bias_vector(o))
+        return acc
 
     def _native(self, ev: CkksEvaluator, cts: list, bound: float) -> CkksTensor:
         """The same product in one backend call (`LattigoBackend.token_group_linear`: the
@@ -160,14 +171,7 @@ class EncodedLinear:
                                                     keys=ev.keys, workers=NATIVE_WORKERS)
             for k, n in counts.items():
                 ev._count(k, n)
-            lvl = cts[0].level
-            res = []
-            for o, acc in enumerate(outs):
-                if acc is None:  # an all-zero output block: an encryption of 0 from the input
-                    acc = ev.rescale(ev.be.multiply_plain(ev.ctx, cts[0], ev.encode(np.zeros(ev.ctx.slots), lvl)))
-                if self.b is not None:
-                    acc = ev.add_plain_ct(acc, self._bias_vector(o))
-                res.append(acc)
+            res = [self._finish(ev, o, acc, cts[0]) for o, acc in enumerate(outs)]
         return CkksTensor(res, self.d_out, self.packing, bound)
 
     def _bias_vector(self, o: int) -> np.ndarray:
