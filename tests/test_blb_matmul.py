@@ -1,0 +1,163 @@
+"""BLB's fused ct-ct MatMul (cipherlm/protocols/ckks/blb_matmul.py; paper section 5, Appendix
+C.1) at the INSECURE N = 2^10 test preset (512 slots): Q K^T and P V for 2 heads on Lattigo
+ciphertexts against numpy, the measured rotations / products against `counts`, and BSGS
+against the naive schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cipherlm.he.lattigo_backend import TEST_INSECURE_PRESET, LattigoBackend, LattigoContext, available
+from cipherlm.protocols.ckks import blb_matmul as M
+from cipherlm.protocols.ckks.evaluator import CkksEvaluator
+
+pytestmark = pytest.mark.skipif(not available(), reason="the Lattigo library is not built (make lattigo)")
+
+H = 2
+#: CKKS noise at this preset after depth 4 is ~1e-8 here; a wrong diagonal, head or
+#: transposition gives errors of order 1 (the entries are of order 1)
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def env():
+    be = LattigoBackend()
+    ctx = LattigoContext.from_preset(TEST_INSECURE_PRESET, allow_insecure_for_tests=True)
+    sk = be.keygen(ctx)
+    bk = sk.bootstrapping_keys()
+    yield be, ctx, sk, bk
+    bk.close()
+
+
+def evaluator(env, layout, variants=((True, None), (False, None))):
+    be, ctx, sk, bk = env
+    steps = set()
+    for bsgs, baby in variants:
+        steps |= M.rotation_steps(layout, bsgs, baby)
+    return CkksEvaluator(be, ctx, sk.eval_keys(relin=True, steps=sorted(steps)), bk)
+
+
+def encrypt(env, vecs):
+    be, ctx, sk, _ = env
+    return [sk.encrypt(be.encode_slots(ctx, v)) for v in vecs]
+
+
+def decrypt(env, cts):
+    be, ctx, sk, _ = env
+    return np.stack([be.decode_slots(ctx, sk.decrypt(c)) for c in cts])
+
+
+def run(env, ev, a, b, layout, bsgs, baby=None):
+    """Encrypt, multiply, check the counters against `counts`; the decrypted slot vectors."""
+    a_ct, b_ct = encrypt(env, a), encrypt(env, b)
+    top = a_ct[0].level
+    ev.stats.counts.clear()
+    out = M.fused_matmul(ev, a_ct, b_ct, layout, bsgs=bsgs, baby=baby)
+    want = M.counts(layout.slots, layout.heads, layout.n, layout.k, layout.groups, bsgs=bsgs, baby=baby)
+    got = ev.stats.counts
+    assert {k: got.get(k, 0) for k in ("rotate", "mul", "mul_plain", "rescale")} == \
+        {k: want[k] for k in ("rotate", "mul", "mul_plain", "rescale")}
+    assert set(got) <= {"rotate", "mul", "mul_plain", "rescale"}
+    assert len(out) == layout.n_out
+    assert min(c.level for c in out) == top - want["depth"]
+    return decrypt(env, out), want
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+@pytest.mark.parametrize("bsgs", [False, True])
+def test_qk_multi_head(env, groups, bsgs):
+    """Q K^T for 2 heads, 8 tokens, head dim 8, with 1, 2 and 8 reduce indices per ciphertext
+    (step 1 and step 3 only exist for c > 1)."""
+    rng = np.random.default_rng(groups + 10 * bsgs)
+    n, d = 8, 8
+    Q, K = rng.normal(size=(H, n, d)) / 2, rng.normal(size=(H, n, d)) / 2
+    L = M.make_layout(512, H, n, d, groups)
+    assert L.groups == groups
+    ev = evaluator(env, L)
+    vecs, _ = run(env, ev, M.pack_columns(Q, L), M.pack_columns(K, L), L, bsgs)
+    want = Q @ K.transpose(0, 2, 1)
+    got = M.unpack_diagonals(vecs, L)
+    assert np.abs(got - want).max() < TOL
+    assert np.abs(got - want.transpose(0, 2, 1)).max() > 100 * TOL  # K Q^T would fail
+    assert np.abs(vecs[:, groups * H * n:]).max() < TOL  # unused slots stay 0
+
+
+@pytest.mark.parametrize("bsgs", [False, True])
+def test_av_padded_and_chained_after_qk(env, bsgs):
+    """P V with V (8 x 4) padded to 8 x 8 columns (section 5.2), P = Q K^T / 4 without softmax:
+    computed on ciphertexts, decrypted and repacked spatial-first (what the conversion to and
+    from MPC does around the softmax in the paper), then multiplied by V on ciphertexts."""
+    rng = np.random.default_rng(7 + bsgs)
+    n, d = 8, 4
+    Q, K, V = (rng.normal(size=(H, n, d)) / 2 for _ in range(3))
+    Lqk = M.make_layout(512, H, n, d, 2)
+    ev = evaluator(env, Lqk)
+    vecs, _ = run(env, ev, M.pack_columns(Q, Lqk), M.pack_columns(K, Lqk), Lqk, bsgs)
+    S = M.unpack_diagonals(vecs, Lqk)
+    assert np.abs(S - Q @ K.transpose(0, 2, 1)).max() < TOL
+    P = S / 4
+    Lav = M.make_layout(512, H, n, n, 2)  # reduce over the n key positions
+    ev = evaluator(env, Lav)
+    vecs, _ = run(env, ev, M.pack_columns(P, Lav), M.pack_rows(V, Lav), Lav, bsgs)
+    Y = M.unpack_diagonals(vecs, Lav)
+    want = (Q @ K.transpose(0, 2, 1) / 4) @ V
+    assert np.abs(Y[:, :, :d] - want).max() < TOL
+    assert np.abs(Y[:, :, d:]).max() < TOL  # the padding columns
+    assert np.abs(M.unpack_diagonals(vecs, Lav, cols=d) - want).max() < TOL
+    assert np.abs(Y[:, :, :d] - P.transpose(0, 2, 1) @ V).max() > 100 * TOL
+
+
+def test_full_ciphertext_layout(env):
+    """c H n = S (4 groups x 2 heads x 64 tokens = 512 slots): the two group shifts of step 3
+    are one rotation mod S, and the prediction counts them once."""
+    rng = np.random.default_rng(3)
+    n, d = 64, 8
+    Q, K = rng.normal(size=(H, n, d)) / 2, rng.normal(size=(H, n, d)) / 2
+    L = M.make_layout(512, H, n, d, 4)
+    assert L.full and L.n_cts == 2
+    ev = evaluator(env, L, ((True, None),))
+    vecs, want = run(env, ev, M.pack_columns(Q, L), M.pack_columns(K, L), L, True)
+    assert np.abs(M.unpack_diagonals(vecs, L) - Q @ K.transpose(0, 2, 1)).max() < TOL
+    naive = M.counts(512, H, n, d, 4, bsgs=False)
+    assert want["rotate"] < naive["rotate"] and want["mul"] == naive["mul"] == n * L.n_cts
+
+
+def test_bsgs_uses_fewer_rotations(env):
+    """Appendix C.1: with BSGS, step 2 rotates each ciphertext O(sqrt n) times instead of
+    O(n).  P V for 16 tokens with one key position per ciphertext (J = 16 ciphertexts per
+    operand, where the paper's saving shows): measured on ciphertexts for both schedules."""
+    rng = np.random.default_rng(5)
+    n, d = 16, 4
+    P, V = rng.normal(size=(H, n, n)) / 4, rng.normal(size=(H, n, d))
+    L = M.make_layout(512, H, n, n, 1)
+    ev = evaluator(env, L)
+    a, b = M.pack_columns(P, L), M.pack_rows(V, L)
+    measured = {}
+    for bsgs in (False, True):
+        vecs, want = run(env, ev, a, b, L, bsgs)
+        measured[bsgs] = ev.stats.counts["rotate"], ev.stats.counts["mul"]
+        assert np.abs(M.unpack_diagonals(vecs, L, cols=d) - P @ V).max() < TOL
+    assert measured[True][0] < measured[False][0] / 2
+    assert measured[True][1] == measured[False][1] == n * n
+
+
+def test_counts_closed_forms_and_paper_shapes():
+    """The closed forms of the module docstring (generic case) and the ordering of Table 7:
+    BLB < Powerformer < BOLT in rotations at BERT-base and the paper's two shapes."""
+    S, n, k, c = 8192, 128, 64, 4
+    L = M.make_layout(S, 12, n, k, c)
+    J = L.n_cts
+    naive = M.counts(S, 12, n, k, c, bsgs=False)
+    step3 = (n - n // c) * 2
+    assert naive["rotate"] == J * 2 * (c - 1) + J * 2 * (n - 1) + step3
+    assert naive["mul_plain"] == J * (2 * c - 1) + J * 2 * (n - 1) + step3
+    assert naive["mul"] == n * J and naive["depth"] == 4
+    for (model, tokens, heads, hd), row in M.TABLE7.items():
+        for slots in (8192, 16384):
+            blb = M.counts(slots, heads, tokens, hd)
+            assert blb["rotate"] < M.powerformer_counts(tokens, heads, hd)["rotate"] < M.bolt_counts(tokens, heads, hd)["rotate"]
+        bolt = M.bolt_counts(tokens, heads, hd)["rotate"]
+        assert all(abs(v - bolt) / bolt < 0.01 for v in row["BOLT"])
+        pf = M.powerformer_counts(tokens, heads, hd)["rotate"]
+        assert all(abs(v - pf) / pf < 0.1 for v in row["Powerformer"])
