@@ -123,6 +123,22 @@ def test_full_ciphertext_layout(env):
     assert want["rotate"] < naive["rotate"] and want["mul"] == naive["mul"] == n * L.n_cts
 
 
+@pytest.mark.parametrize("heads,n,d", [(2, 5, 3), (1, 300, 1)])
+def test_odd_shapes_and_coinciding_steps(env, heads, n, d):
+    """5 tokens (no power of two) and 300 tokens in 512 slots, where the inner rotations'
+    steps r - n and r' = r + S - n coincide mod S: the hoisted call rotates once, and
+    `counts` predicts it (598 steps, 511 distinct)."""
+    rng = np.random.default_rng(n)
+    Q, K = rng.normal(size=(heads, n, d)), rng.normal(size=(heads, n, d))
+    L = M.make_layout(512, heads, n, d)
+    assert L.groups == 1
+    ev = evaluator(env, L, ((False, None),))
+    vecs, want = run(env, ev, M.pack_columns(Q, L), M.pack_columns(K, L), L, False)
+    assert np.abs(M.unpack_diagonals(vecs, L) - Q @ K.transpose(0, 2, 1)).max() < TOL
+    if n == 300:
+        assert want["rotate"] == 511 < 2 * (n - 1)
+
+
 def test_bsgs_uses_fewer_rotations(env):
     """Appendix C.1: with BSGS, step 2 rotates each ciphertext O(sqrt n) times instead of
     O(n).  P V for 16 tokens with one key position per ciphertext (J = 16 ciphertexts per

@@ -359,9 +359,20 @@ def _rotate_masked(ev: CkksEvaluator, L: MHLayout, ct, pieces: list[tuple[int, t
     return acc
 
 
-def _inner_rot(ev: CkksEvaluator, L: MHLayout, ct, r: int):
-    r %= L.n
-    return ct if r == 0 else _rotate_masked(ev, L, ct, _inner_pieces(L, r))
+def _inner_rots(ev: CkksEvaluator, L: MHLayout, ct, amounts) -> dict:
+    """{r: innerrot(ct, r)} for every amount (0 <= r < n), all slot rotations in one hoisted
+    call (as `counts` assumes: a step two amounts share is rotated once)."""
+    pieces = {r: _inner_pieces(L, r) for r in amounts if r % L.n}
+    flat = [p for r in sorted(pieces) for p in pieces[r]]
+    rots = iter(ev.rot_many(ct, [s for s, _ in flat]))
+    out = {r: ct for r in amounts if r % L.n == 0}
+    for r in sorted(pieces):
+        acc = None
+        for _, margs in pieces[r]:
+            term = ev.mul_plain_ct(next(rots), _mask(L, *margs))
+            acc = term if acc is None else ev.add_ct(acc, term)
+        out[r] = acc
+    return out
 
 
 def fused_matmul(ev: CkksEvaluator, a_cts: Sequence, b_cts: Sequence, layout: MHLayout,
@@ -379,8 +390,9 @@ def fused_matmul(ev: CkksEvaluator, a_cts: Sequence, b_cts: Sequence, layout: MH
     # step 2: baby inner rotations of B, giant (backward) inner rotations of A, all hoisted
     babies = sorted({b for b, _ in sched})
     giants = sorted({G for _, G in sched})
-    b_rot = [{b: _inner_rot(ev, L, x, b) for b in babies} for x in bp]
-    a_rot = [{G: _inner_rot(ev, L, x, L.n - G) for G in giants} for x in a_cts]
+    b_rot = [_inner_rots(ev, L, x, babies) for x in bp]
+    a_rot = [_inner_rots(ev, L, x, [(L.n - G) % L.n for G in giants]) for x in a_cts]
+    a_rot = [{G: r[(L.n - G) % L.n] for G in giants} for r in a_rot]
     out = [None] * L.n_out
 
     def put(q, term):
