@@ -171,6 +171,12 @@ def _build_ops() -> list[Op]:
            lambda ctx, o: o.reveal_signed(), lambda i: i["x"] >> 16, 0),
         Op("trunc_local l=64 s=16", P, 0, ints_xy, lambda ctx, s: trunc.trunc_local(ctx, s["x"], 16),
            lambda ctx, o: o.reveal_signed(), lambda i: i["x"] >> 16, 1),
+        # |x| < 2^40 < 2^62: sign=None (one bit of headroom), the same cost as a known sign
+        Op("trunc_known_sign l=64 s=16", P, 0, ints_xy, lambda ctx, s: trunc.trunc_known_sign(ctx, s["x"], 16, None),
+           lambda ctx, o: o.reveal_signed(), lambda i: i["x"] >> 16, 0),
+        Op("trunc_one_bit_error l=64 s=16", P, 0, ints_xy,
+           lambda ctx, s: trunc.trunc_one_bit_error(ctx, s["x"], 16, None), lambda ctx, o: o.reveal_signed(),
+           lambda i: i["x"] >> 16, 1),
         Op("sext 32->64", P, 0, lambda r, sh: {"x": _ints(r, sh, 30)}, lambda ctx, s: extend.sext(ctx, s["x32"], 64),
            lambda ctx, o: o.reveal_signed(), lambda i: i["x"], 0),
         Op("zext 32->64", P, 0, lambda r, sh: {"x": _ints(r, sh, 30)}, lambda ctx, s: extend.zext(ctx, s["x32"], 64),

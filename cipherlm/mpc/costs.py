@@ -43,6 +43,9 @@ def _ops(ctx, n: int, q: int):
         ("relu l=64", lambda: compare.relu(ctx, x)),
         ("trunc_faithful l=64 s=16", lambda: trunc.trunc_faithful(ctx, x, 16)),
         ("trunc_local l=64 s=16", lambda: trunc.trunc_local(ctx, x, 16)),
+        # |x| < 2^40 < 2^62: sign=None (one bit of headroom), the same cost as sign=0 / 1
+        ("trunc_known_sign l=64 s=16", lambda: trunc.trunc_known_sign(ctx, x, 16, None)),
+        ("trunc_one_bit_error l=64 s=16", lambda: trunc.trunc_one_bit_error(ctx, x, 16, None)),
         ("sext 32->64", lambda: extend.sext(ctx, x32, 64)),
         ("zext 32->64", lambda: extend.zext(ctx, x32, 64)),
         ("trunc_extend l=32 s=12", lambda: trunc.trunc_extend(ctx, x32, 12)),
