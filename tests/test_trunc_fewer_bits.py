@@ -7,7 +7,7 @@
 * the bytes each sends through the channel (both directions, frame headers
   included) strictly below trunc_faithful's on the same inputs, ratio printed;
 * the view of each party (OT outputs and received protocol messages) uniform and
-  independent of the other party's share on Z_{2^8} (chi-square helpers of
+  independent of the other party's share on Z_{2^8}, s = 5 (chi-square helpers of
   tests/test_mpc_views.py);
 * bad arguments, and one run as two OS processes.
 """
@@ -130,11 +130,11 @@ def _view_party(ctx, op, own, other):
     v = own[ctx.party] if ctx.party != other[0] else other[1]
     x = AShare(ctx, np.full(VN, v, np.uint64), VBITS, 0)
     if op == "known_sign":
-        trunc.trunc_known_sign(ctx, x, 3, 0)
+        trunc.trunc_known_sign(ctx, x, 5, 0)
     elif op == "known_sign_headroom":
-        trunc.trunc_known_sign(ctx, x, 3, None)
+        trunc.trunc_known_sign(ctx, x, 5, None)
     else:
-        trunc.trunc_one_bit_error(ctx, x, 3, None)
+        trunc.trunc_one_bit_error(ctx, x, 5, None)
     return log
 
 
