@@ -195,6 +195,8 @@ class FheModel:
 
     def __init__(self, config: dict, weights: dict[str, np.ndarray], calibration: dict,
                  classifier: tuple[np.ndarray, np.ndarray | None] | None = None):
+        #: what rebuilds this model in another process (the distributed executor's workers)
+        self.init_args = (config, weights, calibration, classifier)
         self.graph = build_graph(config)
         bad = sorted({n.op for n in self.graph.nodes} - SUPPORTED_OPS - {"kv_cache", "argmax"})  # the client argmaxes
         if bad:
@@ -333,20 +335,31 @@ class FheModel:
         """Encoders with a classifier head: logits (valid at position 0) of the classifier on
         the L2-normalised mean of the last hidden states (sentence-transformers pooling)."""
         h = self.run(ev, x, on_layer=on_layer)["hidden"]
+        mean, sums = self.pool_sums(ev, h)
+        return FheLinear(self, ev).linear(self.pool_finish(ev, mean, sums), ["classifier"])[0]
+
+    def pool_sums(self, ev: CkksEvaluator, h: CkksTensor) -> tuple[CkksTensor, list]:
+        """(the mean over tokens of the blocks of `h`, [their sum of squares over channels]):
+        partial sums when `h` holds only some of the blocks (the distributed executor adds
+        the holders' partials)."""
         P, T = h.packing, h.packing.tokens
         h = ev.refresh(h, 1, "pool")
         with ev.timer("pool"):
             cts = [ev.mul_scalar_ct(ev.window_sum(c, P.tp // 2, 1), 1.0 / T) for c in h.cts]
         mean = h.with_cts(cts, bound=self.calibration["bounds"]["pool.mean"])
         mean = ev.refresh(mean, 1, "pool.norm")
-        n2 = ev.channel_sum(mean.with_cts([ev.mul_ct(c, c) for c in mean.cts]))
-        r = ev.poly(CkksTensor([n2], P.cpc, P, self.calibration["ranges"][("pool", "rsqrt")][1]),
+        return mean, [ev.channel_sum(mean.with_cts([ev.mul_ct(c, c) for c in mean.cts]))]
+
+    def pool_finish(self, ev: CkksEvaluator, mean: CkksTensor, sums: list) -> CkksTensor:
+        """The L2-normalised mean (valid at position 0) from `pool_sums` over all channels."""
+        P = mean.packing
+        r = ev.poly(CkksTensor([sums[0]], P.cpc, P, self.calibration["ranges"][("pool", "rsqrt")][1]),
                     self.approx(_POOL, "rsqrt"), "pool.rsqrt")
         mean = ev.refresh(mean, 1, "pool.scale")
         r = ev.refresh(r, 1, "pool.scale")
         emb = mean.with_cts([ev.mul_ct(c, r.cts[0]) for c in mean.cts], bound=1.01)
         emb.position = 0
-        return FheLinear(self, ev).linear(emb, ["classifier"])[0]
+        return emb
 
 
 class FheKVCache:
