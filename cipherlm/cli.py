@@ -149,7 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a session may stay silent (default: offload 300, 2pc 600)")
     _add_limit_args(s)
     s.add_argument("--workers", type=int, default=1,
-                   help="offload: HE worker processes that share each request (SEAL holds the GIL)")
+                   help="offload: HE worker processes that share each request (SEAL holds the GIL); fhe: Ray "
+                        "actors one pass is spread over (AEGIS placement, docs/aegis.md)")
+    s.add_argument("--ray-address", default=None,
+                   help="fhe with --workers > 1: the Ray cluster to run the workers on (default: ray.init() "
+                        "on this machine)")
     s.add_argument("--session-processes", type=int, default=None,
                    help="worker processes the sessions run in, so N sessions use N cores (default: one per "
                         "core; 1: threads of the server process; the Lattigo backend and --workers > 1 "

@@ -965,13 +965,17 @@ def serve_fhe(args, timeout) -> int:
     if getattr(args, "session_processes", None) not in (None, 1):
         raise UserError("--session-processes: the fhe mode runs sessions in threads (Lattigo's Go runtime "
                         "must not be forked; it uses every core)")
-    if getattr(args, "workers", 1) != 1:
-        raise UserError("--workers is an offload option")
+    workers = getattr(args, "workers", 1)
+    if not isinstance(workers, int) or workers < 1:
+        raise UserError("--workers must be a positive integer")
+    if getattr(args, "ray_address", None) and workers == 1:
+        raise UserError("--ray-address needs --workers > 1 (one worker runs in the server process)")
     preset, insecure, max_tokens = _fhe_serve_options(args)
     limits = serve_limits(args, fhe_server.DEFAULT_LIMITS)
     try:
         fhe_server.run_server(args.model, args.host, args.port, timeout, limits=limits, preset=preset,
-                              insecure_test_preset=insecure, max_tokens=max_tokens)
+                              insecure_test_preset=insecure, max_tokens=max_tokens, workers=workers,
+                              ray_address=getattr(args, "ray_address", None))
     except HEError as exc:
         raise UserError(f"fhe: {exc}") from exc
     return 0

@@ -205,3 +205,41 @@ def test_ray_actors_and_a_killed_worker(keys, tiny_llama, ray_local):
     again = _slots(keys, ex.run(up, P, outputs=("logits",), last_only=True)["outputs"]["logits"], P.tp)
     assert np.abs(again[:96, len(ids) - 1] - want).max() < 5e-3
     ex.shutdown()
+
+
+def test_served_on_two_workers(tiny_llama_dir, tmp_path, monkeypatch):
+    """`cipherlm serve --mode fhe --workers 2` (workers in the server process here; the Ray
+    actors are tested above): greedy generation with the KV cache on the workers equals
+    plaintext, the welcome names the workers, and the client-aided refresh is refused."""
+    from cipherlm.models import load_model
+    from cipherlm.runtime.aegis_executor import InlineRuntime
+    from cipherlm.runtime.fhe_client import FheClient, FheKeys
+    from cipherlm.runtime.fhe_protocol import TEST_PRESET, ProtocolError, RemoteError
+    from cipherlm.runtime.fhe_server import FheHost, FheServer
+    from cipherlm.runtime.plain import plain_executor
+
+    monkeypatch.setenv("CIPHERLM_CACHE", str(tmp_path))
+    host = FheHost(tiny_llama_dir, preset=TEST_PRESET, max_tokens=8, insecure_test_preset=True, workers=2,
+                   runtime=InlineRuntime())
+    assert host.welcome()["workers"] == 2 and host.welcome()["refresh"] == ["bootstrap"]
+    srv = FheServer(host, "127.0.0.1", 0, session_timeout=60.0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        keys = FheKeys(TEST_PRESET, host.rotation_steps, insecure_ok=True)
+        ids = [3, 17, 42, 5, 9]
+        with FheClient(*srv.address, insecure_ok=True, keys=keys, timeout=60.0) as c:
+            new, logits = c.generate(ids, 2)
+            stats = c.infer_stats
+        want_new, want_logits = plain_executor(load_model(tiny_llama_dir), dtype=np.float64).generate(
+            ids, max_new_tokens=2, return_logits=True, eos_token_ids=[])
+        assert new == list(want_new) and np.max(np.abs(logits[0] - want_logits[0])) < 1e-2
+        assert [s["tokens"] for s in stats] == [len(ids), 1]
+        client_keys = FheKeys(TEST_PRESET, host.rotation_steps, insecure_ok=True, refresh="client")
+        with pytest.raises((RemoteError, ProtocolError), match="refresh"):
+            with FheClient(*srv.address, insecure_ok=True, keys=client_keys, timeout=60.0, refresh="client") as c:
+                c.next_logits([1, 2])
+    finally:
+        srv.shutdown()
+        t.join(timeout=10)
+        host.executor.shutdown()

@@ -265,7 +265,7 @@ class AegisExecutor:
         m = self.model
         self.collectives: list[Collective] = []
         self._n = self._session[4]
-        self._all(lambda w: self.runtime.call(w, "new_pass"))
+        self._all(lambda w: self.runtime.call(w, "new_pass", packing.offset == 0))
         self._all(lambda w: self.runtime.call(w, "reset_stats"))
         self._forms = self._plan_forms(packing) if self.placement == "aegis" and self.W > 1 else {}
         self._key = 0

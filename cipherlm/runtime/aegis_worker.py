@@ -111,10 +111,13 @@ class FheWorker:
             self.ev.bootstrap_keys.close()
         self.ev = None
 
-    def new_pass(self) -> None:
-        """Forget the previous pass's values (the KV cache stays)."""
+    def new_pass(self, new_cache: bool = False) -> None:
+        """Forget the previous pass's values (the KV cache stays, unless ``new_cache``: a pass
+        at offset 0 starts a new one)."""
         self.vals.clear()
         self.objs.clear()
+        if new_cache and self.ev is not None:
+            self.cache = self.model.new_cache(self.ev)
 
     def _need_session(self) -> CkksEvaluator:
         if self.ev is None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -133,7 +134,8 @@ class FheHost:
     exact sizes of the keys a client uploads (built once)."""
 
     def __init__(self, model_name: str, preset: str = DEFAULT_PRESET, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 insecure_test_preset: bool = False, classifier=None, labels=None):
+                 insecure_test_preset: bool = False, classifier=None, labels=None, workers: int = 1,
+                 ray_address: str | None = None, runtime=None):
         from cipherlm.compile import build_graph
         from cipherlm.he import get_backend
         from cipherlm.models import load_model
@@ -190,7 +192,25 @@ class FheHost:
         self.bundle_digest = bundle_digest(self.bundle["tensors"], self.bundle["tokenizer"])
         self.key_sizes = self._key_sizes()
         del lm
+        #: several workers (AEGIS, `runtime.aegis_executor`): one pass spread over W Ray actors,
+        #: shared by the sessions one pass at a time (each session's keys loaded on them in turn)
+        self.workers = int(workers)
+        self.executor = None
+        self.executor_lock = threading.Lock()
+        self.executor_session = None
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers!r}")
+        if self.workers > 1:
+            from cipherlm.runtime.aegis_executor import AegisExecutor, RayRuntime
+
+            self.executor = AegisExecutor(self.model, self.workers,
+                                          runtime=runtime if runtime is not None else RayRuntime(ray_address))
         self.startup_seconds = time.perf_counter() - t0
+
+    @property
+    def refresh_paths(self) -> tuple[str, ...]:
+        """The client-aided refresh needs the client inside a worker's pass: one worker only."""
+        return REFRESH_PATHS if self.executor is None else ("bootstrap",)
 
     def _key_sizes(self) -> dict:
         """{relin, galois_max, bootstrap} in bytes: relin and bootstrap exact for the preset
@@ -224,9 +244,17 @@ class FheHost:
             "tasks": list(self.tasks),
             "key_sizes": dict(self.key_sizes),
             "key_chunk": KEY_CHUNK,
-            "refresh": list(REFRESH_PATHS),
+            "refresh": list(self.refresh_paths),
+            "workers": self.workers,
             "bundle_digest": self.bundle_digest,
         }
+
+
+class _WorkerCache:
+    """The length of a session's KV cache when it lives on the workers (`_infer_workers`)."""
+
+    def __init__(self, length: int):
+        self.length = length
 
 
 class FheServer(SessionServer):
@@ -264,6 +292,7 @@ class Session(MessageSession):
             self.sid = "?"
         self.eval_keys = None
         self.bootstrap_keys = None
+        self.key_blobs = None  # several workers: the key blobs, loaded on the workers in turn
         self.refresh = "bootstrap"  # the session's refresh path, chosen with its keys
         self.kv = None  # the decoder's encrypted KV cache (runtime.fhe_executor.FheKVCache)
         self.keys_received = False
@@ -276,8 +305,18 @@ class Session(MessageSession):
     def close(self) -> None:
         """Drop this session's keys (the bootstrapping keys' GBs are freed at once) and its KV cache."""
         bk, self.bootstrap_keys, self.eval_keys, self.kv = self.bootstrap_keys, None, None, None
+        self.key_blobs = None
         if bk is not None:
             bk.close()
+        host = self.host
+        if host.executor is not None:
+            with host.executor_lock:
+                if host.executor_session is self:
+                    host.executor_session = None
+                    try:
+                        host.executor.close_session()
+                    except HEError as e:
+                        log.warning("session %s: closing the workers' session failed: %s", self.sid, e)
 
     def welcome(self) -> dict:
         lim = self.limits
@@ -325,6 +364,9 @@ class Session(MessageSession):
         if not isinstance(refresh, str):
             raise ProtocolError("keys: refresh must be a string")
         blobs_order = key_blobs(refresh)  # ProtocolError for an unknown path
+        if refresh not in self.host.refresh_paths:
+            raise ProtocolError(f"this server refreshes by {list(self.host.refresh_paths)} only "
+                                f"({self.host.workers} workers)")
         self.refresh = refresh
         sizes, parts = self._check_sizes(msg, blobs_order)
         t0 = time.perf_counter()
@@ -367,13 +409,21 @@ class Session(MessageSession):
         for b in blobs_order:
             blobs[b] = b"".join(chunks[b])
             chunks[b] = None
-        relin = be.relin_keys_from_bytes(ctx, blobs.pop("relin"))
-        galois = be.galois_keys_from_bytes(ctx, blobs.pop("galois"), required_steps=self.host.rotation_steps,
+        relin = be.relin_keys_from_bytes(ctx, blobs["relin"])
+        galois = be.galois_keys_from_bytes(ctx, blobs["galois"], required_steps=self.host.rotation_steps,
                                            max_keys=len(self.host.rotation_steps))
-        self.eval_keys = relin.merged(galois)
-        del relin, galois
-        if "bootstrap" in blobs:
-            self.bootstrap_keys = be.bootstrapping_keys_from_bytes(ctx, blobs.pop("bootstrap"))
+        if self.host.executor is not None:
+            # checked here, loaded by every worker (`_on_workers`); the blobs stay with the session
+            self.key_blobs = blobs
+            self.eval_keys = True
+            del relin, galois
+            self._on_workers()
+        else:
+            self.eval_keys = relin.merged(galois)
+            del relin, galois
+            if "bootstrap" in blobs:
+                self.bootstrap_keys = be.bootstrapping_keys_from_bytes(ctx, blobs.pop("bootstrap"))
+            blobs.clear()
         self.seconds["keys"] += time.perf_counter() - t0
         log.info("session %s: keys loaded (%.1f MB in %d parts, %.1f s; refresh %s)", self.sid,
                  sum(sizes.values()) / 1e6, parts, time.perf_counter() - t0, refresh)
@@ -431,6 +481,8 @@ class Session(MessageSession):
 
         task, T, P, cts = self._parse_infer(msg)
         host = self.host
+        if host.executor is not None:
+            return self._infer_workers(msg, task, T, P, cts)
         self.work_done += len(cts)
         log.info("session %s: infer %s, %d tokens, %d ciphertexts, refresh %s", self.sid, task, T, len(cts),
                  self.refresh)
@@ -472,6 +524,74 @@ class Session(MessageSession):
         with self.chan.step("fhe"):
             self.chan.send({"type": "result", "task": task, "d": int(out.d), "cts": result, "stats": st})
 
+    def _on_workers(self) -> None:
+        """Load this session's keys on the workers unless they hold them (caller: no lock)."""
+        host = self.host
+        with host.executor_lock:
+            if host.executor_session is not self:
+                host.executor_session = None
+                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n)
+                host.executor_session = self
+
+    def _infer_workers(self, msg: dict, task: str, T: int, P, cts: list) -> None:
+        """One pass on the workers (AEGIS): the session's keys loaded there if another
+        session used them last (then a decoder's cached keys and values are gone)."""
+        host = self.host
+        self.work_done += len(cts)
+        log.info("session %s: infer %s, %d tokens, %d ciphertexts on %d workers", self.sid, task, T, len(cts),
+                 host.workers)
+        blobs = [host.be.ciphertext_to_bytes(c) for c in cts]
+        t0 = time.perf_counter()
+        layers = [0]
+
+        def on_layer(layer, n_layers):
+            layers[0] = layer + 1
+            log.info("session %s: layer %d of %d done (%.1f s)", self.sid, layer + 1, n_layers,
+                     time.perf_counter() - t0)
+            self.check_alive(f"after layer {layer + 1} of {n_layers}")
+
+        with host.executor_lock:
+            if host.executor_session is not self:
+                if P.offset:
+                    raise ProtocolError("another session used the workers since this session's last pass: its "
+                                        "encrypted KV cache is gone (start again at offset 0)")
+                host.executor_session = None
+                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n)
+                host.executor_session = self
+            try:
+                res = host.executor.run(blobs, P, outputs=("logits",), last_only=True, on_layer=on_layer,
+                                        classify=task == "classify")
+            except HEError as e:
+                # a worker died, stalled or refused: fresh workers for the next request
+                host.executor_session = None
+                log.warning("session %s: the pass failed on the workers (%s); restarting them", self.sid, e)
+                try:
+                    host.executor.recover()
+                except Exception as r:  # noqa: BLE001 - the client still gets the pass's error
+                    log.error("restarting the workers failed: %s", type(r).__name__)
+                raise
+        self.kv = _WorkerCache(P.end) if task == "logits" else None
+        seconds = time.perf_counter() - t0
+        result = res["outputs"]["logits"]
+        levels = [int(host.be.ciphertext_from_bytes(host.ctx, b).level) for b in result]
+        counts = Counter()
+        for w in res["workers"]:
+            counts.update(w["counts"])
+        st = {"counts": dict(counts), "seconds": {}, "refreshes": int(counts.get("bootstrap", 0)), "levels": levels,
+              "layers": layers[0], "seconds_total": round(seconds, 4), "refresh": self.refresh, "client_refreshes": 0,
+              "workers": host.workers, "bytes_between_workers": res["bytes"],
+              "collectives": len(res["collectives"])}
+        self.counts.update(counts)
+        self.infers += 1
+        if self.server is not None:
+            self.server.infers_done += 1
+        log.info("session %s: %s done in %.1f s on %d workers (%.1f MB between workers)", self.sid, task, seconds,
+                 host.workers, res["bytes"] / 1e6)
+        d = host.model.weights("classifier")[0].shape[0] if task == "classify" else \
+            host.model.weights(host.model.graph.linears()[-1].attrs["name"])[0].shape[0]
+        with self.chan.step("fhe"):
+            self.chan.send({"type": "result", "task": task, "d": int(d), "cts": result, "stats": st})
+
     def _client_refresh(self, blobs: list[bytes]) -> list:
         """One round of the client-aided refresh: the masked ciphertexts down, the client's
         fresh ones back (checked by `ClientRefresher`); the session's timeouts apply."""
@@ -496,7 +616,7 @@ class Session(MessageSession):
 
 def run_server(model: str, host: str, port: int, timeout: float | None = None, limits: ServerLimits | None = None,
                preset: str = DEFAULT_PRESET, insecure_test_preset: bool = False,
-               max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+               max_tokens: int = DEFAULT_MAX_TOKENS, workers: int = 1, ray_address: str | None = None) -> None:
     """Entry point of ``cipherlm serve --mode fhe`` (`timeout` None: `DEFAULT_TIMEOUT`; `limits`
     None: `DEFAULT_LIMITS`; the INSECURE test preset only with ``insecure_test_preset``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -506,13 +626,14 @@ def run_server(model: str, host: str, port: int, timeout: float | None = None, l
                              "--insecure-test-preset given, but the preset is " + preset),
               file=sys.stderr, flush=True)
     log.info("calibrating %s for the fhe mode (preset %s, up to %d tokens) ...", model, preset, max_tokens)
-    fhe_host = FheHost(model, preset=preset, max_tokens=max_tokens, insecure_test_preset=insecure_test_preset)
+    fhe_host = FheHost(model, preset=preset, max_tokens=max_tokens, insecure_test_preset=insecure_test_preset,
+                       workers=workers, ray_address=ray_address)
     server = FheServer(fhe_host, host, port, session_timeout=timeout, limits=limits)
     h, p = server.address
     log.info("model %s (%s, %d layers) ready in %.1f s: preset %s, %d slots, %d rotation keys, "
-             "bootstrapping keys %.2f GB per session, sessions in threads", fhe_host.name, fhe_host.kind,
+             "bootstrapping keys %.2f GB per session, sessions in threads, %d worker(s)", fhe_host.name, fhe_host.kind,
              fhe_host.n_layers, fhe_host.startup_seconds, preset, fhe_host.slots, len(fhe_host.rotation_steps),
-             fhe_host.key_sizes["bootstrap"] / 1e9)
+             fhe_host.key_sizes["bootstrap"] / 1e9, fhe_host.workers)
     print(f"LISTENING {h}:{p}", flush=True)
     try:
         server.serve_forever()
