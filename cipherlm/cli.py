@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc", "fhe"), help="which benchmark")
+    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc", "fhe", "aegis"),
+                   help="which benchmark")
     b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--rows", type=int, default=128,
                    help="rows of the nonlinear shapes (bench mpc; softmax 128x128, GeLU 128x3072, ...)")
@@ -239,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ablation", action="store_true",
                    help="bench moe: also the routing ablation (agreement with the unbalanced MoE) on the "
                         "sparse-upcycled SmolLM2-MoE over Wikipedia prompts (plaintext)")
+    b.add_argument("--workers", default=None,
+                   help="bench aegis: comma-separated worker counts (default 1,2); the plot then shows "
+                        "bytes per layer half and T1 / (W T_W)")
+    b.add_argument("--placements", default=None, help="bench aegis: aegis and/or megatron (default both)")
+    b.add_argument("--runtime", choices=("ray", "inline"), default="ray",
+                   help="bench aegis: Ray actors (default) or the workers in this process (no parallelism)")
+    b.add_argument("--ray-address", default=None, help="bench aegis: a Ray cluster (default: ray.init() here)")
     b.add_argument("--model", default=DEFAULT_DECODER)
     b.add_argument("--prompt-tokens", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=16)

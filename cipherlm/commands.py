@@ -1050,7 +1050,7 @@ def cmd_bench(args) -> int:
     from cipherlm.report import RunReport
 
     t0 = time.perf_counter()
-    mode = {"offload": "offload", "fhe": "fhe"}.get(args.what, "2pc")
+    mode = {"offload": "offload", "fhe": "fhe", "aegis": "fhe"}.get(args.what, "2pc")
     report = RunReport(mode=mode, model=args.model, command=sys.argv)
     if args.what == "mpc":
         report.extra["operations"] = bench_mpc(args)
@@ -1070,6 +1070,11 @@ def cmd_bench(args) -> int:
         from cipherlm.bench import fhe
 
         report.extra["workloads"] = fhe.run(args)
+    elif args.what == "aegis":
+        from cipherlm.bench import aegis
+
+        report.extra["aegis"] = aegis.run(args)
+        args.plot = None  # aegis.run drew its own figure there
     else:
         from cipherlm.bench import offload
 

@@ -183,7 +183,7 @@ class Collective:
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "form": self.form, "node": self.node, "part": self.part,
                 "layer": self.layer, "cts": self.cts, "bytes": self.bytes, "formula_bytes": self.formula_bytes,
-                "levels": sorted(set(self.levels)), "sends": {f"{s}->{d}": n for (s, d), n in sorted(self.sends.items())}}
+                "levels": sorted(set(self.levels)), "key": part_key(self.node.split(",")[0]), "sends": {f"{s}->{d}": n for (s, d), n in sorted(self.sends.items())}}
 
 
 def part_of(node_name: str) -> str:
@@ -192,6 +192,12 @@ def part_of(node_name: str) -> str:
     if not node_name.startswith("L"):
         return "other"
     return "ffn" if ".ffn" in node_name else "attention"
+
+
+def part_key(node_name: str) -> str:
+    """"L<layer>.<part>" of a layer's node (the bench's rows), "other" outside the layers."""
+    layer = _layer_of(node_name)
+    return "other" if layer is None else f"L{layer}.{part_of(node_name)}"
 
 
 def _layer_of(node_name: str) -> int | None:
@@ -264,6 +270,7 @@ class AegisExecutor:
         t0 = time.perf_counter()
         m = self.model
         self.collectives: list[Collective] = []
+        self.part_seconds: dict[str, float] = {}
         self._n = self._session[4]
         self._all(lambda w: self.runtime.call(w, "new_pass", packing.offset == 0))
         self._all(lambda w: self.runtime.call(w, "reset_stats"))
@@ -290,12 +297,13 @@ class AegisExecutor:
         vals = walk.run_nodes(nodes, {m.input_value: x}, ctx, _DistCache(self))
         res = {r: vals[m.graph.outputs[r]] for r in want}
         if classify:
-            res = {"logits": self._classify(res["hidden"])}
+            res = {"logits": self.timed("pool", self._classify, res["hidden"])}
         out = {r: self._collect(v) for r, v in res.items()}
         stats = self._all(lambda w: self.runtime.call(w, "stats"))
         return {"outputs": out, "collectives": [c.to_dict() for c in self.collectives],
                 "bytes": sum(c.bytes for c in self.collectives), "workers": stats,
-                "seconds": time.perf_counter() - t0, "placement": self.placement, "W": self.W}
+                "seconds": time.perf_counter() - t0, "part_seconds": dict(self.part_seconds),
+                "placement": self.placement, "W": self.W}
 
     def _input_width(self, n_blocks: int, packing: TokenPacking) -> int:
         from .fhe_executor import client_embedding, client_tensors
@@ -326,6 +334,15 @@ class AegisExecutor:
         if replicated:
             return [tuple(range(self.W))] * n_blocks
         return [(w,) for w in split_owners(n_blocks, self.W)]
+
+    def timed(self, node_name: str, fn, *args):
+        """fn(*args), its wall time added to the node's layer and part (`part_of`)."""
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            key = part_key(node_name)
+            self.part_seconds[key] = self.part_seconds.get(key, 0.0) + time.perf_counter() - t0
 
     # ---- traffic
 
@@ -487,7 +504,7 @@ class _DistLinear:
         self.ex = ex
 
     def linear(self, x, names):
-        return self.ex.linear(x, names)
+        return self.ex.timed(self.ex._node_of.get(names[0], names[0]), self.ex.linear, x, names)
 
 
 class _DistBackend:
@@ -497,21 +514,21 @@ class _DistBackend:
         self.ex = ex
 
     def layer_norm(self, node, x, ctx):
-        return self.ex.normalise("layer_norm", node.name, x)
+        return self.ex.timed(node.name, self.ex.normalise, "layer_norm", node.name, x)
 
     def rms_norm(self, node, x, ctx):
-        return self.ex.normalise("rms_norm", node.name, x)
+        return self.ex.timed(node.name, self.ex.normalise, "rms_norm", node.name, x)
 
     def qk(self, node, q, k, ctx):
-        return self.ex.local("qk", node, [q, k], scores=True)[0]
+        return self.ex.timed(node.name, self.ex.local, "qk", node, [q, k], 1, True)[0]
 
     def softmax(self, node, s, ctx):
-        return self.ex.local("softmax", node, [s], scores=True)[0]
+        return self.ex.timed(node.name, self.ex.local, "softmax", node, [s], 1, True)[0]
 
     def __getattr__(self, op):
         if op.startswith("_"):
             raise AttributeError(op)
-        return lambda node, *ins, ctx: self.ex.local(op, node, list(ins))[0]
+        return lambda node, *ins, ctx: self.ex.timed(node.name, self.ex.local, op, node, list(ins))[0]
 
 
 class _DistCache:
@@ -519,7 +536,7 @@ class _DistCache:
         self.ex = ex
 
     def append_node(self, node, k, v):
-        return tuple(self.ex.local("kv_cache", node, [k, v], n_out=2))
+        return tuple(self.ex.timed(node.name, self.ex.local, "kv_cache", node, [k, v], 2))
 
 
 class _Walk(GraphExecutor):
