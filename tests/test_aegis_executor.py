@@ -243,3 +243,25 @@ def test_served_on_two_workers(tiny_llama_dir, tmp_path, monkeypatch):
         srv.shutdown()
         t.join(timeout=10)
         host.executor.shutdown()
+
+
+def test_bench_aegis_cli(tmp_path, monkeypatch):
+    """`cipherlm bench aegis` end to end (bert-tiny, workers in process): a row per W and
+    placement, measured bytes equal to Table 2 at the measured levels, the figure written."""
+    import json
+
+    from cipherlm.cli import main
+
+    monkeypatch.setenv("CIPHERLM_CACHE", str(tmp_path))
+    report, fig = tmp_path / "a.json", tmp_path / "a.png"
+    assert main(["bench", "aegis", "--workloads", "bert-tiny", "--tokens", "4", "--workers", "1,2", "--runtime",
+                 "inline", "--insecure-test-preset", "--report", str(report), "--plot", str(fig)]) == 0
+    res = json.loads(report.read_text())["extra"]["aegis"]
+    assert [(r["W"], r["placement"]) for r in res["runs"]] == [(1, "aegis"), (2, "aegis"), (2, "megatron")]
+    for r in res["runs"]:
+        assert r["max_abs_error"] < 1e-3
+        assert r["bytes"] == sum(r["bytes_by_part"].values())
+        for k, b in r["bytes_by_part"].items():
+            assert r["formula_bytes_by_part"][k] <= b <= r["formula_bytes_by_part"][k] * 1.01 + 4096
+    assert res["runs"][0]["bytes"] == 0 and res["runs"][2]["bytes"] > 0
+    assert fig.stat().st_size > 10_000

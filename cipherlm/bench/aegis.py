@@ -76,9 +76,11 @@ def _predicted(model, W: int, tokens: int, slots: int, n: int) -> dict:
 
 def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers=(1, 2),
           placements=("aegis", "megatron"), preset: str = "test-insecure-N1024", insecure: bool = True,
-          runtime: str = "ray", ray_address: str | None = None, progress=print, warmup: bool = True) -> dict:
+          runtime: str = "ray", ray_address: str | None = None, progress=print, warmup: bool = True,
+          threads: int | None = 1) -> dict:
     """See the module docstring; each W and placement gets fresh workers, a warm-up pass
-    (``warmup``) and the measured pass."""
+    (``warmup``) and the measured pass.  ``threads``: OS threads per Ray worker (GOMAXPROCS;
+    default 1, so W workers on W cores compare with one worker on one core; None: all)."""
     from cipherlm.he import get_backend
     from cipherlm.runtime.aegis_executor import AegisExecutor, InlineRuntime, RayRuntime
     from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
@@ -103,7 +105,8 @@ def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers
     runs = []
     for W in workers:
         for placement in (("aegis",) if W == 1 else placements):
-            rt = InlineRuntime() if runtime == "inline" else RayRuntime(ray_address, num_cpus=max(workers))
+            rt = InlineRuntime() if runtime == "inline" else RayRuntime(ray_address, num_cpus=max(workers),
+                                                                        threads=threads)
             ex = AegisExecutor(model, W, placement=placement, runtime=rt, cache_plaintexts=insecure)
             ex.open_session(preset, insecure, blobs, ctx.slots, ctx.n)
             progress(f"W={W} {placement}: running ..." + (" (a warm-up pass first)" if warmup else ""))
@@ -131,7 +134,7 @@ def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers
                                if k in one["part_seconds"] and v > 0}
             r["efficiency_total"] = one["seconds"] / (r["W"] * r["seconds"])
     return {"workload": workload, "layers": layers, "tokens": tokens, "preset": preset, "n": ctx.n,
-            "slots": ctx.slots, "runtime": runtime, "warmup": warmup, "runs": runs,
+            "slots": ctx.slots, "runtime": runtime, "warmup": warmup, "threads_per_worker": threads, "runs": runs,
             "load_average": list(os.getloadavg())}
 
 
@@ -189,7 +192,8 @@ def minilm_polarity(sentences: int = 10, tokens: int = 8, W: int = 2, preset: st
 def table(result: dict) -> str:
     """The per-layer-half table of `bench` (MB = 10^6 bytes)."""
     lines = [f"aegis bench: {result['workload']}, {result['layers']} layer(s), {result['tokens']} tokens, "
-             f"{result['preset']} (N = {result['n']}), runtime {result['runtime']}",
+             f"{result['preset']} (N = {result['n']}), runtime {result['runtime']}, "
+             f"{result.get('threads_per_worker') or 'all'} thread(s) per worker, load {result.get('load_average')}",
              f"{'W':>2} {'placement':9} {'part':13} {'measured MB':>11} {'Table 2 MB':>10} {'plan MB':>8} "
              f"{'seconds':>8} {'T1/(W TW)':>9}"]
     for r in result["runs"]:

@@ -84,8 +84,11 @@ class RayRuntime:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None):
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, threads: int | None = None):
         self.address, self.num_cpus = address, num_cpus
+        #: OS threads each worker's Go runtime may run at once (GOMAXPROCS; None: all cores):
+        #: one per worker makes W workers on W cores comparable with one worker on one core
+        self.threads = threads
         self.actors: list = []
 
     def start(self, workers: int, model_args: tuple) -> None:
@@ -94,7 +97,10 @@ class RayRuntime:
         if not ray.is_initialized():
             kw = {"address": self.address} if self.address else {"num_cpus": self.num_cpus or max(workers, 1)}
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", **kw)
-        actor = ray.remote(num_cpus=0)(FheWorker)  # the HE kernels use their own threads (Go)
+        opts = {"num_cpus": 0}  # the HE kernels use their own threads (Go)
+        if self.threads:
+            opts["runtime_env"] = {"env_vars": {"GOMAXPROCS": str(int(self.threads))}}
+        actor = ray.remote(**opts)(FheWorker)
         args_ref = ray.put(model_args)  # one read-only copy of the weights in the object store
         self.actors = [actor.remote(w, args_ref) for w in range(workers)]
 
