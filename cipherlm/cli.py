@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tokens", type=int, default=16, help="prompt tokens the prediction assumes (default 16)")
     i.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
                    help="2pc: linear layers' packing the prediction assumes")
+    i.add_argument("--he-backend", choices=("auto", "seal", "lattigo"), default="auto",
+                   help="offload: the server's HE backend the plan and bytes are for (default auto: what "
+                        "`cipherlm serve` picks here, lattigo where its library is built, else seal)")
     i.add_argument("--json", metavar="FILE", help="write the plan and the prediction as JSON")
     i.add_argument("--fusion", choices=("none", "blb"), default="none", help="blb: also the BLB fused blocks per layer (FineGrainFusion passes, docs/blb.md)")
 
@@ -158,10 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes the sessions run in, so N sessions use N cores (default: one per "
                         "core; 1: threads of the server process; the Lattigo backend and --workers > 1 "
                         "use threads)")
-    s.add_argument("--he-backend", choices=("seal", "lattigo"), default=None,
-                   help="offload: the HE library the projections run on (default seal, or "
-                        "$CIPHERLM_OFFLOAD_HE_BACKEND); lattigo needs `make lattigo`, and --workers "
-                        "are then goroutines in the server process; the client follows the server")
+    s.add_argument("--he-backend", choices=("auto", "seal", "lattigo"), default=None,
+                   help="offload: the HE library the projections run on (default $CIPHERLM_OFFLOAD_HE_BACKEND, "
+                        "else auto: lattigo where `make lattigo` has built its library, else seal, logged); "
+                        "on lattigo --workers are goroutines in the server process and sessions run in "
+                        "threads; the client follows the server")
     s.add_argument("--embedding", default="auto",
                    help="2pc: private embedding lookup (auto = FastQuery protocol with a 12-bit table; "
                         "onehot-linear, exact, fastquery, cheetah, ...)")

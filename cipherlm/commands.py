@@ -187,8 +187,10 @@ def prediction_table(pred: dict, title: str) -> list[str]:
     return lines
 
 
-def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "coeff") -> tuple[str, dict]:
-    """The mode's plan and predicted costs as text, and the same as a JSON-able dict."""
+def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "coeff",
+                 he_backend: str | None = "auto") -> tuple[str, dict]:
+    """The mode's plan and predicted costs as text, and the same as a JSON-able dict
+    (offload: on HE backend ``he_backend``, "auto" as ``cipherlm serve`` resolves it here)."""
     from cipherlm.compile import build_graph, passes
     from cipherlm.runtime import predict as P
 
@@ -199,9 +201,14 @@ def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "co
     if mode == "plain":
         return "plain: nothing leaves this machine (no plan, no traffic)", doc
     if mode == "offload":
-        groups = P.plan_offload(config, g)
+        from cipherlm.he.matmul import resolve_offload_backend
+
+        asked = he_backend or "auto"
+        backend, why = (asked, "asked for") if asked in ("seal", "lattigo") else resolve_offload_backend(asked)
+        groups = P.plan_offload(config, g, backend)
         steps = P.galois_steps(groups)
-        lines.append(f"offload plan: {len(groups)} projection groups, CKKS N = 8192 (4096 complex slots)")
+        lines.append(f"offload plan: {len(groups)} projection groups, CKKS N = 8192 (4096 complex slots), "
+                     f"HE backend {backend} ({why})")
         lines.append(f"  {'grp':>4} {'class':<10} {'d_in':>5} {'d_outs':<16} {'chunks':>6} {'blocks':>6} "
                      f"{'baby':>4} {'giant':>5} {'rot':>4} {'mul':>5}  names")
         shown = {}
@@ -224,7 +231,8 @@ def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "co
         doc["groups"] = [{"names": list(gr["names"]), "d_in": gr["d_in"], "d_outs": list(gr["d_outs"]),
                           "op_class": gr["op_class"], "plans": [p.to_dict() for p in gr["plans"]]} for gr in groups]
         doc["galois_steps"] = steps
-        kw: dict = {}
+        doc["he_backend"] = backend
+        kw: dict = {"he_backend": backend}
     else:
         kw = {"linear_packing": linear_packing}
         plan = P.plan_twopc(config, tokens, graph=g, linear_packing=linear_packing)
@@ -263,7 +271,9 @@ def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "co
         lines.append("  (2pc: embedding, setup and control not predicted; nonlinear classes from the per-element "
                      "costs of docs/mpc.md, attention products rough)")
     else:
-        lines.append("  (offload: input ciphertexts are compressed, their size varies by ~2%; counts are exact)")
+        lines.append("  (offload on SEAL: input ciphertexts are compressed, their size varies by ~2%; counts are exact)"
+                     if kw.get("he_backend") == "seal" else
+                     "  (offload on Lattigo: ciphertext sizes and counts are exact; message framing approximate)")
     return "\n".join(lines), doc
 
 
@@ -330,7 +340,8 @@ def cmd_inspect(args) -> int:
             aegis_text, doc["aegis"] = inspect_aegis(config, int(workers), tokens, int(getattr(args, "fhe_levels", 9)))
             text += "\n" + aegis_text
     else:
-        text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"))
+        text, doc = inspect_plan(config, mode, tokens, getattr(args, "linear_packing", "coeff"),
+                                 he_backend=getattr(args, "he_backend", None) or "auto")
     print(text)
     if getattr(args, "fusion", "none") == "blb":
         print(inspect_blb(config, all_layers=args.all))
@@ -380,6 +391,7 @@ def _gen_kwargs(args, config, tokenizer) -> dict:
 def _add_offload_stats(report, client, timer) -> None:
     """Traffic, server/client seconds and HE op counts of an offload session, into the report."""
     server_stats = client.server_stats()
+    report.extra["he_backend"] = client.engine.he_backend  # the server's, named in its welcome
     report.add_channel_stats(client.chan.stats(), party="client")
     for op_class, seconds in server_stats.get("seconds", {}).items():
         report.add_seconds(op_class, seconds)
@@ -449,7 +461,8 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
         if stream:
             streamer.finish()
         _add_offload_stats(report, client, timer)
-        add_run_prediction(report, config, "offload", generation_passes(len(prompt_ids), len(new_ids)))
+        add_run_prediction(report, config, "offload", generation_passes(len(prompt_ids), len(new_ids)),
+                           he_backend=client.engine.he_backend)
         extra = {
             "prompt_tokens": len(prompt_ids),
             "new_tokens": len(new_ids),
@@ -635,7 +648,8 @@ def cmd_classify(args) -> int:
             _add_offload_stats(report, client, timer)
             # classify_texts: one encoder pass per sentence (batch_encode, at most 256 tokens)
             add_run_prediction(report, client.config, "offload",
-                               [(len(executor.batch_encode(client.tokenizer, [t])[0][0]), "prefill") for t in texts])
+                               [(len(executor.batch_encode(client.tokenizer, [t])[0][0]), "prefill") for t in texts],
+                               he_backend=client.engine.he_backend)
     preds = np.argmax(logits, axis=-1)
     for text, p in zip(texts, preds):
         print(f"{labels[p]:<9} {text}")
@@ -711,11 +725,16 @@ def cmd_serve(args) -> int:
         return serve_fhe(args, timeout)
     from cipherlm.runtime import offload_server
 
+    from cipherlm.he.matmul import OffloadBackendUnavailable
+
     limits = serve_limits(args, offload_server.DEFAULT_LIMITS)
     with _serve_errors():
-        offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers, limits=limits,
-                                  he_backend=getattr(args, "he_backend", None),
-                                  session_processes=_session_processes(args))
+        try:
+            offload_server.run_server(args.model, args.host, args.port, timeout, workers=args.workers,
+                                      limits=limits, he_backend=getattr(args, "he_backend", None),
+                                      session_processes=_session_processes(args))
+        except OffloadBackendUnavailable as exc:  # --he-backend lattigo without the library
+            raise UserError(str(exc)) from None
     return 0
 
 
@@ -772,7 +791,7 @@ def cmd_demo(args) -> int:
     report.finish(wall_seconds=time.perf_counter() - t0)
     ex = result["extra"]
     server_s, client_s = report.extra["server_compute_seconds"], report.extra["client_compute_seconds"]
-    print(f"offload (private):    {ex['text']!r}")
+    print(f"offload (private, HE backend {report.extra.get('he_backend', '?')}): {ex['text']!r}")
     print(f"plaintext executor:   {ex['plain_text']!r}")
     print(f"bytes up {report.parties['client']['bytes_sent'] / 1e6:.1f} MB, down {report.parties['client']['bytes_received'] / 1e6:.1f} MB "
           f"(set-up included: client bundle once per model, Galois keys once per session)")
@@ -845,6 +864,7 @@ def _add_fhe_stats(report, client) -> None:
     """Traffic, server seconds per operation kind (the evaluator's), bootstraps and HE op counts,
     client seconds and peak memory of an fhe session, into the report."""
     server_stats = client.server_stats()
+    report.extra["he_backend"] = client.engine.he_backend  # the server's, named in its welcome
     report.add_channel_stats(client.chan.stats(), party="client")
     for kind, seconds in client.server_seconds.items():
         report.add_seconds(kind, seconds)

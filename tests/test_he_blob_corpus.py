@@ -110,7 +110,9 @@ def test_every_corpus_blob_is_rejected_with_heerror(scheme):
 
 
 def _server(model_dir: str, mode: str):
-    proc, addr = start_server_process(model_dir, timeout=300, mode=mode)
+    # offload: SEAL asked for by name (the corpus is SEAL's blobs; `serve`'s default is auto)
+    extra = ("--he-backend", "seal") if mode == "offload" else ()
+    proc, addr = start_server_process(model_dir, timeout=300, mode=mode, extra_args=extra)
     return proc, addr
 
 

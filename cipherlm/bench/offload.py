@@ -5,9 +5,12 @@ Measures (nothing here is a timed test; targets are compared in the printout):
 * generation with a server process and a client process on loopback: an
   ``prompt_tokens``-token prompt, ``new_tokens`` greedy tokens: first-token and
   later-token latency, bytes up/down per token, set-up bytes (client bundle +
-  Galois keys, once per session), server peak memory (VmHWM);
+  Galois keys, once per session), server peak memory (VmHWM); the server runs
+  ``cipherlm serve``'s default HE backend (auto: Lattigo where its library is
+  built, else SEAL; ``$CIPHERLM_OFFLOAD_HE_BACKEND=seal|lattigo`` picks one) and the
+  result names it (``he_backend``);
 * one-token linear layers of given shapes through the offload engine in one
-  process (client encrypt + server apply + client decrypt), for the side by
+  process (client encrypt + server apply + client decrypt, SEAL), for the side by
   side with Concrete ML on the same shapes.
 
 Run through ``cipherlm bench offload`` or ``benchmarks/bench_offload.py``.
@@ -58,6 +61,7 @@ def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_to
 
             new_ids = executor.generate(ids, max_new_tokens=new_tokens, eos_token_ids=[], on_token=on_token)
             server_stats = client.server_stats()
+            he_backend = client.engine.he_backend  # the server's (`cipherlm serve`'s default: auto)
             setup_seconds = client.setup_seconds
             client_seconds = dict(client.seconds)
         peak = _peak_memory_bytes(proc.pid)
@@ -68,6 +72,7 @@ def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_to
     down = np.diff([m[2] for m in marks])
     return {
         "model": model,
+        "he_backend": he_backend,
         "prompt_tokens": len(ids),
         "new_tokens": len(new_ids),
         "server_start_seconds": server_start,
@@ -143,7 +148,8 @@ def smollm2_layer_shapes() -> list[tuple[int, int]]:
 
 def print_generation(g: dict) -> None:
     mb = 1e6
-    print(f"SmolLM2 offload generation ({g['prompt_tokens']}-token prompt, {g['new_tokens']} new tokens)")
+    print(f"SmolLM2 offload generation ({g['prompt_tokens']}-token prompt, {g['new_tokens']} new tokens, "
+          f"HE backend {g.get('he_backend', 'seal')})")
     print(f"  server start (load + encode)     {g['server_start_seconds']:.1f} s")
     print(f"  session set-up                   {g['session_setup_seconds']:.1f} s, "
           f"{g['setup_bytes_up'] / mb:.1f} MB up (Galois keys), {g['setup_bytes_down'] / mb:.1f} MB down (bundle, if not cached)")

@@ -256,11 +256,17 @@ def _load():
 
 def available() -> bool:
     """Whether the shared library is built and loads."""
+    return unavailable_reason() is None
+
+
+def unavailable_reason() -> str | None:
+    """None when the shared library is built and loads, else why not (the `HEError`'s
+    message: not built, does not load, an old ABI; it names `make lattigo`)."""
     try:
         _load()
-        return True
-    except HEError:
-        return False
+        return None
+    except HEError as e:
+        return str(e)
 
 
 def _call(name: str, *args) -> None:

@@ -84,6 +84,37 @@ from .errors import HEError
 OFFLOAD_BACKEND = DEFAULT_BACKEND
 #: the HE backends the offload matmul runs on
 OFFLOAD_BACKENDS = ("seal", "lattigo")
+#: what ``cipherlm serve --mode offload --he-backend`` and ``cipherlm inspect --he-backend`` take
+#: (`resolve_offload_backend`): "auto", the default, is Lattigo where its library is built, else SEAL
+OFFLOAD_BACKEND_CHOICES = ("auto",) + OFFLOAD_BACKENDS
+
+
+class OffloadBackendUnavailable(HEError):
+    """An offload HE backend asked for by name whose library is not there (`resolve_offload_backend`)."""
+
+
+def resolve_offload_backend(name: str | None = "auto") -> tuple[str, str]:
+    """The offload HE backend that ``name`` stands for, and why: ``(backend, reason)``.
+
+    ``"auto"`` (or None): ``"lattigo"`` when its library is built and loads
+    (`lattigo_backend.available`), else ``"seal"``, the reason then saying why Lattigo is
+    not there and naming ``make lattigo``.  ``"seal"`` / ``"lattigo"``: that backend; Lattigo
+    whose library is not built or does not load is an `HEError` naming ``make lattigo``."""
+    name = "auto" if name is None else str(name).strip().lower()
+    if name not in OFFLOAD_BACKEND_CHOICES:
+        raise HEError(f"unknown offload HE backend {name!r}; choose one of {OFFLOAD_BACKEND_CHOICES}")
+    if name == "seal":
+        return "seal", "asked for"
+    from . import lattigo_backend  # noqa: F401 (registers "lattigo"; not at import: see make_context)
+
+    why = lattigo_backend.unavailable_reason()
+    if why is None:
+        return "lattigo", "asked for" if name == "lattigo" else "auto: the Lattigo library is built"
+    if "make lattigo" not in why:
+        why = f"{why}; {lattigo_backend.BUILD_HINT}"
+    if name == "lattigo":
+        raise OffloadBackendUnavailable(f"the Lattigo HE backend is not available: {why}")
+    return "seal", f"auto: the Lattigo library is not available ({why})"
 
 
 def make_context(params, backend: str = OFFLOAD_BACKEND):

@@ -65,6 +65,8 @@ class ModelHost:
     """One model, its client bundle and its HE-encoded projections (built once)."""
 
     def __init__(self, model_name: str, progress=None, workers: int = 1, he_backend: str = "seal"):
+        """``he_backend``: "seal" or "lattigo" (`cipherlm serve`'s default "auto" is resolved by
+        `run_server`; this class keeps SEAL as its default)."""
         from cipherlm.models import load_model
         from cipherlm.runtime.bundle import bundle_digest, chat_template_meta
         from cipherlm.runtime.plain import split_params
@@ -214,20 +216,32 @@ def run_server(model: str, host: str, port: int, timeout: float | None = None, w
                session_processes: int | None = None) -> None:
     """Entry point of ``cipherlm serve --mode offload`` (`timeout` None: `DEFAULT_TIMEOUT`;
     `limits` None: `DEFAULT_LIMITS`; `he_backend` None: `$CIPHERLM_OFFLOAD_HE_BACKEND`, else
-    "seal"; "lattigo": the Lattigo backend, `workers` goroutines per request;
+    "auto": Lattigo where its library is built, else SEAL with a log line saying why
+    (`he.matmul.resolve_offload_backend`; "lattigo" without the library: `HEError` naming
+    ``make lattigo``); on Lattigo `workers` are goroutines per request;
     `session_processes` None: one worker process per core when the host is fork-safe
     (SEAL, one HE worker), else sessions in threads)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    from cipherlm.he.matmul import resolve_offload_backend
     from cipherlm.progress import Progress
 
-    he_backend = he_backend or os.environ.get(HE_BACKEND_ENV) or "seal"
+    asked = he_backend or os.environ.get(HE_BACKEND_ENV) or "auto"
+    he_backend, why = resolve_offload_backend(asked)  # before the model is loaded: fail fast
+    if he_backend == "seal" and str(asked).strip().lower() != "seal":
+        log.warning("HE backend SEAL (%s; `--he-backend seal` silences this)", why)
+    elif he_backend == "lattigo" and session_processes is not None and session_processes > 1:
+        from cipherlm.runtime.session_workers import SessionProcessesError
+
+        raise SessionProcessesError(
+            f"{session_processes} session processes need the SEAL backend (`--he-backend seal`): the Lattigo "
+            "backend runs Go threads, which do not survive fork(); its sessions run in threads and use every core")
     with Progress(f"encoding weights as CKKS plaintexts ({he_backend})", stream=sys.stderr) as bar:
         model_host = ModelHost(model, progress=bar.update, workers=workers, he_backend=he_backend)
     processes = session_processes_for(model_host, session_processes)
     server = OffloadServer(model_host, host, port, session_timeout=timeout, limits=limits, processes=processes)
     h, p = server.address
-    log.info("model %s ready in %.1f s (HE backend %s, %d worker%s, sessions in %s)", model_host.name,
-             model_host.startup_seconds, he_backend, workers, "" if workers == 1 else "s",
+    log.info("model %s ready in %.1f s (HE backend %s: %s; %d worker%s, sessions in %s)", model_host.name,
+             model_host.startup_seconds, he_backend, why.split(" (")[0], workers, "" if workers == 1 else "s",
              f"{processes} processes" if processes > 1 else "threads")
     print(f"LISTENING {h}:{p}", flush=True)
     try:

@@ -10,11 +10,16 @@ cost models:
   per part (`MatmulPlan.op_counts`), one message each way (2 one-way flights per group
   call).  Classes are `linear_groups.operator_class` names (attn_qkv, attn_out, ffn_in,
   ffn_out, lm_head, pooler, moe_router), the same keys as the client's / server's
-  `HEOpCounter`s in a run report.  Bytes: a result ciphertext is sent uncompressed
-  (one 60-bit prime, 2 x N x 8 bytes + SEAL header = `CT_OUT_BYTES`, exact); an input
-  ciphertext is seeded and zstd-compressed, its size varies by a few percent around
-  `CT_IN_BYTES` (measured 113.9-117.7 kB at N = 8192); `MSG_OVERHEAD` per message
-  covers the framing.
+  `HEOpCounter`s in a run report.  The HE backend (``he_backend``: "seal", "lattigo" or
+  "auto", the default, resolved as ``cipherlm serve`` resolves it:
+  `he.matmul.resolve_offload_backend`) sets the plans (each backend's cost model picks
+  its own baby/giant split, so op counts and Galois steps differ) and the ciphertext
+  sizes (`CT_BYTES`).  SEAL: a result ciphertext is sent uncompressed (one 60-bit
+  prime, 2 x N x 8 bytes + SEAL header = `CT_OUT_BYTES`, exact); an input ciphertext is
+  seeded and zstd-compressed, its size varies by a few percent around `CT_IN_BYTES`
+  (measured 113.9-117.7 kB at N = 8192).  Lattigo: both sizes are exact
+  (`LATTIGO_CT_OUT_BYTES`, `LATTIGO_CT_IN_BYTES`: native/lattigo's fixed layout, no
+  compression).  `MSG_OVERHEAD` per message covers the framing.
 * **2pc**: linear classes from `linear_simd.choose_packing` (the per-layer cost model
   of both packings: `plan_blocks` bytes for Cheetah's coefficient packing, `plan_simd`
   for SIMD), one round trip per call; attention products from `plan_blocks` in the
@@ -42,6 +47,14 @@ from .linear_groups import operator_class
 CT_OUT_BYTES = 131_200
 #: offload: one seeded, zstd-compressed input ciphertext (2 primes); varies +-2% per encryption
 CT_IN_BYTES = 116_000
+#: Lattigo (native/lattigo/clattigo.go's layout, never compressed; measured from serialised
+#: ciphertexts at OFFLOAD_CKKS, every one the same size, checked by tests/test_inspect.py):
+#: a result, 20-byte header + 2 polynomials x 1 prime x 8192 x 8 bytes
+LATTIGO_CT_OUT_BYTES = 131_092
+#: a seeded input, 20-byte header + 32-byte seed + 1 polynomial x 2 primes x 8192 x 8 bytes
+LATTIGO_CT_IN_BYTES = 131_124
+#: per offload HE backend: (result ciphertext, input ciphertext) bytes
+CT_BYTES = {"seal": (CT_OUT_BYTES, CT_IN_BYTES), "lattigo": (LATTIGO_CT_OUT_BYTES, LATTIGO_CT_IN_BYTES)}
 #: framing of one offload message (frame header, message keys, blob lengths and padding)
 MSG_OVERHEAD = 96
 #: `he.matmul.pack_cts`: a u32 count, then a u64 length per ciphertext
@@ -104,13 +117,26 @@ def _is_decoder(graph) -> bool:
 # ----------------------------------------------------------------------------- offload
 
 
-def plan_offload(config: dict, graph=None) -> list[dict]:
+def offload_backend(he_backend: str | None = "auto") -> str:
+    """The offload HE backend a prediction is for: "seal" or "lattigo" as given, "auto"
+    (or None) as ``cipherlm serve`` resolves it on this machine (Lattigo where its library
+    is built, else SEAL); "lattigo" without the library is fine here (nothing runs)."""
+    from cipherlm.he.matmul import OFFLOAD_BACKENDS, resolve_offload_backend
+
+    if he_backend in OFFLOAD_BACKENDS:
+        return he_backend
+    return resolve_offload_backend(he_backend)[0]
+
+
+def plan_offload(config: dict, graph=None, he_backend: str | None = "auto") -> list[dict]:
     """Per projection group: names, d_in, d_outs, op class and the part plans
-    (`MatmulPlan`s) `ServerEngine` makes (OFFLOAD_CKKS, one worker)."""
+    (`MatmulPlan`s) `ServerEngine` makes (OFFLOAD_CKKS, one worker) on HE backend
+    ``he_backend`` (`offload_backend`)."""
     from cipherlm.he import OFFLOAD_CKKS, plan_matmul
 
     from .offload_engine import input_parts
 
+    backend = offload_backend(he_backend)
     g = graph or _graph(config)
     slots = OFFLOAD_CKKS.poly_modulus_degree // 2
     bias = {n.attrs["name"]: bool(n.attrs.get("bias")) for n in g.nodes if n.op == "linear"}
@@ -120,7 +146,7 @@ def plan_offload(config: dict, graph=None) -> list[dict]:
         plans = []
         for k, cols in enumerate(input_parts(d_in, has_bias, slots)):
             plans.append(plan_matmul(sum(d_outs), cols.stop - cols.start, slots,
-                                     has_bias=k == 0 and has_bias, splits=tuple(d_outs)))
+                                     has_bias=k == 0 and has_bias, splits=tuple(d_outs), backend=backend))
         out.append({"names": tuple(names), "d_in": d_in, "d_outs": tuple(d_outs),
                     "op_class": operator_class(names), "plans": plans})
     return out
@@ -155,9 +181,11 @@ def _group_calls(config, g, groups, rows) -> dict[int, float]:
     return out
 
 
-def _predict_offload(config, tokens, phase, graph=None, groups=None) -> dict:
+def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend: str | None = "auto") -> dict:
+    backend = offload_backend(he_backend)
+    ct_out_bytes, ct_in_bytes = CT_BYTES[backend]
     g = graph or _graph(config)
-    groups = groups or plan_offload(config, g)
+    groups = groups or plan_offload(config, g, backend)
     rows = _rows(g, tokens, phase)
     calls = _group_calls(config, g, groups, rows)
     out: dict = {}
@@ -170,8 +198,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None) -> dict:
         multi = len(parts) > 1
         ct_in = len(parts)
         ct_out = sum(p.n_blocks for p in parts)
-        per_row_in = ct_in * CT_IN_BYTES + (PACK_HEADER + PACK_PER_CT * ct_in if multi else 0)
-        per_row_out = ct_out * CT_OUT_BYTES + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
+        per_row_in = ct_in * ct_in_bytes + (PACK_HEADER + PACK_PER_CT * ct_in if multi else 0)
+        per_row_out = ct_out * ct_out_bytes + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
             + (PACK_HEADER + PACK_PER_CT * len(parts) if multi else 0)
         # a group call (one message each way) carries every row of the pass
         e["bytes"] += r * (per_row_in + per_row_out) + 2 * MSG_OVERHEAD * called
@@ -294,13 +322,16 @@ def total(pred: dict) -> dict:
     return {"bytes": sum(e["bytes"] for e in pred.values()), "rounds": sum(e["rounds"] for e in pred.values())}
 
 
-def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill", graph=None, **kw) -> dict:
+def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill", graph=None,
+            he_backend: str | None = "auto", **kw) -> dict:
     """{op_class: {"bytes", "rounds", "he_ops"}} for one pass of the model in ``mode``.
 
     ``phase="prefill"``: one pass over ``tokens`` tokens (a decoder's LM head on the last
     row only, as `generate` does; an encoder's whole input).  ``phase="decode"``: one
-    decode token after ``tokens`` cached positions (decoders).  ``kw`` (2pc): embedding,
-    moe_capacity, linear_packing, network.  Plain mode: nothing leaves the machine ({})."""
+    decode token after ``tokens`` cached positions (decoders).  ``he_backend`` (offload):
+    "seal", "lattigo", or "auto" (`offload_backend`: what ``cipherlm serve`` picks on this
+    machine).  ``kw`` (2pc): embedding, moe_capacity, linear_packing, network.  Plain
+    mode: nothing leaves the machine ({})."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, not {phase!r}")
     if int(tokens) < 1:
@@ -309,7 +340,7 @@ def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill",
         return {}
     g = graph or _graph(config)
     if mode == "offload":
-        return _predict_offload(config, tokens, phase, g)
+        return _predict_offload(config, tokens, phase, g, he_backend=he_backend)
     if mode == "2pc":
         return _predict_twopc(config, tokens, phase, g, **kw)
     raise ValueError(f"unknown mode {mode!r}")
