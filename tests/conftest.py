@@ -147,3 +147,17 @@ def _no_secrets_in_logs(request):
     found = log_leaks(keeper.lines, _SECRETS.pop("current", set()))
     if found:
         pytest.fail("log records hold what they must not:\n" + "\n".join(found[:10]), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def ckks_toy_keys():
+    """(backend, context, secret keys, bootstrapping keys) at Lattigo's INSECURE N = 2^10 test
+    preset, per module (callers skip when the library is not built)."""
+    from cipherlm.he.lattigo_backend import TEST_INSECURE_PRESET, LattigoBackend, LattigoContext
+
+    be = LattigoBackend()
+    ctx = LattigoContext.from_preset(TEST_INSECURE_PRESET, allow_insecure_for_tests=True)
+    sk = be.keygen(ctx)
+    bk = sk.bootstrapping_keys()
+    yield be, ctx, sk, bk
+    bk.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cipherlm.he.lattigo_backend import TEST_INSECURE_PRESET, LattigoBackend, LattigoContext, available
+from cipherlm.he.lattigo_backend import available
 from cipherlm.protocols.ckks import blb_matmul as M
 from cipherlm.protocols.ckks.evaluator import CkksEvaluator
 
@@ -21,13 +21,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def env():
-    be = LattigoBackend()
-    ctx = LattigoContext.from_preset(TEST_INSECURE_PRESET, allow_insecure_for_tests=True)
-    sk = be.keygen(ctx)
-    bk = sk.bootstrapping_keys()
-    yield be, ctx, sk, bk
-    bk.close()
+def env(ckks_toy_keys):
+    return ckks_toy_keys
 
 
 def evaluator(env, layout, variants=((True, None), (False, None))):

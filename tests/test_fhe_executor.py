@@ -9,20 +9,15 @@ import numpy as np
 import pytest
 
 from cipherlm.he.errors import HEError
-from cipherlm.he.lattigo_backend import TEST_INSECURE_PRESET, LattigoBackend, LattigoContext, available
+from cipherlm.he.lattigo_backend import available
 from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor
 
 pytestmark = pytest.mark.skipif(not available(), reason="the Lattigo library is not built (make lattigo)")
 
 
 @pytest.fixture(scope="module")
-def keys():
-    be = LattigoBackend()
-    ctx = LattigoContext.from_preset(TEST_INSECURE_PRESET, allow_insecure_for_tests=True)
-    sk = be.keygen(ctx)
-    bk = sk.bootstrapping_keys()
-    yield be, ctx, sk, bk
-    bk.close()
+def keys(ckks_toy_keys):
+    return ckks_toy_keys
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,7 @@ from .fhe_executor import FheModel
 from .graph_executor import GraphExecutor
 
 PLACEMENTS = ("aegis", "megatron")
+_HE_ERROR_PREFIX = f"{HEError.__module__}.{HEError.__qualname__}: "
 
 
 # ----------------------------------------------------------------------------- runtimes
@@ -119,7 +120,10 @@ class RayRuntime:
         except ray.exceptions.RayTaskError as e:
             cause = e.as_instanceof_cause()
             if isinstance(cause, HEError):
-                raise HEError(str(cause).splitlines()[-1]) from None
+                msg = str(cause).splitlines()[-1]
+                while msg.startswith(_HE_ERROR_PREFIX):
+                    msg = msg[len(_HE_ERROR_PREFIX):]
+                raise HEError(msg) from None
             raise HEError(f"a worker failed: {type(cause).__name__}") from None
 
     def share(self, obj):

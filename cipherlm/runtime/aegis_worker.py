@@ -164,10 +164,8 @@ class FheWorker:
 
     def _prepare(self, key, levels, label):
         ev = self._need_session()
-        v = self.vals[key]
-        s, e = _span(v.cts)
-        x = ev.refresh(v.tensor(s, e), levels, label)
-        v.cts.update({s + i: c for i, c in enumerate(x.cts)})
+        v, s, x = self._mine(key)
+        self._keep(key, s, ev.refresh(x, levels, label), v.d)
 
     def drop(self, keys) -> None:
         for k in keys:
@@ -206,8 +204,7 @@ class FheWorker:
         node = self.nodes[node_name]
         start, stop = blocks
         args = [self._arg(k, start, stop) for k in in_keys]
-        width = next(self.vals[k].d for k in in_keys if k in self.vals) if any(k in self.vals for k in in_keys) \
-            else None
+        width = next((self.vals[k].d for k in in_keys if k in self.vals), None)
         ctx = dict(ctx)
         if "positions" in ctx:
             ctx["positions"] = np.asarray(ctx["positions"])
@@ -217,8 +214,7 @@ class FheWorker:
             outs = (getattr(FheBackend(self.model, ev), op)(node, *args, ctx),)
         for key, t in zip(out_keys, outs):
             if isinstance(t, CkksTensor):  # same width as its inputs: slot-wise or head-local
-                self.vals[key] = Blocks({start + i: c for i, c in enumerate(t.cts)}, width, t.packing, t.bound,
-                                        t.position)
+                self._keep(key, start, t, width)
             else:  # Q.K^T's and softmax's scores: stay where they are made
                 self.objs[key] = (start, stop, t)
 
@@ -255,8 +251,7 @@ class FheWorker:
         e = self._encoded(name, v.packing, v.position, rows=(a * cpc, min(d_out, b * cpc)))
         y = e(ev, x, bound=self.model.bound_of_linear(name), label=name)
         y.position = v.position
-        self.vals[out_key] = Blocks({a + i: c for i, c in enumerate(y.cts)}, int(d_out), y.packing, y.bound,
-                                    y.position)
+        self._keep(out_key, a, y, d_out)
 
     def linear_partial(self, name: str, in_key: str, out_key: str, bias_blocks: tuple | None, d_out: int) -> None:
         """Reduce form: the partial outputs (every block) from this worker's input blocks, the
@@ -265,30 +260,24 @@ class FheWorker:
 
     def _linear_partial(self, name, in_key, out_key, bias_blocks, d_out):
         ev = self._need_session()
-        v = self.vals[in_key]
-        s, e_ = _span(v.cts)
-        x = v.tensor(s, e_)
+        v, s, x = self._mine(in_key)
         cpc = v.packing.cpc
         bias = (0, 0) if bias_blocks is None else (bias_blocks[0] * cpc, min(d_out, bias_blocks[1] * cpc))
         enc = self._encoded(name, v.packing, v.position, cols=(s * cpc, s * cpc + x.d), bias_rows=bias)
         y = enc(ev, x, bound=self.model.bound_of_linear(name), label=name)
-        self.vals[out_key] = Blocks(dict(enumerate(y.cts)), int(d_out), y.packing, y.bound, v.position)
+        y.position = v.position
+        self._keep(out_key, 0, y, d_out)
 
     def add_partials(self, out_key: str, keys: list, blocks: tuple) -> None:
         """Sum the partials `keys` (received, and this worker's own) on blocks [a, b)."""
         return self._timed(self._add_partials, out_key, keys, blocks)
 
     def _add_partials(self, out_key, keys, blocks):
-        ev = self._need_session()
+        self._need_session()
         a, b = blocks
         first = self.vals[keys[0]]
-        cts = {}
-        for i in range(a, b):
-            acc = first.cts[i]
-            for k in keys[1:]:
-                acc = ev.add_ct(acc, self.vals[k].cts[i])
-            cts[i] = acc
-        self.vals[out_key] = Blocks(cts, first.d, first.packing, first.bound, first.position)
+        self.vals[out_key] = Blocks({i: self._summed(keys, i) for i in range(a, b)}, first.d, first.packing,
+                                    first.bound, first.position)
 
     def norm_sums(self, op: str, node_name: str, in_key: str, sums_key: str) -> None:
         """A norm's (or the pooling's) partial channel sums over this worker's blocks: stored
@@ -297,14 +286,12 @@ class FheWorker:
 
     def _norm_sums(self, op, node_name, in_key, sums_key):
         ev = self._need_session()
-        v = self.vals[in_key]
-        s, e = _span(v.cts)
-        x = v.tensor(s, e)
+        v, s, x = self._mine(in_key)
         if op == "pool":
             x, sums = self.model.pool_sums(ev, x)
         else:
             x, sums = norm.norm_sums(ev, x, op == "layer_norm", node_name)
-        self.vals[in_key] = Blocks({s + i: c for i, c in enumerate(x.cts)}, v.d, x.packing, x.bound, x.position)
+        self._keep(in_key, s, x, v.d)
         self.vals[sums_key] = Blocks(dict(enumerate(sums)), v.packing.cpc, v.packing, 1.0, None)
 
     def norm_finish(self, op: str, node_name: str, in_key: str, sums_keys: list, out_key: str) -> None:
@@ -313,16 +300,8 @@ class FheWorker:
 
     def _norm_finish(self, op, node_name, in_key, sums_keys, out_key):
         ev = self._need_session()
-        v = self.vals[in_key]
-        s, e = _span(v.cts)
-        x = v.tensor(s, e)
-        first = self.vals[sums_keys[0]]
-        sums = []
-        for j in sorted(first.cts):
-            acc = first.cts[j]
-            for k in sums_keys[1:]:
-                acc = ev.add_ct(acc, self.vals[k].cts[j])
-            sums.append(acc)
+        v, s, x = self._mine(in_key)
+        sums = [self._summed(sums_keys, j) for j in sorted(self.vals[sums_keys[0]].cts)]
         cpc = v.packing.cpc
         ch = slice(s * cpc, s * cpc + x.d)
         if op == "pool":
@@ -337,7 +316,24 @@ class FheWorker:
             else:
                 y = norm.rms_norm_finish(ev, x, sums, v.d, gamma, node.attrs["eps"], approx, bound, node_name)
             y.position = x.position
-        self.vals[out_key] = Blocks({s + i: c for i, c in enumerate(y.cts)}, v.d, y.packing, y.bound, y.position)
+        self._keep(out_key, s, y, v.d)
+
+    def _mine(self, key: str) -> tuple[Blocks, int, CkksTensor]:
+        """(the value, its first block here, a tensor of this worker's blocks of it)."""
+        v = self.vals[key]
+        s, e = _span(v.cts)
+        return v, s, v.tensor(s, e)
+
+    def _keep(self, key: str, start: int, t: CkksTensor, d: int) -> None:
+        """Store tensor `t` as blocks start.. of value `key` (width d)."""
+        self.vals[key] = Blocks({start + i: c for i, c in enumerate(t.cts)}, int(d), t.packing, t.bound, t.position)
+
+    def _summed(self, keys: list, i: int):
+        """Block i of the sum of the values `keys` (partials from every worker)."""
+        acc = self.vals[keys[0]].cts[i]
+        for k in keys[1:]:
+            acc = self.ev.add_ct(acc, self.vals[k].cts[i])
+        return acc
 
     def _slice(self, name, ch):
         return None if name is None else np.asarray(self.model.params[name], np.float64)[ch]
