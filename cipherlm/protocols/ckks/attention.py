@@ -323,7 +323,9 @@ def _spread(ev: CkksEvaluator, ct, n: int, tp: int) -> list:
 
 def _max_ct(ev: CkksEvaluator, a, b, relu: Series, bound: float):
     """b + relu(a - b) >= max(a, b) (a, b of bound `bound`)."""
-    keep = ev.reserve(relu.hi)  # a - b's bootstrap (in relu) divides by a rescaled product
+    # a level in reserve where a bootstrap must divide by a rescaled product: a - b's (in relu),
+    # and the maximum's own (its bound is `bound`, which the sum b + relu(.) keeps)
+    keep = max(ev.reserve(relu.hi), ev.reserve(bound))
     a, b = (ev.refresh(CkksTensor([c], 1, None, bound), keep, "softmax.max").cts[0] for c in (a, b))
     d = ev.sub_ct(a, b)
     r = ev.poly(CkksTensor([d], 1, None, relu.hi), relu, "softmax.max", bound=bound).cts[0]
@@ -368,6 +370,9 @@ def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: boo
             row = []
             for i in range(nb):
                 acc = _gather(ev, [s.cts[r][i] for r in chunk] + [None] * (hd - len(chunk)), P.tp)
+                # the masked scores have the comparisons' bound zbound: keep the level their
+                # bootstrap needs while the bound is still the scores' own
+                acc = ev.refresh(CkksTensor([acc], 1, P, s.bound), ev.reserve(zbound), f"{label}.max").cts[0]
                 row.append(ev.add_plain_ct(acc, cmask[i]))
             comp.append(row)
             masks_gap.append(gmask)
