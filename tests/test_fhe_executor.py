@@ -135,3 +135,30 @@ def test_unsupported_graphs_are_refused(tiny_llama_dir):
         pytest.skip("this gpt2 graph has no fused-QKV split")
     with pytest.raises(HEError, match="does not evaluate"):
         FheModel(cfg, lm.weights, {"bounds": {}, "ranges": {}})
+
+
+def test_pooled_norm_keeps_a_level_for_rsqrt_bootstrap(keys, tiny_bert_dir):
+    """Regression (found running MiniLM at 8 tokens on two workers): the pooled sum of
+    squares reached rsqrt at level 0 with a bound above LEVEL0_MAX_FACTOR and could not be
+    bootstrapped; the pooled mean now keeps the level that bootstrap needs."""
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_executor import calibrated_model
+    from cipherlm.runtime.plain import plain_executor
+
+    lm = load_model(tiny_bert_dir)
+    rng = np.random.default_rng(2)
+    W, b = rng.normal(size=(2, 32)), rng.normal(size=2) * 0.1
+    model = calibrated_model(lm, [rng.integers(0, 100, size=10) for _ in range(4)], classifier=(W, b))
+    lo, _hi = model.calibration["ranges"][("pool", "rsqrt")]
+    model.calibration["ranges"][("pool", "rsqrt")] = (lo, 60.0)  # as MiniLM's calibration gave
+    ids = rng.integers(0, 100, size=7)
+    be, ctx, sk, bk = keys
+    P, ev = _session(keys, model, len(ids), 12)
+    h = plain_executor(lm, dtype=np.float64).forward(ids)
+    x = CkksTensor([sk.encrypt(be.encode_slots(ctx, r, level=2)) for r in P.pack(h)], h.shape[1], P,
+                   model.bound(model.graph.outputs["hidden"]))
+    mean, sums = model.pool_sums(ev, x)
+    emb = model.pool_finish(ev, mean, sums)  # refused before the fix
+    got = P.unpack(_slots(keys, emb).reshape(-1, ctx.slots), 32)[0]
+    m = h.mean(axis=0)
+    assert np.abs(got - m / np.linalg.norm(m)).max() < 1e-2

@@ -347,7 +347,8 @@ class FheModel:
         with ev.timer("pool"):
             cts = [ev.mul_scalar_ct(ev.window_sum(c, P.tp // 2, 1), 1.0 / T) for c in h.cts]
         mean = h.with_cts(cts, bound=self.calibration["bounds"]["pool.mean"])
-        mean = ev.refresh(mean, 1, "pool.norm")
+        # the sum of squares goes into rsqrt's bootstrap with rsqrt's interval as its bound
+        mean = ev.refresh(mean, 1 + ev.reserve(self.calibration["ranges"][("pool", "rsqrt")][1]), "pool.norm")
         return mean, [ev.channel_sum(mean.with_cts([ev.mul_ct(c, c) for c in mean.cts]))]
 
     def pool_finish(self, ev: CkksEvaluator, mean: CkksTensor, sums: list) -> CkksTensor:
