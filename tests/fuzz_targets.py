@@ -1098,6 +1098,7 @@ def _fhe_server_state() -> dict:
     script (hello, keys for the client refresh in parts, an infer)."""
     from cipherlm.he import get_backend
     from cipherlm.protocols.ckks.packing import TokenPacking
+    from cipherlm.runtime.fhe_protocol import REFRESH_PATHS
 
     be = get_backend("lattigo")
     ctx = be.bootstrappable_context("test-insecure-N1024", allow_insecure_for_tests=True)
@@ -1108,6 +1109,8 @@ def _fhe_server_state() -> dict:
         name, kind, d, max_tokens, tasks = "tiny", "encoder", 8, 4, ("classify",)
         rotation_steps = [1, 2]
         key_sizes = {"relin": len(relin), "galois_max": len(galois) + 1000, "bootstrap": 51_000_000}
+        refresh_paths = REFRESH_PATHS  # one worker: both refresh paths
+        workers, executor = 1, None
         bundle = {"type": "bundle", "tensors": {"e": np.zeros((2, 2), np.float32)}, "tokenizer": None}
         model = _StubFheModel()
 
