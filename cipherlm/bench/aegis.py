@@ -144,21 +144,12 @@ def minilm_polarity(sentences: int = 10, tokens: int = 8, W: int = 2, preset: st
     """MiniLM-L6 polarity classification of `sentences` test sentences (cut or repeated to
     `tokens` tokens) on W workers: the distributed prediction against plaintext's."""
     from cipherlm.he import get_backend
-    from cipherlm.models import load_model
-    from cipherlm.models.data import polarity_split
     from cipherlm.runtime.aegis_executor import AegisExecutor, InlineRuntime, RayRuntime
-    from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
-    from cipherlm.runtime.plain import polarity_classifier
+    from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
 
-    from .fhe import _fit
+    from .fhe import minilm_polarity_model
 
-    lm = load_model("minilm-l6")
-    ex, tok, probe = polarity_classifier(lm)
-    Wc, bc = probe.as_linear()["classifier"]
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    _train, test = polarity_split()
-    calib = [_fit(tok.encode(t).ids, tokens, cls_id, sep_id) for t, _ in test[-8:]]
-    model = calibrated_model(lm, calib, classifier=(np.asarray(Wc, np.float64), np.asarray(bc, np.float64)))
+    ex, test, fit, model = minilm_polarity_model(tokens)
     be = get_backend("lattigo")
     ctx = be.bootstrappable_context(preset, allow_insecure_for_tests=insecure)
     P = model.packing(ctx.slots, tokens, tokens)
@@ -171,7 +162,7 @@ def minilm_polarity(sentences: int = 10, tokens: int = 8, W: int = 2, preset: st
     dist.open_session(preset, insecure, blobs, ctx.slots, ctx.n)
     rows = []
     for i, (text, label) in enumerate(test[:sentences]):
-        ids = _fit(tok.encode(text).ids, tokens, cls_id, sep_id)
+        ids = fit(text)
         plain = ex.classify(np.asarray(ids))
         x = client_embedding(model.graph, client_tensors(model), ids)
         up = [be.ciphertext_to_bytes(sk.encrypt(be.encode_slots(ctx, r))) for r in P.pack(x)]

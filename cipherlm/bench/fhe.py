@@ -119,10 +119,12 @@ def _stats(ev) -> dict:
     return d
 
 
-def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print, refresh: str = "bootstrap") -> dict:
+def minilm_polarity_model(tokens: int):
+    """(plain executor, test sentences, text -> exactly `tokens` ids, calibrated `FheModel` with
+    the polarity probe as its classifier) for MiniLM-L6 at `tokens` tokens."""
     from cipherlm.models import load_model
     from cipherlm.models.data import polarity_split
-    from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
+    from cipherlm.runtime.fhe_executor import calibrated_model
     from cipherlm.runtime.plain import polarity_classifier
 
     lm = load_model("minilm-l6")
@@ -130,9 +132,20 @@ def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=prin
     W, b = probe.as_linear()["classifier"]
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     _train, test = polarity_split()
-    calib = [_fit(tok.encode(t).ids, tokens, cls_id, sep_id) for t, _ in test[-8:]]
+
+    def fit(text: str) -> list[int]:
+        return _fit(tok.encode(text).ids, tokens, cls_id, sep_id)
+
+    model = calibrated_model(lm, [fit(t) for t, _ in test[-8:]],
+                             classifier=(np.asarray(W, np.float64), np.asarray(b, np.float64)))
+    return ex, test, fit, model
+
+
+def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print, refresh: str = "bootstrap") -> dict:
+    from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
+
     t0 = time.perf_counter()
-    model = calibrated_model(lm, calib, classifier=(np.asarray(W, np.float64), np.asarray(b, np.float64)))
+    ex, test, fit, model = minilm_polarity_model(tokens)
     model.cache_plaintexts = preset.startswith("test-insecure")  # at 2^15 slots: GBs, and one pass uses each once
     setup = time.perf_counter() - t0
     keys = _Keys(model, preset, tokens, insecure, refresh)
@@ -140,7 +153,7 @@ def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=prin
              f"bootstrapping keys), calibration {setup:.1f} s")
     rows = []
     for i, (text, label) in enumerate(test[:n]):
-        ids = _fit(tok.encode(text).ids, tokens, cls_id, sep_id)
+        ids = fit(text)
         plain = ex.classify(np.asarray(ids))
         P = model.packing(keys.ctx.slots, len(ids), tokens)
         x, up = keys.encrypt(model, P, client_embedding(model.graph, client_tensors(model), ids))
