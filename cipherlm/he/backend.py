@@ -166,6 +166,10 @@ class HEBackend(abc.ABC):
     #: the backend's machine constants (`HECostModel`); a backend measures and sets its own
     #: (the default is the SEAL backend's numbers)
     cost_model: HECostModel = HECostModel()
+    #: CKKS slot order: slot j is m(omega^(g^j mod 2N)), omega = exp(i pi / N), for this
+    #: generator g (SEAL: 3; Lattigo: 5); the BLB conversions (`protocols.ckks_convert`) decode
+    #: and encode in this order
+    slot_generator: int = 3
 
     # -- parameters / context ---------------------------------------------------------
     @abc.abstractmethod

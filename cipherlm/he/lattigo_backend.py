@@ -54,6 +54,12 @@ coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
 `pack_lwes_stream`, `plaintext_to_numpy`.
 
+Raw CKKS access for BLB's conversions (section 6, `protocols.ckks_convert`; issue 16):
+`decrypt_coeffs`, `ntt_forward` / `ntt_inverse` (Lattigo's NTT reproduced bit-exactly in
+numpy, `lattigo_ntt`), `ciphertext_scale`, `plaintext_from_coeffs` (a `LattigoRawPlaintext`
+on the Python side, taken by `add_plain_inplace` and `encrypt_seeded`), and the slot order
+(`slot_generator` = 5: slot j is m(omega^(5^j)), SEAL's is 3^j).
+
 fhe-mode operations (ABI 5-6, ``native/lattigo/ckks_ops.go`` and ``bootstrap.go``; issue 15
 item 1, for the fhe mode of issue 17 and BLB's CKKS blocks of issue 16): evaluation key sets
 with a relinearisation key (`LattigoSecretKeys.eval_keys`, `relin_key_bytes`,
@@ -99,6 +105,7 @@ from .backend import (
     SecretKeys,
     TwoPCCostModel,
 )
+from . import lattigo_ntt
 from .errors import HEError
 from .params import HEParams, check_security, check_security_logqp, max_logq
 
@@ -385,6 +392,24 @@ class LattigoCiphertext(_Handle):
             _lib.clg_free(old)
 
 
+class LattigoRawPlaintext:
+    """A plaintext given by its residues (`LattigoBackend.plaintext_from_coeffs`, BLB Algorithm
+    2): kept on the Python side in Lattigo's NTT form, with its level and CKKS scale; taken by
+    `LattigoBackend.add_plain_inplace` and `LattigoSecretKeys.encrypt_seeded`."""
+
+    __slots__ = ("level", "ntt", "scale")
+
+    def __init__(self, ntt: np.ndarray, level: int, scale: float):
+        self.ntt, self.level, self.scale = ntt, int(level), float(scale)
+
+
+def _add_residues(a: np.ndarray, b: np.ndarray, primes) -> np.ndarray:
+    """(a + b) mod each prime, row by row ((k, N) uint64 residues)."""
+    qs = np.asarray([int(q) for q in primes[: a.shape[0]]], np.uint64)[:, None]
+    s = a + b
+    return np.where(s >= qs, s - qs, s)
+
+
 class LattigoPublicKey(_Handle):
     __slots__ = ()
 
@@ -613,9 +638,20 @@ class LattigoSecretKeys(SecretKeys):
     def encrypt(self, pt: LattigoPlaintext) -> LattigoCiphertext:
         return LattigoCiphertext(_new("clg_encrypt_sk", self._sk.h, pt.h), self.ctx)
 
-    def encrypt_seeded(self, pt: LattigoPlaintext) -> bytes:
+    def encrypt_seeded(self, pt: LattigoPlaintext | LattigoRawPlaintext) -> bytes:
         """Symmetric encryption serialised with a 32-byte seed in place of the uniform half
-        (about half the bytes of `ciphertext_to_bytes`); `ciphertext_from_bytes` loads it."""
+        (about half the bytes of `ciphertext_to_bytes`); `ciphertext_from_bytes` loads it.
+        A `LattigoRawPlaintext` (BLB Algorithm 2) is encrypted as a seeded encryption of zero
+        at its level whose c0 gets the residues added (c0 travels in NTT form) and whose
+        header gets the plaintext's scale."""
+        if isinstance(pt, LattigoRawPlaintext):
+            zero = LattigoBackend().encode_slots(self.ctx, np.zeros(1), level=pt.level)
+            b = bytearray(_bytes_out("clg_encrypt_seeded", self._sk.h, zero.h))
+            off, n = _CT_HEADER.size + 32, self.ctx.n
+            c0 = np.frombuffer(bytes(b[off:off + 8 * n * (pt.level + 1)]), np.uint64).reshape(pt.level + 1, n)
+            b[off:off + c0.nbytes] = _add_residues(c0, pt.ntt, self.ctx.q_moduli).tobytes()
+            b[_CT_HEADER.size - 8:_CT_HEADER.size] = struct.pack("<d", float(pt.scale))
+            return bytes(b)
         return _bytes_out("clg_encrypt_seeded", self._sk.h, pt.h)
 
     def decrypt(self, ct: LattigoCiphertext) -> LattigoPlaintext:
@@ -697,6 +733,7 @@ class LattigoBackend(HEBackend):
     name = "lattigo"
     schemes = ("ckks",)
     cost_model = LATTIGO_COSTS
+    slot_generator = 5  # Lattigo's CKKS encoder: slot j is m(omega^(5^j))
 
     # -- parameters / context ---------------------------------------------------------
     def context(self, params: HEParams) -> LattigoContext:
@@ -780,7 +817,18 @@ class LattigoBackend(HEBackend):
     def add_inplace(self, ctx, a: LattigoCiphertext, b: LattigoCiphertext) -> None:
         _call("clg_add", a.h, b.h, 0)
 
-    def add_plain_inplace(self, ctx, ct: LattigoCiphertext, pt: LattigoPlaintext) -> None:
+    def add_plain_inplace(self, ctx, ct: LattigoCiphertext, pt: LattigoPlaintext | LattigoRawPlaintext) -> None:
+        """ct + pt at the same scale (a `LattigoRawPlaintext`: its residues added to c0, at the
+        ciphertext's level and scale)."""
+        if isinstance(pt, LattigoRawPlaintext):
+            arr = self.ciphertext_to_numpy(ct)
+            if pt.level != arr.shape[1] - 1:
+                raise HEError(f"a plaintext at level {pt.level} added to a ciphertext at level {arr.shape[1] - 1}")
+            arr[0] = _add_residues(arr[0], pt.ntt, ctx.q_moduli)
+            new = self.numpy_to_ciphertext(ctx, arr, scale=ct.scale)
+            ct._replace(new.h)
+            new.h = 0
+            return
         _call("clg_add", ct.h, pt.h, 1)
 
     def rotate_rows(self, ctx, ct: LattigoCiphertext, step: int, galois_keys: LattigoGaloisKeys) -> LattigoCiphertext:
@@ -1023,9 +1071,9 @@ class LattigoBackend(HEBackend):
         return arr
 
     def numpy_to_ciphertext(self, ctx: LattigoContext, arr, *, level=None, ntt: bool = True,
-                            scale_bits: float | None = None) -> LattigoCiphertext:
+                            scale_bits: float | None = None, scale: float | None = None) -> LattigoCiphertext:
         """A ciphertext from (2, n_primes, N) uint64 NTT-form coefficients (checked reduced), at
-        scale 2^``scale_bits`` (default: the context's)."""
+        scale 2^``scale_bits`` or ``scale`` (default: the context's)."""
         a = np.ascontiguousarray(arr, dtype=np.uint64)
         if a.ndim != 3 or a.shape[0] != 2 or a.shape[2] != ctx.n:
             raise HEError(f"expected (2, k, {ctx.n}) coefficients, got {a.shape}")
@@ -1035,11 +1083,43 @@ class LattigoBackend(HEBackend):
         if level is not None and int(level) != lvl:
             raise HEError(f"{a.shape[1]} primes do not match level {level}")
         sb = ctx.default_scale_bits if scale_bits is None else float(scale_bits)
-        hdr = _CT_HEADER.pack(b"CLGC", 1, 1, max(lvl, 0), 1, ctx.slots.bit_length() - 1, b"\0\0\0", 2.0 ** sb)
+        sc = 2.0 ** sb if scale is None else float(scale)
+        hdr = _CT_HEADER.pack(b"CLGC", 1, 1, max(lvl, 0), 1, ctx.slots.bit_length() - 1, b"\0\0\0", sc)
         return self.ciphertext_from_bytes(ctx, hdr + a.tobytes(), level=lvl)
 
     def plaintext_to_numpy(self, pt) -> np.ndarray:
         raise NotImplementedError("Lattigo backend: CKKS plaintexts are read with decode_slots")
+
+    # -- CKKS raw coefficient access (BLB section 6: `protocols.ckks_convert`) --------------
+    # The NTT is Lattigo's own, reproduced bit-exactly in numpy (`lattigo_ntt`); ciphertexts
+    # stay in NTT form, so a mask or a share polynomial is transformed once and added to c0.
+    def decrypt_coeffs(self, ctx: LattigoContext, keys: LattigoSecretKeys, ct: LattigoCiphertext) -> np.ndarray:
+        """c0 + c1 s in coefficient form, (n_primes, N) uint64 residues (no decoding)."""
+        return keys.decrypt(ct).coefficients()
+
+    def ntt_forward(self, ctx: LattigoContext, coeffs, *, level=None) -> np.ndarray:
+        a = np.asarray(coeffs, np.uint64)
+        return np.stack([lattigo_ntt.ntt_forward(a[i], q) for i, q in enumerate(ctx.q_moduli[: a.shape[0]])])
+
+    def ntt_inverse(self, ctx: LattigoContext, vals, *, level=None) -> np.ndarray:
+        a = np.asarray(vals, np.uint64)
+        return np.stack([lattigo_ntt.ntt_inverse(a[i], q) for i, q in enumerate(ctx.q_moduli[: a.shape[0]])])
+
+    def ciphertext_scale(self, ct: LattigoCiphertext) -> float:
+        return ct.scale
+
+    def plaintext_from_coeffs(self, ctx: LattigoContext, coeffs, *, level=None, scale: float = 1.0) -> LattigoRawPlaintext:
+        """A `LattigoRawPlaintext` from coefficient-form residues (n_primes, N)."""
+        a = np.asarray(coeffs, np.uint64)
+        if a.ndim != 2 or a.shape[1] != ctx.n:
+            raise HEError(f"expected (k, {ctx.n}) residues, got {a.shape}")
+        lvl = a.shape[0] - 1 if level is None else int(level)
+        if lvl != a.shape[0] - 1:
+            raise HEError(f"{a.shape[0]} primes do not match level {lvl}")
+        qs = np.asarray(ctx.q_moduli[: a.shape[0]], np.uint64)[:, None]
+        if (a >= qs).any():
+            raise HEError("residues not reduced")
+        return LattigoRawPlaintext(self.ntt_forward(ctx, a), lvl, scale)
 
     # -- serialisation -------------------------------------------------------------------
     def ciphertext_to_bytes(self, ct: LattigoCiphertext) -> bytes:
@@ -1055,7 +1135,7 @@ class LattigoBackend(HEBackend):
         p, n, _keep = _in_buf(data)
         gk = LattigoGaloisKeys(_new("clg_evk_from_bytes", ctx.handle, p, n, int(max_keys)), ctx)
         if required_steps is not None and not gk.has_steps(required_steps):
-            raise HEError(f"Galois keys lack some of the required rotation steps {sorted(set(required_steps))}")
+            raise HEError(f"Galois keys lack some of the {len(set(required_steps))} required rotation steps")
         return gk
 
     def params_to_bytes(self, params: HEParams) -> bytes:

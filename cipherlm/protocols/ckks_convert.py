@@ -4,6 +4,12 @@
 Roles: the *client* holds the CKKS secret key (party ``1 - server``), the *server*
 (party ``server``, default 1 as in `protocols.linear`) evaluates under it.
 
+Backends: SEAL and Lattigo (the fused blocks' backend: `protocols.ckks.blb_matmul`), through
+the interface's raw CKKS access (`decrypt_coeffs`, `ntt_forward`, `plaintext_from_coeffs`, ...).
+The decode / encode below work in SEAL's slot order (slot j = m(omega^(3^j))); a backend with
+another order (Lattigo: 5^j, ``slot_generator``) gets its slots by a public permutation of the
+shares (`slot_permutation`), applied locally by each party.
+
 Algorithm 1, CKKS -> MPC (`ckks_to_shares`), for a ciphertext of the message
 polynomial m (CKKS scale Delta, slot values z = decode(m) / Delta):
 
@@ -126,6 +132,7 @@ __all__ = [
     "setup",
     "shares_to_ckks",
     "slot_exponents",
+    "slot_permutation",
     "wrap_small",
 ]
 
@@ -172,6 +179,33 @@ def slot_exponents(n: int, n_slots: int | None = None) -> np.ndarray:
         out[j] = x
         x = x * 3 % (2 * n)
     return out
+
+
+_PERMS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def slot_permutation(n: int, generator: int) -> tuple[np.ndarray, np.ndarray]:
+    """A backend's slot order against SEAL's: slot j of a backend whose slot j is
+    m(omega^(generator^j)) (Lattigo: 5) is slot idx[j] of SEAL's order (3^j), conjugated where
+    sign[j] = -1 (generator^j = -3^idx[j] mod 2N; the odd residues mod 2N are +-3^b).  Real
+    parts are equal, imaginary parts flip sign with the conjugation.  A public permutation:
+    the shares are reordered locally."""
+    key = (int(n), int(generator))
+    if key not in _PERMS:
+        two_n, half = 2 * n, n // 2
+        pos = {int(e): b for b, e in enumerate(slot_exponents(n))}
+        idx, sign = np.empty(half, np.int64), np.empty(half, np.int64)
+        x = 1
+        for j in range(half):
+            if x in pos:
+                idx[j], sign[j] = pos[x], 1
+            else:
+                idx[j], sign[j] = pos[(two_n - x) % two_n], -1
+            x = x * generator % two_n
+        if np.unique(idx).size != half:
+            raise ValueError(f"{generator} does not generate the slots of N = {n}")
+        _PERMS[key] = (idx, sign)
+    return _PERMS[key]
 
 
 def _twist(n: int) -> np.ndarray:
@@ -402,14 +436,25 @@ def client_decrypt(side: CKKSSide, data: bytes) -> tuple[np.ndarray, float, int]
 
 
 def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, frac: int | None = None,
-                  guard: int = GUARD_BITS, complex_slots: bool = False) -> AShare:
+                  guard: int = GUARD_BITS, complex_slots: bool = False, generator: int = 3) -> AShare:
     """Steps 3-5 of Algorithm 1: this party's Z_q share of a coefficient vector (N,) ->
     AShare over Z_{2^64} (``frac`` fraction bits) of its first ``n_slots`` real slot values
     divided by ``scale`` (with ``complex_slots``: their real parts, then their imaginary
-    parts: N real values per ciphertext at n_slots = N/2)."""
+    parts: N real values per ciphertext at n_slots = N/2).  ``generator``: the backend's slot
+    order (`slot_permutation`; 3 is SEAL's): every slot is decoded in SEAL's order, then the
+    shares are permuted locally."""
     frac = ctx.ring.frac if frac is None else int(frac)
     x = np.asarray(x, np.uint64).reshape(-1)
     n = x.size
+    if int(generator) != 3:
+        full = decode_shares(ctx, x, q, scale, n // 2, frac=frac, guard=guard, complex_slots=complex_slots)
+        idx, sign = slot_permutation(n, generator)
+        v = np.asarray(full.data, np.uint64)
+        out = v[idx[:n_slots]]
+        if complex_slots:
+            im = v[n // 2:][idx[:n_slots]]
+            out = np.concatenate([out, np.where(sign[:n_slots] < 0, np.uint64(0) - im, im)])
+        return AShare(ctx, out, 64, frac)
     Q = np.uint64(q)
     H = q // 2
     lq = int(q - 1).bit_length()
@@ -439,6 +484,7 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
     frac = ctx.ring.frac
     n = side.hectx.n
     n_slots = n // 2 if n_slots is None else int(n_slots)
+    gen = getattr(side.backend, "slot_generator", 3)
     with ctx.step("ckks2mpc"):
         if side.is_server(ctx):
             data, x, scale = mask_ciphertext(side, ct, ctx.rng, flood_bits, frac)
@@ -446,18 +492,30 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
             q = int(side.hectx.coeff_moduli[0])
         else:
             x, scale, q = client_decrypt(side, ctx.recv()["ct"])
-    return decode_shares(ctx, x, q, scale, n_slots, frac=frac, guard=guard, complex_slots=complex_slots)
+    return decode_shares(ctx, x, q, scale, n_slots, frac=frac, guard=guard, complex_slots=complex_slots,
+                         generator=gen)
 
 
 # ----------------------------------------------------------------------------- Algorithm 2
 def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
-                  complex_slots: bool = False) -> np.ndarray:
+                  complex_slots: bool = False, generator: int = 3) -> np.ndarray:
     """Steps 1-2 of Algorithm 2: AShare of slot values -> this party's shares (k, N) of the
     CKKS coefficient polynomial round(scale * encode(y)) modulo each prime.  ``bits``: the
     coefficients are known to lie in (-2^(bits-1), 2^(bits-1)) (a public bound): the shares are
-    reduced mod 2^bits locally and the wrap costs a millionaire on ``bits`` bits, not 64."""
+    reduced mod 2^bits locally and the wrap costs a millionaire on ``bits`` bits, not 64.
+    ``generator``: the slot order of y (`slot_permutation`: permuted locally into SEAL's)."""
     frac = y.frac
     Y = np.asarray(y.data, np.uint64).reshape(-1)
+    if int(generator) != 3:
+        idx, sign = slot_permutation(n, generator)
+        m = Y.size // 2 if complex_slots else Y.size
+        re = np.zeros(n // 2, np.uint64)
+        re[idx[:m]] = Y[:m]
+        if complex_slots:
+            im = np.zeros(n // 2, np.uint64)
+            im[idx[:m]] = np.where(sign[:m] < 0, np.uint64(0) - Y[m:], Y[m:])
+            re = np.concatenate([re, im])
+        Y = re
     c = scale * 2.0 ** (1 - frac) / n
     if complex_slots:  # real parts, then imaginary parts
         if Y.size % 2:
@@ -502,7 +560,7 @@ def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = Non
     primes = hc.coeff_moduli[:k]
     scale = float(2.0 ** scale_bits)
     bits = 64 if value_bits is None else min(64, int(scale_bits) + int(value_bits) + 2 + int(complex_slots))
-    share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots)
+    share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots, getattr(b, "slot_generator", 3))
     with ctx.step("mpc2ckks"):
         pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)
         if side.is_server(ctx):
