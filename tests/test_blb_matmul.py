@@ -172,3 +172,61 @@ def test_counts_closed_forms_and_paper_shapes():
         assert all(abs(v - bolt) / bolt < 0.01 for v in row["BOLT"])
         pf = M.powerformer_counts(tokens, heads, hd)["rotate"]
         assert all(abs(v - pf) / pf < 0.1 for v in row["Powerformer"])
+
+
+# ------------------------------------------------- Appendix C.2: the output projection
+@pytest.mark.parametrize("n,d,groups,cols,per_ct", [(8, 4, 2, 12, None), (8, 4, 1, 20, 8), (5, 3, 1, 7, None)])
+@pytest.mark.parametrize("bsgs", [False, True])
+def test_outproj_diagonal_to_spatial(env, n, d, groups, cols, per_ct, bsgs):
+    """Appendix C.2 on P V's diagonal-packed output: O = concat_h(P_h V_h) W with W in the
+    clear, the result in spatial-first packing (columns of n consecutive slots), against
+    numpy; the counters equal `blb_diag_matmul.counts`, one level used.  n = 8: S / n = 64
+    segments, cyclic offsets (one output ciphertext of 12 columns; or 20 columns at 8 per
+    ciphertext: 3 of them); n = 5: 512 is no multiple of 5, non-cyclic offsets."""
+    from cipherlm.protocols.ckks import blb_diag_matmul as C2
+
+    rng = np.random.default_rng(n + cols + bsgs)
+    P, V = rng.normal(size=(H, n, n)) / 2, rng.normal(size=(H, n, d))
+    W = rng.normal(size=(H * d, cols)) / 2
+    Lav = M.make_layout(512, H, n, n, groups)
+    Lo = C2.make_diag_layout(Lav, d, cols, per_ct)
+    assert Lo.cyclic == (n == 8)
+    steps = M.rotation_steps(Lav, True) | C2.rotation_steps(Lo, bsgs)
+    be, ctx, sk, bk = env
+    ev = CkksEvaluator(be, ctx, sk.eval_keys(relin=True, steps=sorted(steps)), bk)
+    x = M.fused_av(ev, encrypt(env, M.pack_columns(P, Lav)), encrypt(env, M.pack_rows(V, Lav)), Lav)
+    lvl = min(c.level for c in x)
+    ev.stats.counts.clear()
+    out = C2.outproj(ev, x, W, Lo, bsgs=bsgs)
+    want = C2.counts(Lo, bsgs)
+    got = ev.stats.counts
+    assert {k: got.get(k, 0) for k in ("rotate", "mul", "mul_plain", "rescale")} == \
+        {k: want[k] for k in ("rotate", "mul", "mul_plain", "rescale")}
+    assert len(out) == Lo.n_out == want["out_cts"] and min(c.level for c in out) == lvl - want["depth"]
+    vecs = decrypt(env, out)
+    O = C2.unpack_spatial(vecs, Lo)
+    Xcat = np.concatenate(list(P @ V), axis=1)  # (n, H d): head-major features
+    assert np.abs(O - Xcat @ W).max() < TOL
+    feature_major = (P @ V).transpose(1, 2, 0).reshape(n, H * d)  # the other concatenation order
+    assert np.abs(O - feature_major @ W).max() > 100 * TOL
+    for m in range(Lo.n_out):  # slots beyond the output columns stay 0
+        assert np.abs(vecs[m, Lo.out_cols(m) * n:]).max() < TOL
+
+
+def test_outproj_bsgs_and_counts_closed_form():
+    """C.2's counts at BERT-base's shape (128 tokens, 12 heads, head dim 64, D = 768, S = 8192
+    and 16384): ct-pt = J_in sum_m |U_m|, BSGS rotates less than the all-baby schedule with the
+    same products; and a hand count at a small cyclic shape."""
+    from cipherlm.protocols.ckks import blb_diag_matmul as C2
+
+    for S in (8192, 16384):
+        Lav = M.make_layout(S, 12, 128, 128)
+        Lo = C2.make_diag_layout(Lav, 64, 768)
+        naive, bsgs = C2.counts(Lo, False), C2.counts(Lo, True)
+        assert naive["mul_plain"] == bsgs["mul_plain"] == Lo.n_in * sum(len(Lo.offsets(m)) for m in range(Lo.n_out))
+        assert bsgs["rotate"] < naive["rotate"] / 2
+    # S = 512, n = 8 (64 segments, cyclic), c = 2, H = 2: 4 input segments; 12 output columns
+    Lo = C2.make_diag_layout(M.make_layout(512, 2, 8, 8, 2), 4, 12)
+    c = C2.counts(Lo, False)
+    # offsets sigma' - sigma mod 64, sigma' < 4, sigma < 12: -11..3, 15 of them; 4 input cts
+    assert c["mul_plain"] == 4 * 15 and c["rotate"] == 4 * 14 + 0
