@@ -351,6 +351,14 @@ fn advise_huge(p: *mut u8, len: usize) {
 /// for LPN_ROWS rows at a time into an L1/L2-sized buffer; and the base entries
 /// of the row PREFETCH_ROWS ahead are prefetched.
 pub fn lpn_apply(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits: Option<(&[u8], &mut [u8])>) {
+    lpn_encode(seed, k, base, out, bits, false)
+}
+
+/// `lpn_apply`, or with `assign` the same rows written instead of XORed in
+/// (out[i] = XOR_j base[idx_ij], bits_out[i] = XOR_j bits_in[idx_ij]): the
+/// receiver encodes first, into an output it has not initialised, while it
+/// waits for the sender's GGM message.
+pub fn lpn_encode(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits: Option<(&[u8], &mut [u8])>, assign: bool) {
     let n = out.len();
     let mut stream = IndexStream::new(seed, k);
     let mut idx = vec![0u32; LPN_ROWS * LPN_D];
@@ -383,11 +391,11 @@ pub fn lpn_apply(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits:
                             prefetch(bp.wrapping_add(j as usize));
                         }
                     }
-                    let mut acc = 0u128;
+                    let mut acc = if assign { 0 } else { *o };
                     for &j in &ix[r * LPN_D..(r + 1) * LPN_D] {
                         acc ^= basew[j as usize];
                     }
-                    *o ^= acc;
+                    *o = acc;
                 }
                 r0 += rows;
             }
@@ -408,15 +416,15 @@ pub fn lpn_apply(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits:
                             prefetch(bp.wrapping_add(j as usize));
                         }
                     }
-                    let mut acc = 0u128;
-                    let mut x = 0u64;
+                    let mut acc = if assign { 0 } else { *o };
+                    let mut x = if assign { 0 } else { *bo as u64 };
                     for &j in &ix[r * LPN_D..(r + 1) * LPN_D] {
                         let j = j as usize;
                         acc ^= basew[j];
                         x ^= pbits[j >> 6] >> (j & 63);
                     }
-                    *o ^= acc;
-                    *bo ^= (x & 1) as u8;
+                    *o = acc;
+                    *bo = (x & 1) as u8;
                 }
                 r0 += rows;
             }
@@ -429,6 +437,16 @@ pub fn lpn_apply(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits:
 /// `v` and returns the message for the receiver.  Tree roots come from the OS
 /// CSPRNG.
 pub fn sender_into(shape: Shape, delta: u128, base_v: &[u8], seed: &[u8; 16], tweak: u64, v: &mut [u128]) -> Vec<u8> {
+    let msg = sender_trees(shape, delta, base_v, tweak, v);
+    sender_lpn(shape, base_v, seed, v);
+    msg
+}
+
+/// Sender, first half of an iteration: the t GGM trees written into `v` (n
+/// entries, overwritten) and the message for the receiver, which depends on
+/// nothing else: it can go out before the LPN encoding (`sender_lpn`), so the
+/// receiver's tree work overlaps the sender's encoding.
+pub fn sender_trees(shape: Shape, delta: u128, base_v: &[u8], tweak: u64, v: &mut [u128]) -> Vec<u8> {
     let Shape { n, k, t, h } = shape;
     assert_eq!(v.len(), n);
     let ggm = Ggm::new();
@@ -457,8 +475,13 @@ pub fn sender_into(shape: Shape, delta: u128, base_v: &[u8], seed: &[u8; 16], tw
         // the XOR of all leaves = the two sums of the last level
         put(m, 2 * h, delta ^ sums[h - 1].0 ^ sums[h - 1].1);
     }
-    lpn_apply(seed, k, base_v, v, None);
     msg
+}
+
+/// Sender, second half: v ^= the LPN encoding of the first k base COTs.
+pub fn sender_lpn(shape: Shape, base_v: &[u8], seed: &[u8; 16], v: &mut [u128]) {
+    assert_eq!(v.len(), shape.n);
+    lpn_apply(seed, shape.k, base_v, v, None);
 }
 
 /// `sender_into` with a fresh output: (message, v as n rows of 16 bytes).
@@ -482,15 +505,34 @@ pub fn receiver_into(
     u: &mut [u8],
     w: &mut [u128],
 ) {
+    receiver_lpn(shape, base_u, base_w, seed, u, w);
+    receiver_trees(shape, base_u, base_w, tweak, msg, u, w);
+}
+
+/// Receiver, first half (needs only the public seed, not the sender's
+/// message): w = the LPN encoding of the first k base rows, u = the same code
+/// applied to their choice bits (both overwritten).
+pub fn receiver_lpn(shape: Shape, base_u: &[u8], base_w: &[u8], seed: &[u8; 16], u: &mut [u8], w: &mut [u128]) {
+    let k = shape.k;
+    assert_eq!(w.len(), shape.n);
+    assert_eq!(u.len(), shape.n);
+    lpn_encode(seed, k, base_w, w, Some((&base_u[..k], u)), true);
+}
+
+/// Receiver, second half: the punctured GGM trees from the sender's message,
+/// XORed into w block by block (each tree expanded in a 2^h scratch that stays
+/// in cache), and the noise (one 1 per block at the punctured leaf) into u.
+#[allow(clippy::too_many_arguments)]
+pub fn receiver_trees(shape: Shape, base_u: &[u8], base_w: &[u8], tweak: u64, msg: &[u8], u: &mut [u8], w: &mut [u128]) {
     let Shape { n, k, h, .. } = shape;
     assert_eq!(w.len(), n);
     assert_eq!(u.len(), n);
-    u.fill(0);
     let ggm = Ggm::new();
     let tccr = Tccr::new();
     let mut pads = vec![0u8; h * 16];
     let mut known = vec![0u128; h];
-    for (tau, leaves) in w.chunks_exact_mut(1 << h).enumerate() {
+    let mut leaves = vec![0u128; 1 << h];
+    for (tau, wblk) in w.chunks_exact_mut(1 << h).enumerate() {
         let b = &base_u[k + tau * h..k + (tau + 1) * h];
         pads.copy_from_slice(&base_w[(k + tau * h) * 16..(k + (tau + 1) * h) * 16]);
         tccr.hash_in_place(&mut pads, tweak.wrapping_add((tau * h) as u64));
@@ -498,15 +540,15 @@ pub fn receiver_into(
         for l in 0..h {
             known[l] = get(m, 2 * l + b[l] as usize) ^ get(&pads, l);
         }
-        let alpha = ggm.receiver_tree(&known, b, leaves);
+        let alpha = ggm.receiver_tree(&known, b, &mut leaves);
         let mut acc = get(m, 2 * h);
-        for &x in leaves.iter() {
+        for (o, &x) in wblk.iter_mut().zip(leaves.iter()) {
             acc ^= x; // the punctured leaf is 0 here
+            *o ^= x;
         }
-        leaves[alpha] = acc; // = v_alpha xor Delta
-        u[(tau << h) + alpha] = 1;
+        wblk[alpha] ^= acc; // leaf alpha = v_alpha xor Delta
+        u[(tau << h) + alpha] ^= 1;
     }
-    lpn_apply(seed, k, base_w, w, Some((&base_u[..k], u)));
 }
 
 /// `receiver_into` with fresh outputs: (u: n choice bytes 0/1, w: n rows of 16 bytes).
@@ -657,6 +699,134 @@ pub fn ferret_receiver<'py>(
         }
         _ => err("give both out_u and out_w or neither"),
     }
+}
+
+fn delta_arg(delta: &PyBuffer<u8>) -> PyResult<u128> {
+    let d: [u8; 16] =
+        view(delta)?.try_into().map_err(|_| pyo3::exceptions::PyValueError::new_err("Delta must be 16 bytes"))?;
+    Ok(u128::from_le_bytes(d))
+}
+
+fn base_rows_arg<'a>(base: &'a PyBuffer<u8>, shape: &Shape) -> PyResult<&'a [u8]> {
+    let b = view(base)?;
+    if b.len() != shape.base() * 16 {
+        return err(format!("base COTs: {} bytes, expected {} ({} COTs)", b.len(), shape.base() * 16, shape.base()));
+    }
+    Ok(b)
+}
+
+fn base_bits_arg<'a>(base_u: &'a PyBuffer<u8>, shape: &Shape) -> PyResult<&'a [u8]> {
+    let b = view(base_u)?;
+    if b.len() != shape.base() {
+        return err(format!("base choice bits: {} bytes, expected {}", b.len(), shape.base()));
+    }
+    if b.iter().any(|&c| c > 1) {
+        return err("base choice bits must be 0 or 1");
+    }
+    Ok(b)
+}
+
+/// Ferret iteration in two halves (the sender's message goes out between them):
+/// sender, first half.  (delta, base_v, n, k, t, h, first GGM hash tweak, out:
+/// writable 16-byte-aligned n*16 bytes) -> the message (t*(32h + 16) bytes);
+/// `out` holds the GGM leaves.  Then `ferret_sender_lpn`.  Releases the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn ferret_sender_trees<'py>(
+    py: Python<'py>,
+    delta: PyBuffer<u8>,
+    base_v: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    t: usize,
+    h: usize,
+    tweak: u64,
+    out: PyBuffer<u8>,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let shape = shape_arg(n, k, t, h)?;
+    let delta = delta_arg(&delta)?;
+    let bv = base_rows_arg(&base_v, &shape)?;
+    let v = as_u128s(out_bytes(&out, n * 16, 16, "out")?);
+    let msg = py.allow_threads(|| sender_trees(shape, delta, bv, tweak, v));
+    Ok(PyByteArray::new_bound(py, &msg))
+}
+
+/// Sender, second half: out ^= the LPN encoding of base_v's first k rows
+/// (public seed, 16 bytes).  Releases the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn ferret_sender_lpn(
+    py: Python<'_>,
+    base_v: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    t: usize,
+    h: usize,
+    seed: PyBuffer<u8>,
+    out: PyBuffer<u8>,
+) -> PyResult<()> {
+    let shape = shape_arg(n, k, t, h)?;
+    let bv = base_rows_arg(&base_v, &shape)?;
+    let s = seed_arg(&seed)?;
+    let v = as_u128s(out_bytes(&out, n * 16, 16, "out")?);
+    py.allow_threads(|| sender_lpn(shape, bv, &s, v));
+    Ok(())
+}
+
+/// Receiver, first half (before the sender's message arrives): (base_u, base_w,
+/// n, k, t, h, seed, out_u n bytes, out_w n*16 bytes 16-byte aligned): writes
+/// the LPN encodings of the first k base COTs.  Then `ferret_receiver_trees`.
+/// Releases the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn ferret_receiver_lpn(
+    py: Python<'_>,
+    base_u: PyBuffer<u8>,
+    base_w: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    t: usize,
+    h: usize,
+    seed: PyBuffer<u8>,
+    out_u: PyBuffer<u8>,
+    out_w: PyBuffer<u8>,
+) -> PyResult<()> {
+    let shape = shape_arg(n, k, t, h)?;
+    let (bu, bw) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?);
+    let s = seed_arg(&seed)?;
+    let u = out_bytes(&out_u, n, 1, "out_u")?;
+    let w = as_u128s(out_bytes(&out_w, n * 16, 16, "out_w")?);
+    py.allow_threads(|| receiver_lpn(shape, bu, bw, &s, u, w));
+    Ok(())
+}
+
+/// Receiver, second half: (base_u, base_w, n, k, t, h, tweak, the sender's
+/// message, out_u, out_w as filled by `ferret_receiver_lpn`): XORs in the
+/// punctured GGM trees.  Releases the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn ferret_receiver_trees(
+    py: Python<'_>,
+    base_u: PyBuffer<u8>,
+    base_w: PyBuffer<u8>,
+    n: usize,
+    k: usize,
+    t: usize,
+    h: usize,
+    tweak: u64,
+    msg: PyBuffer<u8>,
+    out_u: PyBuffer<u8>,
+    out_w: PyBuffer<u8>,
+) -> PyResult<()> {
+    let shape = shape_arg(n, k, t, h)?;
+    let (bu, bw, m) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?, view(&msg)?);
+    if m.len() != shape.msg_len() {
+        return err(format!("Ferret message has {} bytes, expected {}", m.len(), shape.msg_len()));
+    }
+    let u = out_bytes(&out_u, n, 1, "out_u")?;
+    let w = as_u128s(out_bytes(&out_w, n * 16, 16, "out_w")?);
+    py.allow_threads(|| receiver_trees(shape, bu, bw, tweak, m, u, w));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -140,5 +140,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(otops::unpack_bits, m)?)?;
     m.add_function(wrap_pyfunction!(ferret::ferret_sender, m)?)?;
     m.add_function(wrap_pyfunction!(ferret::ferret_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(ferret::ferret_sender_trees, m)?)?;
+    m.add_function(wrap_pyfunction!(ferret::ferret_sender_lpn, m)?)?;
+    m.add_function(wrap_pyfunction!(ferret::ferret_receiver_lpn, m)?)?;
+    m.add_function(wrap_pyfunction!(ferret::ferret_receiver_trees, m)?)?;
     Ok(())
 }

@@ -81,6 +81,48 @@ def test_iteration_rejects_bad_input():
         _core.ferret_receiver(bad_u, w.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, 0, msg)
 
 
+def test_iteration_in_halves_matches_and_receiver_lpn_needs_no_message():
+    """The pipelined halves (what the pools run): the receiver's LPN half runs before
+    the sender's message exists; sender trees + LPN and receiver LPN + trees give
+    w = v xor u*Delta; the same inputs through the one-call kernels give the same
+    receiver output for the same message (the halves compute the same function)."""
+    P = FERRET_SETUP
+    delta, u, v, w = _base(P.base)
+    seed = secrets.token_bytes(16)
+    bv, bw = v.view(np.uint8).reshape(-1), w.view(np.uint8).reshape(-1)
+    uo = np.full(P.n, 7, np.uint8)  # garbage: the LPN half must overwrite, not XOR into, its outputs
+    wo = ferret._rows(P.n)
+    wo[:] = 12345
+    _core.ferret_receiver_lpn(u, bw, P.n, P.k, P.t, P.h, seed, uo, wo.view(np.uint8).reshape(-1))
+    assert set(np.unique(uo)) <= {0, 1}
+    vo = ferret._rows(P.n)
+    msg = _core.ferret_sender_trees(delta, bv, P.n, P.k, P.t, P.h, 99, vo.view(np.uint8).reshape(-1))
+    assert len(msg) == P.msg_len
+    _core.ferret_sender_lpn(bv, P.n, P.k, P.t, P.h, seed, vo.view(np.uint8).reshape(-1))
+    _core.ferret_receiver_trees(u, bw, P.n, P.k, P.t, P.h, 99, msg, uo, wo.view(np.uint8).reshape(-1))
+    d = np.frombuffer(delta, np.uint64)
+    np.testing.assert_array_equal(wo, vo ^ (uo.astype(np.uint64)[:, None] * d))
+    # regular noise: exactly one flipped choice per tree block relative to the LPN half alone
+    u_lpn = np.empty(P.n, np.uint8)
+    w_lpn = ferret._rows(P.n)
+    _core.ferret_receiver_lpn(u, bw, P.n, P.k, P.t, P.h, seed, u_lpn, w_lpn.view(np.uint8).reshape(-1))
+    assert ((uo ^ u_lpn).reshape(P.t, -1).sum(axis=1) == 1).all()
+    u1, w1 = _core.ferret_receiver(u, bw, P.n, P.k, P.t, P.h, seed, 99, msg)
+    np.testing.assert_array_equal(np.frombuffer(u1, np.uint8), uo)
+    np.testing.assert_array_equal(np.frombuffer(w1, np.uint64).reshape(-1, 2), wo)
+    # bad input on the halves
+    with pytest.raises(ValueError, match="message"):
+        _core.ferret_receiver_trees(u, bw, P.n, P.k, P.t, P.h, 99, bytes(msg)[:-1], uo, wo.view(np.uint8).reshape(-1))
+    with pytest.raises(ValueError, match="out_w"):
+        _core.ferret_receiver_lpn(u, bw, P.n, P.k, P.t, P.h, seed, uo, wo.view(np.uint8).reshape(-1)[:-16])
+    with pytest.raises(ValueError, match="base COTs"):
+        _core.ferret_sender_trees(delta, bv[:-16], P.n, P.k, P.t, P.h, 99, vo.view(np.uint8).reshape(-1))
+    bad_u = u.copy()
+    bad_u[0] = 2
+    with pytest.raises(ValueError, match="0 or 1"):
+        _core.ferret_receiver_lpn(bad_u, bw, P.n, P.k, P.t, P.h, seed, uo, wo.view(np.uint8).reshape(-1))
+
+
 def test_parameters_are_the_papers():
     assert (FERRET_MAIN.n, FERRET_MAIN.k, FERRET_MAIN.t, FERRET_MAIN.h) == (10_805_248, 589_760, 1_319, 13)
     assert (FERRET_SETUP.n, FERRET_SETUP.k, FERRET_SETUP.t, FERRET_SETUP.h) == (649_728, 36_288, 1_269, 9)

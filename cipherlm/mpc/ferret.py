@@ -14,8 +14,14 @@ k + t*h base COTs and produces n = t * 2^h new ones, of which the first
 k + t*h are kept as the base of the next iteration (Ferret sec. 5, "bootstrapping")
 and the rest are served.  The very first base comes from IKNP (raw correlated
 OT, `IknpExtension.send_raw_cot` / `recv_raw_cot`).  One iteration costs
-one message from the sender: t (h * 256 + 128) bits (masked GGM level sums and
-the leaf-sum correction) plus a 16-byte public LPN seed.
+two messages from the sender: first the 16-byte public LPN seed, then
+t (h * 256 + 128) bits (masked GGM level sums and the leaf-sum correction).
+The halves are pipelined: the receiver encodes its LPN part (which needs
+only the seed) while the sender builds its trees, and the sender encodes
+its LPN part after sending the trees' message, while the receiver rebuilds
+the punctured trees; with the two parties on two cores an iteration takes
+about the longer of the two encodings plus the tree halves, instead of the
+sum of both parties' work.
 
 The pools are driven by `cipherlm.mpc.ot_extension.FerretExtension` (the
 Ferret implementation of the OT-extension interface), which hands them its
@@ -182,10 +188,6 @@ def _rows(n: int) -> np.ndarray:
     return a[off:off + 2 * n].reshape(n, 2)
 
 
-# whether this build of the native core writes an iteration into given arrays
-_OUT = "out" in (getattr(_core.ferret_sender, "__text_signature__", None) or "")
-
-
 class _Fifo:
     """The served COTs: a queue of row blocks (views of whole iterations' outputs;
     an iteration is appended without copying it into one big pool).  The output
@@ -295,32 +297,36 @@ class FerretSender(_FerretSide):
         self.reserve = np.concatenate([self.reserve, self.base.send_raw_cot(m, "ferret_boot")])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
+        """One iteration in two halves around the message: the public LPN seed goes
+        out first (the receiver starts its LPN encoding at once), then the GGM
+        trees and their message (the receiver's tree half), then this party's own
+        LPN encoding, which overlaps the receiver's work."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.join()
             if not (ahead.P is P and ahead.reserve is self.reserve and serve
                     and (ahead.it, ahead.tw) == (self.iterations, self.ggm_tweak)):
                 ahead = None  # not the iteration due now (cannot happen in the main phase): redo
+        chan = self.base.chan
         if ahead is not None:
             if ahead.error is not None:
                 raise ahead.error
-            self._next_iteration(P)
-            seed, msg, v = ahead.seed, ahead.msg, ahead.v
+            it, _ = self._next_iteration(P)
+            chan.send({"op": "ferret_seed", "it": it, "n": P.n, "seed": np.frombuffer(ahead.seed, np.uint8)})
+            chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(ahead.msg, np.uint8)})
+            v = ahead.v
         else:
             it, tw = self._next_iteration(P)
             seed = secrets.token_bytes(16)  # public LPN matrix seed, fresh per iteration
-            base = np.ascontiguousarray(self.reserve[:P.base])
-            args = (self.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, tw)
-            if _OUT:
-                v = self.pool.array((P.n, 2), lambda: _rows(P.n))
-                msg, _ = _core.ferret_sender(*args, out=v.view(np.uint8).reshape(-1))
-            else:
-                msg, v = _core.ferret_sender(*args)
-                v = np.frombuffer(v, np.uint64).reshape(-1, 2)
-        self.base.chan.send({"op": "ferret", "it": self.iterations - 1, "n": P.n,
-                             "seed": np.frombuffer(seed, np.uint8), "msg": np.frombuffer(msg, np.uint8)})
+            chan.send({"op": "ferret_seed", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8)})
+            base = np.ascontiguousarray(self.reserve[:P.base]).view(np.uint8).reshape(-1)
+            v = self.pool.array((P.n, 2), lambda: _rows(P.n))
+            vb = v.view(np.uint8).reshape(-1)
+            msg = _core.ferret_sender_trees(self.delta, base, P.n, P.k, P.t, P.h, tw, vb)
+            chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(msg, np.uint8)})
+            _core.ferret_sender_lpn(base, P.n, P.k, P.t, P.h, seed, vb)
         self._absorb(P, v, serve)
-        if self.ahead and _OUT and serve and P is FERRET_MAIN and self.reserve.shape[0] >= P.base:
+        if self.ahead and serve and P is FERRET_MAIN and self.reserve.shape[0] >= P.base:
             self._ahead = _Ahead(self, P)
 
     def _absorb(self, P: LPNParams, out: np.ndarray, serve: bool) -> None:
@@ -362,21 +368,23 @@ class FerretReceiver(_FerretSide):
         self.reserve_w = np.concatenate([self.reserve_w, w])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
+        """The LPN half as soon as the public seed is in (while the sender builds
+        its trees), then the trees from the sender's message."""
         it, tw = self._next_iteration(P)
-        msg = expect(self.base.chan, "ferret", {"seed": 16, "msg": P.msg_len}, it=it, n=P.n)
+        chan = self.base.chan
+        seed = expect(chan, "ferret_seed", {"seed": 16}, it=it, n=P.n)["seed"]
         bu = np.ascontiguousarray(self.reserve_u[:P.base])
-        bw = np.ascontiguousarray(self.reserve_w[:P.base])
-        args = (bu, bw.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, msg["seed"], tw, msg["msg"])
+        bw = np.ascontiguousarray(self.reserve_w[:P.base]).view(np.uint8).reshape(-1)
+        u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
+        w = self.pool.array((P.n, 2), lambda: _rows(P.n))
+        wb = w.view(np.uint8).reshape(-1)
         try:
-            if _OUT:
-                u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
-                w = self.pool.array((P.n, 2), lambda: _rows(P.n))
-                _core.ferret_receiver(*args, out_u=u, out_w=w.view(np.uint8).reshape(-1))
-            else:
-                u, w = _core.ferret_receiver(*args)
-                u = np.frombuffer(u, np.uint8)
-                w = np.frombuffer(w, np.uint64).reshape(-1, 2)
+            _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb)
+            msg = expect(chan, "ferret", {"msg": P.msg_len}, it=it, n=P.n)["msg"]
+            _core.ferret_receiver_trees(bu, bw, P.n, P.k, P.t, P.h, tw, msg, u, wb)
         except ValueError as e:
+            if isinstance(e, OTError):
+                raise
             raise OTError(f"Ferret: {e}") from e
         rest_u, rest_w = self.reserve_u[P.base:], self.reserve_w[P.base:]
         if not serve:
