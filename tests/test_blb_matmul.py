@@ -175,22 +175,24 @@ def test_counts_closed_forms_and_paper_shapes():
 
 
 # ------------------------------------------------- Appendix C.2: the output projection
-@pytest.mark.parametrize("n,d,groups,cols,per_ct", [(8, 4, 2, 12, None), (8, 4, 1, 20, 8), (5, 3, 1, 7, None)])
+@pytest.mark.parametrize("n,d,groups,cols,per_ct,dense", [(8, 4, 2, 12, None, True), (8, 4, 1, 20, 8, False),
+                                                          (8, 2, 2, 10, None, True), (5, 3, 1, 7, None, False)])
 @pytest.mark.parametrize("bsgs", [False, True])
-def test_outproj_diagonal_to_spatial(env, n, d, groups, cols, per_ct, bsgs):
+def test_outproj_diagonal_to_spatial(env, n, d, groups, cols, per_ct, dense, bsgs):
     """Appendix C.2 on P V's diagonal-packed output: O = concat_h(P_h V_h) W with W in the
     clear, the result in spatial-first packing (columns of n consecutive slots), against
     numpy; the counters equal `blb_diag_matmul.counts`, one level used.  n = 8: S / n = 64
     segments, cyclic offsets (one output ciphertext of 12 columns; or 20 columns at 8 per
-    ciphertext: 3 of them); n = 5: 512 is no multiple of 5, non-cyclic offsets."""
+    ciphertext: 3 of them); n = 5: 512 is no multiple of 5, non-cyclic offsets.  ``dense``:
+    Figure 15 (b)'s folding of the padded diagonals (n = 2 d_h and n = 4 d_h)."""
     from cipherlm.protocols.ckks import blb_diag_matmul as C2
 
     rng = np.random.default_rng(n + cols + bsgs)
     P, V = rng.normal(size=(H, n, n)) / 2, rng.normal(size=(H, n, d))
     W = rng.normal(size=(H * d, cols)) / 2
     Lav = M.make_layout(512, H, n, n, groups)
-    Lo = C2.make_diag_layout(Lav, d, cols, per_ct)
-    assert Lo.cyclic == (n == 8)
+    Lo = C2.make_diag_layout(Lav, d, cols, per_ct, dense)
+    assert Lo.cyclic == (n == 8) and Lo.n_in == Lav.n_out // (n // d if dense else 1)
     steps = M.rotation_steps(Lav, True) | C2.rotation_steps(Lo, bsgs)
     be, ctx, sk, bk = env
     ev = CkksEvaluator(be, ctx, sk.eval_keys(relin=True, steps=sorted(steps)), bk)
@@ -225,8 +227,11 @@ def test_outproj_bsgs_and_counts_closed_form():
         naive, bsgs = C2.counts(Lo, False), C2.counts(Lo, True)
         assert naive["mul_plain"] == bsgs["mul_plain"] == Lo.n_in * sum(len(Lo.offsets(m)) for m in range(Lo.n_out))
         assert bsgs["rotate"] < naive["rotate"] / 2
+        sparse = C2.counts(C2.make_diag_layout(Lav, 64, 768, dense=False), True)
+        assert Lo.dense and 2 * bsgs["mul_plain"] == sparse["mul_plain"]  # Figure 15 (b): n = 2 d_h
     # S = 512, n = 8 (64 segments, cyclic), c = 2, H = 2: 4 input segments; 12 output columns
-    Lo = C2.make_diag_layout(M.make_layout(512, 2, 8, 8, 2), 4, 12)
-    c = C2.counts(Lo, False)
-    # offsets sigma' - sigma mod 64, sigma' < 4, sigma < 12: -11..3, 15 of them; 4 input cts
-    assert c["mul_plain"] == 4 * 15 and c["rotate"] == 4 * 14 + 0
+    for dense, cts in ((False, 4), (True, 2)):
+        Lo = C2.make_diag_layout(M.make_layout(512, 2, 8, 8, 2), 4, 12, dense=dense)
+        c = C2.counts(Lo, False)
+        # offsets sigma' - sigma mod 64, sigma' < 4, sigma < 12: -11..3, 15 of them, 14 nonzero
+        assert c["mul_plain"] == cts * 15 and c["rotate"] == cts * 14

@@ -39,8 +39,15 @@ hoisted, each plaintext is pre-rotated (free: it is in the clear) so that
 one giant rotation per (m, G) with K_G != 0 mod S.  `best_baby` picks beta by minimising the
 rotations.
 
-Cost (`counts`, exact for this implementation; J_in = n / c input ciphertexts, M = ceil(D / s)
-output ciphertexts, U the offsets with a non-empty segment pair):
+Dense diagonals (Figure 15 (b): "if zero padding is exactly doubled, we can add adjacent
+ciphertexts of X to obtain the output in a dense diagonal packing"): with n = r d_h and c | d_h,
+input ciphertexts q and q + k d_h / c (k < r) hold the diagonals delta + k d_h, and exactly one
+of them is nonzero at each position t (the one with (t + delta + k d_h) mod n < d_h, of column
+((t + delta) mod n) mod d_h), so their sum is dense: (r - 1) d_h / c ciphertext additions, and
+r times fewer input ciphertexts (J_in = d_h / c) and products.  The default where it applies.
+
+Cost (`counts`, exact for this implementation; J_in = n / c input ciphertexts (d_h / c dense),
+M = ceil(D / s) output ciphertexts, U the offsets with a non-empty segment pair):
 
 * rotations = J_in |{b n mod S != 0}| + sum_m |{K_G mod S != 0}|;
 * ct-pt     = J_in sum_m |U_m| (one per input ciphertext, output ciphertext and offset);
@@ -49,9 +56,10 @@ output ciphertexts, U the offsets with a non-empty segment pair):
   domain" (C.2).
 
 Against BOLT's ct-pt MatMul (spatial-first input of H d_h columns, s per ciphertext: H d_h / s
-input ciphertexts) the input here has H n columns' worth of segments (the zero padding of
-section 5.2), so the products grow by n / d_h; the paper's remedy for n = 2 d_h (adding
-adjacent diagonal ciphertexts into a dense diagonal packing, Figure 15 (b)) is not implemented.
+input ciphertexts): dense, the input has H d_h columns' worth of segments too, c H per
+ciphertext instead of s, so the products are BOLT's times s / (c H) (4/3 at BERT-base, S = 8192:
+c H = 48 of 64 segments used); without the folding (n not a multiple of d_h) they grow by n / d_h
+more.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ __all__ = [
     "DiagLayout",
     "best_baby",
     "counts",
+    "can_densify",
     "make_diag_layout",
     "outproj",
     "plaintexts",
@@ -86,6 +95,11 @@ class DiagLayout:
     head_dim: int
     cols: int
     per_ct: int
+    #: Figure 15 (b): with n = r d_h (r >= 2, the zero padding of P V) and c | d_h, the r
+    #: ciphertexts q + k d_h / c (k < r) hold the diagonals delta + k d_h, whose supports
+    #: ((t + delta) mod n < d_h) split the n positions: their sum is a dense diagonal packing
+    #: (ciphertext additions only), r times fewer input ciphertexts and products
+    dense: bool = False
 
     def __post_init__(self):
         L = self.pv
@@ -97,6 +111,9 @@ class DiagLayout:
             raise ValueError(f"{self.per_ct} columns of {L.n} tokens do not fit {L.slots} slots")
         if self.cols < 1:
             raise ValueError("no output columns")
+        if self.dense and not can_densify(L, self.head_dim):
+            raise ValueError(f"dense diagonals need n = r d_h (r >= 2) and c | d_h: n = {L.n}, "
+                             f"d_h = {self.head_dim}, c = {L.groups}")
 
     @property
     def slots(self) -> int:
@@ -112,8 +129,14 @@ class DiagLayout:
         return self.pv.groups * self.pv.heads
 
     @property
+    def fold(self) -> int:
+        """r: diagonal ciphertexts summed into one (1 without ``dense``)."""
+        return self.n // self.head_dim if self.dense else 1
+
+    @property
     def n_in(self) -> int:
-        return self.pv.n_out
+        """Input ciphertexts after the dense folding (n / c, or d_h / c with ``dense``)."""
+        return self.pv.n_out // self.fold
 
     @property
     def n_out(self) -> int:
@@ -144,9 +167,17 @@ class DiagLayout:
         return out
 
 
-def make_diag_layout(pv: MHLayout, head_dim: int, cols: int, per_ct: int | None = None) -> DiagLayout:
-    """``per_ct`` defaults to floor(S / n) (every segment of an output ciphertext used)."""
-    return DiagLayout(pv, int(head_dim), int(cols), int(pv.slots // pv.n if per_ct is None else per_ct))
+def can_densify(pv: MHLayout, head_dim: int) -> bool:
+    """Whether Figure 15 (b)'s dense diagonal packing applies: n = r d_h, r >= 2, c | d_h."""
+    return pv.n % head_dim == 0 and pv.n // head_dim >= 2 and head_dim % pv.groups == 0
+
+
+def make_diag_layout(pv: MHLayout, head_dim: int, cols: int, per_ct: int | None = None,
+                     dense: bool | None = None) -> DiagLayout:
+    """``per_ct`` defaults to floor(S / n) (every segment of an output ciphertext used);
+    ``dense`` to whether it applies (`can_densify`)."""
+    dense = can_densify(pv, head_dim) if dense is None else bool(dense)
+    return DiagLayout(pv, int(head_dim), int(cols), int(pv.slots // pv.n if per_ct is None else per_ct), dense)
 
 
 def unpack_spatial(vecs, layout: DiagLayout) -> np.ndarray:
@@ -239,6 +270,8 @@ def plaintexts(W, layout: DiagLayout, q: int, m: int) -> dict[int, np.ndarray]:
         for src, dst in pairs:
             g, h = divmod(src, P.heads)
             col = (t + q * P.groups + g) % L.n
+            if L.dense:  # the diagonals delta + k d_h summed: column ((t + delta) mod n) mod d_h
+                col = col % L.head_dim
             ok = col < L.head_dim
             seg = np.zeros(L.n)
             seg[ok] = W[h * L.head_dim + col[ok], m * L.per_ct + dst]
@@ -248,6 +281,12 @@ def plaintexts(W, layout: DiagLayout, q: int, m: int) -> dict[int, np.ndarray]:
 
 
 # -------------------------------------------------------------------------------- protocol
+def _sum(ev: CkksEvaluator, cts: Sequence):
+    acc = cts[0]
+    for c in cts[1:]:
+        acc = ev.add_ct(acc, c)
+    return acc
+
 def outproj(ev: CkksEvaluator, x_cts: Sequence, W, layout: DiagLayout, bsgs: bool = True,
             baby: int | None = None) -> list:
     """O = concat_h(X_h) W from P V's diagonal-packed ciphertexts ``x_cts`` (`blb_matmul.fused_av`'s
@@ -255,8 +294,10 @@ def outproj(ev: CkksEvaluator, x_cts: Sequence, W, layout: DiagLayout, bsgs: boo
     spatial-first packing (`unpack_spatial`).  ``bsgs``: baby-step giant-step over the segment
     offsets (``baby``: beta, default `best_baby`)."""
     L = layout
-    if len(x_cts) != L.n_in:
-        raise ValueError(f"expected {L.n_in} ciphertexts, got {len(x_cts)}")
+    if len(x_cts) != L.pv.n_out:
+        raise ValueError(f"expected {L.pv.n_out} ciphertexts, got {len(x_cts)}")
+    if L.fold > 1:  # Figure 15 (b): dense diagonal packing by additions
+        x_cts = [_sum(ev, [x_cts[q + k * L.n_in] for k in range(L.fold)]) for q in range(L.n_in)]
     beta = _beta(L, bsgs, baby)
     sched = _schedule(L, beta)
     babies = sorted({b for s in sched for bs in s.values() for b in bs})
