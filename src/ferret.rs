@@ -472,8 +472,14 @@ pub fn sender_trees(shape: Shape, delta: u128, base_v: &[u8], tweak: u64, v: &mu
             put(m, 2 * l, sums[l].0 ^ get(p0, l));
             put(m, 2 * l + 1, sums[l].1 ^ get(p1, l));
         }
-        // the XOR of all leaves = the two sums of the last level
-        put(m, 2 * h, delta ^ sums[h - 1].0 ^ sums[h - 1].1);
+        // the leaves' LSBs are cleared (so that the LSB of a receiver's w is its
+        // choice bit when LSB(Delta) = 1 and the base is normalised the same way,
+        // `receiver_trees`); d = Delta xor the XOR of the cleared leaves, which is
+        // the XOR of the two sums of the last level with its LSB cleared
+        for x in leaves.iter_mut() {
+            *x &= !1;
+        }
+        put(m, 2 * h, delta ^ ((sums[h - 1].0 ^ sums[h - 1].1) & !1));
     }
     msg
 }
@@ -505,25 +511,41 @@ pub fn receiver_into(
     u: &mut [u8],
     w: &mut [u128],
 ) {
-    receiver_lpn(shape, base_u, base_w, seed, u, w);
-    receiver_trees(shape, base_u, base_w, tweak, msg, u, w);
+    receiver_lpn(shape, base_u, base_w, seed, u, w, false);
+    receiver_trees(shape, base_u, base_w, tweak, msg, u, w, false);
 }
 
 /// Receiver, first half (needs only the public seed, not the sender's
 /// message): w = the LPN encoding of the first k base rows, u = the same code
 /// applied to their choice bits (both overwritten).
-pub fn receiver_lpn(shape: Shape, base_u: &[u8], base_w: &[u8], seed: &[u8; 16], u: &mut [u8], w: &mut [u128]) {
+///
+/// With `lsb` (the choice bit carried in the LSB of w: LSB(Delta) = 1 and every
+/// base row normalised so that LSB(w_j) = u_j, i.e. LSB(v_j) = 0) the choice
+/// bits need no encoding of their own: the LSB of the encoded w is already
+/// the encoded u, and `u` is left untouched (`receiver_trees` writes it).
+/// This is the receiver's encoding at the sender's cost (no bit gather).
+pub fn receiver_lpn(shape: Shape, base_u: &[u8], base_w: &[u8], seed: &[u8; 16], u: &mut [u8], w: &mut [u128], lsb: bool) {
     let k = shape.k;
     assert_eq!(w.len(), shape.n);
     assert_eq!(u.len(), shape.n);
-    lpn_encode(seed, k, base_w, w, Some((&base_u[..k], u)), true);
+    if lsb {
+        lpn_encode(seed, k, base_w, w, None, true);
+    } else {
+        lpn_encode(seed, k, base_w, w, Some((&base_u[..k], u)), true);
+    }
+}
+
+/// Whether every base row carries its choice bit in its LSB (`lsb` mode's input).
+pub fn lsb_normalised(base_u: &[u8], base_w: &[u8]) -> bool {
+    base_u.iter().zip(base_w.chunks_exact(16)).all(|(&c, row)| row[0] & 1 == c)
 }
 
 /// Receiver, second half: the punctured GGM trees from the sender's message,
 /// XORed into w block by block (each tree expanded in a 2^h scratch that stays
 /// in cache), and the noise (one 1 per block at the punctured leaf) into u.
 #[allow(clippy::too_many_arguments)]
-pub fn receiver_trees(shape: Shape, base_u: &[u8], base_w: &[u8], tweak: u64, msg: &[u8], u: &mut [u8], w: &mut [u128]) {
+/// With `lsb` (see `receiver_lpn`) u is written from the LSBs of the final w.
+pub fn receiver_trees(shape: Shape, base_u: &[u8], base_w: &[u8], tweak: u64, msg: &[u8], u: &mut [u8], w: &mut [u128], lsb: bool) {
     let Shape { n, k, h, .. } = shape;
     assert_eq!(w.len(), n);
     assert_eq!(u.len(), n);
@@ -543,11 +565,19 @@ pub fn receiver_trees(shape: Shape, base_u: &[u8], base_w: &[u8], tweak: u64, ms
         let alpha = ggm.receiver_tree(&known, b, &mut leaves);
         let mut acc = get(m, 2 * h);
         for (o, &x) in wblk.iter_mut().zip(leaves.iter()) {
+            let x = x & !1; // the sender's leaves have their LSB cleared
             acc ^= x; // the punctured leaf is 0 here
             *o ^= x;
         }
         wblk[alpha] ^= acc; // leaf alpha = v_alpha xor Delta
-        u[(tau << h) + alpha] ^= 1;
+        let ublk = &mut u[tau << h..(tau + 1) << h];
+        if lsb {
+            for (c, x) in ublk.iter_mut().zip(wblk.iter()) {
+                *c = (*x as u8) & 1;
+            }
+        } else {
+            ublk[alpha] ^= 1;
+        }
     }
 }
 
@@ -774,10 +804,13 @@ pub fn ferret_sender_lpn(
 }
 
 /// Receiver, first half (before the sender's message arrives): (base_u, base_w,
-/// n, k, t, h, seed, out_u n bytes, out_w n*16 bytes 16-byte aligned): writes
-/// the LPN encodings of the first k base COTs.  Then `ferret_receiver_trees`.
+/// n, k, t, h, seed, out_u n bytes, out_w n*16 bytes 16-byte aligned, lsb):
+/// writes the LPN encodings of the first k base COTs.  With `lsb` the choice
+/// bits travel in the LSB of w (LSB(Delta) = 1, base rows normalised: checked)
+/// and out_u is written by `ferret_receiver_trees` (pass the same flag there).
 /// Releases the GIL.
 #[pyfunction]
+#[pyo3(signature = (base_u, base_w, n, k, t, h, seed, out_u, out_w, lsb=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn ferret_receiver_lpn(
     py: Python<'_>,
@@ -790,20 +823,26 @@ pub fn ferret_receiver_lpn(
     seed: PyBuffer<u8>,
     out_u: PyBuffer<u8>,
     out_w: PyBuffer<u8>,
+    lsb: bool,
 ) -> PyResult<()> {
     let shape = shape_arg(n, k, t, h)?;
     let (bu, bw) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?);
     let s = seed_arg(&seed)?;
+    if lsb && !lsb_normalised(&bu[..k], &bw[..k * 16]) {
+        return err("lsb mode: the base rows do not carry their choice bits in their LSBs");
+    }
     let u = out_bytes(&out_u, n, 1, "out_u")?;
     let w = as_u128s(out_bytes(&out_w, n * 16, 16, "out_w")?);
-    py.allow_threads(|| receiver_lpn(shape, bu, bw, &s, u, w));
+    py.allow_threads(|| receiver_lpn(shape, bu, bw, &s, u, w, lsb));
     Ok(())
 }
 
 /// Receiver, second half: (base_u, base_w, n, k, t, h, tweak, the sender's
 /// message, out_u, out_w as filled by `ferret_receiver_lpn`): XORs in the
-/// punctured GGM trees.  Releases the GIL.
+/// punctured GGM trees (`lsb`: as given to `ferret_receiver_lpn`; then u = the
+/// LSBs of w).  Releases the GIL.
 #[pyfunction]
+#[pyo3(signature = (base_u, base_w, n, k, t, h, tweak, msg, out_u, out_w, lsb=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn ferret_receiver_trees(
     py: Python<'_>,
@@ -817,6 +856,7 @@ pub fn ferret_receiver_trees(
     msg: PyBuffer<u8>,
     out_u: PyBuffer<u8>,
     out_w: PyBuffer<u8>,
+    lsb: bool,
 ) -> PyResult<()> {
     let shape = shape_arg(n, k, t, h)?;
     let (bu, bw, m) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?, view(&msg)?);
@@ -825,7 +865,7 @@ pub fn ferret_receiver_trees(
     }
     let u = out_bytes(&out_u, n, 1, "out_u")?;
     let w = as_u128s(out_bytes(&out_w, n * 16, 16, "out_w")?);
-    py.allow_threads(|| receiver_trees(shape, bu, bw, tweak, m, u, w));
+    py.allow_threads(|| receiver_trees(shape, bu, bw, tweak, m, u, w, lsb));
     Ok(())
 }
 
@@ -929,6 +969,39 @@ mod tests {
         // u is balanced (pseudorandom): 16384 bits, 6 sigma = 384
         let ones: usize = u.iter().map(|&x| x as usize).sum();
         assert!((ones as i64 - (shape.n as i64) / 2).abs() < 384, "ones = {ones}");
+    }
+
+    #[test]
+    fn lsb_mode_gives_the_bit_gather_result() {
+        // LSB(Delta) = 1 and base rows normalised (LSB(v) = 0, LSB(w) = u): the
+        // halves in lsb mode give the same u and w as the bit-gather mode, and
+        // u is the LSB of w
+        let shape = Shape::new(32 << 7, 3000, 32, 7).unwrap();
+        let mut r = rng();
+        let (mut delta, bu, mut bv, mut bw) = base_cots(&mut r, shape.base());
+        delta |= 1;
+        for i in 0..shape.base() {
+            let v = get(&bv, i) & !1;
+            put(&mut bv, i, v);
+            put(&mut bw, i, v ^ if bu[i] == 1 { delta } else { 0 });
+        }
+        assert!(lsb_normalised(&bu, &bw));
+        let s = [4u8; 16];
+        let (msg, v) = sender(shape, delta, &bv, &s, 9);
+        let (u0, w0) = receiver(shape, &bu, &bw, &s, 9, &msg);
+        let mut u1 = vec![7u8; shape.n];
+        let mut w1 = vec![5u128; shape.n];
+        receiver_lpn(shape, &bu, &bw, &s, &mut u1, &mut w1, true);
+        receiver_trees(shape, &bu, &bw, 9, &msg, &mut u1, &mut w1, true);
+        assert_eq!(u1, u0);
+        assert_eq!(u128s_to_bytes(w1.clone()), w0);
+        for i in 0..shape.n {
+            assert_eq!(get(&v, i) & 1, 0);
+            assert_eq!((w1[i] & 1) as u8, u1[i]);
+            assert_eq!(w1[i], get(&v, i) ^ if u1[i] == 1 { delta } else { 0 });
+        }
+        let ones: usize = u1.iter().map(|&x| x as usize).sum();
+        assert!((ones as i64 - (shape.n as i64) / 2).abs() < 6 * 32, "ones = {ones}");
     }
 
     #[test]

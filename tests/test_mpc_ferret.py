@@ -192,6 +192,36 @@ def test_session_every_kind_from_ferret():
     assert sess[0]._ferret_send.iterations == 1 and sess[1]._ferret_recv.iterations == 1
 
 
+def test_pool_choice_bit_in_lsb_of_w():
+    """The pools carry the receiver's choice bit in the LSB of w: LSB(Delta) = 1,
+    the sender's rows have LSB 0, u = LSB(w) for every served COT (across a refill
+    from the reserve), and u is still balanced; an IKNP extension whose Delta has
+    LSB 0 cannot be wrapped."""
+    n = FERRET_SETUP.usable + 50_000
+
+    (v, (u, w)), _, sess = run_both(lambda ot: ot.send_rcot(n)[0], lambda ot: ot.recv_rcot(n))
+    delta = sess[0]._ferret_send.delta
+    assert delta[0] & 1 == 1 and sess[0]._ferret_send.iterations == 2
+    d = np.frombuffer(delta, np.uint64)
+    np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
+    assert not (v[:, 0] & np.uint64(1)).any()
+    np.testing.assert_array_equal((w[:, 0] & np.uint64(1)).astype(bool), u)
+    assert abs(int(u.sum()) - n / 2) < 6 * np.sqrt(n / 4)
+    # the rest of Delta is not fixed: its other 127 bits vary between sessions
+    (_, _), _, sess2 = run_both(lambda ot: ot.send_rcot(10), lambda ot: ot.recv_rcot(10))
+    assert sess2[0]._ferret_send.delta != delta
+    # wrapping an IKNP extension that already has an even Delta is refused
+    from cipherlm.mpc.ot_extension import FerretExtension, IknpExtension
+
+    class _D:
+        delta = b"\x00" * 16
+
+    ik = IknpExtension(None, 0)
+    ik.as_sender[128] = _D()
+    with pytest.raises(ValueError, match="LSB"):
+        FerretExtension(ik)
+
+
 def test_pool_refills_and_bytes_per_ot():
     """More OTs than one setup iteration serves: a second iteration runs from
     the reserve (no new IKNP bootstrap); bytes per random OT ~1 bit + refills."""

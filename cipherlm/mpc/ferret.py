@@ -23,6 +23,15 @@ the punctured trees; with the two parties on two cores an iteration takes
 about the longer of the two encodings plus the tree halves, instead of the
 sum of both parties' work.
 
+The receiver's choice bit travels in the LSB of w (as in the authors' emp-ot):
+LSB(Delta) = 1 (`IknpExtension.delta_lsb`, 127 random bits of Delta remain),
+the sender's rows v all have LSB 0 (the IKNP bootstrap is normalised on
+both sides: v's LSB cleared, w's LSB set to the choice bit; the GGM leaves
+are cleared in the core), so u = LSB(w) for the base and, by linearity, for
+every output: the receiver's LPN encoding gathers w only, not the choice
+bits as well.  The served sender rows therefore have LSB 0 (the raw
+`send_rcot` / `send_bool_cot` outputs; the hashed OT kinds are unaffected).
+
 The pools are driven by `cipherlm.mpc.ot_extension.FerretExtension` (the
 Ferret implementation of the OT-extension interface), which hands them its
 `IknpExtension`; they use only that object's channel (``base.chan``) and its
@@ -281,7 +290,10 @@ class FerretSender(_FerretSide):
 
     def __init__(self, base, main_after: int = MAIN_AFTER):
         super().__init__(base, main_after)
+        base.delta_lsb = True  # takes effect if its base OTs have not run yet
         self.delta = base.sender_delta()  # IKNP sender: same Delta
+        if not self.delta[0] & 1:
+            raise ValueError("Ferret needs LSB(Delta) = 1 (IknpExtension.delta_lsb before its base OTs)")
         self.delta64 = np.frombuffer(self.delta, np.uint64).copy()
         self.reserve = np.empty((0, 2), np.uint64)
         self.pool = _Fifo()
@@ -294,7 +306,9 @@ class FerretSender(_FerretSide):
         return self.reserve.shape[0]
 
     def _bootstrap(self, m: int) -> None:
-        self.reserve = np.concatenate([self.reserve, self.base.send_raw_cot(m, "ferret_boot")])
+        q = self.base.send_raw_cot(m, "ferret_boot")
+        q[:, 0] &= ~np.uint64(1)  # LSB(v) = 0: the receiver's choice bit is LSB(w) (module doc)
+        self.reserve = np.concatenate([self.reserve, q])
 
     def _iterate(self, P: LPNParams, serve: bool) -> None:
         """One iteration in two halves around the message: the public LPN seed goes
@@ -364,6 +378,7 @@ class FerretReceiver(_FerretSide):
     def _bootstrap(self, m: int) -> None:
         c = random_choices(m).astype(np.uint8)
         w = self.base.recv_raw_cot(c, "ferret_boot")
+        w[:, 0] = (w[:, 0] & ~np.uint64(1)) | c  # the peer cleared LSB(v); LSB(Delta) = 1
         self.reserve_u = np.concatenate([self.reserve_u, c])
         self.reserve_w = np.concatenate([self.reserve_w, w])
 
@@ -379,9 +394,9 @@ class FerretReceiver(_FerretSide):
         w = self.pool.array((P.n, 2), lambda: _rows(P.n))
         wb = w.view(np.uint8).reshape(-1)
         try:
-            _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb)
+            _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb, lsb=True)
             msg = expect(chan, "ferret", {"msg": P.msg_len}, it=it, n=P.n)["msg"]
-            _core.ferret_receiver_trees(bu, bw, P.n, P.k, P.t, P.h, tw, msg, u, wb)
+            _core.ferret_receiver_trees(bu, bw, P.n, P.k, P.t, P.h, tw, msg, u, wb, lsb=True)
         except ValueError as e:
             if isinstance(e, OTError):
                 raise

@@ -178,6 +178,9 @@ class IknpExtension(OTExtension):
         self.batch = int(batch)
         self.as_sender: dict[int, _Direction] = {}
         self.as_receiver: dict[int, _Direction] = {}
+        # LSB of the k = 128 Delta forced to 1 (set by `FerretExtension`, whose pools
+        # carry the receiver's choice bit in the LSB of w; 127 random bits remain)
+        self.delta_lsb = False
 
     # ---------------------------------------------------------------- base OTs
 
@@ -188,6 +191,8 @@ class IknpExtension(OTExtension):
             with self.chan.step("ot.base"):
                 msg = expect(self.chan, "base_A", {"A": 32}, k=k)
                 delta = secrets.token_bytes(k // 8)
+                if k == KAPPA and self.delta_lsb:
+                    delta = bytes([delta[0] | 1]) + delta[1:]  # Ferret: LSB(Delta) = 1
                 bits = np.unpackbits(u8(delta), bitorder="little")
                 try:
                     B, keys = _core.baseot_receiver(msg["A"], bits)
@@ -324,6 +329,9 @@ class FerretExtension(OTExtension):
     name = "ferret"
 
     def __init__(self, iknp: IknpExtension):
+        if KAPPA in iknp.as_sender and not iknp.as_sender[KAPPA].delta[0] & 1:
+            raise ValueError("Ferret needs LSB(Delta) = 1: wrap the IKNP extension before its base OTs")
+        iknp.delta_lsb = True
         self.iknp = iknp
         self.chan = iknp.chan
         self.party = iknp.party
