@@ -221,7 +221,15 @@ def test_served_on_two_workers(tiny_llama_dir, tmp_path, monkeypatch):
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
+        # keys are checked by the workers only (the server does not parse them itself): Galois
+        # keys without one of the model's steps are refused, and the server goes on serving
         keys = FheKeys(TEST_PRESET, host.rotation_steps, insecure_ok=True)
+        full_galois = keys.blobs["galois"]
+        keys.blobs["galois"] = keys.sk.galois_keys_bytes(keys.steps[:-1])
+        with pytest.raises(RemoteError, match="lack some of the .* required rotation steps"):
+            with FheClient(*srv.address, insecure_ok=True, keys=keys, timeout=60.0) as c:
+                c.next_logits([1, 2])
+        keys.blobs["galois"] = full_galois
         ids = [3, 17, 42, 5, 9]
         with FheClient(*srv.address, insecure_ok=True, keys=keys, timeout=60.0) as c:
             new, logits = c.generate(ids, 2)

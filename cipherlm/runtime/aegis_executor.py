@@ -246,11 +246,18 @@ class AegisExecutor:
 
     # ---- sessions
 
-    def open_session(self, preset: str, allow_insecure: bool, blobs: dict, slots: int, n: int) -> None:
-        """Every worker loads the session's evaluation and bootstrapping keys, once."""
+    def open_session(self, preset: str, allow_insecure: bool, blobs: dict, slots: int, n: int,
+                     required_steps: Sequence[int] | None = None) -> None:
+        """Every worker loads the session's evaluation and bootstrapping keys, once, and checks
+        them (`FheWorker.open_session`: HEError for a malformed blob or Galois keys that miss
+        one of ``required_steps``).  The session is kept for `recover` only once every worker
+        has loaded it."""
         shared = self.runtime.share(dict(blobs))
-        self._session = (preset, allow_insecure, blobs, int(slots), int(n))
-        self.pids = self._all(lambda w: self.runtime.call(w, "open_session", preset, allow_insecure, shared))
+        steps = None if required_steps is None else [int(s) for s in required_steps]
+        self._session = None
+        self.pids = self._all(lambda w: self.runtime.call(w, "open_session", preset, allow_insecure, shared,
+                                                          steps))
+        self._session = (preset, allow_insecure, blobs, int(slots), int(n), steps)
 
     def close_session(self) -> None:
         self._all(lambda w: self.runtime.call(w, "close_session"))
@@ -261,8 +268,8 @@ class AegisExecutor:
         self.runtime.shutdown()
         self._start()
         if self._session is not None:
-            preset, insecure, blobs, slots, n = self._session
-            self.open_session(preset, insecure, blobs, slots, n)
+            preset, insecure, blobs, slots, n, steps = self._session
+            self.open_session(preset, insecure, blobs, slots, n, steps)
 
     def shutdown(self) -> None:
         self.runtime.shutdown()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,17 +86,27 @@ class FheWorker:
 
     # ---- session
 
-    def open_session(self, preset: str, allow_insecure: bool, blobs: dict) -> int:
+    def open_session(self, preset: str, allow_insecure: bool, blobs: dict,
+                     required_steps: Sequence[int] | None = None) -> int:
         """Load the session's keys (relin, galois, bootstrap blobs as the client sent them):
-        once per worker and session.  Returns the process id (for fault tests)."""
+        once per worker and session.  The keys are untrusted input: the loaders check them
+        (HEError), the Galois keys against ``required_steps`` (the model's rotation steps, no
+        more keys than steps), so the server need not parse them itself.  The previous
+        session's keys are dropped first (a failed load leaves no session).  Returns the
+        process id (for fault tests)."""
         import os
 
         from cipherlm.he import get_backend
 
+        self.close_session()
         be = get_backend("lattigo")
         ctx = be.bootstrappable_context(preset, allow_insecure_for_tests=allow_insecure)
         relin = be.relin_keys_from_bytes(ctx, blobs["relin"])
-        galois = be.galois_keys_from_bytes(ctx, blobs["galois"])
+        if required_steps is None:
+            galois = be.galois_keys_from_bytes(ctx, blobs["galois"])
+        else:
+            galois = be.galois_keys_from_bytes(ctx, blobs["galois"], required_steps=list(required_steps),
+                                               max_keys=len(required_steps))
         boot = be.bootstrapping_keys_from_bytes(ctx, blobs["bootstrap"])
         self.ev = CkksEvaluator(be, ctx, relin.merged(galois), boot)
         self.vals.clear()

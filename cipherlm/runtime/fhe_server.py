@@ -409,16 +409,17 @@ class Session(MessageSession):
         for b in blobs_order:
             blobs[b] = b"".join(chunks[b])
             chunks[b] = None
-        relin = be.relin_keys_from_bytes(ctx, blobs["relin"])
-        galois = be.galois_keys_from_bytes(ctx, blobs["galois"], required_steps=self.host.rotation_steps,
-                                           max_keys=len(self.host.rotation_steps))
         if self.host.executor is not None:
-            # checked here, loaded by every worker (`_on_workers`); the blobs stay with the session
+            # loaded and checked by every worker (`_on_workers`: the same loaders and step check
+            # as below, HEError for bad keys); not parsed here too, which at N = 2^16 would hold
+            # GBs of keys in this process only to drop them.  The blobs stay with the session.
             self.key_blobs = blobs
-            self.eval_keys = True
-            del relin, galois
             self._on_workers()
+            self.eval_keys = True
         else:
+            relin = be.relin_keys_from_bytes(ctx, blobs["relin"])
+            galois = be.galois_keys_from_bytes(ctx, blobs["galois"], required_steps=self.host.rotation_steps,
+                                               max_keys=len(self.host.rotation_steps))
             self.eval_keys = relin.merged(galois)
             del relin, galois
             if "bootstrap" in blobs:
@@ -530,7 +531,8 @@ class Session(MessageSession):
         with host.executor_lock:
             if host.executor_session is not self:
                 host.executor_session = None
-                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n)
+                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n,
+                                           required_steps=host.rotation_steps)
                 host.executor_session = self
 
     def _infer_workers(self, msg: dict, task: str, T: int, P, cts: list) -> None:
@@ -556,7 +558,8 @@ class Session(MessageSession):
                     raise ProtocolError("another session used the workers since this session's last pass: its "
                                         "encrypted KV cache is gone (start again at offset 0)")
                 host.executor_session = None
-                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n)
+                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n,
+                                           required_steps=host.rotation_steps)
                 host.executor_session = self
             try:
                 res = host.executor.run(blobs, P, outputs=("logits",), last_only=True, on_layer=on_layer,
