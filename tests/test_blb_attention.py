@@ -94,3 +94,66 @@ def test_conversions_on_lattigo(env, complex_slots):
     back = be.decode_slots(ctx, sk.decrypt(out), complex_out=complex_slots)
     # Algorithm 2's rounding of the encode matrix: ~0.3 (N/2) rms(y) 2^f / Delta per slot
     assert np.abs(back - z).max() < 5e-4
+
+
+# ----------------------------------------------------------------------------- the repack of P
+def diagonal_packing(P, L):
+    """Q K^T's output packing written from its definition (`blb_matmul` docstring): ciphertext
+    q, slot (g H + h) n + t = P_h[t, (t + q c + g) mod n]."""
+    H, n, _ = P.shape
+    out = np.zeros((L.n_out, L.slots))
+    t = np.arange(n)
+    for q in range(L.n_out):
+        for g in range(L.groups):
+            for h in range(H):
+                out[q, L.slot(g, h, 0) + t] = P[h, t, (t + q * L.groups + g) % n]
+    return out
+
+@pytest.mark.parametrize("n,c_qk,c_av", [(8, 2, 2), (8, 1, 4), (6, 3, 2), (5, 1, 1)])
+def test_repack_is_the_packing_change(n, c_qk, c_av):
+    """`repack_plain` takes Q K^T's diagonal packing of any matrices to `pack_columns` of P V's
+    layout (other groups per ciphertext on either side, 5 and 6 tokens included); each source
+    slot lands once, P V's padding reads nothing."""
+    from cipherlm.protocols.ckks import blb_matmul as M
+    from cipherlm.protocols.ckks import blb_repack as R
+
+    H = 2
+    P = np.random.default_rng(n + c_qk).normal(size=(H, n, n))
+    src, dst = M.make_layout(512, H, n, c_qk, c_qk), M.make_layout(512, H, n, n, c_av)
+    diag = diagonal_packing(P, src)
+    assert np.allclose(M.unpack_diagonals(diag, src), P)
+    assert (R.repack_plain(diag, src, dst) == M.pack_columns(P, dst)).all()
+    idx = R.repack_index(src, dst)
+    used = idx[idx >= 0]
+    assert used.size == H * n * n == np.unique(used).size
+
+
+def test_repack_of_shares_is_local(env):
+    """Inside the softmax's conversion: each party's output share is its own input share
+    permuted by the public `repack_index` (0 at padding), nothing is sent or received, and the
+    shares reconstruct to P in P V's packing."""
+    from cipherlm.protocols.ckks import blb_matmul as M
+    from cipherlm.protocols.ckks import blb_repack as R
+    from cipherlm.mpc.shares import AShare
+
+    H, n = 2, 8
+    P = np.random.default_rng(9).uniform(-2, 2, size=(H, n, n))
+    src, dst = M.make_layout(512, H, n, 4, 2), M.make_layout(512, H, n, n, 4)
+    diag = diagonal_packing(P, src)
+    fixed = np.rint(diag.reshape(-1) * 2.0 ** F).astype(np.int64).astype(np.uint64)
+    r = np.random.default_rng(10).integers(0, 2 ** 64, fixed.size, dtype=np.uint64)
+    shares = (r, fixed - r)
+
+    def party(ctx):
+        before = ctx.chan.stats()
+        x = AShare(ctx, shares[ctx.party], 64, F)
+        y = R.repack_shares(x, src, dst)
+        return x.data.copy(), y.data.copy(), before, ctx.chan.stats()
+
+    (x0, y0, b0, a0), (x1, y1, b1, a1) = run_inprocess(party, timeout=60)
+    assert a0 == b0 and a1 == b1  # no message either way
+    idx = R.repack_index(src, dst)
+    for x, y in ((x0, y0), (x1, y1)):
+        assert (y[idx >= 0] == x[idx[idx >= 0]]).all() and (y[idx < 0] == 0).all()
+    got = reveal(y0, y1).reshape(dst.n_cts, dst.slots)
+    assert np.abs(got - M.pack_columns(P, dst)).max() <= ULP
