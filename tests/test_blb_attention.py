@@ -157,3 +157,89 @@ def test_repack_of_shares_is_local(env):
         assert (y[idx >= 0] == x[idx[idx >= 0]]).all() and (y[idx < 0] == 0).all()
     got = reveal(y0, y1).reshape(dst.n_cts, dst.slots)
     assert np.abs(got - M.pack_columns(P, dst)).max() <= ULP
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_attention_core_end_to_end(env):
+    """The BLB attention core of one layer on ciphertexts, 2 heads, 8 tokens, head dim 4,
+    output projection to 12 columns (S = 512 slots):
+
+    server: Enc(Q), Enc(K) -> fused Q K^T (section 5, BSGS, c = 2: 4 ciphertexts in diagonal
+    packing) -> Algorithm 1 per ciphertext -> both parties: S / 4 by local truncation of their
+    shares (the stand-in for the MPC softmax) -> repack (local permutation) -> Algorithm 2 per
+    ciphertext of P V's packing -> server: fused P V with Enc(V) -> Appendix C.2 with W in the
+    clear -> client: decrypt.
+
+    Against numpy: O = concat_h((Q_h K_h^T / 4) V_h) W.  Error bound, from the pieces' own
+    bounds: P's entries carry e_P <= 2 ulp (Algorithm 1 + the truncation) + 5e-4 (Algorithm 2 at
+    Delta = 2^40, N = 2^10: tests above), and O's error is at most
+    e_P * n max|V| * H d_h max|W| (+ 1e-5 of CKKS noise); a wrong packing anywhere gives errors
+    of the size of O itself.  Every HE counter equals the predicted counts of the three
+    protocols; one masked ciphertext per Q K^T ciphertext and one encryption per P ciphertext
+    cross the channel."""
+    from cipherlm.protocols.ckks import blb_diag_matmul as C2
+    from cipherlm.protocols.ckks import blb_matmul as M
+    from cipherlm.protocols.ckks import blb_repack as R
+    from cipherlm.protocols.ckks.evaluator import CkksEvaluator
+    from cipherlm.mpc.protocols.trunc import trunc_local_bits
+    from cipherlm.mpc.shares import AShare
+
+    be, ctx, sk, bk = env
+    H, n, d, D, S = 2, 8, 4, 12, ctx.slots
+    rng = np.random.default_rng(16)
+    Q, K, V = (rng.normal(size=(H, n, d)) / 2 for _ in range(3))
+    W = rng.normal(size=(H * d, D)) / 2
+    Lqk, Lav = M.make_layout(S, H, n, d, 2), M.make_layout(S, H, n, n, 2)
+    Lo = C2.make_diag_layout(Lav, d, D)
+    steps = M.rotation_steps(Lqk) | M.rotation_steps(Lav) | C2.rotation_steps(Lo)
+    ev = CkksEvaluator(be, ctx, sk.eval_keys(relin=True, steps=sorted(steps)), bk)
+
+    def enc(vecs):
+        return [sk.encrypt(be.encode_slots(ctx, v)) for v in vecs]
+
+    q_ct, k_ct = enc(M.pack_columns(Q, Lqk)), enc(M.pack_columns(K, Lqk))
+    v_ct = enc(M.pack_rows(V, Lav))
+    measured = {}
+
+    def phase(name, fn):
+        ev.stats.counts.clear()
+        out = fn()
+        measured[name] = {k: ev.stats.counts.get(k, 0) for k in ("rotate", "mul", "mul_plain", "rescale")}
+        assert set(ev.stats.counts) <= {"rotate", "mul", "mul_plain", "rescale"}
+        return out
+
+    def party(c):
+        server = c.party == 1
+        side = cc.setup(c, be, ctx, None if server else sk)
+        base = c.chan.stats()
+        s_ct = phase("qk", lambda: M.fused_qk(ev, q_ct, k_ct, Lqk)) if server else [None] * Lqk.n_out
+        parts = [cc.ckks_to_shares(c, ct, side) for ct in s_ct]  # Algorithm 1, per ciphertext
+        y = AShare(c, np.concatenate([p.data for p in parts]), 64, F)
+        y = AShare(c, trunc_local_bits(c, y.data, 2, 64), 64, F)  # the softmax's stand-in: S / 4
+        p = R.repack_shares(y, Lqk, Lav)  # local permutation
+        p_ct = [cc.shares_to_ckks(c, AShare(c, p.data[j * S:(j + 1) * S], 64, F), side, scale_bits=40)
+                for j in range(Lav.n_cts)]  # Algorithm 2, per ciphertext of P V's packing
+        st = c.chan.stats()
+        sent = {k: v["messages_sent"] - base.get(k, {}).get("messages_sent", 0) for k, v in st.items()}
+        if not server:
+            return sent
+        x = phase("av", lambda: M.fused_av(ev, p_ct, v_ct, Lav))
+        return sent, phase("outproj", lambda: C2.outproj(ev, x, W, Lo))
+
+    sent_c, (sent_s, out) = run_inprocess(party, timeout=600)
+    assert sent_s["ckks2mpc"] == Lqk.n_out and sent_c["mpc2ckks"] == Lav.n_cts
+    want_counts = {"qk": M.counts(S, H, n, d, 2), "av": M.counts(S, H, n, n, 2), "outproj": C2.counts(Lo)}
+    for name, w in want_counts.items():
+        assert measured[name] == {k: w[k] for k in ("rotate", "mul", "mul_plain", "rescale")}, name
+    assert len(out) == Lo.n_out and out[0].level == ctx.max_level - want_counts["av"]["depth"] - 1
+    O = C2.unpack_spatial(np.stack([be.decode_slots(ctx, sk.decrypt(c)) for c in out]), Lo)
+    P = Q @ K.transpose(0, 2, 1) / 4
+    want = np.concatenate(list(P @ V), axis=1) @ W
+    # |error of O[t, j]| <= e_P sum_(h, i) |W[h d + i, j]| sum_k |V_h[k, i]|  (+ CKKS noise)
+    e_p = 2 * ULP + 5e-4
+    bound = e_p * (np.abs(V).sum(axis=1).reshape(-1) @ np.abs(W)).max() + 1e-5
+    err = np.abs(O - want).max()
+    assert err < bound, (err, bound)
+    for wrong in (np.concatenate(list(P.transpose(0, 2, 1) @ V), axis=1) @ W,  # K Q^T
+                  (P @ V).transpose(1, 2, 0).reshape(n, H * d) @ W):  # features concatenated the other way
+        assert np.abs(O - wrong).max() > 10 * bound
