@@ -352,7 +352,7 @@ def main(argv=None) -> int:
             measure(
                 "random OT (64-bit)", n, s0, s1, a, b,
                 lambda s: s.send_random(n, 64), lambda s: s.recv_random(None, 64, n=n),
-                bytes_per_ot("random"), chk,
+                bytes_per_ot("random", ferret=False), chk,
             )
         )
     if args.cot:
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
             measure(
                 "arithmetic COT (64-bit)", n, s0, s1, a, b,
                 lambda s: s.send_cot(corr, 64), lambda s: s.recv_cot(c, 64),
-                bytes_per_ot("cot", 64), chk,
+                bytes_per_ot("cot", 64, ferret=False), chk,
             )
         )
     if args.chosen:
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
             measure(
                 "chosen OT (64-bit)", n, s0, s1, a, b,
                 lambda s: s.send_chosen(m0, m1, 64), lambda s: s.recv_chosen(c, 64),
-                bytes_per_ot("chosen", 64), chk,
+                bytes_per_ot("chosen", 64, ferret=False), chk,
             )
         )
     if args.one_of_n:
@@ -399,7 +399,7 @@ def main(argv=None) -> int:
             measure(
                 "1-of-16 OT KK13 (2-bit)", n, s0, s1, a, b,
                 lambda s: s.send_1ofN(msgs, bits), lambda s: s.recv_1ofN(ch, N, bits),
-                bytes_per_ot("1ofN", bits, N=N), chk,
+                bytes_per_ot("1ofN", bits, N=N, ferret=False), chk,
             )
         )
     a.close()

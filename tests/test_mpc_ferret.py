@@ -249,7 +249,7 @@ def test_pool_refills_and_bytes_per_ot():
     derand = n / 8
     assert boot + ferret_msgs + derand < total < (boot + ferret_msgs + derand) * 1.02 + 20_000, total
     # compare with IKNP on the same n: 16 bytes per OT
-    assert total < n * bytes_per_ot("random") / 4
+    assert total < n * bytes_per_ot("random", ferret=False) / 4
 
 
 def test_main_parameter_switch_is_deterministic():
@@ -273,13 +273,21 @@ def test_main_parameter_switch_is_deterministic():
         assert s.main and calls[-1] == (FERRET_SETUP, False)  # reserve first fed by a setup iteration
 
 
-def test_bytes_per_ot_formula():
+def test_bytes_per_ot_formula(monkeypatch):
     assert bytes_per_ot("random", ferret=True) == 1 / 8
     assert bytes_per_ot("cot", 64, ferret=True) == (1 + 64) / 8
     assert bytes_per_ot("chosen", 64, ferret=True) == (1 + 128) / 8
     assert bytes_per_ot("1ofN", 2, 16, ferret=True) == (4 + 16 * 2) / 8
+    assert bytes_per_ot("1ofN", 2, 16, ferret=False) == (256 + 16 * 2) / 8
+    assert bytes_per_ot("1ofN", 2, 10, ferret=True) == bytes_per_ot("1ofN", 2, 10, ferret=False)  # not 2^m: KK13
+    # the default (no CIPHERLM_OT) is Ferret's formula; CIPHERLM_OT=iknp gives IKNP's
+    monkeypatch.delenv("CIPHERLM_OT", raising=False)
+    assert bytes_per_ot("random") == 1 / 8
+    assert bytes_per_ot("cot", 64) == (1 + 64) / 8
+    assert bytes_per_ot("1ofN", 2, 16) == (4 + 16 * 2) / 8
+    monkeypatch.setenv("CIPHERLM_OT", "iknp")
+    assert bytes_per_ot("random") == 16
     assert bytes_per_ot("1ofN", 2, 16) == (256 + 16 * 2) / 8
-    assert bytes_per_ot("1ofN", 2, 10, ferret=True) == bytes_per_ot("1ofN", 2, 10)  # not 2^m: KK13
 
 
 @pytest.mark.parametrize("N,batch", [(2, 1 << 16), (8, 16), (16, 1 << 16), (256, 64)])
@@ -318,7 +326,8 @@ def test_1ofN_sender_view_independent_of_choices():
 def test_env_selects_ferret(monkeypatch):
     a, _b = inprocess_pair(timeout=5)
     monkeypatch.delenv("CIPHERLM_OT", raising=False)
-    assert not OTSession(a, 0).ferret  # the default: IKNP (docs/ot.md: compute vs bytes)
+    assert OTSession(a, 0).ferret  # the default: Ferret (docs/ot.md, "Which default")
+    assert not OTSession(a, 0, ferret=False).ferret
     monkeypatch.setenv("CIPHERLM_OT", "ferret")
     assert OTSession(a, 0).ferret
     monkeypatch.setenv("CIPHERLM_OT", "iknp")

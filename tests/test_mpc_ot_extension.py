@@ -111,8 +111,13 @@ def test_wire_bits_per_cot_through_the_channel():
 def test_selection_and_session_wiring(monkeypatch):
     a, _ = inprocess_pair(timeout=5)
     monkeypatch.delenv("CIPHERLM_OT", raising=False)
+    assert ox.extension_kind() == "ferret"  # the default
+    assert isinstance(OTSession(a, 0).ext, ox.FerretExtension)
+    assert isinstance(OTSession(a, 0, ferret=False).ext, ox.IknpExtension)
+    monkeypatch.setenv("CIPHERLM_OT", "iknp")
     assert ox.extension_kind() == "iknp"
     assert isinstance(OTSession(a, 0).ext, ox.IknpExtension)
+    assert isinstance(ox.make_extension(a, 0), ox.IknpExtension)
     monkeypatch.setenv("CIPHERLM_OT", "ferret")
     assert ox.extension_kind() == "ferret"
     e = OTSession(a, 0).ext

@@ -64,7 +64,7 @@ class Context:
         if self._ot is None:
             factory = self._ot_factory
             if factory is None:
-                from .ot import OTSession as factory  # the real IKNP/KK13 OT
+                from .ot import OTSession as factory  # the real OT (Ferret by default; CIPHERLM_OT)
             self._ot = factory(self.chan, self.party)
         return self._ot
 

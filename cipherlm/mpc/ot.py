@@ -56,18 +56,17 @@ OT with a global Delta* (the sender gets q_j, the receiver t_j = q_j xor c_j
 Delta) by hashing, plus the sender's correction words.  Those correlated OTs
 come from an OT extension behind the interface of
 `cipherlm.mpc.ot_extension` (`OTExtension`, in the style of SPU's
-``FerretOtInterface``): `IknpExtension` (IKNP / KK13, the default) or
-`FerretExtension` (Ferret silent COT, Yang et al. CCS 2020, semi-honest,
+``FerretOtInterface``): `FerretExtension` (the default) or `IknpExtension`
+(IKNP / KK13; ``CIPHERLM_OT=iknp`` or ``ferret=False``).  Ferret: silent COT, Yang et al. CCS 2020, semi-honest,
 bootstrapped once from IKNP: the receiver sends e = c xor u, 1 bit per OT,
 the sender sets v <- v xor e*Delta, and the hashing / corrections below are
 unchanged; 1-out-of-N for N = 2^m comes from m of those correlated OTs,
 Naor-Pinkas 1999 on random OTs, m + N l bits per OT instead of KK13's
-256 + N l; other N stay on KK13).  ``OTSession(..., ferret=True)`` or the
-environment variable ``CIPHERLM_OT=ferret`` selects Ferret; the session
-object is ``OTSession.ext``.  Why IKNP stays the default: on the 2-vCPU
-development machine Ferret cuts bytes 4-9x but costs 3-4x the compute
-(refills and the 1-of-N hashing), which outweighs the saved transfer even in
-the modelled WAN setting (docs/ot.md, measured).
+256 + N l; other N stay on KK13).  The session object is ``OTSession.ext``.
+Why Ferret is the default: it sends 4-9x fewer bytes, and since its iteration
+was pipelined and sped up its compute is close to IKNP's (docs/ot.md,
+"Which default", measured); the cost table above is IKNP's, Ferret's is in
+`bytes_per_ot` and docs/ot.md.
 """
 
 from __future__ import annotations
@@ -87,17 +86,21 @@ from .ot_extension import (DEFAULT_BATCH, KAPPA, KK13_K, FerretExtension, IknpEx
 __all__ = ["OTSession", "OTError", "bytes_per_ot", "KAPPA"]
 
 
-def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret: bool = False) -> float:
+def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret: bool | None = None) -> float:
     """Payload bytes per OT on the wire, both directions, excluding base OTs,
     headers and padding.  `kind`: random | bool_cot | cot | chosen |
-    chosen_bytes (`length` bytes) | 1ofN.  With ``ferret`` the 128-bit IKNP
+    chosen_bytes (`length` bytes) | 1ofN.  ``ferret``: True / False for that
+    extension; None (default) for the one a default `OTSession` uses
+    (``CIPHERLM_OT``, default Ferret).  With Ferret the 128-bit IKNP
     row becomes the 1-bit derandomisation (the Ferret refills, amortised
     ~0.45 bit per OT with the main parameter set, are not included), and
     1-out-of-N for N = 2^m takes m such OTs instead of KK13's 256-bit row."""
+    if ferret is None:
+        ferret = extension_kind() == "ferret"
     if ferret and kind == "1ofN" and N & (N - 1) == 0:
         return ((N.bit_length() - 1) + N * bits) / 8
     if ferret and kind != "1ofN":
-        return bytes_per_ot(kind, bits, N, length) - (KAPPA - 1) / 8
+        return bytes_per_ot(kind, bits, N, length, ferret=False) - (KAPPA - 1) / 8
     if kind in ("random", "bool_cot"):
         return KAPPA / 8
     if kind == "cot":
@@ -142,7 +145,8 @@ class OTSession:
     label applies).  Base OTs are always labelled ``"ot.base"``.
     ``batch``: OTs per extension message (bounds memory and frame size).
     ``ferret``: True / False selects the OT extension (None: ``CIPHERLM_OT``,
-    default IKNP); the extension object is ``self.ext`` (`cipherlm.mpc.ot_extension`).
+    default Ferret, ``CIPHERLM_OT=iknp`` for IKNP); the extension object is
+    ``self.ext`` (`cipherlm.mpc.ot_extension`).
     """
 
     def __init__(self, chan, party: int, *, batch: int = DEFAULT_BATCH, step: str | None = None,

@@ -70,10 +70,11 @@ Batch = tuple[object, int, int, int]
 
 def extension_kind(ferret: bool | None = None) -> str:
     """'ferret' or 'iknp': from ``ferret`` when given, else from ``CIPHERLM_OT``
-    (default ``iknp``).  Raises ValueError on any other value of the variable."""
+    (default ``ferret``, docs/ot.md "Which default"; ``CIPHERLM_OT=iknp`` keeps
+    IKNP).  Raises ValueError on any other value of the variable."""
     if ferret is not None:
         return "ferret" if ferret else "iknp"
-    env = os.environ.get("CIPHERLM_OT", "iknp").strip().lower()
+    env = os.environ.get("CIPHERLM_OT", "ferret").strip().lower()
     if env not in KINDS:
         raise ValueError(f"CIPHERLM_OT must be 'iknp' or 'ferret', got {env!r}")
     return env
