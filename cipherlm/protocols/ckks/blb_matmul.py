@@ -1,4 +1,4 @@
-"""BLB's rotation-efficient fused ciphertext-ciphertext MatMul (BLB section 5, Appendix C.1-C.2).
+"""BLB's rotation-efficient fused ciphertext-ciphertext MatMul (BLB section 5, Appendix C.1).
 
 What it computes.  For H heads at once, Y_h = A_h B_h with both operands CKKS ciphertexts,
 A_h (n x k) and B_h (k x n), the output square (n x n):
@@ -74,10 +74,10 @@ coincidences mod S, with J = ceil(k / c)):
 `counts` builds the same sets of rotation steps as the protocol (distinct steps mod S, as the
 hoisted `CkksEvaluator.rot_many` counts them), so it is exact also where two steps coincide.
 
-Not here (see docs/blb.md): Appendix C.2's diagonal-packed ct-pt MatMul for the output
-projection; the repacking of P from the diagonal packing of Q K^T to the spatial-first packing
-of P V (in the paper P comes out of the softmax as secret shares and is repacked for free when
-converted back to CKKS); the conversions of section 6 around it.
+Around it (docs/blb.md): Appendix C.2's diagonal-packed ct-pt MatMul that takes P V's output to
+the output projection in spatial-first packing is `blb_diag_matmul`; the repacking of P from the
+diagonal packing of Q K^T to the spatial-first packing of P V, done on the softmax's secret
+shares between the conversions of section 6 (`protocols.ckks_convert`), is `blb_repack`.
 
 Comparison with the paper's Table 5 / Table 7.  Table 5 is not in the text copy of the paper
 at all (no formula, no cell: only the sentence of section 5.2 that cites it), so `bolt_counts` and `powerformer_counts` are models
