@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from cipherlm.mpc.ot import OTSession
 from cipherlm.mpc.runner import PartyFailed, run_inprocess
 from cipherlm.protocols import embedding as E
 from cipherlm.protocols import embedding_he as H
@@ -451,9 +452,28 @@ PINNED_BYTES = {
 }
 
 
+def _iknp_runner(f, **kw):
+    return run_inprocess(f, ot_factory=lambda chan, party: OTSession(chan, party, ferret=False), **kw)
+
+
+def test_lookup_bytes_default_ot():
+    """With the default OT (Ferret): the HE steps are byte for byte the pinned ones, and
+    the OT step (extend) sends fewer bytes than with IKNP, in the same rounds."""
+    method = "exact"
+    _val, _st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method)
+    client, server, _ = PINNED_BYTES[method]
+    for party, want in ((c, client), (s, server)):
+        got = tuple((party[k]["bytes_sent"], party[k]["bytes_received"], party[k]["rounds"]) for k in PINNED_STEPS)
+        assert got[:2] == want[:2]
+        ext, ext_iknp = got[2], want[2]
+        assert ext[0] + ext[1] < ext_iknp[0] + ext_iknp[1] and ext[2] == ext_iknp[2], (ext, ext_iknp)
+
+
 @pytest.mark.parametrize("method", sorted(PINNED_BYTES))
 def test_lookup_bytes_unchanged(method):
-    _val, st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method)
+    # pinned with IKNP (the default OT is Ferret since 2026-11-27; its extend step is
+    # checked against these in test_lookup_bytes_default_ot)
+    _val, st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method, runner=_iknp_runner)
     client, server, setup = PINNED_BYTES[method]
     for party, want in ((c, client), (s, server)):
         got = tuple((party[k]["bytes_sent"], party[k]["bytes_received"], party[k]["rounds"]) for k in PINNED_STEPS)

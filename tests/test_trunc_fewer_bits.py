@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cipherlm.mpc.ot import OTSession
 from cipherlm.mpc.ring import RingConfig, from_signed
 from cipherlm.mpc.runner import PartyFailed, run_inprocess, run_processes
 from cipherlm.mpc.shares import AShare, share_input
@@ -104,7 +105,9 @@ def _bytes(ctx, X, bits, s):
 def test_bytes_below_faithful(bits, s):
     n = 4096
     X = _inputs(bits, s, 0, n=n)  # x >= 0: every variant's promise holds
-    got, _ = run_inprocess(_bytes, args0=(X, bits, s), args1=(X, bits, s), ot_factory=None)
+    # IKNP pinned (the formulas below are IKNP's; the default OT is Ferret since 2026-11-27)
+    iknp = lambda chan, party: OTSession(chan, party, ferret=False)  # noqa: E731
+    got, _ = run_inprocess(_bytes, args0=(X, bits, s), args1=(X, bits, s), ot_factory=iknp)
     base = got["trunc_faithful"][0]
     print(f"\nl={bits} s={s}, n={n}, IKNP/KK13, both directions, frame headers included")
     for name, (nb, fl) in got.items():
