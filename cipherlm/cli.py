@@ -251,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runtime", choices=("ray", "inline"), default="ray",
                    help="bench aegis: Ray actors (default) or the workers in this process (no parallelism)")
     b.add_argument("--ray-address", default=None, help="bench aegis: a Ray cluster (default: ray.init() here)")
+    b.add_argument("--dispatch", default=None,
+                   help="bench aegis: comma-separated dispatch modes run one after the other on the same workers "
+                        "for W > 1: async (default: queued calls, one wait per layer half) and/or sync (a barrier "
+                        "after every operator), e.g. async,sync for an A/B of the overlap")
     b.add_argument("--model", default=DEFAULT_DECODER)
     b.add_argument("--prompt-tokens", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=16)

@@ -190,6 +190,16 @@ def test_ray_actors_and_a_killed_worker(keys, tiny_llama, ray_local):
     assert np.abs(got - want).max() < 5e-3
     _check_bytes(res)
     assert {w["rank"] for w in res["workers"]} == {0, 1} and len(set(ex.pids)) == 2
+    # async dispatch (the default: calls queued, one wait per layer half) against a barrier
+    # after every operator: the same collectives, bytes and result
+    assert ex.dispatch == "async"
+    ex.dispatch = "sync"
+    res_sync = ex.run(up, P, outputs=("logits",), last_only=True)
+    ex.dispatch = "async"
+    strip = [{k: c[k] for k in ("kind", "form", "node", "cts", "bytes", "levels", "sends")} for c in res["collectives"]]
+    assert strip == [{k: c[k] for k in strip[0]} for c in res_sync["collectives"]]
+    got_sync = _slots(keys, res_sync["outputs"]["logits"], P.tp)[:96, len(ids) - 1]
+    assert np.abs(got_sync - got).max() < 1e-6
     killer = threading.Timer(1.0, lambda: ex.runtime.kill(1))
     killer.start()
     t0 = time.monotonic()
@@ -258,13 +268,17 @@ def test_bench_aegis_cli(tmp_path, monkeypatch):
     monkeypatch.setenv("CIPHERLM_CACHE", str(tmp_path))
     report, fig = tmp_path / "a.json", tmp_path / "a.png"
     assert main(["bench", "aegis", "--workloads", "bert-tiny", "--tokens", "4", "--workers", "1,2", "--runtime",
-                 "inline", "--insecure-test-preset", "--report", str(report), "--plot", str(fig)]) == 0
+                 "inline", "--insecure-test-preset", "--report", str(report), "--plot", str(fig),
+                 "--dispatch", "async,sync"]) == 0
     res = json.loads(report.read_text())["extra"]["aegis"]
-    assert [(r["W"], r["placement"]) for r in res["runs"]] == [(1, "aegis"), (2, "aegis"), (2, "megatron")]
+    assert [(r["W"], r["placement"], r["dispatch"]) for r in res["runs"]] == [
+        (1, "aegis", "async"), (2, "aegis", "async"), (2, "aegis", "sync"), (2, "megatron", "async"),
+        (2, "megatron", "sync")]
+    assert res["runs"][1]["collectives"] == res["runs"][2]["collectives"]
     for r in res["runs"]:
         assert r["max_abs_error"] < 1e-3
         assert r["bytes"] == sum(r["bytes_by_part"].values())
         for k, b in r["bytes_by_part"].items():
             assert r["formula_bytes_by_part"][k] <= b <= r["formula_bytes_by_part"][k] * 1.01 + 4096
-    assert res["runs"][0]["bytes"] == 0 and res["runs"][2]["bytes"] > 0
+    assert res["runs"][0]["bytes"] == 0 and res["runs"][3]["bytes"] > 0
     assert fig.stat().st_size > 10_000

@@ -77,15 +77,22 @@ def _predicted(model, W: int, tokens: int, slots: int, n: int) -> dict:
 def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers=(1, 2),
           placements=("aegis", "megatron"), preset: str = "test-insecure-N1024", insecure: bool = True,
           runtime: str = "ray", ray_address: str | None = None, progress=print, warmup: bool = True,
-          threads: int | None = 1) -> dict:
+          threads: int | None = 1, dispatch=("async",)) -> dict:
     """See the module docstring; each W and placement gets fresh workers, a warm-up pass
     (``warmup``) and the measured pass.  ``threads``: OS threads per Ray worker (GOMAXPROCS;
-    default 1, so W workers on W cores compare with one worker on one core; None: all)."""
+    default 1, so W workers on W cores compare with one worker on one core; None: all).
+    ``dispatch``: the executor's dispatch modes to run for each W > 1 ("async": queued calls,
+    one wait per layer half; "sync": a barrier after every operator), in that order, on the
+    same workers: an A/B of the overlap (AEGIS 4.4.1) in one run."""
     from cipherlm.he import get_backend
     from cipherlm.runtime.aegis_executor import AegisExecutor, InlineRuntime, RayRuntime
     from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
     from cipherlm.runtime.plain import plain_executor
 
+    from cipherlm.runtime.aegis_executor import DISPATCH
+
+    if not dispatch or any(d not in DISPATCH for d in dispatch):
+        raise SystemExit(f"--dispatch: one or more of {DISPATCH}, got {','.join(dispatch)!r}")
     lm, model = _model(workload, layers, tokens)
     be = get_backend("lattigo")
     ctx = be.bootstrappable_context(preset, allow_insecure_for_tests=insecure)
@@ -112,20 +119,23 @@ def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers
             progress(f"W={W} {placement}: running ..." + (" (a warm-up pass first)" if warmup else ""))
             if warmup:  # the projections' encodings and the actors' first calls: not timed
                 ex.run(up, P)
-            res = ex.run(up, P)
+            for mode in (dispatch[:1] if W == 1 else dispatch):
+                ex.dispatch = mode
+                res = ex.run(up, P)
+                h = res["outputs"]["hidden"]
+                s = np.stack([be.decode_slots(ctx, sk.decrypt(be.ciphertext_from_bytes(ctx, b))) for b in h])
+                err = float(np.abs(P.unpack(s, want.shape[1]) - want).max())
+                run = {"W": W, "placement": placement, "dispatch": mode, "seconds": res["seconds"],
+                       "part_seconds": res["part_seconds"], "bytes": res["bytes"],
+                       "bytes_by_part": _by_part(res["collectives"], "bytes"),
+                       "formula_bytes_by_part": _by_part(res["collectives"], "formula_bytes"),
+                       "predicted_bytes_by_part": _predicted(model, W, tokens, ctx.slots, ctx.n)
+                       if placement == "aegis" and W > 1 else {},
+                       "collectives": res["collectives"], "workers": res["workers"], "max_abs_error": err}
+                progress(f"W={W} {placement} ({mode} dispatch): {res['seconds']:.1f} s, "
+                         f"{res['bytes'] / 1e6:.2f} MB between workers, max error {err:.2e}")
+                runs.append(run)
             ex.shutdown()
-            h = res["outputs"]["hidden"]
-            s = np.stack([be.decode_slots(ctx, sk.decrypt(be.ciphertext_from_bytes(ctx, b))) for b in h])
-            err = float(np.abs(P.unpack(s, want.shape[1]) - want).max())
-            run = {"W": W, "placement": placement, "seconds": res["seconds"], "part_seconds": res["part_seconds"],
-                   "bytes": res["bytes"], "bytes_by_part": _by_part(res["collectives"], "bytes"),
-                   "formula_bytes_by_part": _by_part(res["collectives"], "formula_bytes"),
-                   "predicted_bytes_by_part": _predicted(model, W, tokens, ctx.slots, ctx.n)
-                   if placement == "aegis" and W > 1 else {},
-                   "collectives": res["collectives"], "workers": res["workers"], "max_abs_error": err}
-            progress(f"W={W} {placement}: {res['seconds']:.1f} s, {res['bytes'] / 1e6:.2f} MB between workers, "
-                     f"max error {err:.2e}")
-            runs.append(run)
     bk.close()
     one = next(r for r in runs if r["W"] == 1) if any(r["W"] == 1 for r in runs) else None
     for r in runs:
@@ -185,14 +195,14 @@ def table(result: dict) -> str:
     lines = [f"aegis bench: {result['workload']}, {result['layers']} layer(s), {result['tokens']} tokens, "
              f"{result['preset']} (N = {result['n']}), runtime {result['runtime']}, "
              f"{result.get('threads_per_worker') or 'all'} thread(s) per worker, load {result.get('load_average')}",
-             f"{'W':>2} {'placement':9} {'part':13} {'measured MB':>11} {'Table 2 MB':>10} {'plan MB':>8} "
+             f"{'W':>2} {'placement':15} {'part':13} {'measured MB':>11} {'Table 2 MB':>10} {'plan MB':>8} "
              f"{'seconds':>8} {'T1/(W TW)':>9}"]
     for r in result["runs"]:
         keys = sorted(set(r["part_seconds"]) | set(r["bytes_by_part"]))
         for k in keys:
             eff = r.get("efficiency", {}).get(k)
             pred = r["predicted_bytes_by_part"].get(k)
-            lines.append(f"{r['W']:>2} {r['placement']:9} {k:13} {r['bytes_by_part'].get(k, 0) / 1e6:>11.3f} "
+            lines.append(f"{r['W']:>2} {_label(r):15} {k:13} {r['bytes_by_part'].get(k, 0) / 1e6:>11.3f} "
                          f"{r['formula_bytes_by_part'].get(k, 0) / 1e6:>10.3f} "
                          f"{'-' if pred is None else f'{pred / 1e6:.3f}':>8} "
                          f"{r['part_seconds'].get(k, 0):>8.1f} {'-' if eff is None else f'{eff:.2f}':>9}")
@@ -201,6 +211,12 @@ def table(result: dict) -> str:
                      f"peak RSS per worker (GB): {rss}, bootstraps per worker: "
                      f"{[w['bootstraps'] for w in r['workers']]}")
     return "\n".join(lines)
+
+
+def _label(run: dict) -> str:
+    """A run's placement, with its dispatch mode when it is not the default."""
+    mode = run.get("dispatch", "async")
+    return run["placement"] if mode == "async" else f"{run['placement']}/{mode}"
 
 
 def plot(result: dict, path: str) -> None:
@@ -217,12 +233,13 @@ def plot(result: dict, path: str) -> None:
     width = 0.8 / max(len(runs), 1)
     for i, r in enumerate(runs):
         a.bar(np.arange(len(parts)) + i * width, [r["bytes_by_part"].get(k, 0) / 1e6 for k in parts], width,
-              label=f"{r['placement']} W={r['W']}")
+              label=f"{_label(r)} W={r['W']}")
     a.set_xticks(np.arange(len(parts)) + 0.4 - width / 2, parts, rotation=30)
     a.set_ylabel("MB between workers (measured)")
     a.legend()
-    for placement in sorted({r["placement"] for r in runs}):
-        rs = sorted((r for r in result["runs"] if r["placement"] == placement and "efficiency_total" in r),
+    for placement in sorted({_label(r) for r in runs}):
+        rs = sorted((r for r in result["runs"] if (_label(r) == placement or r["W"] == 1)
+                     and r["placement"] == placement.split("/")[0] and "efficiency_total" in r),
                     key=lambda r: r["W"])
         b.plot([r["W"] for r in rs], [r["efficiency_total"] for r in rs], marker="o", label=placement)
     b.set_xlabel("workers")
@@ -244,7 +261,8 @@ def run(args) -> dict:
     res = bench(args.workloads or "bert-tiny", int(getattr(args, "layers", 1) or 1), int(args.tokens or 4),
                 workers, tuple(p.strip() for p in (getattr(args, "placements", None) or "aegis,megatron").split(",")),
                 preset, insecure, getattr(args, "runtime", "ray") or "ray", getattr(args, "ray_address", None),
-                progress=lambda m: print(f"bench aegis: {m}", file=sys.stderr, flush=True))
+                progress=lambda m: print(f"bench aegis: {m}", file=sys.stderr, flush=True),
+                dispatch=tuple(d.strip() for d in (getattr(args, "dispatch", None) or "async").split(",")))
     print(table(res))
     if getattr(args, "plot", None):
         plot(res, args.plot)

@@ -49,6 +49,7 @@ from .fhe_executor import FheModel
 from .graph_executor import GraphExecutor
 
 PLACEMENTS = ("aegis", "megatron")
+DISPATCH = ("async", "sync")
 _HE_ERROR_PREFIX = f"{HEError.__module__}.{HEError.__qualname__}: "
 
 
@@ -222,15 +223,24 @@ class AegisExecutor:
     """An fhe pass of `model` over `workers` workers (see the module docstring)."""
 
     def __init__(self, model: FheModel, workers: int, *, placement: str = "aegis", runtime=None,
-                 timeout: float = 600.0, cache_plaintexts: bool = True):
+                 timeout: float = 600.0, cache_plaintexts: bool = True, dispatch: str = "async"):
         if placement not in PLACEMENTS:
             raise HEError(f"unknown placement {placement!r}: one of {PLACEMENTS}")
+        if dispatch not in DISPATCH:
+            raise HEError(f"unknown dispatch {dispatch!r}: one of {DISPATCH}")
         if workers < 1:
             raise HEError("at least one worker")
         self.model, self.W, self.placement = model, int(workers), placement
         self.runtime = runtime if runtime is not None else InlineRuntime()
         self.timeout = float(timeout)
         self.cache_plaintexts = cache_plaintexts
+        #: "async": the operators' calls are queued without waiting (each actor runs its calls in
+        #: submission order, a received ciphertext is an argument that waits for its export), and
+        #: the driver waits once per layer half; "sync": it waits for every operator (a barrier
+        #: after each node; the A/B reference)
+        self.dispatch = dispatch
+        self._pending: list = []   # (ref, on_result or None), queued calls not yet waited for
+        self._part = None          # the layer half whose calls are queued
         self._names = {n.name: n.attrs["name"] for n in model.graph.linears()}
         self._node_of = {v: k for k, v in self._names.items()}
         self._session = None
@@ -241,8 +251,31 @@ class AegisExecutor:
         self._all(lambda w: self.runtime.call(w, "set_cache_plaintexts", self.cache_plaintexts))
 
     def _all(self, fn, workers: Sequence[int] | None = None) -> list:
+        """fn(w) on each worker, waited for (after everything queued before)."""
+        self.flush()
         ws = range(self.W) if workers is None else workers
         return self.runtime.get([fn(w) for w in ws], timeout=self.timeout)
+
+    def _each(self, fn, workers: Sequence[int] | None = None) -> None:
+        """An operator's fn(w) on each worker: queued (async dispatch) or waited for (sync)."""
+        ws = range(self.W) if workers is None else workers
+        self._queue([(fn(w), None) for w in ws])
+
+    def _queue(self, calls: list) -> None:
+        self._pending += calls
+        if self.dispatch == "sync":
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for every queued call (a worker's error, death or stall surfaces here as
+        HEError); then run their result handlers (the byte accounting)."""
+        if not self._pending:
+            return
+        calls, self._pending = self._pending, []
+        got = self.runtime.get([r for r, _h in calls], timeout=self.timeout)
+        for (_r, on_result), g in zip(calls, got):
+            if on_result is not None:
+                on_result(g)
 
     # ---- sessions
 
@@ -288,6 +321,7 @@ class AegisExecutor:
         m = self.model
         self.collectives: list[Collective] = []
         self.part_seconds: dict[str, float] = {}
+        self._pending, self._part = [], None  # nothing left from a failed pass
         self._n = self._session[4]
         self._all(lambda w: self.runtime.call(w, "new_pass", packing.offset == 0))
         self._all(lambda w: self.runtime.call(w, "reset_stats"))
@@ -310,11 +344,18 @@ class AegisExecutor:
         client = {nd.name for nd in m.client}
         nodes = [nd for nd in m.graph.nodes if nd.name in need and nd.name not in client]
         walk = _Walk(m.graph, m.params, linear=_DistLinear(self), backend=_DistBackend(self))
-        walk.on_layer = on_layer
+
+        def layer_done(layer, n_layers):
+            self._end_part()  # the layer's queued calls are done before its progress is reported
+            if on_layer is not None:
+                on_layer(layer, n_layers)
+
+        walk.on_layer = layer_done
         vals = walk.run_nodes(nodes, {m.input_value: x}, ctx, _DistCache(self))
         res = {r: vals[m.graph.outputs[r]] for r in want}
         if classify:
             res = {"logits": self.timed("pool", self._classify, res["hidden"])}
+        self._end_part()
         out = {r: self._collect(v) for r, v in res.items()}
         stats = self._all(lambda w: self.runtime.call(w, "stats"))
         return {"outputs": out, "collectives": [c.to_dict() for c in self.collectives],
@@ -353,13 +394,28 @@ class AegisExecutor:
         return [(w,) for w in split_owners(n_blocks, self.W)]
 
     def timed(self, node_name: str, fn, *args):
-        """fn(*args), its wall time added to the node's layer and part (`part_of`)."""
+        """fn(*args), its wall time added to the node's layer and part (`part_of`).  With async
+        dispatch the calls of one layer half are waited for when the next half starts, and
+        that wait is booked to the half that queued them."""
+        key = part_key(node_name)
+        if key != self._part:
+            self._end_part()
+            self._part = key
         t0 = time.perf_counter()
         try:
             return fn(*args)
         finally:
-            key = part_key(node_name)
             self.part_seconds[key] = self.part_seconds.get(key, 0.0) + time.perf_counter() - t0
+
+    def _end_part(self) -> None:
+        """Wait for the queued calls, booking the wait to the layer half that queued them."""
+        t0 = time.perf_counter()
+        try:
+            self.flush()
+        finally:
+            if self._part is not None:
+                self.part_seconds[self._part] = self.part_seconds.get(self._part, 0.0) + time.perf_counter() - t0
+            self._part = None
 
     # ---- traffic
 
@@ -371,19 +427,24 @@ class AegisExecutor:
     def _send(self, c: Collective, key: str, moves: dict) -> None:
         """moves: {(src, dst): [blocks]} of value `key`, all at once (each destination
         receives from each source in one message)."""
-        refs = []
+        calls = []
         for (src, dst), blocks in sorted(moves.items()):
             if not blocks:
                 continue
             exp = self.runtime.call(src, "export", key, list(blocks))
-            refs.append(((src, dst), len(blocks), self.runtime.call(dst, "receive", key, exp)))
-        got = self.runtime.get([r for *_x, r in refs], timeout=self.timeout)
-        for ((src, dst), k, _r), (nbytes, levels) in zip(refs, got):
+            calls.append((self.runtime.call(dst, "receive", key, exp), self._counter(c, src, dst, len(blocks))))
+        self._queue(calls)
+
+    def _counter(self, c: Collective, src: int, dst: int, k: int):
+        """The handler that books one received message ((bytes, levels) from `receive`)."""
+        def book(got) -> None:
+            nbytes, levels = got
             c.sends[(src, dst)] += k
             c.cts += k
             c.bytes += int(nbytes)
             c.levels += levels
             c.formula_bytes += sum(ct_bytes(lv, self._n) for lv in levels)
+        return book
 
     def _align(self, v: DistValue, holders: list, node: str) -> DistValue:
         """`v` with (at least) the given holders per block: the missing copies sent P2P."""
@@ -407,7 +468,7 @@ class AegisExecutor:
         outs = [DistValue(self._new_key(o), first.d, list(lay), scores) for o in node.outputs[:n_out]]
         ws = sorted({w for h in lay for w in h})
         ctx = self._ctx
-        self._all(lambda w: self.runtime.call(w, "local", op, node.name, [v.key for v in ins], [o.key for o in outs],
+        self._each(lambda w: self.runtime.call(w, "local", op, node.name, [v.key for v in ins], [o.key for o in outs],
                                               first.span(w), ctx), ws)
         return outs
 
@@ -433,7 +494,7 @@ class AegisExecutor:
             if any(missing.values()):
                 # the owners refresh first: a gathered block is bootstrapped once, not by every receiver
                 need = max(self._linear_levels(n) for n in names)
-                self._all(lambda w: self.runtime.call(w, "prepare", x.key, need, node), x.workers())
+                self._each(lambda w: self.runtime.call(w, "prepare", x.key, need, node), x.workers())
                 moves = defaultdict(list)
                 for w, blocks in missing.items():
                     for i in blocks:
@@ -442,7 +503,7 @@ class AegisExecutor:
             for name in names:
                 d_out, lay = lays[name]
                 y = DistValue(self._new_key(name), d_out, lay)
-                self._all(lambda w: self.runtime.call(w, "linear_rows", name, x.key, y.key, y.span(w), d_out),
+                self._each(lambda w: self.runtime.call(w, "linear_rows", name, x.key, y.key, y.span(w), d_out),
                           y.workers())
                 outs.append(y)
             return outs
@@ -455,7 +516,7 @@ class AegisExecutor:
             srcs = x.workers()
             bias = {w: (self._bias_span(lay, w) if form == "reduce" else ((0, n_out) if w == srcs[0] else None))
                     for w in srcs}
-            self._all(lambda w: self.runtime.call(w, "linear_partial", name, x.key, f"{part}@{w}", bias[w], d_out),
+            self._each(lambda w: self.runtime.call(w, "linear_partial", name, x.key, f"{part}@{w}", bias[w], d_out),
                       srcs)
             kind = "ReduceScatter" if form == "reduce" else "AllReduce"
             c = self._collective(kind, form, node)
@@ -467,7 +528,7 @@ class AegisExecutor:
                             moves[(src, dst)].append(i)
                 self._send(c, f"{part}@{src}", moves)
             y = DistValue(self._new_key(name), d_out, lay)
-            self._all(lambda w: self.runtime.call(w, "add_partials", y.key, [f"{part}@{s}" for s in srcs], y.span(w)),
+            self._each(lambda w: self.runtime.call(w, "add_partials", y.key, [f"{part}@{s}" for s in srcs], y.span(w)),
                       y.workers())
             outs.append(y)
         return outs
@@ -489,14 +550,14 @@ class AegisExecutor:
         rep = x.replicated(self.W)
         y = DistValue(self._new_key(node_name), x.d, list(x.holders))
         sums = {w: f"{y.key}.sums@{w}" for w in ws}
-        self._all(lambda w: self.runtime.call(w, "norm_sums", op, node_name, x.key, sums[w]), ws)
+        self._each(lambda w: self.runtime.call(w, "norm_sums", op, node_name, x.key, sums[w]), ws)
         if not rep and len(ws) > 1:
             c = self._collective("AllReduce", "norm-sum", node_name)
             for src in ws:
                 self._send(c, sums[src], {(src, dst): [0, 1] if op == "layer_norm" else [0]
                                           for dst in ws if dst != src})
         keys = (lambda w: [sums[w]]) if rep else (lambda w: [sums[s] for s in ws])
-        self._all(lambda w: self.runtime.call(w, "norm_finish", op, node_name, x.key, keys(w), y.key), ws)
+        self._each(lambda w: self.runtime.call(w, "norm_finish", op, node_name, x.key, keys(w), y.key), ws)
         return y
 
     def _classify(self, h: DistValue) -> DistValue:
