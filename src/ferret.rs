@@ -653,14 +653,9 @@ pub fn ferret_sender<'py>(
     out: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyAny>)> {
     let shape = shape_arg(n, k, t, h)?;
-    let d: [u8; 16] =
-        view(&delta)?.try_into().map_err(|_| pyo3::exceptions::PyValueError::new_err("Delta must be 16 bytes"))?;
-    let bv = view(&base_v)?;
-    if bv.len() != shape.base() * 16 {
-        return err(format!("base COTs: {} bytes, expected {} ({} COTs)", bv.len(), shape.base() * 16, shape.base()));
-    }
+    let delta = delta_arg(&delta)?;
+    let bv = base_rows_arg(&base_v, &shape)?;
     let s = seed_arg(&seed)?;
-    let delta = u128::from_le_bytes(d);
     match out {
         Some(o) => {
             let ob = PyBuffer::<u8>::get_bound(&o)?;
@@ -698,22 +693,7 @@ pub fn ferret_receiver<'py>(
     out_w: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let shape = shape_arg(n, k, t, h)?;
-    let (bu, bw, m) = (view(&base_u)?, view(&base_w)?, view(&msg)?);
-    if bu.len() != shape.base() || bw.len() != shape.base() * 16 {
-        return err(format!(
-            "base COTs: {} choice bytes and {} bytes of rows, expected {} and {}",
-            bu.len(),
-            bw.len(),
-            shape.base(),
-            shape.base() * 16
-        ));
-    }
-    if bu.iter().any(|&c| c > 1) {
-        return err("base choice bits must be 0 or 1");
-    }
-    if m.len() != shape.msg_len() {
-        return err(format!("Ferret message has {} bytes, expected {}", m.len(), shape.msg_len()));
-    }
+    let (bu, bw, m) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?, msg_arg(&msg, &shape)?);
     let s = seed_arg(&seed)?;
     match (out_u, out_w) {
         (Some(ou), Some(ow)) => {
@@ -743,6 +723,14 @@ fn base_rows_arg<'a>(base: &'a PyBuffer<u8>, shape: &Shape) -> PyResult<&'a [u8]
         return err(format!("base COTs: {} bytes, expected {} ({} COTs)", b.len(), shape.base() * 16, shape.base()));
     }
     Ok(b)
+}
+
+fn msg_arg<'a>(msg: &'a PyBuffer<u8>, shape: &Shape) -> PyResult<&'a [u8]> {
+    let m = view(msg)?;
+    if m.len() != shape.msg_len() {
+        return err(format!("Ferret message has {} bytes, expected {}", m.len(), shape.msg_len()));
+    }
+    Ok(m)
 }
 
 fn base_bits_arg<'a>(base_u: &'a PyBuffer<u8>, shape: &Shape) -> PyResult<&'a [u8]> {
@@ -859,10 +847,7 @@ pub fn ferret_receiver_trees(
     lsb: bool,
 ) -> PyResult<()> {
     let shape = shape_arg(n, k, t, h)?;
-    let (bu, bw, m) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?, view(&msg)?);
-    if m.len() != shape.msg_len() {
-        return err(format!("Ferret message has {} bytes, expected {}", m.len(), shape.msg_len()));
-    }
+    let (bu, bw, m) = (base_bits_arg(&base_u, &shape)?, base_rows_arg(&base_w, &shape)?, msg_arg(&msg, &shape)?);
     let u = out_bytes(&out_u, n, 1, "out_u")?;
     let w = as_u128s(out_bytes(&out_w, n * 16, 16, "out_w")?);
     py.allow_threads(|| receiver_trees(shape, bu, bw, tweak, m, u, w, lsb));
