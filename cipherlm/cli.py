@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", default=None,
                    help="bench aegis: comma-separated worker counts (default 1,2); the plot then shows "
                         "bytes per layer half and T1 / (W T_W)")
-    b.add_argument("--placements", default=None, help="bench aegis: aegis and/or megatron (default both)")
+    b.add_argument("--placements", default=None, help="bench aegis: comma-separated placements among aegis, megatron, hydra (default aegis,megatron)")
     b.add_argument("--runtime", choices=("ray", "inline"), default="ray",
                    help="bench aegis: Ray actors (default) or the workers in this process (no parallelism)")
     b.add_argument("--ray-address", default=None, help="bench aegis: a Ray cluster (default: ray.init() here)")

@@ -93,7 +93,8 @@ def _check_bytes(res):
     assert res["bytes"] == sum(c["bytes"] for c in res["collectives"])
 
 
-@pytest.mark.parametrize("W,placement,classify", [(2, "aegis", True), (3, "aegis", False), (2, "megatron", False)])
+@pytest.mark.parametrize("W,placement,classify", [(2, "aegis", True), (3, "aegis", False), (2, "megatron", False),
+                                                   (2, "hydra", True), (3, "hydra", False)])
 def test_bert_distributed_equals_plaintext(keys, tiny_bert, W, placement, classify):
     from cipherlm.runtime.plain import plain_executor
 
@@ -117,6 +118,12 @@ def test_bert_distributed_equals_plaintext(keys, tiny_bert, W, placement, classi
         kinds = {c["kind"] for c in hidden["collectives"]}
         if placement == "aegis":
             assert "AllGather" in kinds and "AllReduce" in kinds  # projections' inputs, norms' sums
+        elif placement == "hydra":
+            # column-parallel projections (inputs gathered) and the stream gathered at each norm:
+            # nothing is reduced, and no norm sums travel
+            forms = {c["form"] for c in hidden["collectives"]}
+            assert "AllReduce" not in kinds and "ReduceScatter" not in kinds
+            assert {"gather", "boundary"} <= forms and "norm-sum" not in forms
         else:
             assert kinds == {"AllReduce"} and {c["form"] for c in hidden["collectives"]} == {"allreduce"}
         assert all(w["bootstraps"] > 0 for w in hidden["workers"] if w["busy_s"] > 0)

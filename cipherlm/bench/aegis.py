@@ -12,8 +12,9 @@ Workloads (random weights, `transformers` configs):
 
 At the INSECURE N = 2^10 test preset (512 slots) whole heads of 64 channels fit a
 ciphertext only up to 4 tokens; the production preset N16QP1546H192H32 needs the
-bootstrapping keys (~8 GB) on every worker.  Placements: ``aegis`` and ``megatron`` (the
-tensor-parallel baseline, `runtime.aegis_executor`); the limb-parallel baseline (HE-Booster)
+bootstrapping keys (~8 GB) on every worker.  Placements: ``aegis``, ``megatron`` (the
+row-parallel tensor-parallel baseline) and ``hydra`` (column-wise tensor parallelism, the
+stream gathered at each layer boundary; `runtime.aegis_executor`); the limb-parallel baseline (HE-Booster)
 needs RNS limbs split across workers, which Lattigo's ciphertexts do not offer: its traffic is
 given by the paper's formula only (docs/aegis.md).
 """

@@ -19,6 +19,14 @@ A placement decides the layouts and the collectives:
   a split input is row-parallel, followed by an AllReduce of the full output (every worker
   sends its partial of every block to every other worker); norms and residuals run on every
   worker's full copy.
+* ``hydra`` (Hydra's column-wise tensor parallelism as AEGIS 5.1.1 reimplements it): the
+  client's input is replicated on every worker; every projection is column-parallel (each
+  worker computes its own output blocks from the whole input), so a split input is first
+  gathered onto every worker (AllGather); slot-wise and head-local operators run on each
+  worker's own blocks (the nonlinear work is distributed by block ownership); at each layer
+  boundary (a norm, or the pooling) the stream is gathered onto every worker, which then
+  computes the norm on its full copy (no sums exchanged).  Hydra's ASIC-specific tree
+  distribution and switch interconnect are, as in AEGIS's own baseline, not reproduced.
 
 Ciphertexts travel between actors through Ray's object store (`export` returns the bytes,
 the receiving actor gets them as an argument): the driver counts every byte that crosses
@@ -48,7 +56,8 @@ from .aegis_worker import FheWorker
 from .fhe_executor import FheModel
 from .graph_executor import GraphExecutor
 
-PLACEMENTS = ("aegis", "megatron")
+PLACEMENTS = ("aegis", "megatron", "hydra")
+_REPLICATED_INPUT = ("megatron", "hydra")
 DISPATCH = ("async", "sync")
 _HE_ERROR_PREFIX = f"{HEError.__module__}.{HEError.__qualname__}: "
 
@@ -328,7 +337,7 @@ class AegisExecutor:
         self._forms = self._plan_forms(packing) if self.placement == "aegis" and self.W > 1 else {}
         self._key = 0
         n_blocks = len(x_blobs)
-        holders = self._layout(n_blocks, replicated=self.placement == "megatron")
+        holders = self._layout(n_blocks, replicated=self.placement in _REPLICATED_INPUT)
         x = DistValue(self._new_key(m.input_value), self._input_width(n_blocks, packing), holders)
         pk = (packing.slots, packing.tokens, packing.tp_min, packing.offset)
         bound = m.bound(m.input_value)
@@ -446,15 +455,16 @@ class AegisExecutor:
             c.formula_bytes += sum(ct_bytes(lv, self._n) for lv in levels)
         return book
 
-    def _align(self, v: DistValue, holders: list, node: str) -> DistValue:
-        """`v` with (at least) the given holders per block: the missing copies sent P2P."""
+    def _align(self, v: DistValue, holders: list, node: str, kind: str = "P2P", form: str = "relayout") -> DistValue:
+        """`v` with (at least) the given holders per block: the missing copies sent P2P (or
+        as the collective ``kind`` / ``form`` the caller names)."""
         moves = defaultdict(list)
         for i, (have, want) in enumerate(zip(v.holders, holders)):
             for w in want:
                 if w not in have:
                     moves[(have[0], w)].append(i)
         if moves:
-            self._send(self._collective("P2P", "relayout", node), v.key, moves)
+            self._send(self._collective(kind, form, node), v.key, moves)
         return DistValue(v.key, v.d, [tuple(sorted(set(h) | set(t))) for h, t in zip(v.holders, holders)], v.scores)
 
     # ---- operators
@@ -480,6 +490,8 @@ class AegisExecutor:
             form = "gather"
         elif self.placement == "megatron":
             form = "allreduce"
+        elif self.placement == "hydra":
+            form = "gather"
         else:
             form = self._forms.get(names[0], "gather")
         if form == "gather":
@@ -545,7 +557,10 @@ class AegisExecutor:
 
     def normalise(self, op: str, node_name: str, x: DistValue) -> DistValue:
         """A norm (or the pooling): local partial sums, their AllReduce among the holders,
-        then each holder's own blocks (a replicated input: every worker alone, no bytes)."""
+        then each holder's own blocks (a replicated input: every worker alone, no bytes).
+        Hydra gathers the stream onto every worker first (its layer-boundary aggregation)."""
+        if self.placement == "hydra" and self.W > 1 and not x.replicated(self.W):
+            x = self._align(x, [tuple(range(self.W))] * len(x.holders), node_name, "AllGather", "boundary")
         ws = x.workers()
         rep = x.replicated(self.W)
         y = DistValue(self._new_key(node_name), x.d, list(x.holders))
