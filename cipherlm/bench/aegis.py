@@ -86,11 +86,9 @@ def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers
     one wait per layer half; "sync": a barrier after every operator), in that order, on the
     same workers: an A/B of the overlap (AEGIS 4.4.1) in one run."""
     from cipherlm.he import get_backend
-    from cipherlm.runtime.aegis_executor import AegisExecutor, InlineRuntime, RayRuntime
+    from cipherlm.runtime.aegis_executor import DISPATCH, AegisExecutor, InlineRuntime, RayRuntime
     from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
     from cipherlm.runtime.plain import plain_executor
-
-    from cipherlm.runtime.aegis_executor import DISPATCH
 
     if not dispatch or any(d not in DISPATCH for d in dispatch):
         raise SystemExit(f"--dispatch: one or more of {DISPATCH}, got {','.join(dispatch)!r}")
@@ -238,11 +236,12 @@ def plot(result: dict, path: str) -> None:
     a.set_xticks(np.arange(len(parts)) + 0.4 - width / 2, parts, rotation=30)
     a.set_ylabel("MB between workers (measured)")
     a.legend()
-    for placement in sorted({_label(r) for r in runs}):
-        rs = sorted((r for r in result["runs"] if (_label(r) == placement or r["W"] == 1)
-                     and r["placement"] == placement.split("/")[0] and "efficiency_total" in r),
-                    key=lambda r: r["W"])
-        b.plot([r["W"] for r in rs], [r["efficiency_total"] for r in rs], marker="o", label=placement)
+    for placement, mode in sorted({(r["placement"], r.get("dispatch", "async")) for r in runs}):
+        # this placement's runs in this dispatch mode, from the one-worker reference on
+        rs = sorted((r for r in result["runs"] if r["placement"] == placement and "efficiency_total" in r
+                     and (r["W"] == 1 or r.get("dispatch", "async") == mode)), key=lambda r: r["W"])
+        b.plot([r["W"] for r in rs], [r["efficiency_total"] for r in rs], marker="o",
+               label=_label({"placement": placement, "dispatch": mode}))
     b.set_xlabel("workers")
     b.set_ylabel("T1 / (W T_W)")
     b.set_ylim(0, 1.1)

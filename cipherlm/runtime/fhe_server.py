@@ -527,13 +527,18 @@ class Session(MessageSession):
 
     def _on_workers(self) -> None:
         """Load this session's keys on the workers unless they hold them (caller: no lock)."""
+        with self.host.executor_lock:
+            if self.host.executor_session is not self:
+                self._load_on_workers()
+
+    def _load_on_workers(self) -> None:
+        """Load (and so check) this session's keys on every worker (caller: holds the
+        executor lock).  Until the load succeeds no session owns the workers."""
         host = self.host
-        with host.executor_lock:
-            if host.executor_session is not self:
-                host.executor_session = None
-                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n,
-                                           required_steps=host.rotation_steps)
-                host.executor_session = self
+        host.executor_session = None
+        host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n,
+                                   required_steps=host.rotation_steps)
+        host.executor_session = self
 
     def _infer_workers(self, msg: dict, task: str, T: int, P, cts: list) -> None:
         """One pass on the workers (AEGIS): the session's keys loaded there if another
@@ -557,10 +562,7 @@ class Session(MessageSession):
                 if P.offset:
                     raise ProtocolError("another session used the workers since this session's last pass: its "
                                         "encrypted KV cache is gone (start again at offset 0)")
-                host.executor_session = None
-                host.executor.open_session(host.preset, host.insecure, self.key_blobs, host.slots, host.ctx.n,
-                                           required_steps=host.rotation_steps)
-                host.executor_session = self
+                self._load_on_workers()
             try:
                 res = host.executor.run(blobs, P, outputs=("logits",), last_only=True, on_layer=on_layer,
                                         classify=task == "classify")
