@@ -484,7 +484,7 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
     frac = ctx.ring.frac
     n = side.hectx.n
     n_slots = n // 2 if n_slots is None else int(n_slots)
-    gen = getattr(side.backend, "slot_generator", 3)
+    gen = side.backend.slot_generator
     with ctx.step("ckks2mpc"):
         if side.is_server(ctx):
             data, x, scale = mask_ciphertext(side, ct, ctx.rng, flood_bits, frac)
@@ -560,7 +560,7 @@ def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = Non
     primes = hc.coeff_moduli[:k]
     scale = float(2.0 ** scale_bits)
     bits = 64 if value_bits is None else min(64, int(scale_bits) + int(value_bits) + 2 + int(complex_slots))
-    share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots, getattr(b, "slot_generator", 3))
+    share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots, b.slot_generator)
     with ctx.step("mpc2ckks"):
         pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)
         if side.is_server(ctx):
