@@ -397,9 +397,9 @@ class FerretReceiver(_FerretSide):
             _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb, lsb=True)
             msg = expect(chan, "ferret", {"msg": P.msg_len}, it=it, n=P.n)["msg"]
             _core.ferret_receiver_trees(bu, bw, P.n, P.k, P.t, P.h, tw, msg, u, wb, lsb=True)
+        except OTError:
+            raise
         except ValueError as e:
-            if isinstance(e, OTError):
-                raise
             raise OTError(f"Ferret: {e}") from e
         rest_u, rest_w = self.reserve_u[P.base:], self.reserve_w[P.base:]
         if not serve:
