@@ -18,7 +18,7 @@ sw = twopc.server_weights(cfg, spec["weights"])
 plan = twopc.public_plan(cfg, sw)
 def party(ctx):
     ex = twopc.make_twopc_executor(ctx, cfg, sw if ctx.party == 1 else None, plan)
-    from cipherlm.protocols.he_session import he_session
+    from cipherlm.mpc.he_session import he_session
     he_session(ctx); ctx.ot.setup(kk13=True)
     x = share_input(ctx, spec["x"] if ctx.party == 0 else None, owner=0)
     b0 = sum(v["bytes_sent"] for v in ctx.chan.stats().values())

@@ -835,7 +835,7 @@ for _scheme, _kind, _who in (("ckks", "ciphertext", "offload server (inputs) and
 @functools.lru_cache(maxsize=1)
 def _params_seeds() -> list:
     from cipherlm.he import OFFLOAD_CKKS, serialize
-    from cipherlm.protocols.he_session import TWOPC_BFV
+    from cipherlm.mpc.he_session import TWOPC_BFV
 
     out = []
     for p in (OFFLOAD_CKKS, TWOPC_BFV):

@@ -32,7 +32,7 @@ CRASHERS = Path(__file__).parent / "data" / "seal_crashers"
 
 def params(scheme: str):
     from cipherlm.he import OFFLOAD_CKKS
-    from cipherlm.protocols.he_session import TWOPC_BFV
+    from cipherlm.mpc.he_session import TWOPC_BFV
 
     return {"ckks": OFFLOAD_CKKS, "bfv": TWOPC_BFV}[scheme]
 

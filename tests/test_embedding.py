@@ -105,7 +105,7 @@ def test_fastquery_with_40_bit_flooding_correct():
 def test_default_session_flooding_correct_and_counted(method):
     """The default flooding is the 2pc mode's per-session width (he_session.FLOOD_SIGMA,
     N = 8192, flooding wider than 2^93 drawn in limbs) and the server counts what it floods."""
-    from cipherlm.protocols.he_session import FLOOD_SIGMA, flood_counter
+    from cipherlm.mpc.he_session import FLOOD_SIGMA, flood_counter
 
     table = _table(300, 7)
     ids = np.array([299, 0, 17])

@@ -1,6 +1,6 @@
 """Noise flooding of the 2pc mode is sized per session (security review finding 7).
 
-`cipherlm.protocols.he_session`: FLOOD_SIGMA = 40 + log2(MAX_FLOODED_PER_SESSION), one
+`cipherlm.mpc.he_session`: FLOOD_SIGMA = 40 + log2(MAX_FLOODED_PER_SESSION), one
 flooded coefficient costs <= 2^-(FLOOD_SIGMA + 1) of statistical distance, so a session
 that sends at most MAX_FLOODED_PER_SESSION of them is within 2^-40.  Checked here: the
 arithmetic; that the bound covers the real models' sessions (counted from the real
@@ -21,7 +21,7 @@ from cipherlm.he.errors import HEError
 from cipherlm.he.params import check_security
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.protocols import embedding as E
-from cipherlm.protocols import he_session as HS
+from cipherlm.mpc import he_session as HS
 from cipherlm.protocols import linear as L
 from cipherlm.protocols import linear_simd as S
 

@@ -179,7 +179,7 @@ def test_live_offload_server_answers_malformed_keys_and_ciphertexts_and_keeps_se
 def test_live_2pc_server_answers_malformed_public_keys_and_ciphertexts_and_keeps_serving(
         tiny_llama_dir, monkeypatch):
     from cipherlm.he import keys as he_keys
-    from cipherlm.protocols import he_session
+    from cipherlm.mpc import he_session
     from cipherlm.runtime.twopc_session import TwoPCClient
 
     items = seal_corpus.corpus("bfv")

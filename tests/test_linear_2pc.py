@@ -15,7 +15,7 @@ from cipherlm.mpc.context import MPCError
 from cipherlm.mpc.runner import PartyFailed, run_inprocess, run_processes
 from cipherlm.mpc.shares import share_input
 from cipherlm.protocols import linear as L
-from cipherlm.protocols.he_session import he_session
+from cipherlm.mpc.he_session import he_session
 
 
 def _negacyclic(a: np.ndarray, b: np.ndarray, t: int) -> np.ndarray:

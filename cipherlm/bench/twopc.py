@@ -147,7 +147,7 @@ def _party(ctx, spec: dict):
     ex = twopc.make_twopc_executor(ctx, cfg, server, plan, meter=meter)
     x = share_input(ctx, spec["x"] if ctx.party == 0 else None, owner=0)
     # one-time set-up (base OTs, BFV keys) outside the timed region, as both peers' warm-ups
-    from ..protocols.he_session import he_session
+    from ..mpc.he_session import he_session
 
     with meter("setup"):
         he_session(ctx)

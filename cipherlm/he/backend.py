@@ -2,7 +2,7 @@
 
 ``protocols/`` never imports an HE library: it asks `get_backend` for an
 `HEBackend` and calls only the operations below.  The list is what the 2pc
-protocols (`protocols.he_session`, `linear`, `linear_simd`, `embedding`)
+protocols (`mpc.he_session`, `linear`, `linear_simd`, `embedding`)
 actually use, nothing more:
 
 * parameters / context: `context` (an `HEParams` set -> the backend's public

@@ -58,7 +58,7 @@ import numpy as np
 
 from ..he.backend import get_backend
 from . import embedding_he as H
-from .he_session import FLOOD_SIGMA, flood_counter
+from ..mpc.he_session import FLOOD_SIGMA, flood_counter
 from ..mpc.context import MPCError
 from ..mpc.shares import AShare
 

@@ -60,7 +60,7 @@ from ..mpc.protocols.trunc import trunc_local
 from ..mpc.ring import fixed_encode, mask
 from ..mpc.shares import AShare
 
-from .he_session import FLOOD_SIGMA, RESULT_PRIMES, HESession, he_session, he_session_wide, noise_bound
+from ..mpc.he_session import FLOOD_SIGMA, RESULT_PRIMES, HESession, he_session, he_session_wide, noise_bound
 # the pieces linear_simd shares, defined below both (re-exported: protocols.linear.plan_blocks, W_BITS, ...)
 from .linear_common import IN_FRAC, W_BITS, W_FRAC, BlockPlan, _to_in_frac, plan_blocks  # noqa: F401
 

@@ -87,7 +87,7 @@ from ..mpc.context import MPCError
 from ..mpc.protocols.field import ring_to_field
 from ..mpc.ring import fixed_encode, mask, mulmod_scalar
 from ..mpc.shares import AShare
-from .he_session import FLOOD_SIGMA, FRESH_NOISE_MAX, RESULT_PRIMES, HESession
+from ..mpc.he_session import FLOOD_SIGMA, FRESH_NOISE_MAX, RESULT_PRIMES, HESession
 from .linear_common import _LAN_BYTES_PER_S, IN_FRAC, W_BITS, W_FRAC, _to_in_frac, plan_blocks
 
 SIMD_N = 16384
@@ -285,7 +285,7 @@ def choose_packing(m: int, d: int, o: int, network: str = "LAN", *, encode_weigh
     constants above) + bytes / bandwidth + one round trip, at a `net.netmodel` preset.
     Galois keys are a per-session cost and are not charged to a layer."""
     from ..net.netmodel import get_preset
-    from .he_session import TWOPC_BFV
+    from ..mpc.he_session import TWOPC_BFV
     net = get_preset(network)
     bw = net.bandwidth_bits_per_s / 8
     n_c = TWOPC_BFV.poly_modulus_degree

@@ -32,7 +32,7 @@ are ignored (a newer server may add some); the plan's are not.  Values the calle
 HE parameter sets: in the offload mode the server proposes them (``he_params``);
 `cipherlm.he.serialize.params_from_bytes` and `offload_engine.ClientEngine` check them
 at 128-bit security (`cipherlm.he.params.check_security`) before any key is made.  The
-2pc mode receives none: its BFV set is fixed (`cipherlm.protocols.he_session.TWOPC_BFV`)
+2pc mode receives none: its BFV set is fixed (`cipherlm.mpc.he_session.TWOPC_BFV`)
 and the embedding's parameters are planned by the client inside the 128-bit table.
 """
 

@@ -72,8 +72,8 @@ import numpy as np
 from ..he.backend import DEFAULT_BACKEND, HEBackend, get_backend
 from ..he.errors import HEError
 from ..he.params import HEParams
-from ..mpc.context import MPCError
-from ..mpc.ring import mulmod_scalar, new_rng
+from .context import MPCError
+from .ring import mulmod_scalar, new_rng
 
 PLAIN_BITS = 59
 TWOPC_BFV = HEParams(name="2pc-bfv-n8192-t59", scheme="bfv", poly_modulus_degree=8192,
@@ -162,7 +162,7 @@ class HESession:
     SEAL by default); ``self.he`` is that backend's context."""
 
     def __init__(self, ctx, params: HEParams = TWOPC_BFV, *, step: str = "he-keys",
-                 backend: str | HEBackend = DEFAULT_BACKEND):
+                 backend: str | HEBackend = DEFAULT_BACKEND, result_primes: int = RESULT_PRIMES):
         self.params = params
         self.backend = be = get_backend(backend) if isinstance(backend, str) else backend
         self.he = be.context(params)
@@ -177,9 +177,13 @@ class HESession:
         self.keys = be.keygen(self.he)
         self.rng = new_rng()
         self.top = be.level(self.he, len(self.he.coeff_moduli))
-        self.bottom = be.level(self.he, RESULT_PRIMES)
+        #: primes the results are switched down to before sending (`finish`)
+        self.result_primes = int(result_primes)
+        if not 1 <= self.result_primes <= len(self.he.coeff_moduli):
+            raise HEError(f"result_primes must be in 1..{len(self.he.coeff_moduli)}")
+        self.bottom = be.level(self.he, self.result_primes)
         self.q_top_bits = sum(math.log2(q) for q in self.he.coeff_moduli)
-        self.q_bottom_bits = sum(math.log2(q) for q in self.he.coeff_moduli[:RESULT_PRIMES])
+        self.q_bottom_bits = sum(math.log2(q) for q in self.he.coeff_moduli[:self.result_primes])
         with ctx.step(step):
             peer = ctx.exchange({"bfv_params": be.params_to_bytes(params),
                                  "public_key": self.keys.public_key_bytes()})
@@ -231,7 +235,7 @@ class HESession:
     def decrypt_compact(self, c1: np.ndarray, c0_sel: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Decrypt a bottom-level result given its full ``c1`` and ``c0`` at ``positions`` only.
         Returns the plaintext coefficients (mod t) at those positions."""
-        arr = np.zeros((2, RESULT_PRIMES, self.n), np.uint64)
+        arr = np.zeros((2, self.result_primes, self.n), np.uint64)
         arr[1] = c1
         arr[0][:, positions] = c0_sel
         ct = self.backend.numpy_to_ciphertext(self.he, arr, level=self.bottom, ntt=False)
