@@ -5,10 +5,11 @@
 //!   (`baseot`), IKNP03/KK13 OT extension with the ALSZ13 optimisations
 //!   (`iknp`), the OT flavours built on the extension rows (`otops`),
 //!   AES-CTR PRG and fixed-key AES hashing (`prg`), bit-matrix transposes
-//!   (`transpose`), Ferret silent COT (`ferret`).  Rust computes the messages; Python moves them over the
+//!   (`transpose`), Ferret silent COT (`ferret`); CRT scaling kernels of the HE product (`crt`).  Rust computes the messages; Python moves them over the
 //!   channel.  Every heavy function releases the GIL.
 
 mod baseot;
+mod crt;
 mod ferret;
 mod iknp;
 mod otops;
@@ -144,5 +145,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ferret::ferret_sender_lpn, m)?)?;
     m.add_function(wrap_pyfunction!(ferret::ferret_receiver_lpn, m)?)?;
     m.add_function(wrap_pyfunction!(ferret::ferret_receiver_trees, m)?)?;
+    m.add_function(wrap_pyfunction!(crt::crt_encode_scaled, m)?)?;
+    m.add_function(wrap_pyfunction!(crt::crt_rescale_pow2, m)?)?;
+    m.add_function(wrap_pyfunction!(crt::multiword_residues, m)?)?;
     Ok(())
 }

@@ -283,7 +283,7 @@ def _share(ctx, o: Op, raw: dict) -> dict:
 
 
 def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[dict]:
-    from .protocols import bool_ops, millionaire, mux
+    from .protocols import bool_ops, millionaire, mul_he, mux
     from .shares import AShare, BShare
 
     if warm:  # one-time base OTs of every kind in both directions, outside the measurements
@@ -291,6 +291,7 @@ def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[
         bool_ops.and_bits(ctx, b, b)
         millionaire.millionaire(ctx, np.arange(16, dtype=np.uint64), 8)
         mux.mux(ctx, BShare(ctx, b.astype(np.uint64)), AShare(ctx, np.arange(16, dtype=np.uint64), 64, 0))
+        mul_he.setup(ctx)  # the HE product's key exchange (one per session, like the base OTs)
     out = []
     for name in names:
         o = op(name)

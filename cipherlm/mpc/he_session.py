@@ -69,11 +69,13 @@ import math
 
 import numpy as np
 
+from cipherlm import _core
+
 from ..he.backend import DEFAULT_BACKEND, HEBackend, get_backend
 from ..he.errors import HEError
 from ..he.params import HEParams
 from .context import MPCError
-from .ring import mulmod_scalar, new_rng
+from .ring import new_rng
 
 PLAIN_BITS = 59
 TWOPC_BFV = HEParams(name="2pc-bfv-n8192-t59", scheme="bfv", poly_modulus_degree=8192,
@@ -307,21 +309,17 @@ class HESession:
 
     def _flood_residues(self, b_f: int, count: int) -> list[np.ndarray]:
         """A uniform integer vector u - b_f, u in [0, 2 b_f) (b_f a power of two),
-        as residues modulo each data prime; u is drawn as 32-bit limbs."""
+        as residues modulo each data prime; u is drawn as 64-bit words from the
+        session's CSPRNG and reduced natively (`_core.multiword_residues`)."""
         bits = int(b_f).bit_length()  # u has log2(b_f) + 1 bits
-        limbs = []
-        while bits > 0:
-            w = min(32, bits)
-            limbs.append((self.rng.integers(0, 1 << w, size=count, dtype=np.uint64), w))
-            bits -= w
-        out = []
-        for q in self.he.coeff_moduli:
-            Q = np.uint64(q)
-            acc = np.zeros(count, np.uint64)
-            for limb, w in limbs:  # most significant first
-                acc = (mulmod_scalar(acc, 1 << w, q) + limb % Q) % Q
-            out.append((acc + np.uint64(q - (b_f % q))) % Q)
-        return out
+        w = -(-bits // 64)
+        words = self.rng.bit_generator.random_raw(count * w).astype(np.uint64).reshape(count, w)
+        if bits % 64:
+            words[:, -1] &= np.uint64((1 << (bits % 64)) - 1)
+        moduli = [int(q) for q in self.he.coeff_moduli]
+        out = _core.multiword_residues(np.ascontiguousarray(words).view(np.uint8).reshape(-1), w, moduli,
+                                       [b_f % q for q in moduli])
+        return list(np.frombuffer(out, np.uint64).reshape(len(moduli), count))
 
 
 def he_session(ctx) -> HESession:

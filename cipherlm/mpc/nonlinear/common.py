@@ -21,13 +21,14 @@ def _rescale(ctx, p: AShare, s: int, how: str) -> AShare:
 
 
 def mulf(ctx, x: AShare, y: AShare, how: str | None = None) -> AShare:
-    """Fixed-point x * y at x's scale."""
-    return _rescale(ctx, _mul.mul(ctx, x, y), y.frac, how or TRUNC)
+    """Fixed-point x * y at x's scale (the product may be one unit off before the
+    truncation, `mul` with ``exact=False``: below the truncation's own error)."""
+    return _rescale(ctx, _mul.mul(ctx, x, y, exact=False), y.frac, how or TRUNC)
 
 
 def sqf(ctx, x: AShare, how: str | None = None) -> AShare:
-    """Fixed-point x^2."""
-    return _rescale(ctx, _mul.square(ctx, x), x.frac, how or TRUNC)
+    """Fixed-point x^2 (``exact=False`` as in `mulf`)."""
+    return _rescale(ctx, _mul.square(ctx, x, exact=False), x.frac, how or TRUNC)
 
 
 def compare_public(ctx, x: AShare, thresholds) -> BShare:
