@@ -22,7 +22,7 @@ Q_DEFAULT = (1 << 59) - 55
 
 
 def _ops(ctx, n: int, q: int):
-    from .protocols import b2a, bool_ops, compare, extend, field, millionaire, mul, mux, trunc
+    from .protocols import b2a, bool_ops, compare, extend, field, millionaire, mul, mul_he, mux, trunc
 
     rng = np.random.default_rng(1234 + ctx.party)  # test data only (not secret)
     x = AShare(ctx, from_signed(rng.integers(-2**40, 2**40, n), 64), 64)
@@ -35,7 +35,8 @@ def _ops(ctx, n: int, q: int):
     ops = [
         ("and (bit triples + open)", lambda: b & c),
         ("b2a l=64", lambda: b2a.b2a(ctx, b)),
-        ("mul l=64", lambda: mul.mul(ctx, x, y)),
+        ("mul l=64 (Gilboa)", lambda: mul.mul(ctx, x, y, method="ot")),
+        ("mul l=64 (HE)", lambda: mul.mul(ctx, x, y, method="he")),
         ("mux l=64", lambda: mux.mux(ctx, b, x)),
         ("millionaire l=64", lambda: millionaire.millionaire(ctx, v, 64)),
         ("equality l=64", lambda: millionaire.equality(ctx, v, 64)),
@@ -58,6 +59,7 @@ def _ops(ctx, n: int, q: int):
     millionaire.millionaire(ctx, v[:16], 8)
     mux.mux(ctx, b[:16], x[:16])
     b2a.b2a_mod(ctx, b.data[:16], q)
+    mul_he.setup(ctx)  # the HE product's public keys
     out = []
     for name, fn in ops:
         ctx.chan.send({"sync": 1})  # align the parties so each measurement starts clean

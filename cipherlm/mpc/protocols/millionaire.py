@@ -3,7 +3,8 @@
 Party 0 holds x, party 1 holds y, both ``bits``-bit unsigned; the output is a
 Boolean sharing of 1{x < y} (and optionally of 1{x == y}).
 
-Algorithm 1: split x and y into q = ceil(bits/m) blocks of m bits (m = 4).  For
+Algorithm 1: split x and y into q = ceil(bits/m) blocks of m bits (m = 4 on
+IKNP/KK13, 3 on silent OT: `block_size`).  For
 every block j party 0 samples shares lt0_j, eq0_j and acts as the sender of a
 1-out-of-2^m OT whose k-th message is (lt0_j XOR 1{x_j < k}, eq0_j XOR 1{x_j == k})
 (2 bits); party 1 chooses k = y_j and gets lt1_j, eq1_j.  The leaves are then
@@ -31,9 +32,20 @@ import numpy as np
 from ..ring import mask, uniform
 from .bool_ops import and_bits, bit_triples
 
-M = 4  # block size: 1-out-of-2^M OT per block
+M = 4  # block size: 1-out-of-2^M OT per block (IKNP/KK13, and equality always)
+#: block size of the comparison on silent OT: a 1-of-2^m OT there costs m COTs (m bits)
+#: + 2^m 2-bit messages, so m = 3 beats m = 4 once the KK13 row is gone: per 63-bit
+#: comparison 21 (3 + 16) + 20 x 8 bits (one AND node) = 559 bits against 16 (4 + 32) +
+#: 15 x 8 = 696 (measured 65536 elements, refills included: ~596 against ~791); m = 2 is
+#: level (568) with one more tree level
+M_SILENT = 3
 
-__all__ = ["millionaire", "equality", "M"]
+__all__ = ["millionaire", "equality", "block_size", "M", "M_SILENT"]
+
+
+def block_size(ctx) -> int:
+    """The comparison's block size for this context's OT extension (M_SILENT on Ferret)."""
+    return M_SILENT if getattr(ctx.ot, "ferret", False) else M
 
 
 def _blocks(v: np.ndarray, bits: int, m: int) -> np.ndarray:
@@ -87,10 +99,13 @@ def _flat_inputs(v, bits: int):
     return v, shape
 
 
-def millionaire(ctx, v, bits: int, *, want_eq: bool = False, m: int = M):
+def millionaire(ctx, v, bits: int, *, want_eq: bool = False, m: int | None = None):
     """Boolean shares (uint8 0/1, shape of v) of 1{x < y}, where party 0 passes x
-    and party 1 passes y (unsigned, ``bits`` wide).  With want_eq also 1{x == y}."""
+    and party 1 passes y (unsigned, ``bits`` wide).  With want_eq also 1{x == y}.
+    ``m``: block size (default `block_size`)."""
     v, shape = _flat_inputs(v, bits)
+    if m is None:
+        m = block_size(ctx)
     if bits <= 0:
         z = np.zeros(shape, np.uint8)
         e = np.full(shape, 1 if ctx.party == 0 else 0, np.uint8)
