@@ -305,11 +305,14 @@ def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[
         res = o.run(ctx, s)
         dt = time.perf_counter() - t
         tot = ctx.chan.totals()
+        # Ferret pool refills that fell inside this operation (counted in "bytes" too)
+        ref = ctx.chan.stats().get("ot.ferret", {})
+        refill = ref.get("bytes_sent", 0) + ref.get("bytes_received", 0)
         got = np.asarray(o.open(ctx, res), dtype=np.float64)
         want = np.asarray(o.ref(raw), dtype=np.float64)
         err = float(np.abs(got - want).max())
         out.append({"name": name, "kind": o.kind, "size": list(shape), "n": int(np.prod(shape)),
-                    "bytes": tot["bytes_sent"] + tot["bytes_received"],
+                    "bytes": tot["bytes_sent"] + tot["bytes_received"], "ferret_refill_bytes": refill,
                     "rounds": tot["rounds"] + tot["flights_received"], "seconds": dt,
                     "max_error": err, "bound": o.bound})
     return out
