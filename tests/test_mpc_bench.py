@@ -26,6 +26,9 @@ def test_bench_mpc_report(tmp_path, capsys):
         for k in ("name", "size", "bytes", "rounds", "seconds", "max_error"):
             assert k in o, (o["name"], k)
         assert o["max_error"] <= o["bound"], o
+        # amortised: the refill bytes that fell inside replaced by the COTs' steady-state share
+        assert o["bytes_amortised"] == pytest.approx(
+            o["bytes"] - o["ferret_refill_bytes"] + o["ferret_cots"] * bench.REFILL_BYTES_PER_COT)
         assert set(o["network_seconds"]) >= {"LAN", "WAN"}
         assert o["network_seconds"]["WAN"] >= o["network_seconds"]["LAN"] >= o["seconds"]
     assert by["gelu"]["size"] == [2, 3072] and by["softmax"]["size"] == [2, 128] and by["mul_fixed"]["size"] == [256]

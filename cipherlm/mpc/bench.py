@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from .ferret import FERRET_MAIN
 from .ring import RingConfig, from_signed
 
 Q = (1 << 59) - 55  # prime modulus of the field<->ring conversions (as in costs.py)
@@ -282,6 +283,19 @@ def _share(ctx, o: Op, raw: dict) -> dict:
     return s
 
 
+#: steady-state Ferret refill traffic per COT served (one main iteration's message over its
+#: usable COTs, ~0.45 bit): a refill lands inside whichever operation drains the pool, so
+#: "bytes" jumps by ~1.1 MB when one falls in; "bytes_amortised" replaces the refill bytes
+#: that fell inside by this share of the COTs the operation used (both directions)
+REFILL_BYTES_PER_COT = FERRET_MAIN.msg_len / FERRET_MAIN.usable
+
+
+def _served_cots(ctx) -> int:
+    """COTs this party's Ferret pools (both directions) have served so far (0 on IKNP)."""
+    ext = getattr(ctx.ot, "ext", None)
+    return sum(getattr(getattr(ext, k, None), "served", 0) for k in ("sender_pool", "receiver_pool"))
+
+
 def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[dict]:
     from .protocols import bool_ops, millionaire, mul_he, mux
     from .shares import AShare, BShare
@@ -301,6 +315,7 @@ def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[
         ctx.chan.send({"sync": 1})  # align the parties so each measurement starts clean
         ctx.chan.recv()
         ctx.chan.reset_stats()
+        served = _served_cots(ctx)
         t = time.perf_counter()
         res = o.run(ctx, s)
         dt = time.perf_counter() - t
@@ -308,11 +323,14 @@ def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[
         # Ferret pool refills that fell inside this operation (counted in "bytes" too)
         ref = ctx.chan.stats().get("ot.ferret", {})
         refill = ref.get("bytes_sent", 0) + ref.get("bytes_received", 0)
+        served = _served_cots(ctx) - served
         got = np.asarray(o.open(ctx, res), dtype=np.float64)
         want = np.asarray(o.ref(raw), dtype=np.float64)
         err = float(np.abs(got - want).max())
         out.append({"name": name, "kind": o.kind, "size": list(shape), "n": int(np.prod(shape)),
                     "bytes": tot["bytes_sent"] + tot["bytes_received"], "ferret_refill_bytes": refill,
+                    "ferret_cots": served,
+                    "bytes_amortised": tot["bytes_sent"] + tot["bytes_received"] - refill + served * REFILL_BYTES_PER_COT,
                     "rounds": tot["rounds"] + tot["flights_received"], "seconds": dt,
                     "max_error": err, "bound": o.bound})
     return out
@@ -345,12 +363,13 @@ def add_network(rows: list[dict]) -> list[dict]:
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = f"{'operation':26s} {'size':>9s} {'MB':>9s} {'B/elem':>8s} {'rounds':>6s} {'compute s':>9s}"
+    head = f"{'operation':26s} {'size':>9s} {'MB':>9s} {'MB amort':>9s} {'B/elem':>8s} {'rounds':>6s} {'compute s':>9s}"
     keys = list(rows[0].get("network_seconds", {})) if rows else []
     head += "".join(f" {k[:9] + ' s':>11s}" for k in keys) + f" {'max error':>9s} {'bound':>8s}"
     lines = [head]
     for r in rows:
-        line = (f"{r['name']:26s} {'x'.join(map(str, r['size'])):>9s} {r['bytes'] / 1e6:9.2f} {r['bytes'] / r['n']:8.0f}"
+        line = (f"{r['name']:26s} {'x'.join(map(str, r['size'])):>9s} {r['bytes'] / 1e6:9.2f}"
+                f" {r.get('bytes_amortised', r['bytes']) / 1e6:9.2f} {r['bytes'] / r['n']:8.0f}"
                 f" {r['rounds']:6d} {r['seconds']:9.2f}")
         line += "".join(f" {r['network_seconds'][k]:11.2f}" for k in keys)
         line += f" {r['max_error']:9.2e} {r['bound']:8.1e}"
