@@ -183,3 +183,33 @@ def test_core_two_processes():
     a, b, (t0, t1) = run_processes(_core, args0=(X, Y, 64), args1=(X, Y, 64), ot_factory=OT, timeout=120, stats=True)
     assert (a["mul"] == X * Y).all() and (b["lt"] == (X < Y)).all() and (a["relu"] == np.maximum(X, 0)).all()
     assert t0["bytes_sent"] == t1["bytes_received"] and t0["bytes_received"] == t1["bytes_sent"]
+
+
+def test_msb_on_the_bits_that_matter():
+    """msb / drelu on x mod 2^k (mixed bit widths) give the sign of every |x| < 2^(k-1),
+    with fewer bytes than on all l bits; a bad width is refused."""
+    rng = np.random.default_rng(11)
+    X = rng.integers(-(1 << 36), 1 << 36, 2000)
+    k = compare.range_bits(2.0 ** 20, 16, 64)
+    assert k == 38 and compare.range_bits(1e9, 16, 64) == 48 and compare.range_bits(1e15, 16, 64) == 64
+
+    def f(ctx):
+        x = share_input(ctx, from_signed(X, 64) if ctx.party == 0 else None, 0, frac=0)
+        out = {}
+        for bits in (None, k):
+            ctx.chan.reset_stats()
+            out[bits] = (compare.msb(ctx, x, bits).reveal(), compare.drelu(ctx, x, bits).reveal())
+            t = ctx.chan.totals()
+            out[(bits, "bytes")] = t["bytes_sent"] + t["bytes_received"]
+        try:
+            compare.msb(ctx, x, 65)
+            out["bad"] = "no error"
+        except ValueError as e:
+            out["bad"] = str(e)
+        return out
+
+    a, _ = run_inprocess(f, ot_factory=OT, timeout=120)
+    for bits in (None, k):
+        assert (a[bits][0] == (X < 0)).all() and (a[bits][1] == (X >= 0)).all()
+    assert a[(k, "bytes")] < 0.8 * a[(None, "bytes")]
+    assert "bits must be in" in a["bad"]

@@ -31,12 +31,22 @@ def sqf(ctx, x: AShare, how: str | None = None) -> AShare:
     return _rescale(ctx, _mul.square(ctx, x, exact=False), x.frac, how or TRUNC)
 
 
-def compare_public(ctx, x: AShare, thresholds) -> BShare:
-    """Shared bits 1{x < t_k} for public reals t_k, shape (K, *x.shape), one batched MSB."""
+#: the largest |x| (real units) a comparison of the nonlinear library is correct for: its
+#: MSB runs on `compare.range_bits(COMPARE_BOUND + max |t|, frac, l)` bits (38 at f = 16
+#: instead of 64; SiRNN's mixed bit widths).  2^20 is far above the activations the
+#: functions are used on (GeLU/SiLU pre-activations, exp after the max subtraction with
+#: masks at -1024, softmax sums <= the context length, variances of the norms)
+COMPARE_BOUND = 2.0 ** 20
+
+
+def compare_public(ctx, x: AShare, thresholds, bound: float = COMPARE_BOUND) -> BShare:
+    """Shared bits 1{x < t_k} for public reals t_k, shape (K, *x.shape), one batched MSB,
+    on the bits that matter for |x| <= ``bound`` (`compare.range_bits`)."""
     ts = np.asarray(thresholds, dtype=np.float64)
     enc = fixed_encode(ts, x.frac, x.bits)
     d = np.stack([(x - enc[k]).data for k in range(len(ts))])
-    return compare.msb(ctx, AShare(ctx, d, x.bits, x.frac))
+    bits = compare.range_bits(bound + float(np.abs(ts).max(initial=0.0)), x.frac, x.bits)
+    return compare.msb(ctx, AShare(ctx, d, x.bits, x.frac), bits)
 
 
 def mux_many(ctx, bits: BShare, vals: list[AShare]) -> list[AShare]:

@@ -23,12 +23,16 @@ from ..shares import AShare, BShare, concatenate
 from ..protocols import compare, mux as _mux
 from ..protocols.b2a import b2a_bits
 from ..protocols.millionaire import equality
+from .common import COMPARE_BOUND
 
 KNOCKOUT = 2.0 ** 12
 
 
-def argmax_last(ctx, x: AShare):
-    """(max value (..., 1), argmax index (..., 1) as an integer AShare with frac 0)."""
+def argmax_last(ctx, x: AShare, bound: float = COMPARE_BOUND):
+    """(max value (..., 1), argmax index (..., 1) as an integer AShare with frac 0);
+    inputs |x| <= ``bound``: the comparisons run on the bits of differences up to 2 bound
+    (`compare.range_bits`)."""
+    bits = compare.range_bits(2 * bound, x.frac, x.bits)
     n = x.shape[-1]
     idx = AShare(ctx, np.zeros(x.shape, np.uint64), x.bits, 0) + np.broadcast_to(np.arange(n, dtype=np.uint64), x.shape)
     v, i = x, idx
@@ -37,7 +41,7 @@ def argmax_last(ctx, x: AShare):
         h = m // 2
         d = v[..., :h] - v[..., h:2 * h]
         di = i[..., :h] - i[..., h:2 * h]
-        sel = compare.drelu(ctx, d)
+        sel = compare.drelu(ctx, d, bits)
         both = AShare(ctx, np.stack([d.data, di.data]), x.bits, 0)
         selb = BShare(ctx, np.stack([sel.data, sel.data]), 1)
         md = _mux.mux(ctx, selb, both)
@@ -70,7 +74,7 @@ def topk_last(ctx, x: AShare, k: int):
     cur = x
     big = int(fixed_encode(KNOCKOUT, x.frac, x.bits))
     for _ in range(k):
-        v, i = argmax_last(ctx, cur)
+        v, i = argmax_last(ctx, cur, KNOCKOUT * (k + 1))  # knocked-out values reach -2^11 - k 2^12
         vals.append(v)
         idxs.append(i)
         oh = one_hot(ctx, i[..., 0], n)
