@@ -203,7 +203,7 @@ def _bytes_party(ctx, n, terms, exact):
     mul_he.setup(ctx)
     before = HS.flood_counter(ctx).count
     ctx.chan.reset_stats()
-    mul_he.cross_products(ctx, [np.arange(n, dtype=np.uint64)] * terms, 64, exact=exact)
+    mul_he.cross_products(ctx, [np.arange(n, dtype=np.uint64) + np.uint64(j) for j in range(terms)], 64, exact=exact)
     t = ctx.chan.totals()
     return t["bytes_sent"] + t["bytes_received"], t["rounds"], HS.flood_counter(ctx).count - before
 
@@ -226,17 +226,21 @@ def _setup_then(ctx, fn):
 
 
 def _honest(ctx):
-    return mul_he.cross_products(ctx, [np.arange(5, dtype=np.uint64)] * 2, 64, exact=True)
+    return mul_he.cross_products(ctx, [np.arange(5, dtype=np.uint64), np.arange(5, dtype=np.uint64) + np.uint64(9)],
+                                 64, exact=True)
 
 
-@pytest.mark.parametrize("payload", ["count", "junk", "type"])
+@pytest.mark.parametrize("payload", ["count", "junk", "reference", "type"])
 def test_evaluator_rejects_bad_ciphertexts(payload):
     def liar(ctx):
         m = mul_he.primes_needed(64, 2, True)
+        ops = [[0, 1], [1, 1]]
         if payload == "count":
-            ctx.send({"cts": [b"\x00" * 64] * (m * 2 - 1)})
+            ctx.send({"cts": [b"\x00" * 64] * (m * 2 - 1), "ops": ops, "drop": []})
         elif payload == "junk":
-            ctx.send({"cts": [b"\x00" * 64] * (m * 2)})
+            ctx.send({"cts": [b"\x00" * 64] * (m * 2), "ops": ops, "drop": []})
+        elif payload == "reference":  # an operand party 1 never received
+            ctx.send({"cts": [], "ops": [[7, 0], [8, 0]], "drop": []})
         else:
             ctx.send({"cts": "nope"})
         return None
@@ -296,3 +300,35 @@ def test_auto_picks_the_protocol_with_fewer_bytes(monkeypatch):
         assert mul.choose_method(n, 64, 2, False) == ("he" if he < ot else "ot")
     monkeypatch.setenv("CIPHERLM_MUL", "ot")
     assert mul.choose_method(1 << 16, 64, 2, False) == "ot"
+
+
+# ------------------------------------------------------------------ repeated operands
+def _repeat_party(ctx, X, Y, Z):
+    x = share_input(ctx, X if ctx.party == 0 else None, 0, frac=0)
+    y = share_input(ctx, Y if ctx.party == 1 else None, 1, frac=0)
+    z = share_input(ctx, Z if ctx.party == 1 else None, 1, frac=0)
+    mul_he.setup(ctx)
+    out, sent = [], []
+    for a, b in ((x, y), (x, z), (y, z), (x, y)):
+        ctx.chan.reset_stats()
+        p = mul.mul(ctx, a, b, method="he")
+        sent.append(ctx.chan.totals()["bytes_sent"] if ctx.party == 0 else 0)
+        out.append(p.reveal())
+    return out, sent
+
+
+@pytest.mark.parametrize("cap", [None, 4])
+def test_repeated_operands_travel_once(cap, monkeypatch):
+    """x y, then x z: party 0's x0 is not encrypted again (one upload instead of two),
+    and the products stay right when the store has room for one operand only (cap 4)."""
+    if cap is not None:
+        monkeypatch.setattr(mul_he, "MAX_CACHED_CTS", cap)
+    rng = np.random.default_rng(4)
+    X, Y, Z = (rng.integers(0, 1 << 63, 1000, dtype=np.uint64) for _ in range(3))
+    (out, sent), _ = run_inprocess(_repeat_party, args0=(X, Y, Z), args1=(X, Y, Z), timeout=300)
+    assert (out[0] == X * Y).all() and (out[1] == X * Z).all() and (out[2] == Y * Z).all() and (out[3] == X * Y).all()
+    one = mul_he.primes_needed(64, 2, True) * mul_he.DATA_PRIMES * 8 * N  # one operand's ciphertexts
+    if cap is None:
+        assert sent[0] - sent[1] >= 0.99 * one and sent[3] < 0.01 * one  # x0 cached, then x0 and y0
+    else:  # room for one operand: the store keeps this call's and drops older ones, in step on both sides
+        assert all(v <= sent[0] for v in sent)

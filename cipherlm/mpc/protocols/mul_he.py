@@ -46,10 +46,16 @@ one result down (c0 and c1 at one prime, 16 bytes per slot): (24 T + 16) m bytes
 192 for a product with ``exact=False`` (Gilboa over silent OT: ~650), 256 exact;
 a square (T = 1) 120.  Whole ciphertexts only: n elements cost ceil(n / N) of them
 (`bytes_estimate`), so `mul` picks this protocol where it sends fewer bytes.
+Repeated operands travel once (`_UploadCache`): party 1 keeps party 0's encrypted
+operands (up to MAX_CACHED_CTS ciphertexts, least recently used dropped first) and
+party 0 sends a reference when it multiplies the same share array again, so x^2,
+x^3 = x^2 x and x^4 = (x^2)^2 upload x and x^2 once each (GeLU/SiLU: 576 -> 432 bytes
+per element), a Newton step's constant factor once for all steps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from functools import lru_cache
 
@@ -188,18 +194,71 @@ def cross_products(ctx, ops: list[np.ndarray], bits: int, *, exact: bool) -> np.
     return rescale(res[:, :n], primes, bits)
 
 
+class _UploadCache:
+    """Party 0's encrypted operands that party 1 still holds, least recently used first.
+
+    Party 0 keys an operand by (ring bits, primes, a hash of its share); a repeated
+    operand (x in x^2 and then x^3 = x^2 x, the constant factor of a Newton step, ...)
+    is sent as a reference instead of ciphertexts.  Party 0 alone decides: it names the
+    ids to store and to drop in each message, so party 1's store follows without a
+    policy of its own.  What party 1 learns, that party 0 multiplies the same share
+    array again, follows from the public program (shares of different values are
+    independent uniform arrays), so the references leak nothing beyond it."""
+
+    def __init__(self):
+        self.entries: dict = {}  # key -> (id, ciphertexts)
+        self.next_id = 0
+
+    def lookup(self, key):
+        hit = self.entries.pop(key, None)
+        if hit is not None:
+            self.entries[key] = hit  # most recent last
+        return hit
+
+    def add(self, key, size: int, keep=()) -> tuple[int, list[int]]:
+        """Store a new operand of ``size`` ciphertexts: (its id, ids to drop first); the
+        least recently used go first, never those in ``keep`` (this call's operands)."""
+        drop = []
+        for k in list(self.entries):
+            if sum(c for _, c in self.entries.values()) + size <= MAX_CACHED_CTS:
+                break
+            if k not in keep:
+                drop.append(self.entries.pop(k)[0])
+        oid, self.next_id = self.next_id, self.next_id + 1
+        self.entries[key] = (oid, size)
+        return oid, drop
+
+
+#: ciphertexts party 1 keeps for repeated operands (x 3 x 64 bits x 2 x 8192 = 393 kB each)
+MAX_CACHED_CTS = 384
+
+
+def _key(a: np.ndarray, bits: int, m: int):
+    return bits, m, a.size, hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8), digest_size=32).digest()
+
+
 def _encryptor(ctx, ses, primes, vals, bits, n, cts, padded) -> np.ndarray:
     m = len(primes)
-    enc = np.zeros((len(vals), m, padded), np.uint64)
-    for j, a in enumerate(vals):
-        enc[j, :, :n] = encode_scaled(a & mask(bits), primes, bits)
-    blobs = []
-    for i, s in enumerate(ses):
-        for j in range(len(vals)):
+    cache = getattr(ctx, "_he_mul_uploads", None)
+    if cache is None:
+        cache = ctx._he_mul_uploads = _UploadCache()
+    blobs, ops, drops = [], [], []
+    keys = [_key(a & mask(bits), bits, m) for a in vals]
+    for a, key in zip(vals, keys):
+        hit = cache.lookup(key)
+        if hit is not None:
+            ops.append([hit[0], 0])
+            continue
+        oid, drop = cache.add(key, m * cts, keep=keys)
+        drops += drop
+        ops.append([oid, 1])
+        enc = np.zeros((m, padded), np.uint64)
+        enc[:, :n] = encode_scaled(a & mask(bits), primes, bits)
+        for i, s in enumerate(ses):
             for c in range(cts):
-                pt = s.backend.encode_slots(s.he, enc[j, i, c * N:(c + 1) * N])
+                pt = s.backend.encode_slots(s.he, enc[i, c * N:(c + 1) * N])
                 blobs.append(s.keys.encrypt_seeded(pt))
-    ctx.send({"cts": blobs})
+    ctx.send({"cts": blobs, "ops": ops, "drop": drops})
     reply = ctx.recv()
     want = (m, cts, RESULT_PRIMES, N)
     c1 = np.asarray(reply.get("c1"), np.uint64) if isinstance(reply, dict) else None
@@ -216,23 +275,52 @@ def _encryptor(ctx, ses, primes, vals, bits, n, cts, padded) -> np.ndarray:
     return out
 
 
+def _operands(ctx, msg, ses, m: int, cts: int, terms: int) -> list:
+    """Party 1: the encrypted operands of this call (new ones loaded and stored, the others
+    from the store), per operand a list over primes of lists over ciphertexts."""
+    store = getattr(ctx, "_he_mul_store", None)
+    if store is None:
+        store = ctx._he_mul_store = {}
+    blobs, ops, drops = (msg.get(k) if isinstance(msg, dict) else None for k in ("cts", "ops", "drop"))
+    if not isinstance(blobs, list) or not isinstance(ops, list) or not isinstance(drops, list) or len(ops) != terms:
+        raise MPCError(f"HE product: expected ciphertexts and {terms} operand references")
+    try:
+        refs = [(int(oid), bool(new)) for oid, new in ops]
+        drops = [int(d) for d in drops]
+    except (TypeError, ValueError) as e:
+        raise MPCError(f"HE product: malformed operand references ({e})") from None
+    new = sum(1 for _, is_new in refs if is_new)
+    if len(blobs) != new * m * cts:
+        raise MPCError(f"HE product: expected {new * m * cts} ciphertexts, got {len(blobs)}")
+    for d in drops:
+        store.pop(d, None)
+    it = iter(blobs)
+    out = []
+    for oid, is_new in refs:
+        if is_new:
+            if oid in store:
+                raise MPCError(f"HE product: operand {oid} sent twice")
+            store[oid] = (m, cts, [[ses[i].load_input(bytes(next(it))) for _ in range(cts)] for i in range(m)])
+        got = store.get(oid)
+        if got is None or got[0] != m or got[1] != cts:
+            raise MPCError(f"HE product: no stored operand {oid} for {m} primes x {cts} ciphertexts")
+        out.append(got[2])
+    if sum(e[0] * e[1] for e in store.values()) > MAX_CACHED_CTS + terms * m * cts:
+        raise MPCError("HE product: the peer keeps more stored operands than the protocol allows")
+    return out
+
+
 def _evaluator(ctx, ses, primes, vals, bits, n, cts, padded) -> np.ndarray:
     m, terms = len(primes), len(vals)
-    msg = ctx.recv()
-    blobs = msg.get("cts") if isinstance(msg, dict) else None
-    if not isinstance(blobs, list) or len(blobs) != m * terms * cts:
-        got = len(blobs) if isinstance(blobs, list) else type(blobs).__name__
-        raise MPCError(f"HE product: expected {m * terms * cts} ciphertexts, got {got}")
+    inputs = _operands(ctx, ctx.recv(), ses, m, cts, terms)
     signed = [to_signed(v & mask(bits), bits) for v in vals]
     allpos = np.arange(N)
     c1s = np.zeros((m, cts, RESULT_PRIMES, N), np.uint64)
     c0s = np.zeros_like(c1s)
     out = np.zeros((m, padded), np.uint64)
-    it = iter(blobs)
     for i, s in enumerate(ses):
         be, he, t = s.backend, s.he, primes[i]
         correct, mean = product_noise(t, terms)
-        inputs = [[s.load_input(bytes(next(it))) for _ in range(cts)] for _ in range(terms)]
         plain = np.zeros((terms, padded), np.uint64)
         for j, b in enumerate(signed):
             plain[j, :n] = np.mod(b, np.int64(t)).astype(np.uint64)
@@ -245,9 +333,9 @@ def _evaluator(ctx, ses, primes, vals, bits, n, cts, padded) -> np.ndarray:
                     continue
                 pt = be.encode_slots(he, v, level=s.top, ntt=True)
                 if acc is None:
-                    acc = be.multiply_plain(he, inputs[j][c], pt)
+                    acc = be.multiply_plain(he, inputs[j][i][c], pt)
                 else:
-                    tmp = be.multiply_plain(he, inputs[j][c], pt, out=tmp)
+                    tmp = be.multiply_plain(he, inputs[j][i][c], pt, out=tmp)
                     be.add_inplace(he, acc, tmp)
             if acc is None:  # every operand zero: a fresh encryption of zero hides it the same way
                 acc = s.zero_ntt()
