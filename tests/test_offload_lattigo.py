@@ -119,12 +119,15 @@ def test_welcome_names_the_backend(server):
 
 
 def test_seal_welcome_unchanged():
-    """A SEAL engine's public set-up has exactly the fields it had before the backend choice."""
+    """A SEAL engine's public set-up has exactly the fields it had before the backend choice
+    (without packed prefill plans; with them, the one ``packed`` field more)."""
     rng = np.random.default_rng(0)
     g = LinearGroup(0, ("w",), 16, (8,))
-    eng = offload_engine.ServerEngine([g], {"w": (rng.standard_normal((8, 16)), None)})
+    eng = offload_engine.ServerEngine([g], {"w": (rng.standard_normal((8, 16)), None)}, prefill_tokens=1)
     assert set(eng.public_setup()) == {"he_params", "plans", "parts", "rotation_steps"}
     assert eng.public_setup()["he_params"] == offload_engine.params_to_bytes(OFFLOAD_CKKS)
+    eng = offload_engine.ServerEngine([g], {"w": (rng.standard_normal((8, 16)), None)}, prefill_tokens=2)
+    assert set(eng.public_setup()) == {"he_params", "plans", "parts", "rotation_steps", "packed"}
 
 
 def test_bad_ciphertext_ends_only_that_session(server):

@@ -39,6 +39,18 @@ rotations, as used for ct-pt MatMul by BLB (``blb_004``, BSGS section), plus:
   rot(x, j), ig) with diag' = rot(diag, -ig) pre-rotated at encode time.
 * **bias** -- folded into the product: the client appends a constant 1 to x
   and the server appends b as an extra column of W (no per-request encode).
+* **packed tokens** (``MatmulPlan.tokens`` T > 1, the offload prefill) -- each
+  chunk block's B = S / c slots are cut into T lanes of L = B / T slots
+  (R + m <= L); token row t sits in lane t of every block (slot a B + t L + u =
+  x_t,c[a m + (u mod m)]) and every diagonal holds the same weights in each lane.
+  Rotations by k < m stay inside a lane and the chunk sum's steps (multiples of
+  B) keep the lane, so one request's baby steps, giant steps and chunk sum serve
+  all T rows; lane t of the result is row t's one-row result (outputs, their
+  imaginary forms, zeros), a missing row's lane is all zero.  The same
+  evaluation code (SEAL's `evaluate_blocks`, Lattigo's `clg_bsgs_eval`) runs it:
+  only the diagonals and the layout differ.  Costs per ciphertext are those of
+  the plan at S / T slots; the plaintexts are about T times those of a
+  one-row plan of the same matrix (each holds the weights T times).
 
 Per request (one token, one matrix group):
 
@@ -244,18 +256,31 @@ class MatmulPlan:
     g: int  # baby steps
     b: int  # giant steps
     splits: tuple[int, ...] = ()  # group member sizes (sum = d_out), () = single
+    tokens: int = 1  # token rows packed per ciphertext (T; > 1: the prefill's packed plans)
 
     def __post_init__(self):
         if self.c < 1 or self.c & (self.c - 1):
             raise HEError(f"a plan's chunk count must be a power of two (the server sums the chunks), got {self.c}")
-        if self.rows + self.m > (self.slots // self.c if self.c > 1 else self.slots):
+        if self.tokens < 1 or self.tokens & (self.tokens - 1):
+            raise HEError(f"a plan's token count must be a power of two, got {self.tokens}")
+        if self.rows + self.m > self.lane:
             raise HEError("plan does not fit its slots")
 
     @property
     def stride(self) -> int:
         """Slot block size B: S / c when there are chunks (so c B = S and the chunk
-        sum's rotations are cyclic over the blocks), else R + m."""
+        sum's rotations are cyclic over the blocks), else R + m (S with packed tokens)."""
+        if self.tokens > 1:
+            return self.slots // self.c
         return self.slots // self.c if self.c > 1 else self.rows + self.m
+
+    @property
+    def lane(self) -> int:
+        """Slots of one token inside a block: L = B / T with packed tokens (token t of
+        chunk block a at slots a B + t L + u, u < L; R + m <= L), else B."""
+        if self.tokens > 1:
+            return self.slots // (self.c * self.tokens)
+        return self.slots // self.c if self.c > 1 else self.slots
 
     @property
     def chunk_steps(self) -> list[int]:
@@ -311,6 +336,8 @@ class MatmulPlan:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["splits"] = list(self.splits)
+        if self.tokens == 1:
+            del d["tokens"]  # one-token plans are sent as before
         return d
 
     @classmethod
@@ -331,13 +358,18 @@ def plan_matmul(
     max_chunks: int | None = None,
     workers: int = 1,
     backend: str | None = None,
+    tokens: int = 1,
 ) -> MatmulPlan:
     """Choose (c, g, b, n_blocks) minimising the cost model (per-worker critical path
     when ``workers`` > 1: fewer baby steps, see :mod:`cipherlm.he.parallel`).  The
     constants: ``cost_model`` if given, else those of HE backend ``backend`` (default
-    `OFFLOAD_BACKEND`), ``get_backend(backend).cost_model.offload``."""
+    `OFFLOAD_BACKEND`), ``get_backend(backend).cost_model.offload``.  ``tokens`` T > 1:
+    a plan whose ciphertext packs T token rows (each block's S / c slots cut into T
+    lanes of L = S / (c T) slots, R + m <= L; the cost is per ciphertext, i.e. T rows)."""
     if d_out < 1 or d_in < 1:
         raise HEError(f"bad matrix shape ({d_out}, {d_in})")
+    if tokens < 1 or tokens & (tokens - 1):
+        raise HEError(f"tokens per ciphertext must be a power of two, got {tokens}")
     cost_model = offload_costs(cost_model, backend)
     n = (d_in + int(has_bias) + 1) // 2
     best = None
@@ -348,7 +380,7 @@ def plan_matmul(
         if m == last_m:
             continue  # same chunk size as a smaller c: no gain
         last_m = m
-        r_max = slots // c_now - m
+        r_max = slots // (c_now * tokens) - m
         if r_max < 1:
             break
         n_blocks = -(-d_out // r_max)
@@ -357,7 +389,7 @@ def plan_matmul(
             b = -(-m // g)
             if g > 1 and -(-m // (g - 1)) == b and g > b:
                 continue
-            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits))
+            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits), tokens)
             cost = p.cost(cost_model, workers=workers)
             if best is None or cost < best[0]:
                 best = (cost, p)
@@ -420,8 +452,12 @@ def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> n
     for o in range(p.n_blocks):
         Wo = Wp[o * p.rows : (o + 1) * p.rows].reshape(p.rows, p.c, p.m)
         D = np.take_along_axis(Wo, np.broadcast_to(idx[:, None, :], Wo.shape), axis=2)  # [r, a, k]
-        V = out[o, :, : p.c * p.stride].reshape(p.m, p.c, p.stride)
-        V[:, :, : p.rows] = D.transpose(2, 1, 0)
+        if p.tokens > 1:  # the same weights in every token's lane of every chunk block
+            V = out[o].reshape(p.m, p.c, p.tokens, p.lane)
+            V[:, :, :, : p.rows] = D.transpose(2, 1, 0)[:, :, None, :]
+        else:
+            V = out[o, :, : p.c * p.stride].reshape(p.m, p.c, p.stride)
+            V[:, :, : p.rows] = D.transpose(2, 1, 0)
         for kk in range(p.m):
             shift = (kk // p.g) * p.g
             if shift:
@@ -557,7 +593,25 @@ def unpack_cts(data: bytes, expected: int | None = None) -> list[bytes]:
 
 
 def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
-    """Complex slot vector (S,) for input x (d_in,) under ``plan``."""
+    """Complex slot vector (S,) for input x (d_in,) under ``plan``; for a plan with packed
+    tokens (``plan.tokens`` T > 1) x is (t, d_in), t <= T rows: row i in lane i of every
+    chunk block, the lanes of missing rows all zero (no bias constant either)."""
+    if plan.tokens > 1:
+        X = np.asarray(x, dtype=np.float64)
+        X = X.reshape(-1, plan.d_in) if X.size else X.reshape(0, plan.d_in)
+        if X.ndim != 2 or X.shape[1] != plan.d_in or not 1 <= X.shape[0] <= plan.tokens:
+            raise HEError(f"input has shape {np.shape(x)}, plan expects 1 to {plan.tokens} rows of {plan.d_in}")
+        v = np.zeros((plan.c, plan.tokens, plan.lane), dtype=np.complex128)
+        u = np.arange(plan.lane) % plan.m
+        for t, row in enumerate(X):
+            if plan.has_bias:
+                row = np.concatenate([row, [1.0]])
+            if row.size % 2:
+                row = np.concatenate([row, [0.0]])
+            xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
+            xc[: plan.n] = row[0::2] + 1j * row[1::2]
+            v[:, t, :] = xc.reshape(plan.c, plan.m)[:, u]
+        return v.reshape(-1)
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     if x.size != plan.d_in:
         raise HEError(f"input has {x.size} entries, plan expects {plan.d_in}")
@@ -575,7 +629,8 @@ def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
 
 
 def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | None = None) -> bytes:
-    """Client: layout + scale 2^45/max|x| + seeded symmetric encryption -> bytes."""
+    """Client: layout + scale 2^45/max|x| + seeded symmetric encryption -> bytes (x:
+    (d_in,), or up to ``plan.tokens`` rows (t, d_in) for a packed plan, one scale for all)."""
     ctx = keys.ctx
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)):
@@ -613,22 +668,31 @@ def decrypt_output(
     summed the chunks (every slot block holds the whole sum): block 0 is read."""
     ctx = keys.ctx
     blobs = unpack_cts(data, plan.n_blocks)
-    y = np.zeros(plan.n_blocks * plan.rows)
+    T, L = plan.tokens, plan.lane
+    y = np.zeros((T, plan.n_blocks * plan.rows))
+    n_read = (T - 1) * L + plan.rows  # lane t of block 0 at t L, its R outputs first
     for o, blob in enumerate(blobs):
         if not blob:
             continue  # all-zero block
         if backend_of(ctx) == "lattigo":
             be = get_backend("lattigo")
-            v = be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), n=plan.rows)
+            v = be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), n=n_read)
         else:
             ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
             v = np.asarray(ctx.encoder.decode_double(keys.decrypt(ct)))
-        y[o * plan.rows : (o + 1) * plan.rows] = v[: plan.rows]
+        for t in range(T):
+            y[t, o * plan.rows : (o + 1) * plan.rows] = v[t * L : t * L + plan.rows]
         _count(counter, decrypt=1)
     _count(counter, bytes_out=len(data))
-    y = y[: plan.d_out]
+    y = y[:, : plan.d_out]
+    if T == 1:
+        y = y[0]
+        if split:
+            return split_output(plan, y)
+        return y
+    # packed tokens: (T, d_out), one row per lane (rows of missing tokens are zero)
     if split:
-        return split_output(plan, y)
+        return [split_output(plan, row) for row in y]
     return y
 
 

@@ -123,17 +123,30 @@ class RemoteLinear:
         if group is None:
             raise ProtocolError(f"the server offers no projection group {tuple(names)}")
         rows = np.asarray(x, dtype=np.float64).reshape(-1, group.d_in)
+        # several rows (a prefill): T rows per ciphertext where the server offers a packed plan
+        per_ct = c.engine.packed_rows(group.index) if len(rows) > 1 else 1
+        packs = [rows[i : i + per_ct] for i in range(0, len(rows), per_ct)] if per_ct > 1 else None
         t0 = time.perf_counter()
-        cts = [c.engine.encrypt(group.index, row) for row in rows]
+        if packs is None:
+            cts = [c.engine.encrypt(group.index, row) for row in rows]
+        else:
+            cts = [c.engine.encrypt_packed(group.index, pack) for pack in packs]
         c.seconds["encrypt"] += time.perf_counter() - t0
+        msg = {"type": "linear", "group": group.index, "cts": cts}
+        if packs is not None:
+            msg["packed"] = True
         with c.chan.step(group.op_class):
-            c.chan.send({"type": "linear", "group": group.index, "cts": cts})
+            c.chan.send(msg)
             reply = expect(c.chan.recv(), "result")
         out_cts = reply.get("cts")
-        if not isinstance(out_cts, list) or len(out_cts) != len(rows):
+        if not isinstance(out_cts, list) or len(out_cts) != len(cts):
             raise ProtocolError("server returned the wrong number of results")
         t0 = time.perf_counter()
-        y = np.stack([c.engine.decrypt(group.index, ct) for ct in out_cts])
+        if packs is None:
+            y = np.stack([c.engine.decrypt(group.index, ct) for ct in out_cts])
+        else:
+            y = np.concatenate([c.engine.decrypt_packed(group.index, ct, len(pack))
+                                for ct, pack in zip(out_cts, packs)])
         c.seconds["decrypt"] += time.perf_counter() - t0
         self._progress(group, len(rows))
         y = y.reshape(*np.shape(x)[:-1], group.d_out)

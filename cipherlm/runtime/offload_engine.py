@@ -58,6 +58,7 @@ from cipherlm.he.matmul import (
     OFFLOAD_BACKENDS,
     client_keys,
     make_context,
+    offload_costs,
     offload_params_from_bytes,
     offload_params_to_bytes,
     pack_cts,
@@ -65,6 +66,51 @@ from cipherlm.he.matmul import (
 )
 from cipherlm.he.params import check_security
 from cipherlm.runtime.linear_groups import LinearGroup
+
+
+#: the environment variable that sets a server's token rows per packed prefill ciphertext
+#: (`ServerEngine`'s ``prefill_tokens`` when not given; 1: no packing, every row its own
+#: ciphertext, as before issue 15 item 2)
+PREFILL_PACK_ENV = "CIPHERLM_OFFLOAD_PREFILL_PACK"
+#: the default token rows per packed prefill ciphertext (memory: the packed plans' diagonals
+#: are a second copy of the weights, about as large again as the one-token plans')
+DEFAULT_PREFILL_TOKENS = 2
+
+
+def prefill_tokens_from_env(value: int | None = None) -> int:
+    """``value`` if given, else ``$CIPHERLM_OFFLOAD_PREFILL_PACK``, else `DEFAULT_PREFILL_TOKENS`
+    (a power of two >= 1)."""
+    import os
+
+    if value is None:
+        raw = os.environ.get(PREFILL_PACK_ENV, "").strip()
+        try:
+            value = int(raw) if raw else DEFAULT_PREFILL_TOKENS
+        except ValueError:
+            raise HEError(f"${PREFILL_PACK_ENV} must be a power of two >= 1, got {raw!r}") from None
+    value = int(value)
+    if value < 1 or value & (value - 1):
+        raise HEError(f"prefill tokens per ciphertext must be a power of two >= 1, got {value}")
+    return value
+
+
+def packed_plan(plan: MatmulPlan, tokens: int, backend: str) -> MatmulPlan | None:
+    """The prefill plan for a group whose one-token plan is ``plan`` (one input part): of the
+    plans packing T = 2, 4, ..., ``tokens`` rows per ciphertext that fit, the one cheapest per
+    row in the backend's cost model, if cheaper per row than ``plan``; else None."""
+    cm = offload_costs(None, backend)
+    best, best_cost = None, plan.cost(cm)
+    t = 2
+    while t <= tokens:
+        try:
+            p = plan_matmul(plan.d_out, plan.d_in, plan.slots, has_bias=plan.has_bias, splits=plan.splits,
+                            backend=backend, tokens=t)
+        except HEError:
+            break  # does not fit T rows: nor more
+        if p.cost(cm) / t < best_cost:
+            best, best_cost = p, p.cost(cm) / t
+        t *= 2
+    return best
 
 
 def rotation_steps(plans: Sequence[MatmulPlan]) -> list[int]:
@@ -135,7 +181,11 @@ class ServerEngine:
         progress=None,
         workers: int = 1,
         he_backend: str = "seal",
+        prefill_tokens: int | None = None,
     ):
+        """``prefill_tokens`` T (None: `prefill_tokens_from_env`): each group of one input part
+        also gets a plan packing T token rows per ciphertext (`packed_plan`), served to a
+        prefill's ``linear`` requests marked ``packed``; 1, or the SEAL worker pool: none."""
         if he_backend not in OFFLOAD_BACKENDS:
             raise HEError(f"unknown offload HE backend {he_backend!r}; known: {OFFLOAD_BACKENDS}")
         self.params = params
@@ -190,13 +240,38 @@ class ServerEngine:
                     enc.workers = self.workers
                 self.encoded.append(enc)
                 offset += plan.n_blocks * plan.m
-        self.steps = rotation_steps(self.plans)
+        # prefill: several token rows per ciphertext (in process only, groups of one part)
+        self.prefill_tokens = prefill_tokens_from_env(prefill_tokens) if self.pool is None else 1
+        self.packed_plans: list[MatmulPlan] = []
+        self.packed_encoded = []
+        self.packed_of: list[int] = []  # group -> index into packed_plans, -1: rows one by one
+        for g, ids in zip(self.groups, self.parts):
+            # (not the LM head: a decoder's prefill sends it its last row only)
+            pp = packed_plan(self.plans[ids[0]], self.prefill_tokens, he_backend) \
+                if len(ids) == 1 and g.op_class != "lm_head" else None
+            if pp is None:
+                self.packed_of.append(-1)
+                continue
+            Ws, bs = part_weights[ids[0]]
+            self.packed_of.append(len(self.packed_plans))
+            self.packed_plans.append(pp)
+            enc = encode_group(self.ctx, Ws, bs, plan=pp)
+            if he_backend == "lattigo":
+                enc.workers = self.workers
+            self.packed_encoded.append(enc)
+        self.steps = rotation_steps(self.plans + self.packed_plans)
 
     @property
     def plaintext_bytes(self) -> int:
         if self.pool is not None:
             return self.pool.plaintext_bytes
-        return sum(e.nbytes for e in self.encoded)
+        return sum(e.nbytes for e in self.encoded) + sum(e.nbytes for e in self.packed_encoded)
+
+    def _packed_setup(self) -> dict:
+        if not self.packed_plans:
+            return {}  # no packing: the welcome is as it was
+        return {"packed": {"tokens": self.prefill_tokens, "plans": [p.to_dict() for p in self.packed_plans],
+                           "groups": list(self.packed_of)}}
 
     def public_setup(self) -> dict:
         """What a client needs to talk to this engine (nothing secret: params and plans).
@@ -208,6 +283,7 @@ class ServerEngine:
                 "plans": [p.to_dict() for p in self.plans],
                 "parts": self.parts,
                 "rotation_steps": self.steps,
+                **self._packed_setup(),
             }
         return {
             "he_backend": self.he_backend,
@@ -215,6 +291,7 @@ class ServerEngine:
             "plans": [p.to_dict() for p in self.plans],
             "parts": self.parts,
             "rotation_steps": self.steps,
+            **self._packed_setup(),
         }
 
     def load_client_keys(self, blob) -> SessionKeys:
@@ -222,15 +299,24 @@ class ServerEngine:
             raise HEError("galois_keys must be bytes")
         if self.pool is not None:
             return SessionKeys(None, self.pool.open_session(bytes(blob)))
-        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans))
+        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans + self.packed_plans))
 
-    def apply(self, gid: int, ct: bytes, keys: SessionKeys) -> bytes:
-        """One token row of group ``gid``: one ciphertext per part in, one result per part out."""
+    def apply(self, gid: int, ct: bytes, keys: SessionKeys, packed: bool = False) -> bytes:
+        """One token row of group ``gid``: one ciphertext per part in, one result per part out.
+        ``packed``: the ciphertext packs up to ``prefill_tokens`` rows (the group's packed plan;
+        an `HEError` when the group has none)."""
         if not isinstance(ct, (bytes, bytearray)):
             raise HEError("a ciphertext must be bytes")
         if not 0 <= gid < len(self.groups):
             raise HEError(f"unknown group {gid}")
         counter = keys.by_class[self.groups[gid].op_class]
+        if packed:
+            k = self.packed_of[gid] if self.packed_plans else -1
+            if k < 0:
+                raise HEError(f"group {gid} has no packed prefill plan")
+            if keys.galois_keys is None:
+                raise HEError("session keys were released")
+            return apply(self.packed_encoded[k], bytes(ct), keys.galois_keys, counter=counter)
         ids = self.parts[gid]
         cts = [bytes(ct)] if len(ids) == 1 else unpack_cts(bytes(ct), expected=len(ids))
         out = [self._apply_part(pid, c, keys, counter) for pid, c in zip(ids, cts)]
@@ -289,8 +375,47 @@ class ClientEngine(_Counters):
                 raise HEError(f"plans for group {g.names} do not match its shape")
         self.columns = [input_parts(g.d_in, self.plans[ids[0]].has_bias, self.ctx.slots) for g, ids in zip(self.groups, self.parts)]
 
+        # the prefill's packed plans (absent: every row its own ciphertext)
+        self.prefill_tokens = 1
+        self.packed_plans: list[MatmulPlan] = []
+        self.packed_of = [-1] * len(self.groups)
+        pk = welcome.get("packed")
+        if pk is not None:
+            self.prefill_tokens = int(pk["tokens"])
+            self.packed_plans = [MatmulPlan.from_dict(d) for d in pk["plans"]]
+            self.packed_of = [int(k) for k in pk["groups"]]
+            if len(self.packed_of) != len(self.groups) or sorted(k for k in self.packed_of if k >= 0) != list(
+                    range(len(self.packed_plans))):
+                raise HEError("the server's packed plans do not match its groups")
+            for g, ids, k in zip(self.groups, self.parts, self.packed_of):
+                if k < 0:
+                    continue
+                p, one = self.packed_plans[k], self.plans[ids[0]]
+                if len(ids) != 1 or not 2 <= p.tokens <= self.prefill_tokens or (
+                        p.d_in, p.d_out, p.slots, p.has_bias) != (g.d_in, g.d_out, self.ctx.slots, one.has_bias):
+                    raise HEError(f"packed plan for group {g.names} does not match its shape")
+
+    def packed_rows(self, gid: int) -> int:
+        """Token rows per packed prefill ciphertext of group ``gid`` (1: rows one by one)."""
+        k = self.packed_of[gid]
+        return self.packed_plans[k].tokens if k >= 0 else 1
+
     def galois_keys_blob(self) -> bytes:
-        return self.keys.galois_keys_bytes(rotation_steps(self.plans))
+        return self.keys.galois_keys_bytes(rotation_steps(self.plans + self.packed_plans))
+
+    def encrypt_packed(self, gid: int, rows: np.ndarray) -> bytes:
+        """Up to `packed_rows` token rows of group ``gid`` in one ciphertext (its packed plan)."""
+        counter = self.by_class[self.groups[gid].op_class]
+        return encrypt_input(self.keys, np.asarray(rows, dtype=np.float64), self.packed_plans[self.packed_of[gid]],
+                             counter=counter)
+
+    def decrypt_packed(self, gid: int, blob: bytes, n_rows: int) -> np.ndarray:
+        """The group's outputs for the first ``n_rows`` rows of a packed result, (n_rows, d_out)."""
+        if not isinstance(blob, (bytes, bytearray)):
+            raise HEError("a result must be bytes")
+        counter = self.by_class[self.groups[gid].op_class]
+        y = decrypt_output(self.keys, bytes(blob), self.packed_plans[self.packed_of[gid]], counter=counter)
+        return y[:n_rows]
 
     def encrypt(self, gid: int, x: np.ndarray) -> bytes:
         counter = self.by_class[self.groups[gid].op_class]

@@ -26,6 +26,15 @@ backend's layouts.  The client checks the name
 (`cipherlm.runtime.plan_check.check_offload_welcome`) and parses the blob with
 that backend's parser only.
 
+Packed prefill (issue 15 item 2): a server whose engine has packed plans adds
+``packed: {tokens: T, plans, groups}`` to the welcome (``groups[i]``: the index of
+group i's packed plan, -1 for none; each packed plan packs ``plan.tokens`` <= T rows per
+ciphertext, `cipherlm.he.matmul`); a ``linear`` request of several rows may then carry
+``packed: true`` and ceil(rows / plan.tokens) ciphertexts, each holding up to that many
+rows (the result: one per ciphertext).  Such a ciphertext counts as ``plan.tokens`` rows
+against the server's limits.  Without the field (or with ``$CIPHERLM_OFFLOAD_PREFILL_PACK=1``
+on the server) every row is its own ciphertext, as before.
+
 The hello is strict: ``protocol`` an int equal to `PROTOCOL_VERSION`,
 ``mode`` the str ``"offload"``, ``model`` None or a str.  The welcome's
 ``limits`` (``max_cts_per_request``, ``max_work_per_session``,

@@ -64,9 +64,12 @@ def discover_groups(config: dict, client_params: dict, server_linears: dict) -> 
 class ModelHost:
     """One model, its client bundle and its HE-encoded projections (built once)."""
 
-    def __init__(self, model_name: str, progress=None, workers: int = 1, he_backend: str = "seal"):
+    def __init__(self, model_name: str, progress=None, workers: int = 1, he_backend: str = "seal",
+                 prefill_tokens: int | None = None):
         """``he_backend``: "seal" or "lattigo" (`cipherlm serve`'s default "auto" is resolved by
-        `run_server`; this class keeps SEAL as its default)."""
+        `run_server`; this class keeps SEAL as its default).  ``prefill_tokens``: token rows per
+        packed prefill ciphertext (`offload_engine.ServerEngine`; None: ``$CIPHERLM_OFFLOAD_PREFILL_PACK``,
+        else 2; 1: every row its own ciphertext)."""
         from cipherlm.models import load_model
         from cipherlm.runtime.bundle import bundle_digest, chat_template_meta
         from cipherlm.runtime.plain import split_params
@@ -95,7 +98,7 @@ class ModelHost:
         # have the model renders chat messages with it)
         self.chat_template = chat_template_meta(lm.path)
         self.engine = offload_engine.ServerEngine(self.groups, server_linears, progress=progress, workers=workers,
-                                                  he_backend=he_backend)
+                                                  he_backend=he_backend, prefill_tokens=prefill_tokens)
         # sessions in forked worker processes (session_workers) need a host without threads of its own
         self.fork_safe = he_backend == "seal" and workers == 1
         self.fork_unsafe_reason = (
@@ -182,22 +185,33 @@ class Session(MessageSession):
         cts = msg.get("cts")
         if not isinstance(cts, list) or not cts:
             raise ProtocolError("cts must be a non-empty list of ciphertext blobs")
+        # packed: each ciphertext packs up to T token rows (the prefill's packed plan of this group);
+        # it counts as T rows against the limits (its work is about that of T rows)
+        packed = msg.get("packed", False)
+        if not isinstance(packed, bool):
+            raise ProtocolError("packed must be a bool")
+        engine = self.host.engine
+        weight = 1
+        if packed:
+            if getattr(engine, "packed_of", None) is None or engine.packed_of[gid] < 0:
+                raise ProtocolError(f"linear group {gid} has no packed prefill plan")
+            weight = engine.packed_plans[engine.packed_of[gid]].tokens
         n = len(cts)
         cap = min(self.limits.max_cts_per_request, MAX_TOKENS_PER_REQUEST)
-        if n > cap:
-            raise LimitExceeded(f"{n} ciphertexts in one request: this server takes at most {cap}")
+        if n * weight > cap:
+            raise LimitExceeded(f"{n * weight} token rows in one request: this server takes at most {cap}")
         budget = self.limits.max_work_per_session
-        if self.work_done + n > budget:
+        if self.work_done + n * weight > budget:
             raise LimitExceeded(f"this request would go past the session's work budget of {budget} ciphertexts "
-                                f"({self.work_done} evaluated, {n} more asked)")
+                                f"({self.work_done} evaluated, {n * weight} more asked)")
         group = self.host.groups[gid]
         t0 = time.perf_counter()
         out = []
         try:
             for i, ct in enumerate(cts):
                 self.check_alive(f"{i} of {n} ciphertexts evaluated")
-                out.append(self.host.engine.apply(gid, ct, self.keys))
-                self.work_done += 1
+                out.append(engine.apply(gid, ct, self.keys, packed=True) if packed else engine.apply(gid, ct, self.keys))
+                self.work_done += weight
         finally:
             self.seconds[group.op_class] += time.perf_counter() - t0
         with self.chan.step(group.op_class):

@@ -292,7 +292,7 @@ def _check_matmul_plan(d, what: str) -> dict:
 
     d = _dict(d, what)
     names = {f.name for f in dataclasses.fields(MatmulPlan)}
-    required = names - {"splits"}
+    required = names - {"splits", "tokens"}
     if not required <= set(d) or not set(d) <= names:
         raise ProtocolError(f"{what} must have the fields {sorted(required)} (and splits)")
     for k, v in d.items():
@@ -354,6 +354,20 @@ def check_offload_welcome(w, protocol_version: int) -> dict:
             _int(pid, f"parts[{i}][]", 0, max(0, len(plans) - 1))
     for s in _list(w.get("rotation_steps"), "rotation_steps"):
         _int(s, "rotation_steps[]", -MAX_DIM, MAX_DIM)
+    if w.get("packed") is not None:  # the prefill's packed plans (absent: rows one by one)
+        pk = _dict(w["packed"], "packed")
+        if set(pk) != {"tokens", "plans", "groups"}:
+            raise ProtocolError("packed must be {tokens, plans, groups}")
+        tokens = _int(pk["tokens"], "packed.tokens", 2, 4096)
+        if tokens & (tokens - 1):
+            raise ProtocolError("packed.tokens must be a power of two")
+        pplans = _list(pk["plans"], "packed.plans")
+        for i, d in enumerate(pplans):
+            t = _check_matmul_plan(d, f"packed.plans[{i}]").get("tokens")
+            if not (_is_int(t) and 2 <= t <= tokens and not t & (t - 1)):
+                raise ProtocolError(f"packed.plans[{i}] must pack a power of two of 2..{tokens} tokens")
+        for k in _list(pk["groups"], "packed.groups"):
+            _int(k, "packed.groups[]", -1, max(0, len(pplans) - 1))
     if w.get("limits") is not None:
         _limits(w["limits"])
     return w

@@ -36,6 +36,7 @@ as in `cipherlm.report`); `plan_offload` / `plan_twopc` give the plans it is bas
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from cipherlm.compile import build_graph, passes
@@ -59,6 +60,9 @@ CT_BYTES = {"seal": (CT_OUT_BYTES, CT_IN_BYTES), "lattigo": (LATTIGO_CT_OUT_BYTE
 MSG_OVERHEAD = 96
 #: `he.matmul.pack_cts`: a u32 count, then a u64 length per ciphertext
 PACK_HEADER = 4
+#: the ``packed: true`` field of a packed prefill request (16-24 bytes with the framing's
+#: padding), split over the call's two messages
+PACKED_FLAG_BYTES = 10
 PACK_PER_CT = 8
 
 #: 2pc nonlinear costs per element (bytes, both directions) and one-way flights per call,
@@ -128,13 +132,18 @@ def offload_backend(he_backend: str | None = "auto") -> str:
     return resolve_offload_backend(he_backend)[0]
 
 
-def plan_offload(config: dict, graph=None, he_backend: str | None = "auto") -> list[dict]:
+def plan_offload(config: dict, graph=None, he_backend: str | None = "auto",
+                 prefill_tokens: int | None = None) -> list[dict]:
     """Per projection group: names, d_in, d_outs, op class and the part plans
     (`MatmulPlan`s) `ServerEngine` makes (OFFLOAD_CKKS, one worker) on HE backend
-    ``he_backend`` (`offload_backend`)."""
+    ``he_backend`` (`offload_backend`), and ``packed``: the group's plan for several prefill
+    rows per ciphertext (`offload_engine.packed_plan`, up to ``prefill_tokens`` rows, None:
+    ``$CIPHERLM_OFFLOAD_PREFILL_PACK`` or 2), or None (rows one by one)."""
     from cipherlm.he import OFFLOAD_CKKS, plan_matmul
 
-    from .offload_engine import input_parts
+    from .offload_engine import input_parts, packed_plan, prefill_tokens_from_env
+
+    tokens = prefill_tokens_from_env(prefill_tokens)
 
     backend = offload_backend(he_backend)
     g = graph or _graph(config)
@@ -147,8 +156,10 @@ def plan_offload(config: dict, graph=None, he_backend: str | None = "auto") -> l
         for k, cols in enumerate(input_parts(d_in, has_bias, slots)):
             plans.append(plan_matmul(sum(d_outs), cols.stop - cols.start, slots,
                                      has_bias=k == 0 and has_bias, splits=tuple(d_outs), backend=backend))
+        op_class = operator_class(names)
+        packed = packed_plan(plans[0], tokens, backend) if len(plans) == 1 and op_class != "lm_head" else None
         out.append({"names": tuple(names), "d_in": d_in, "d_outs": tuple(d_outs),
-                    "op_class": operator_class(names), "plans": plans})
+                    "op_class": op_class, "plans": plans, "packed": packed})
     return out
 
 
@@ -156,7 +167,7 @@ def galois_steps(groups: list[dict]) -> list[int]:
     """The rotation steps of every plan (the Galois keys an offload client creates)."""
     from .offload_engine import rotation_steps
 
-    return rotation_steps([p for g in groups for p in g["plans"]])
+    return rotation_steps([p for g in groups for p in g["plans"]] + [g["packed"] for g in groups if g.get("packed")])
 
 
 def _group_calls(config, g, groups, rows) -> dict[int, float]:
@@ -195,6 +206,23 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             continue
         e = out.setdefault(grp["op_class"], {"bytes": 0, "rounds": 0, "he_ops": defaultdict(int)})
         parts = grp["plans"]
+        pk = grp.get("packed")
+        if pk is not None and r / called > 1:
+            # a prefill call: ceil(rows / T) packed ciphertexts, each through the packed plan
+            n_ct = math.ceil(r / called / pk.tokens) * called
+            e["bytes"] += n_ct * (ct_in_bytes + pk.n_blocks * ct_out_bytes + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
+                + 2 * (MSG_OVERHEAD + PACKED_FLAG_BYTES) * called
+            e["rounds"] += 2 * called
+            h = e["he_ops"]
+            oc = pk.op_counts()
+            for k in ("rotations", "multiply_plain", "rescale"):
+                h[k] += n_ct * oc[k]
+            h["encode"] += n_ct
+            h["encrypt"] += n_ct
+            h["decrypt"] += n_ct * pk.n_blocks
+            h["ciphertexts_in"] += n_ct
+            h["ciphertexts_out"] += n_ct * pk.n_blocks
+            continue
         multi = len(parts) > 1
         ct_in = len(parts)
         ct_out = sum(p.n_blocks for p in parts)

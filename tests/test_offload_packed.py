@@ -1,0 +1,173 @@
+"""Prefill with several token rows packed per ciphertext (issue 15, item 2): the packed
+plans of `cipherlm.he.matmul` (token lanes inside each chunk block, one set of rotations for
+all rows of a ciphertext) give what the one-row plans and numpy give, on SEAL and Lattigo,
+and an offload prefill through packed plans gives the logits of the per-row prefill and of
+the plaintext executor."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cipherlm.he import OFFLOAD_CKKS
+from cipherlm.he.matmul import (
+    apply,
+    client_keys,
+    decrypt_output,
+    decrypt_slots,
+    encode_group,
+    encrypt_input,
+    make_context,
+    plan_matmul,
+    resolve_offload_backend,
+)
+
+BACKENDS = ["seal", pytest.param("lattigo", marks=pytest.mark.skipif(
+    resolve_offload_backend("auto")[0] != "lattigo", reason="the Lattigo library is not built (make lattigo)"))]
+
+
+def _backend_auto() -> str:
+    return resolve_offload_backend("auto")[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_matmul_equals_per_row_and_numpy(backend):
+    """Packed plans (T = 2, 4, 8; chunks c = 1 and > 1; bias; several output blocks; a partial
+    pack) against the one-row plan on each row and against numpy; every slot of a packed
+    result is an output (real part), its imaginary form, or zero, as for one row."""
+    ctx = make_context(OFFLOAD_CKKS, backend)
+    keys = client_keys(ctx)
+    rng = np.random.default_rng(7)
+    cases = [(96, 80, True, 4, 3), (300, 1000, False, 2, 2), (200, 120, True, 8, 5), (900, 200, True, 4, 4)]
+    for d_out, d_in, bias, T, n_rows in cases:
+        W = rng.standard_normal((d_out, d_in)) * 0.05
+        b = rng.standard_normal(d_out) * 0.1 if bias else None
+        X = rng.standard_normal((n_rows, d_in))
+        ref = X @ W.T + (0 if b is None else b)
+        one = plan_matmul(d_out, d_in, ctx.slots, has_bias=bias, backend=backend)
+        pk = plan_matmul(d_out, d_in, ctx.slots, has_bias=bias, backend=backend, tokens=T)
+        assert pk.tokens == T and pk.rows + pk.m <= pk.lane and pk.c * pk.tokens * pk.lane == ctx.slots
+        gk = keys.galois_keys_bytes(sorted(set(one.rotation_steps) | set(pk.rotation_steps)))
+        enc1 = encode_group(ctx, [W], None if b is None else [b], plan=one)
+        encp = encode_group(ctx, [W], None if b is None else [b], plan=pk)
+        per_row = np.stack([decrypt_output(keys, apply(enc1, encrypt_input(keys, x, one), gk), one) for x in X])
+        out = apply(encp, encrypt_input(keys, X, pk), gk)
+        packed = decrypt_output(keys, out, pk)
+        assert packed.shape == (T, d_out)
+        scale = np.max(np.abs(W)) * max(np.max(np.abs(X)), 1.0) * d_in
+        assert np.max(np.abs(packed[:n_rows] - ref)) < 1e-6 * scale, (d_out, d_in, T)
+        assert np.max(np.abs(packed[:n_rows] - per_row)) < 1e-6 * scale
+        assert np.max(np.abs(packed[n_rows:]), initial=0.0) < 1e-6 * scale  # missing rows: zero lanes
+        # what one result carries: lane t of every chunk block holds row t's outputs (+ i x the
+        # second form, as for one row); every other slot is zero
+        from cipherlm.he.matmul import unpack_cts
+
+        for o, blob in enumerate(unpack_cts(out, pk.n_blocks)):
+            v = decrypt_slots(keys, blob).reshape(pk.c, T, pk.lane)
+            rows = slice(o * pk.rows, min((o + 1) * pk.rows, d_out))
+            k = rows.stop - rows.start
+            full = np.zeros((T, k))
+            full[:n_rows] = ref[:, rows]
+            assert np.max(np.abs(v[:, :, :k].real - full[None])) < 1e-6 * scale
+            assert np.max(np.abs(v[:, :, k:])) < 1e-6 * scale
+
+
+def test_packed_plans_are_cheaper_per_row_on_smollm2_shapes():
+    """The planner's packed plans for SmolLM2's layer groups cost less per row than the one-row
+    plans in the Lattigo cost model (what `offload_engine.packed_plan` requires)."""
+    from cipherlm.runtime.offload_engine import packed_plan
+
+    for d_out, d_in in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
+        one = plan_matmul(d_out, d_in, 4096, backend="lattigo")
+        pk = packed_plan(one, 2, "lattigo")
+        assert pk is not None and pk.tokens == 2
+        assert pk.op_counts()["rotations"] < 2 * one.op_counts()["rotations"]
+
+
+@pytest.fixture(scope="module")
+def two_servers(tiny_llama_dir, tmp_path_factory):
+    """The tiny Llama served twice on the default backend: rows one by one (prefill_tokens=1)
+    and packed 4 rows per ciphertext."""
+    from cipherlm.runtime.offload_server import ModelHost, OffloadServer
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
+    servers = {}
+    for T in (1, 4):
+        srv = OffloadServer(ModelHost(tiny_llama_dir, he_backend=_backend_auto(), prefill_tokens=T),
+                            "127.0.0.1", 0, session_timeout=30.0)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers[T] = srv
+    yield servers
+    for srv in servers.values():
+        srv.shutdown()
+        srv.host.engine.close()
+    mp.undo()
+
+
+def _prefill(server, ids, last_only=False):
+    from cipherlm.runtime.offload_client import OffloadClient
+
+    with OffloadClient(*server.address) as client:
+        ex = client.executor()
+        cache = ex.new_cache()
+        t0 = client.chan.totals()
+        logits = ex.forward(np.asarray(ids), cache, last_only=last_only)
+        t1 = client.chan.totals()
+        nxt = ex.forward(np.asarray([int(np.argmax(logits[-1]))]), cache, last_only=True)
+        stats = client.server_stats()
+        packed_welcome = client.engine.prefill_tokens
+    sent = t1["bytes_sent"] - t0["bytes_sent"]
+    recv = t1["bytes_received"] - t0["bytes_received"]
+    return logits, nxt, sent, recv, stats, packed_welcome
+
+
+def test_packed_prefill_equals_per_row_prefill_and_plaintext(two_servers, tiny_llama_dir):
+    """A 7-row prefill (packs of up to 4 rows, the last one partial) and one decode token:
+    logits of every row from the packed server equal the per-row server's and the plaintext
+    executor's within the offload tolerance, so does the decode token after it; a prefill as
+    generation runs it (last row only to the LM head) sends fewer bytes and rotates less."""
+    from cipherlm.models import load_model
+    from cipherlm.runtime.plain import PlainLinear, make_executor, split_params
+
+    ids = [3, 17, 42, 5, 9, 11, 2]
+    lm = load_model(str(tiny_llama_dir))
+    cp, sl = split_params(lm.config, lm.weights)
+    ex = make_executor(lm.config, cp, PlainLinear(sl))
+    cache = ex.new_cache()
+    ref = ex.forward(np.asarray(ids), cache, last_only=False)
+    ref_next = ex.forward(np.asarray([int(np.argmax(ref[-1]))]), cache, last_only=True)
+
+    l1, n1, up1, down1, st1, t1 = _prefill(two_servers[1], ids)
+    l4, n4, up4, down4, st4, t4 = _prefill(two_servers[4], ids)
+    assert (t1, t4) == (1, 4)
+    scale = np.max(np.abs(ref))
+    for logits in (l1, l4):
+        assert np.max(np.abs(logits - ref)) / scale < 1e-5
+    assert np.max(np.abs(l4 - l1)) / scale < 1e-5
+    assert np.argmax(l4[-1]) == np.argmax(l1[-1]) == np.argmax(ref[-1])
+    for nxt in (n1, n4):
+        assert np.max(np.abs(nxt - ref_next)) / np.max(np.abs(ref_next)) < 1e-5
+    # as generation runs it: 7 ciphertexts per layer group -> ceil(7 / T) (LM head: last row)
+    _, _, up1, down1, st1, _ = _prefill(two_servers[1], ids, last_only=True)
+    _, _, up4, down4, st4, _ = _prefill(two_servers[4], ids, last_only=True)
+    assert up4 < up1 * 0.75 and down4 < down1
+    ops1, ops4 = st1["he_ops"], st4["he_ops"]
+    for cls in ("attn_qkv", "attn_out", "ffn_in", "ffn_out"):
+        assert ops4[cls]["rotations"] < ops1[cls]["rotations"], cls
+    # a packed ciphertext counts as T rows against the session's work budget
+    assert st4["work"]["cts"] >= st1["work"]["cts"]
+
+
+def test_packed_request_without_packed_plan_is_refused(two_servers):
+    """A ``packed`` request to a server without packed plans is an error for that session."""
+    from cipherlm.runtime.offload_client import OffloadClient
+    from cipherlm.runtime.offload_protocol import RemoteError, expect
+
+    with OffloadClient(*two_servers[1].address) as client:
+        ct = client.engine.encrypt(0, np.zeros(client.groups[0].d_in))
+        client.chan.send({"type": "linear", "group": 0, "cts": [ct], "packed": True})
+        with pytest.raises(RemoteError, match="no packed prefill plan"):
+            expect(client.chan.recv(), "result")
