@@ -107,14 +107,15 @@ def rms_factor(d: int) -> tuple[int, float]:
 def rms_statistic(ctx, x: AShare, eps: float) -> AShare:
     """x * rsqrt(sum(x^2)/2^k + c eps), so that RMSNorm(x) = this * sqrt(c) * gamma (d = 2^k c).
 
-    Squares in the ring at 14 fraction bits (exact, no truncation), row sums
-    exact, one faithful truncation per row (CrypTFlow2 section 5) to the mean at
+    Squares in the ring at 14 fraction bits (no truncation; within 2 units of 2^-28
+    with the HE product), row sums exact, one faithful truncation per row (CrypTFlow2 section 5) to the mean at
     ``NORM_FRAC`` bits, rsqrt by bracket + Newton (`nonlinear.rsqrt`) on
     [RMS_LO, RMS_HI], one fixed-point product per element (Bumblebee section 4.3)."""
     d = x.shape[-1]
     k, c = rms_factor(d)
     x14 = trunc_local(ctx, x, x.frac - 14) if x.frac > 14 else x
-    s = square(ctx, x14).sum(axis=-1, keepdims=True)  # frac 28
+    # frac 28; the HE product's +-2 units at 2^-28 per element vanish in the truncation below
+    s = square(ctx, x14, exact=False).sum(axis=-1, keepdims=True)
     ms = trunc_faithful(ctx, s, 28 - NORM_FRAC + k)
     ms = AShare(ctx, ms.data, ms.bits, NORM_FRAC).add_public_fixed(c * eps)
     r = nl.rsqrt(ctx, ms, RMS_LO, RMS_HI)
