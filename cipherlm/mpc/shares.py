@@ -176,7 +176,8 @@ class AShare(_Share):
             return self._like(self.data - other.data)
         if isinstance(other, _Share):
             return NotImplemented
-        return self + (np.uint64(0) - self._public(other))
+        with np.errstate(over="ignore"):  # negation mod 2^64 (numpy warns on 0-d uint64 wrap-around)
+            return self + (np.uint64(0) - self._public(other))
 
     def __rsub__(self, other):
         return (-self) + other
