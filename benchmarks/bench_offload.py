@@ -30,6 +30,13 @@ seconds (client + server, from getrusage), with the load average at each start (
 
     .venv/bin/python benchmarks/bench_offload.py --generation-ab /tmp/old --rounds 2 --new-tokens 6
 
+``--prefill-ab [--rounds R] [--prompt-tokens 14] [--prefill-tokens 2] [--new-tokens N]``: only
+part 1, this tree, alternating the packed prefill (``$CIPHERLM_OFFLOAD_PREFILL_PACK`` = the
+given T) and rows one by one (= 1) R times; first-token (prefill) seconds and bytes up / down
+(issue 15 item 2 A/B):
+
+    .venv/bin/python benchmarks/bench_offload.py --prefill-ab --rounds 2 --new-tokens 2
+
 Targets (from the issue; compared, not asserted): >= 10x less time and bytes
 per token than Concrete ML on the same shapes; <= 100 MB traffic and <= 10 s
 per generated token after the first for SmolLM2; 7B: 32 x bytes/token <= 1% of
@@ -136,8 +143,65 @@ def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, 
     return 0
 
 
+def prefill_ab(rounds: int, prompt_tokens: int, new_tokens: int, he_backend: str, tokens: int,
+               out: Path | None) -> int:
+    """This tree's packed prefill (``$CIPHERLM_OFFLOAD_PREFILL_PACK`` = ``tokens``, "packed")
+    against rows one by one (= 1, "per-row", the path before issue 15 item 2), alternated, each
+    run a child process starting its own server: first-token (prefill) seconds and bytes."""
+    import os
+    import resource
+
+    child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
+             f"g = bench_generation('smollm2-135m', {int(prompt_tokens)}, {int(new_tokens)}, "
+             "progress=lambda s: print(s, file=sys.stderr)); print('RESULT ' + json.dumps(g, default=float))")
+    runs = []
+    for rnd in range(rounds):
+        for label in (["packed", "per-row"] if rnd % 2 == 0 else ["per-row", "packed"]):
+            env = dict(os.environ, PYTHONPATH=str(ROOT), CIPHERLM_OFFLOAD_HE_BACKEND=he_backend,
+                       CIPHERLM_OFFLOAD_PREFILL_PACK=str(tokens if label == "packed" else 1))
+            load = Path("/proc/loadavg").read_text().split()[:3]
+            start = time.strftime("%H:%M:%S")
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-c", child], env=env, cwd="/", capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if proc.returncode != 0:
+                log(proc.stderr[-3000:])
+                return 1
+            g = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+            cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            row = {"round": rnd + 1, "variant": label, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu, **g}
+            runs.append(row)
+            log(f"round {rnd + 1} {label} start {start} load {' '.join(load)}: first token {g['first_token_seconds']:.1f} s, "
+                f"up {g['first_token_bytes_up']} B down {g['first_token_bytes_down']} B, CPU {cpu:.0f} s")
+    print("| round | variant | start (UTC) | load (1, 5, 15 min) | server start s | first token s | first token up B | "
+          "first token down B | later token s | setup up B | server peak GiB | CPU s (client + server) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        later = "-" if r["later_token_seconds_mean"] is None else f"{r['later_token_seconds_mean']:.2f}"
+        peak = "-" if not r.get("server_peak_memory_bytes") else f"{r['server_peak_memory_bytes'] / 2**30:.2f}"
+        print(f"| {r['round']} | {r['variant']} | {r['start_utc']} | {' '.join(r['load'])} | {r['server_start_seconds']:.1f} | "
+              f"{r['first_token_seconds']:.1f} | {r['first_token_bytes_up']:,} | {r['first_token_bytes_down']:,} | {later} | "
+              f"{r['setup_bytes_up']:,} | {peak} | {r['cpu_s']:.0f} |")
+    for rnd in range(1, rounds + 1):
+        a = {r["variant"]: r for r in runs if r["round"] == rnd}
+        print(f"round {rnd}: first token packed / per-row = "
+              f"{a['packed']['first_token_seconds'] / a['per-row']['first_token_seconds']:.2f}, bytes up "
+              f"{a['packed']['first_token_bytes_up'] / a['per-row']['first_token_bytes_up']:.2f}, down "
+              f"{a['packed']['first_token_bytes_down'] / a['per-row']['first_token_bytes_down']:.2f}")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1, default=float))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prefill-ab", action="store_true",
+                    help="only the SmolLM2 prefill: packed rows (--prefill-tokens) against rows one by one, alternated")
+    ap.add_argument("--prompt-tokens", type=int, default=14)
+    ap.add_argument("--prefill-tokens", type=int, default=2)
     ap.add_argument("--generation-ab", metavar="OLD_TREE", help="only the SmolLM2 generation, A/B against OLD_TREE")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=6)
@@ -148,6 +212,9 @@ def main() -> int:
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--skip-7b", action="store_true")
     args = ap.parse_args()
+    if args.prefill_ab:
+        return prefill_ab(args.rounds, args.prompt_tokens, args.new_tokens, args.he_backend, args.prefill_tokens,
+                          args.json if "--json" in sys.argv else None)
     if args.generation_ab:
         return generation_ab(args.generation_ab, args.rounds, args.new_tokens, args.he_backend,
                              args.json if "--json" in sys.argv else None)

@@ -462,7 +462,7 @@ def run_offload_generation(server, model, prompt, args, report, compare: bool, s
             streamer.finish()
         _add_offload_stats(report, client, timer)
         add_run_prediction(report, config, "offload", generation_passes(len(prompt_ids), len(new_ids)),
-                           he_backend=client.engine.he_backend)
+                           he_backend=client.engine.he_backend, prefill_tokens=client.engine.prefill_tokens)
         extra = {
             "prompt_tokens": len(prompt_ids),
             "new_tokens": len(new_ids),
@@ -649,7 +649,7 @@ def cmd_classify(args) -> int:
             # classify_texts: one encoder pass per sentence (batch_encode, at most 256 tokens)
             add_run_prediction(report, client.config, "offload",
                                [(len(executor.batch_encode(client.tokenizer, [t])[0][0]), "prefill") for t in texts],
-                               he_backend=client.engine.he_backend)
+                               he_backend=client.engine.he_backend, prefill_tokens=client.engine.prefill_tokens)
     preds = np.argmax(logits, axis=-1)
     for text, p in zip(texts, preds):
         print(f"{labels[p]:<9} {text}")

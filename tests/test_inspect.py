@@ -69,8 +69,10 @@ def test_moe_prediction():
     layers = cfg["num_hidden_layers"]
     assert dec["ffn_in"]["he_ops"]["encrypt"] == layers * 2   # k = 2 experts per token and layer
     assert dec["moe_router"]["he_ops"]["encrypt"] == layers
-    pre = P.predict(cfg, "offload", 8, phase="prefill")
+    pre = P.predict(cfg, "offload", 8, phase="prefill", prefill_tokens=1)  # rows one by one
     assert pre["ffn_in"]["he_ops"]["encrypt"] == layers * 2 * 8
+    packed = P.predict(cfg, "offload", 8, phase="prefill", prefill_tokens=2)  # up to 2 rows per ciphertext
+    assert layers * 2 * 8 / 2 <= packed["ffn_in"]["he_ops"]["encrypt"] < layers * 2 * 8
     tp = P.predict(cfg, "2pc", 8)
     assert "moe" not in tp and "linear" in tp
 

@@ -192,11 +192,12 @@ def _group_calls(config, g, groups, rows) -> dict[int, float]:
     return out
 
 
-def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend: str | None = "auto") -> dict:
+def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend: str | None = "auto",
+                     prefill_tokens: int | None = None) -> dict:
     backend = offload_backend(he_backend)
     ct_out_bytes, ct_in_bytes = CT_BYTES[backend]
     g = graph or _graph(config)
-    groups = groups or plan_offload(config, g, backend)
+    groups = groups or plan_offload(config, g, backend, prefill_tokens)
     rows = _rows(g, tokens, phase)
     calls = _group_calls(config, g, groups, rows)
     out: dict = {}
@@ -351,14 +352,16 @@ def total(pred: dict) -> dict:
 
 
 def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill", graph=None,
-            he_backend: str | None = "auto", **kw) -> dict:
+            he_backend: str | None = "auto", prefill_tokens: int | None = None, **kw) -> dict:
     """{op_class: {"bytes", "rounds", "he_ops"}} for one pass of the model in ``mode``.
 
     ``phase="prefill"``: one pass over ``tokens`` tokens (a decoder's LM head on the last
     row only, as `generate` does; an encoder's whole input).  ``phase="decode"``: one
     decode token after ``tokens`` cached positions (decoders).  ``he_backend`` (offload):
     "seal", "lattigo", or "auto" (`offload_backend`: what ``cipherlm serve`` picks on this
-    machine).  ``kw`` (2pc): embedding, moe_capacity, linear_packing, network.  Plain
+    machine); ``prefill_tokens`` (offload): the most rows per packed prefill ciphertext
+    (the welcome's, `ClientEngine.prefill_tokens`; None: ``$CIPHERLM_OFFLOAD_PREFILL_PACK``
+    or 2, as a server started here).  ``kw`` (2pc): embedding, moe_capacity, linear_packing, network.  Plain
     mode: nothing leaves the machine ({})."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, not {phase!r}")
@@ -368,7 +371,7 @@ def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill",
         return {}
     g = graph or _graph(config)
     if mode == "offload":
-        return _predict_offload(config, tokens, phase, g, he_backend=he_backend)
+        return _predict_offload(config, tokens, phase, g, he_backend=he_backend, prefill_tokens=prefill_tokens)
     if mode == "2pc":
         return _predict_twopc(config, tokens, phase, g, **kw)
     raise ValueError(f"unknown mode {mode!r}")
