@@ -1,17 +1,43 @@
-"""Reciprocal and reciprocal square root by Newton iteration from a bracket guess
-(SiRNN section 5 / Bumblebee: a good initial approximation, then Newton).
+"""Reciprocal and reciprocal square root: normalisation by a power-of-two
+bracket, a low-degree polynomial on the mantissa, one Newton / Householder step
+(SiRNN section 5: normalise, initial approximation, iterate; Bumblebee
+section 4.2 for the bracket by comparisons with public powers of two).
 
-Initial guess: comparisons with the powers of two 2^k covering [lo, hi] (one
-batched MSB) give the one-hot bracket x in [2^k, 2^(k+1)); y0 = sum_k c_k
-B2A(onehot_k) with public c_k (the minimax constant of the bracket:
-1/(1.5 2^k) for 1/x, relative error <= 1/3; 2^(-k/2) / 1.2071^(1/2)... for
-1/sqrt(x), relative error <= 0.19).
-Newton: 1/x: y <- y (2 - x y) (relative error squares each step);
-1/sqrt(x): y <- y (3 - x y^2) / 2.
-Defaults: 3 iterations each (1/x: relative error <= (1/3)^8 = 1.5e-4;
-1/sqrt: <= 4e-5) plus fixed-point rounding.  Inputs outside [lo, hi] give 0.
-Cost per element: millionaire(63) x (#powers of two) + B2A x #brackets +
-2 (reciprocal) or 3 (rsqrt) fixed-point multiplications per iteration.
+Bracket: comparisons of x with the public thresholds 2^k covering [lo, hi]
+(one batched MSB; k steps by 1 for 1/x, by 2 for 1/sqrt(x)) give the one-hot
+bracket x in [2^k, 2^(k+s)).  The comparisons take `compare_public`'s
+bound 2^(k_top + 3) (k_top the top threshold's exponent) instead of the
+library's 2^20: an MSB on 34 bits instead of 38 for 1/x on the default range
+(on 37 for 1/sqrt(x)); inputs from 2^k_top up to that bound give 0 (as inputs
+below lo do), larger ones are outside the contract.  One batched MUX of the
+candidates x 2^-k with the one-hot gives the mantissa m = x 2^-k in [1, 2^s)
+(exact for k <= 0, +-1 ulp for k > 0).
+
+1/x (s = 1): q(m) = c0 + c1 m + c2 m^2, the minimax relative approximation of
+1/m on [1, 2]: relative error e0 = 1 - m q in [-E, E], E = 0.0101 (one
+squaring).  One Newton step z (2 - m z) leaves 1/m (1 - e0^2); the bracket's
+scale 2^-k and kappa = 2 / (2 - E^2) (which centres the one-sided error) are
+applied to z before the last product by a second batched MUX of z kappa 2^-k:
+y = Y0 (2 - m z).  Error: relative |e| <= E^2 / 2 = 5.1e-5, plus rounding:
+m z (+-1 ulp, relative 1.5e-5 on 2 - m z ~ 1), m's ulp (1.5e-5), and the
+absolute +-1 ulp of Y0 and of the last product: |y - 1/x| <= 8.2e-5 / x +
+2 ulp on [lo, hi] (bench and tests: 2e-4 / x + 4 ulp).  iters > 1 adds
+Newton steps on z before the last one (kappa for E^(2^iters)).
+Cost per element: (K + 1) MSB + 2K MUX + 1 squaring + 2 products (K
+brackets; default range K = 16), instead of (K + 1) MSB + K B2A + 6 products
+(3 Newton steps from a constant per bracket).
+
+1/sqrt(x) (s = 2: 1/sqrt(x) = 2^(-k/2) / sqrt(m), m in [1, 4)): q(m) =
+c0 + c1 m + c2 m^2 minimax relative for 1/sqrt(m) on [1, 4]: E = 0.024; then
+one third-order step with e = 1 - m z^2 in [-0.049, 0.048]: y = Y0 (a0 + a1 e +
+a2 e^2), Y0 = z 2^(-k/2) (batched MUX), a_i the minimax fit of (1 - e)^(-1/2)
+over the e of q (Taylor 1, 1/2, 3/8 would leave 3.5e-5): relative error
+8.7e-6.  Rounding: z^2 then m z^2 (<= 5 ulp on e, m < 4), relative 3.8e-5
+on y; m's ulp 0.8e-5; the absolute +-1 ulp of Y0, e^2 and the last product:
+|y - 1/sqrt(x)| <= 5.5e-5 / sqrt(x) + 3 ulp (bench and tests: 1e-4 / sqrt(x)
++ 4 ulp).  Cost per element: (K + 1) MSB + 2K MUX + 3 squarings + 2
+products (default range K = 12 brackets of 4), instead of 25 MSB + 24 B2A +
+9 products (3 Newton steps).
 """
 
 from __future__ import annotations
@@ -20,37 +46,80 @@ import math
 
 import numpy as np
 
-from ..ring import fixed_encode
 from ..shares import AShare, BShare
-from ..protocols.b2a import b2a_bits
-from .common import compare_public, const, mulf
+from ..protocols.trunc import trunc_local
+from .common import compare_public, const, mulf, mux_many, sqf
+
+MARGIN_BITS = 3      # comparisons exact for x <= 2^MARGIN_BITS 2^k_top
+SCALE_BITS = 16      # relative precision of the public per-bracket constants
+
+# 1/m on [1, 2], minimax relative (E = 0.0101)
+RECIP_Q = (2.121213613467679, -1.4545469458555274, 0.3232326542950108)
+RECIP_E = 0.010101191855280023
+# 1/sqrt(m) on [1, 4], minimax relative (E = 0.024), and the third-order step
+RSQRT_Q = (1.3354192702696421, -0.41067068734612594, 0.05120542296872185)
+RSQRT_STEP = (1.0000001567633452, 0.5005422205915796, 0.37506778385207923)
 
 
-def _bracket_guess(ctx, x: AShare, lo: float, hi: float, value) -> AShare:
+def _bracket(ctx, x: AShare, lo: float, hi: float, step: int):
+    """(one-hot BShare (K, *x.shape), mantissa m = x 2^-k in [1, 2^step), exponents k)."""
     if not 0 < lo < hi:
         raise ValueError("need 0 < lo < hi")
-    k0, k1 = math.floor(math.log2(lo)), math.ceil(math.log2(hi))
-    ks = list(range(k0, k1 + 1))
-    b = compare_public(ctx, x, [2.0 ** k for k in ks])  # 1{x < 2^k}
-    onehot = b.data[1:] ^ b.data[:-1]  # x in [2^k, 2^(k+1)) for k = ks[:-1]
-    B = b2a_bits(ctx, onehot.reshape(-1), x.bits).reshape(onehot.shape)
-    c = fixed_encode(np.array([value(2.0 ** k) for k in ks[:-1]]), x.frac, x.bits)
-    y0 = (B * c.reshape((-1,) + (1,) * x.ndim)).sum(axis=0, dtype=np.uint64)
-    return AShare(ctx, y0, x.bits, x.frac)
+    j0, j1 = math.floor(math.log2(lo) / step), math.ceil(math.log2(hi) / step)
+    ks = [step * j for j in range(j0, j1 + 1)]
+    # 1{x < 2^k}, on the bits of |x| <= 2^MARGIN_BITS 2^k_top (compare.range_bits)
+    b = compare_public(ctx, x, [2.0 ** k for k in ks], bound=2.0 ** (ks[-1] + MARGIN_BITS))
+    onehot = BShare(ctx, b.data[1:] ^ b.data[:-1], 1)  # x in [2^k, 2^(k+step)) for k = ks[:-1]
+    m = _select(ctx, onehot, [_shift(ctx, x, k) for k in ks[:-1]])
+    return onehot, m, ks[:-1]
 
 
-def reciprocal(ctx, x: AShare, lo: float = 2.0 ** -4, hi: float = 2.0 ** 12, iters: int = 3) -> AShare:
-    """1/x for x in [lo, hi]."""
-    y = _bracket_guess(ctx, x, lo, hi, lambda a: 1.0 / (1.5 * a))
-    for _ in range(iters):
-        y = mulf(ctx, y, const(ctx, x, 2.0) - mulf(ctx, x, y))
-    return y
+def _shift(ctx, x: AShare, k: int) -> AShare:
+    """x 2^-k at x's scale (left shift exact, right shift local truncation)."""
+    if k <= 0:
+        return x._like((x.data << np.uint64(-k)) & x.mask)
+    return x._like(trunc_local(ctx, x, k).data)
 
 
-def rsqrt(ctx, x: AShare, lo: float = 2.0 ** -8, hi: float = 2.0 ** 16, iters: int = 3) -> AShare:
-    """1/sqrt(x) for x in [lo, hi]."""
-    y = _bracket_guess(ctx, x, lo, hi, lambda a: 2.0 / (math.sqrt(a) + math.sqrt(2 * a)))
-    for _ in range(iters):
-        t = mulf(ctx, mulf(ctx, x, y), y)  # (x y) y keeps precision when y is small
-        y = mulf(ctx, y, const(ctx, x, 3.0) - t).mul_public_fixed(0.5)
-    return y
+def _select(ctx, onehot: BShare, vals: list[AShare]) -> AShare:
+    """sum_k onehot_k vals_k (one batched MUX; the unselected, possibly wrapped, values cancel exactly)."""
+    out = mux_many(ctx, onehot, vals)
+    acc = out[0]
+    for v in out[1:]:
+        acc = acc + v
+    return acc
+
+
+def _scaled(z: AShare, c: float) -> AShare:
+    """z c for a public c > 0, c encoded with SCALE_BITS significant bits."""
+    return z.mul_public_fixed(c, frac=max(0, SCALE_BITS - math.floor(math.log2(c))))
+
+
+def _poly(ctx, m: AShare, c) -> AShare:
+    m2 = sqf(ctx, m)
+    return m.mul_public_fixed(c[1]) + m2.mul_public_fixed(c[2]) + const(ctx, m, c[0])
+
+
+def reciprocal(ctx, x: AShare, lo: float = 2.0 ** -4, hi: float = 2.0 ** 12, iters: int = 1) -> AShare:
+    """1/x for x in [lo, hi] (0 below lo and from the top threshold 2^k_top to 8 times it)."""
+    if iters < 1:
+        raise ValueError("iters >= 1")
+    onehot, m, ks = _bracket(ctx, x, lo, hi, 1)
+    z = _poly(ctx, m, RECIP_Q)
+    two = const(ctx, x, 2.0)
+    for _ in range(iters - 1):
+        z = mulf(ctx, z, two - mulf(ctx, m, z))
+    kappa = 2.0 / (2.0 - RECIP_E ** (2 ** iters))
+    y0 = _select(ctx, onehot, [_scaled(z, kappa * 2.0 ** -k) for k in ks])
+    return mulf(ctx, y0, two - mulf(ctx, m, z))
+
+
+def rsqrt(ctx, x: AShare, lo: float = 2.0 ** -8, hi: float = 2.0 ** 16) -> AShare:
+    """1/sqrt(x) for x in [lo, hi] (0 below lo and from the top threshold 2^k_top to 8 times it)."""
+    onehot, m, ks = _bracket(ctx, x, lo, hi, 2)
+    z = _poly(ctx, m, RSQRT_Q)
+    e = const(ctx, x, 1.0) - mulf(ctx, m, sqf(ctx, z))
+    a0, a1, a2 = RSQRT_STEP
+    corr = e.mul_public_fixed(a1) + sqf(ctx, e).mul_public_fixed(a2) + const(ctx, x, a0)
+    y0 = _select(ctx, onehot, [_scaled(z, 2.0 ** (-k / 2)) for k in ks])
+    return mulf(ctx, y0, corr)
