@@ -166,3 +166,26 @@ def test_swiglu():
     G, U = RNG.uniform(-8, 8, 200), RNG.uniform(-4, 4, 200)
     out, _ = run_inprocess(_swiglu, args0=(G, U), args1=(G, U), ot_factory=OT)
     assert np.abs(out - G / (1 + np.exp(-G)) * U).max() <= 0.016 * 4 + 1e-3
+
+
+def _edges(ctx, R, S, E):
+    sh = lambda v: share_input(ctx, v if ctx.party == 0 else None, 0)  # noqa: E731
+    r, s, e = sh(R), sh(S), sh(E)
+    return (nl.reciprocal(ctx, r).reveal_float(), nl.reciprocal(ctx, r, iters=2).reveal_float(),
+            nl.rsqrt(ctx, s).reveal_float(), nl.exp_neg(ctx, e).reveal_float())
+
+
+def test_bracket_edges_and_clip():
+    """The one-hot bracket at and next to its thresholds (2^k +- 1 ulp), the range
+    ends, the zero outputs above the top threshold; exp at 0 and around the clip."""
+    u = 2.0 ** -16
+    R = np.array([2.0 ** k + d for k in range(-4, 12) for d in (0, -u, u) if k > -4 or d >= 0] + [4096.0, 5000.0, 30000.0])
+    S = np.array([2.0 ** k + d for k in range(-8, 16) for d in (0, -u, u) if k > -8 or d >= 0] + [65536.0, 70000.0, 500000.0])
+    E = np.array([0.0, -u, -1.0, -2.0, -13.99, -14.0, -14.01, -20.0, -1024.0])
+    (r, r2, s, e), _ = run_inprocess(_edges, args0=(R, S, E), args1=(R, S, E), ot_factory=OT)
+    inr, ins = R < 4096, S < 65536
+    for got in (r, r2):
+        assert (np.abs(got - 1 / R)[inr] <= 2e-4 / R[inr] + 4 * u).all()
+        assert (got[~inr] == 0).all()  # above the top threshold (below 8 times it)
+    assert (np.abs(s - S ** -0.5)[ins] <= 1e-4 / np.sqrt(S[ins]) + 4 * u).all() and (s[~ins] == 0).all()
+    assert np.abs(e - np.exp(E)).max() <= 5e-3 and (e[E < -14] == 0).all()
