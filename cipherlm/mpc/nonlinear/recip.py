@@ -4,28 +4,33 @@ bracket, a low-degree polynomial on the mantissa, one Newton / Householder step
 section 4.2 for the bracket by comparisons with public powers of two).
 
 Bracket: comparisons of x with the public thresholds 2^k covering [lo, hi]
-(one batched MSB; k steps by 1 for 1/x, by 2 for 1/sqrt(x)) give the one-hot
-bracket x in [2^k, 2^(k+s)).  The comparisons take `compare_public`'s
-bound 2^(k_top + 3) (k_top the top threshold's exponent) instead of the
-library's 2^20: an MSB on 34 bits instead of 38 for 1/x on the default range
-(on 37 for 1/sqrt(x)); inputs from 2^k_top up to that bound give 0 (as inputs
-below lo do), larger ones are outside the contract.  One batched MUX of the
-candidates x 2^-k with the one-hot gives the mantissa m = x 2^-k in [1, 2^s)
-(exact for k <= 0, +-1 ulp for k > 0).
+(one batched MSB; k even, s = 2) give the one-hot bracket x in [2^k,
+2^(k+s)).  The comparisons take `compare_public`'s bound 2^(k_top + 3) (k_top
+the top threshold's exponent) instead of the library's 2^20: an MSB on 34 bits
+instead of 39 for 1/x on the default range (38 instead of 39 for 1/sqrt(x));
+inputs from 2^k_top up to that bound give 0 (as inputs below lo do), larger
+ones are outside the contract.  One batched MUX of the candidates x 2^-k with
+the one-hot gives the mantissa m = x 2^-k in [1, 2^s) (exact for k <= 0, +-1
+ulp for k > 0).
 
-1/x (s = 1): q(m) = c0 + c1 m + c2 m^2, the minimax relative approximation of
-1/m on [1, 2]: relative error e0 = 1 - m q in [-E, E], E = 0.0101 (one
-squaring).  One Newton step z (2 - m z) leaves 1/m (1 - e0^2); the bracket's
-scale 2^-k and kappa = 2 / (2 - E^2) (which centres the one-sided error) are
-applied to z before the last product by a second batched MUX of z kappa 2^-k:
-y = Y0 (2 - m z).  Error: relative |e| <= E^2 / 2 = 5.1e-5, plus rounding:
-m z (+-1 ulp, relative 1.5e-5 on 2 - m z ~ 1), m's ulp (1.5e-5), and the
-absolute +-1 ulp of Y0 and of the last product: |y - 1/x| <= 8.2e-5 / x +
-2 ulp on [lo, hi] (bench and tests: 2e-4 / x + 4 ulp).  iters > 1 adds
-Newton steps on z before the last one (kappa for E^(2^iters)).
-Cost per element: (K + 1) MSB + 2K MUX + 1 squaring + 2 products (K
-brackets; default range K = 16), instead of (K + 1) MSB + K B2A + 6 products
-(3 Newton steps from a constant per bracket).
+1/x (s = 2: 1/x = 4^(-j) / m, m in [1, 4)): q(m) = c0 + c1 m + c2 m^2, the
+minimax relative approximation of 1/m on [1, 4]: relative error e = 1 - m q
+in [-E, E], E = 0.074 (one squaring).  One fourth-order step y = Y0 (a0 + a1 e
++ a2 e^2 + a3 e^3) (Taylor of 1 / (1 - e): 1, 1, 1, 1, which would leave e^4
+<= 3.0e-5; a_i the minimax fit over the e of q: relative error 3.8e-6), with
+Y0 = z 4^(-j) by a second batched MUX (the bracket's scale applied to z before
+the last product, so that its rounding is absolute in y): products m z, e e^2,
+Y0 corr and the squaring e^2.  Rounding: m z (+-1 ulp, relative 1.5e-5 through
+e), m's ulp (1.5e-5), the public products of the a_i (+-1 ulp each, 4.6e-5 on
+corr ~ 1), and the absolute +-1 ulp of Y0 and of the last product:
+|y - 1/x| <= 8e-5 / x + 2 ulp for the encoded x on [lo, hi] (the f = 16
+encoding of x adds 2^-17 / x relative: 1.1e-4 at x = 0.07; bench and tests:
+2e-4 / x + 4 ulp).  iters > 1 adds Newton steps z (2 - m z) before the last
+one.  Cost per element: (K + 1) MSB + 2K MUX + 2 squarings + 3 products
+(K brackets of 4; default range K = 8), instead of 17 MSB + 16 B2A + 6
+products (3 Newton steps from a constant per power-of-two bracket).  (A first
+version with brackets of 2, E = 0.0101 and one Newton step, 1 squaring + 2
+products, needed 17 MSB and 32 MUX: 1654 against 1318 bytes per element.)
 
 1/sqrt(x) (s = 2: 1/sqrt(x) = 2^(-k/2) / sqrt(m), m in [1, 4)): q(m) =
 c0 + c1 m + c2 m^2 minimax relative for 1/sqrt(m) on [1, 4]: E = 0.024; then
@@ -53,9 +58,9 @@ from .common import compare_public, const, mulf, mux_many, sqf
 MARGIN_BITS = 3      # comparisons exact for x <= 2^MARGIN_BITS 2^k_top
 SCALE_BITS = 16      # relative precision of the public per-bracket constants
 
-# 1/m on [1, 2], minimax relative (E = 0.0101)
-RECIP_Q = (2.121213613467679, -1.4545469458555274, 0.3232326542950108)
-RECIP_E = 0.010101191855280023
+# 1/m on [1, 4], minimax relative (E = 0.074), and the fourth-order step
+RECIP_Q = (1.4958925541651265, -0.6575355301299648, 0.08767140365781094)
+RECIP_STEP = (0.9999962364981779, 0.9999962365286821, 1.0054983778841833, 1.0054983667759254)
 # 1/sqrt(m) on [1, 4], minimax relative (E = 0.024), and the third-order step
 RSQRT_Q = (1.3354192702696421, -0.41067068734612594, 0.05120542296872185)
 RSQRT_STEP = (1.0000001567633452, 0.5005422205915796, 0.37506778385207923)
@@ -104,14 +109,17 @@ def reciprocal(ctx, x: AShare, lo: float = 2.0 ** -4, hi: float = 2.0 ** 12, ite
     """1/x for x in [lo, hi] (0 below lo and from the top threshold 2^k_top to 8 times it)."""
     if iters < 1:
         raise ValueError("iters >= 1")
-    onehot, m, ks = _bracket(ctx, x, lo, hi, 1)
+    onehot, m, ks = _bracket(ctx, x, lo, hi, 2)
     z = _poly(ctx, m, RECIP_Q)
-    two = const(ctx, x, 2.0)
     for _ in range(iters - 1):
-        z = mulf(ctx, z, two - mulf(ctx, m, z))
-    kappa = 2.0 / (2.0 - RECIP_E ** (2 ** iters))
-    y0 = _select(ctx, onehot, [_scaled(z, kappa * 2.0 ** -k) for k in ks])
-    return mulf(ctx, y0, two - mulf(ctx, m, z))
+        z = mulf(ctx, z, const(ctx, x, 2.0) - mulf(ctx, m, z))
+    e = const(ctx, x, 1.0) - mulf(ctx, m, z)
+    e2 = sqf(ctx, e)
+    a0, a1, a2, a3 = RECIP_STEP
+    corr = (e.mul_public_fixed(a1) + e2.mul_public_fixed(a2) + mulf(ctx, e2, e).mul_public_fixed(a3)
+            + const(ctx, x, a0))
+    y0 = _select(ctx, onehot, [_scaled(z, 2.0 ** -k) for k in ks])
+    return mulf(ctx, y0, corr)
 
 
 def rsqrt(ctx, x: AShare, lo: float = 2.0 ** -8, hi: float = 2.0 ** 16) -> AShare:

@@ -3,14 +3,14 @@
 max: pairwise max(a, b) = b + MUX(DReLU(a - b), a - b) over a tree of depth
 ceil(log2 n): n - 1 comparisons and MUXes per row.
 softmax(x) = e / sum(e), e = exp_neg(x - max) (exp.py), 1/sum by `reciprocal`
-on [1/2, n + 1] (the row's maximum contributes exp(0) = 1; one Newton step
-after the quadratic guess, recip.py: per row, so its cost is negligible), then
+on [1/2, n + 1] (the row's maximum contributes exp(0) = 1; one fourth-order
+step after the quadratic guess, recip.py: per row, so its cost is negligible), then
 one product per element.  A causal / padding mask (public, True = keep) sets
 masked inputs to -2^10 before the max (free) and multiplies their exponentials
 by 0 (free).
 Error: that of exp (<= 1.13e-3 abs, relative <= 4e-3 on [-4, 0], fitted for
 softmax: 7e-4 in real arithmetic on random rows, exp.py) and of the reciprocal
-(<= 8.2e-5 rel) plus rounding; measured in tests and `cipherlm bench mpc`.
+(<= 8e-5 rel + 2 ulp) plus rounding; measured in tests and `cipherlm bench mpc`.
 Cost per element: the max tree (one DReLU and one MUX), exp (5 squarings, one
 MSB, one MUX: 8 squarings before) and one product.
 """
