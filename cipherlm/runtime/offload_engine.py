@@ -72,9 +72,11 @@ from cipherlm.runtime.linear_groups import LinearGroup
 #: (`ServerEngine`'s ``prefill_tokens`` when not given; 1: no packing, every row its own
 #: ciphertext, as before issue 15 item 2)
 PREFILL_PACK_ENV = "CIPHERLM_OFFLOAD_PREFILL_PACK"
-#: the default token rows per packed prefill ciphertext (memory: the packed plans' diagonals
-#: are a second copy of the weights, about as large again as the one-token plans')
-DEFAULT_PREFILL_TOKENS = 2
+#: the default token rows per packed prefill ciphertext: 1 (packing off) until the packed
+#: plans stop storing a second, T-fold copy of the weights (SmolLM2 on Lattigo: 10.1 GiB
+#: of server memory at T = 2 against 4.0, start 57-94 s against 20-39 s, for a first token
+#: 0.67-0.98x as long; docs/offload.md); ``$CIPHERLM_OFFLOAD_PREFILL_PACK=2`` turns it on
+DEFAULT_PREFILL_TOKENS = 1
 
 
 def prefill_tokens_from_env(value: int | None = None) -> int:

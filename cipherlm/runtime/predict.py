@@ -138,7 +138,7 @@ def plan_offload(config: dict, graph=None, he_backend: str | None = "auto",
     (`MatmulPlan`s) `ServerEngine` makes (OFFLOAD_CKKS, one worker) on HE backend
     ``he_backend`` (`offload_backend`), and ``packed``: the group's plan for several prefill
     rows per ciphertext (`offload_engine.packed_plan`, up to ``prefill_tokens`` rows, None:
-    ``$CIPHERLM_OFFLOAD_PREFILL_PACK`` or 2), or None (rows one by one)."""
+    ``$CIPHERLM_OFFLOAD_PREFILL_PACK`` or 1), or None (rows one by one)."""
     from cipherlm.he import OFFLOAD_CKKS, plan_matmul
 
     from .offload_engine import input_parts, packed_plan, prefill_tokens_from_env
