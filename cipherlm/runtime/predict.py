@@ -65,22 +65,47 @@ PACK_HEADER = 4
 PACKED_FLAG_BYTES = 10
 PACK_PER_CT = 8
 
-#: 2pc nonlinear costs per element (bytes, both directions) and one-way flights per call,
-#: measured by `cipherlm bench mpc` / `python -m cipherlm.mpc.costs --nonlinear`
-#: (table in docs/mpc.md, IKNP OT); argmax ~ one round of top-8-of-64
+#: 2pc nonlinear costs per element (bytes, both directions) and one-way flights per call in
+#: the default configuration, for calls large enough that the products run on the HE
+#: product (>= 8192 elements: `cipherlm bench mpc`, 2026-11-27, docs/benchmarks.md "HE
+#: products"); argmax ~ one round of top-8-of-64
 MPC_PER_ELEM = {
-    "softmax": (15877, 269),
-    "gelu": (7656, 57),
-    "gelu_tanh": (7656, 57),
-    "silu": (7656, 53),
-    "mul": (2688, 15),
-    "layer_norm": (4103, 213),
-    "rms_norm": (4124, 187),
-    "argmax": (10166 / 8, 624 // 8),
-    "tanh": (7656, 57),
-    "relu": (1200, 20),
-    "sigmoid": (7656, 53),
+    "softmax": (962, 195),
+    "gelu": (430, 43),
+    "gelu_tanh": (430, 43),
+    "silu": (429, 37),
+    "mul": (192, 2),
+    "layer_norm": (245, 121),
+    "rms_norm": (246, 96),
+    "argmax": (758 / 8, 624 // 8),
+    "tanh": (430, 43),
+    "relu": (86, 15),
+    "sigmoid": (429, 37),
 }
+#: the same for small calls (decode steps), whose products stay on Gilboa over Ferret COTs:
+#: the earlier default's measurement (docs/benchmarks.md "The default configuration since
+#: 2026-11-27"), an upper bound now that comparisons run on fewer bits
+MPC_PER_ELEM_SMALL = {
+    "softmax": (3598, 275),
+    "gelu": (1561, 89),
+    "gelu_tanh": (1561, 89),
+    "silu": (1562, 75),
+    "mul": (656, 15),
+    "layer_norm": (1007, 217),
+    "rms_norm": (1007, 189),
+    "argmax": (1063 / 8, 624 // 8),
+    "tanh": (1561, 89),
+    "relu": (104, 13),
+    "sigmoid": (1562, 75),
+}
+#: elements from which a call's products run on the HE product (one 8192-slot ciphertext;
+#: `mpc.protocols.mul.choose_method` switches at ~2,300, the table's two regimes bracket it)
+HE_PRODUCT_ELEMENTS = 8192
+
+
+def _mpc_cost(op: str, elements: int) -> tuple[float, int]:
+    table = MPC_PER_ELEM if elements >= HE_PRODUCT_ELEMENTS else MPC_PER_ELEM_SMALL
+    return table.get(op, table["gelu"])
 
 
 def _graph(config: dict):
@@ -313,16 +338,18 @@ def _predict_twopc(config, tokens, phase, graph=None, plan=None, **kw) -> dict:
             # two cross terms (one per direction), each one message each way
             add("attention_matmul", 2 * bp.bytes_estimate(4 * nn * 8), 4, multiply_plain=2 * bp.products)
         elif n.op in ("softmax", "layer_norm", "rms_norm"):
-            b, f = MPC_PER_ELEM[n.op]
+            e = _elements(n.shape, r, keys)
+            b, f = _mpc_cost(n.op, e)
             cls = "softmax" if n.op == "softmax" else "norm"
-            add(cls, b * _elements(n.shape, r, keys), f)
+            add(cls, b * e, f)
         elif n.op == "activation" or (n.op == "mul" and n.name.endswith("ffn.mul")):
-            fn = n.attrs.get("fn", "mul")
-            b, f = MPC_PER_ELEM.get(fn, MPC_PER_ELEM["gelu"])
-            add("activation", b * _elements(n.shape, r, keys), f)
+            e = _elements(n.shape, r, keys)
+            b, f = _mpc_cost(n.attrs.get("fn", "mul"), e)
+            add("activation", b * e, f)
         elif n.op == "argmax":
-            b, f = MPC_PER_ELEM["argmax"]
-            add("sampling", b * r * int(g.meta.get("vocab_size") or _vocab(g)), f)
+            e = r * int(g.meta.get("vocab_size") or _vocab(g))
+            b, f = _mpc_cost("argmax", e)
+            add("sampling", b * e, f)
         elif n.op == "rope":
             add("rope", 0, 0)
     return _finish(out)
@@ -361,7 +388,7 @@ def predict(config: dict, mode: str, tokens: int = 1, *, phase: str = "prefill",
     "seal", "lattigo", or "auto" (`offload_backend`: what ``cipherlm serve`` picks on this
     machine); ``prefill_tokens`` (offload): the most rows per packed prefill ciphertext
     (the welcome's, `ClientEngine.prefill_tokens`; None: ``$CIPHERLM_OFFLOAD_PREFILL_PACK``
-    or 2, as a server started here).  ``kw`` (2pc): embedding, moe_capacity, linear_packing, network.  Plain
+    or 1, as a server started here).  ``kw`` (2pc): embedding, moe_capacity, linear_packing, network.  Plain
     mode: nothing leaves the machine ({})."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, not {phase!r}")
