@@ -592,6 +592,18 @@ def unpack_cts(data: bytes, expected: int | None = None) -> list[bytes]:
 # --------------------------------------------------------------------------- client
 
 
+def _chunks(plan: MatmulPlan, row: np.ndarray) -> np.ndarray:
+    """One input row (d_in,) as (c, m) complex chunks: the bias constant 1 appended when the
+    plan has one, pairs of reals as complex numbers, zero padding to c m."""
+    if plan.has_bias:
+        row = np.concatenate([row, [1.0]])
+    if row.size % 2:
+        row = np.concatenate([row, [0.0]])
+    xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
+    xc[: plan.n] = row[0::2] + 1j * row[1::2]
+    return xc.reshape(plan.c, plan.m)
+
+
 def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
     """Complex slot vector (S,) for input x (d_in,) under ``plan``; for a plan with packed
     tokens (``plan.tokens`` T > 1) x is (t, d_in), t <= T rows: row i in lane i of every
@@ -604,25 +616,13 @@ def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
         v = np.zeros((plan.c, plan.tokens, plan.lane), dtype=np.complex128)
         u = np.arange(plan.lane) % plan.m
         for t, row in enumerate(X):
-            if plan.has_bias:
-                row = np.concatenate([row, [1.0]])
-            if row.size % 2:
-                row = np.concatenate([row, [0.0]])
-            xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
-            xc[: plan.n] = row[0::2] + 1j * row[1::2]
-            v[:, t, :] = xc.reshape(plan.c, plan.m)[:, u]
+            v[:, t, :] = _chunks(plan, row)[:, u]
         return v.reshape(-1)
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     if x.size != plan.d_in:
         raise HEError(f"input has {x.size} entries, plan expects {plan.d_in}")
-    if plan.has_bias:
-        x = np.concatenate([x, [1.0]])
-    if x.size % 2:
-        x = np.concatenate([x, [0.0]])
-    xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
-    xc[: plan.n] = x[0::2] + 1j * x[1::2]
     u = np.arange(plan.stride) % plan.m
-    lay = xc.reshape(plan.c, plan.m)[:, u]  # (c, B)
+    lay = _chunks(plan, x)[:, u]  # (c, B)
     v = np.zeros(plan.slots, dtype=np.complex128)
     v[: plan.c * plan.stride] = lay.reshape(-1)
     return v
