@@ -92,10 +92,29 @@ def per_layer(rows: list[dict], layer_shapes: list[str]) -> dict:
     }
 
 
+def _child_run(child: str, env: dict) -> dict | None:
+    """Run ``python -c child`` (it prints one ``RESULT <json>`` line) with ``env``: its result,
+    start time, load average, wall and CPU seconds; None (stderr logged) when it fails."""
+    import resource
+
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    start = time.strftime("%H:%M:%S")
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", child], env=env, cwd="/", capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        log(proc.stderr[-3000:])
+        return None
+    g = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"result": g, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu}
+
+
 def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, out: Path | None) -> int:
     """This tree against ``old_tree``, alternated, each run a child process (see the docstring)."""
     import os
-    import resource
 
     trees = {"new": str(ROOT), "old": str(Path(old_tree).resolve())}
     child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
@@ -106,18 +125,10 @@ def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, 
         for label in (["new", "old"] if rnd % 2 == 0 else ["old", "new"]):
             env = dict(os.environ, PYTHONPATH=trees[label], CIPHERLM_OFFLOAD_HE_BACKEND=he_backend)
             env.pop("CIPHERLM_LATTIGO_LIB", None)
-            load = Path("/proc/loadavg").read_text().split()[:3]
-            start = time.strftime("%H:%M:%S")
-            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", child], env=env, cwd="/", capture_output=True, text=True)
-            wall = time.perf_counter() - t0
-            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if proc.returncode != 0:
-                log(proc.stderr[-3000:])
+            m = _child_run(child, env)
+            if m is None:
                 return 1
-            g = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
-            cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            g, start, load, wall, cpu = m["result"], m["start_utc"], m["load"], m["wall_s"], m["cpu_s"]
             he = sum(g.get("server_seconds_by_class", {}).values()) if isinstance(g.get("server_seconds_by_class"), dict) else None
             row = {"round": rnd + 1, "tree": label, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu,
                    "server_he_s": he, **g}
@@ -149,7 +160,6 @@ def prefill_ab(rounds: int, prompt_tokens: int, new_tokens: int, he_backend: str
     against rows one by one (= 1, "per-row", the path before issue 15 item 2), alternated, each
     run a child process starting its own server: first-token (prefill) seconds and bytes."""
     import os
-    import resource
 
     child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
              f"g = bench_generation('smollm2-135m', {int(prompt_tokens)}, {int(new_tokens)}, "
@@ -159,18 +169,10 @@ def prefill_ab(rounds: int, prompt_tokens: int, new_tokens: int, he_backend: str
         for label in (["packed", "per-row"] if rnd % 2 == 0 else ["per-row", "packed"]):
             env = dict(os.environ, PYTHONPATH=str(ROOT), CIPHERLM_OFFLOAD_HE_BACKEND=he_backend,
                        CIPHERLM_OFFLOAD_PREFILL_PACK=str(tokens if label == "packed" else 1))
-            load = Path("/proc/loadavg").read_text().split()[:3]
-            start = time.strftime("%H:%M:%S")
-            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", child], env=env, cwd="/", capture_output=True, text=True)
-            wall = time.perf_counter() - t0
-            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if proc.returncode != 0:
-                log(proc.stderr[-3000:])
+            m = _child_run(child, env)
+            if m is None:
                 return 1
-            g = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
-            cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            g, start, load, wall, cpu = m["result"], m["start_utc"], m["load"], m["wall_s"], m["cpu_s"]
             row = {"round": rnd + 1, "variant": label, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu, **g}
             runs.append(row)
             log(f"round {rnd + 1} {label} start {start} load {' '.join(load)}: first token {g['first_token_seconds']:.1f} s, "
