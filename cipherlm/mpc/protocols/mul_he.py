@@ -243,7 +243,8 @@ def _encryptor(ctx, ses, primes, vals, bits, n, cts, padded) -> np.ndarray:
     if cache is None:
         cache = ctx._he_mul_uploads = _UploadCache()
     blobs, ops, drops = [], [], []
-    keys = [_key(a & mask(bits), bits, m) for a in vals]
+    vals = [a & mask(bits) for a in vals]
+    keys = [_key(a, bits, m) for a in vals]
     for a, key in zip(vals, keys):
         hit = cache.lookup(key)
         if hit is not None:
@@ -253,7 +254,7 @@ def _encryptor(ctx, ses, primes, vals, bits, n, cts, padded) -> np.ndarray:
         drops += drop
         ops.append([oid, 1])
         enc = np.zeros((m, padded), np.uint64)
-        enc[:, :n] = encode_scaled(a & mask(bits), primes, bits)
+        enc[:, :n] = encode_scaled(a, primes, bits)
         for i, s in enumerate(ses):
             for c in range(cts):
                 pt = s.backend.encode_slots(s.he, enc[i, c * N:(c + 1) * N])
