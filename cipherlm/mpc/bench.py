@@ -214,7 +214,7 @@ def _build_ops() -> list[Op]:
            lambda ctx, s: nl.rms_norm(ctx, s["x"], s["gamma"]), _fl, lambda i: rms_norm_ref(i["x"], i["gamma"]), 2e-3,
            spu=True),
         Op("silu", N, 1536, lambda r, sh: {"x": r.uniform(-8, 8, sh)}, lambda ctx, s: nl.silu(ctx, s["x"]), _fl,
-           lambda i: silu_ref(i["x"]), 0.016, spu=True),
+           lambda i: silu_ref(i["x"]), 0.0025, spu=True),
         Op("top8_of_64", N, 64, _distinct, lambda ctx, s: nl.topk_last(ctx, s["x"], 8),
            lambda ctx, o: np.concatenate([o[0].reveal_float(), o[1].reveal_signed().astype(float)], -1),
            lambda i: np.concatenate([topk_ref(i["x"], 8)[0], topk_ref(i["x"], 8)[1].astype(float)], -1),

@@ -1,19 +1,26 @@
 """Piecewise polynomials on shares: GeLU and SiLU (BOLT section 5 / BLB
-appendix B: a low-degree polynomial on a central interval, ReLU outside).
+appendix B: low-degree polynomials on a central interval, ReLU outside).
 
 `gelu` and `silu` use the symmetry both functions share: f(x) - x/2 is even
 and tends to |x|/2, so with a = |x|
 
-    f(x) = x/2 + Q(a),   Q(a) = P(a) for a < T,  a/2 for a >= T,
+    f(x) = x/2 + Q(a),   Q(a) = P_i(a) on [t_(i-1), t_i) (t_0 = 0),  a/2 for a >= T = t_k,
 
-with P a degree-4 polynomial in a (all powers 0..4, least squares on [0, T],
-fitted at import, deterministic).  That needs two comparisons (the sign of x,
-then a < T), three MUXes and the powers a^2, a^3, a^4 of min(a, T) (two
-squares, one product): about 7.7 kB per element at l = 64 instead of the
-12.9 kB of a three-segment degree-6 `piecewise_poly`, and 3-5x smaller errors
-(max abs, measured on a dense grid and in tests: GeLU <= 0.005 with T = 3,
-SiLU <= 0.016 with T = 6).  BOLT's GeLU uses the same |x| form (degree 4,
-T = 2.7, without the cubic term: error 0.026 here).
+with each P_i a degree-4 polynomial in u = a / s (all powers 0..4, near-minimax fits on
+its segment by iteratively reweighted least squares, computed at import,
+deterministic).  One segment needs two comparisons (the sign of x, then a < T),
+three MUXes and the powers u^2, u^3, u^4 of u = min(a, T) / s (two squares, one
+product); every further segment adds one comparison (batched with a < T, same
+round) and one MUX (batched with the last one), and shares the powers.
+
+* GeLU: one segment, T = 3: max abs error 4.1e-3 (SPU 0.9.5's GeLU: 8.1e-3 on
+  the same inputs, docs/benchmarks.md).  BOLT's GeLU uses the same |x| form
+  (degree 4, T = 2.7, without the cubic term: error 0.026 here).
+* SiLU: the cut-off itself costs a sigmoid(-a) at a = T (1.5e-2 at T = 6, where
+  one degree-4 segment used to end), so T = 8.5 (1.7e-3) and two segments split
+  at 2.5 (fit error 7.4e-4): max abs error about 1.8e-3 with the fixed-point
+  rounding, against SPU's 2.8e-3.  A single degree-4 segment on [0, 8.5] would
+  miss by 2.6e-2, a single degree-6 one needs two more products per element.
 
 `piecewise_poly` (general: 0 below breaks[0], a polynomial per interval,
 identity above) evaluates
@@ -44,21 +51,37 @@ def _fit(f, a, b, deg):
 _gelu_ref = np.vectorize(lambda v: 0.5 * v * (1.0 + erf(v / np.sqrt(2.0))))
 _silu_ref = lambda v: v / (1.0 + np.exp(-v))  # noqa: E731
 
-GELU_T = 3.0
-SILU_T = 6.0
 ABS_POWERS = (0, 1, 2, 3, 4)
 
 
-def _fit_abs(f, T: float) -> np.ndarray:
-    """Least-squares coefficients of f(a) - a/2 on [0, T] in the powers ABS_POWERS of a."""
-    a = np.linspace(0.0, T, 20001)
+def _fit_abs(f, lo: float, hi: float, iters: int = 30) -> np.ndarray:
+    """Near-minimax coefficients of f(a) - a/2 on [lo, hi] in the powers ABS_POWERS of a
+    (Lawson's iteratively reweighted least squares on a dense grid)."""
+    a = np.linspace(lo, hi, 20001)
     A = np.stack([a ** p for p in ABS_POWERS], axis=1)
-    c, *_ = np.linalg.lstsq(A, f(a) - a / 2, rcond=None)
+    y = f(a) - a / 2
+    w = np.full(a.shape, 1.0 / a.size)
+    for _ in range(iters):
+        c, *_ = np.linalg.lstsq(A * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)
+        w = w * (np.abs(A @ c - y) + 1e-15)
+        w /= w.sum()
     return c
 
 
-GELU_ABS = _fit_abs(_gelu_ref, GELU_T)
-SILU_ABS = _fit_abs(_silu_ref, SILU_T)
+def _segments(f, breaks, scale: int = 1):
+    """(breaks t_1..t_k, scale s, one coefficient vector per segment [t_(i-1), t_i) (t_0 = 0)
+    in the powers of u = a / s).  The powers are evaluated on u, not a, so that u^4 and the
+    coefficients both stay small: a coefficient's fixed-point rounding (2^-17) is multiplied
+    by u^p, not by a^p (8.5^4 = 5220 for SiLU, an error of 0.03 at x = 8 with s = 1)."""
+    lows = (0.0,) + tuple(breaks[:-1])
+    coeffs = tuple(_fit_abs(f, lo, hi) * float(scale) ** np.array(ABS_POWERS) for lo, hi in zip(lows, breaks))
+    return tuple(float(t) for t in breaks), int(scale), coeffs
+
+
+#: GeLU: one segment, cut-off T = 3 (see the module doc)
+GELU_SEGMENTS = _segments(_gelu_ref, (3.0,))
+#: SiLU: two segments, split at 2.5, cut-off T = 8.5, powers of a / 4 (see the module doc)
+SILU_SEGMENTS = _segments(_silu_ref, (2.5, 8.5), scale=4)
 
 
 def _powers(ctx, x: AShare, deg: int) -> list[AShare]:
@@ -111,31 +134,44 @@ def _stackb(*bs):
     return BShare(bs[0].ctx, np.stack([bb.data for bb in bs]), 1)
 
 
-def half_plus_even(ctx, x: AShare, T: float, coeffs) -> AShare:
-    """x/2 + Q(|x|), Q(a) = sum_p coeffs[p] a^p for a < T and a/2 beyond (see the module doc)."""
+def half_plus_even(ctx, x: AShare, segments) -> AShare:
+    """x/2 + Q(|x|), Q(a) = P_i(a) on segment i and a/2 beyond the last break
+    (see the module doc); `segments` = (breaks, coefficient vectors), as `_segments` gives."""
+    breaks, scale, coeffs = segments
+    k = len(breaks)
+    T = breaks[-1]
     neg = compare_public(ctx, x, [0.0])[0]
     (flip,) = mux_many(ctx, _stackb(neg), [x * -2])
     a = x + flip  # |x|
-    inside = compare_public(ctx, a, [T])[0]  # a < T
+    below = compare_public(ctx, a, list(breaks))  # 1{a < t_i}, i = 1..k
+    inside = below[k - 1]  # a < T
     (d,) = mux_many(ctx, _stackb(inside), [a - const(ctx, a, T)])
     ac = const(ctx, a, T) + d  # min(a, T)
-    pw = _powers(ctx, ac, max(ABS_POWERS))
-    P = const(ctx, x, float(coeffs[0]))
-    for p, c in zip(ABS_POWERS[1:], coeffs[1:]):
-        P = P + pw[p].mul_public_fixed(float(c))
-    half_a = a.mul_public_fixed(0.5)
-    (out,) = mux_many(ctx, _stackb(inside ^ 1), [half_a - P])
-    return x.mul_public_fixed(0.5) + P + out
+    u = ac if scale == 1 else ac.mul_public_fixed(1.0 / scale)
+    pw = _powers(ctx, u, max(ABS_POWERS))
+    P = []
+    for c in coeffs:
+        acc = const(ctx, x, float(c[0]))
+        for p, cp in zip(ABS_POWERS[1:], c[1:]):
+            acc = acc + pw[p].mul_public_fixed(float(cp))
+        P.append(acc)
+    # P_k + sum_(i<k) 1{a < t_i} (P_i - P_(i+1)) + 1{a >= T} (a/2 - P_k)
+    sel = [below[i] for i in range(k - 1)] + [inside ^ 1]
+    vals = [P[i] - P[i + 1] for i in range(k - 1)] + [a.mul_public_fixed(0.5) - P[-1]]
+    res = x.mul_public_fixed(0.5) + P[-1]
+    for t in mux_many(ctx, _stackb(*sel), vals):
+        res = res + t
+    return res
 
 
 def gelu(ctx, x: AShare) -> AShare:
     """GeLU(x) = x Phi(x) as x/2 + Q(|x|) (BOLT's |x| form, degree 4, T = 3); max abs error ~0.005."""
-    return half_plus_even(ctx, x, GELU_T, GELU_ABS)
+    return half_plus_even(ctx, x, GELU_SEGMENTS)
 
 
 def silu(ctx, x: AShare) -> AShare:
-    """SiLU(x) = x sigmoid(x) as x/2 + Q(|x|) (degree 4, T = 6); max abs error ~0.016."""
-    return half_plus_even(ctx, x, SILU_T, SILU_ABS)
+    """SiLU(x) = x sigmoid(x) as x/2 + Q(|x|) (two degree-4 segments, T = 8.5); max abs error ~0.002."""
+    return half_plus_even(ctx, x, SILU_SEGMENTS)
 
 
 def swiglu(ctx, gate: AShare, up: AShare) -> AShare:
