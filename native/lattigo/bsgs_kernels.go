@@ -155,9 +155,111 @@ func parallel(w int, work func(t int) error) error {
 // bsgsUnit: giant step i of output block o.
 type bsgsUnit struct{ o, i int }
 
+// bsgsDiag: one encoded diagonal (NTT domain, Montgomery form, at the matrix's level).  Stored
+// whole (full), or, when every limb's NTT vector is constant on runs of rep consecutive
+// positions (rep > 1), as one value per run: vals[l][i] is limb l's residue at positions
+// i*rep .. i*rep+rep-1.  A slot vector of period S/T (the diagonals of a packed plan with one
+// chunk: the same block in each of the T token lanes) is a polynomial in X^T, m(X) = q(X^T);
+// its residue at the root psi^(2 brv(i)+1) of Lattigo's (bit-reversed) NTT order is
+// q(psi^(T(2 brv(i)+1))), which only depends on i / T: runs of T equal values, the same pattern
+// for every prime (TestPeriodicDiagonalRuns checks it on Lattigo's encoder).  1/T of the words,
+// expanded tile by tile into a scratch buffer in the products (bit-identical results).
+type bsgsDiag struct {
+	full  *rlwe.Plaintext // rep == 1
+	rep   int
+	vals  [][]uint64 // rep > 1: [limb][N/rep]
+	scale rlwe.Scale
+}
+
+// runLength: the largest power of two r <= maxRep with every limb of p constant on runs of r.
+func runLength(p ring.Poly, maxRep int) int {
+	r := 1
+	for next := 2; next <= maxRep; next *= 2 {
+		for _, x := range p.Coeffs {
+			for i := 0; i < len(x); i += next {
+				v := x[i]
+				for _, y := range x[i+1 : i+next] {
+					if y != v {
+						return r
+					}
+				}
+			}
+		}
+		r = next
+	}
+	return r
+}
+
+// newDiag: pt stored compressed when its runs allow (maxRep > 1), else whole.
+func newDiag(pt *rlwe.Plaintext, maxRep int) *bsgsDiag {
+	d := &bsgsDiag{full: pt, rep: 1, scale: pt.Scale}
+	if maxRep < 2 {
+		return d
+	}
+	r := runLength(pt.Value, maxRep)
+	if r < 2 {
+		return d
+	}
+	d.full, d.rep = nil, r
+	d.vals = make([][]uint64, len(pt.Value.Coeffs))
+	for l, x := range pt.Value.Coeffs {
+		v := make([]uint64, len(x)/r)
+		for i := range v {
+			v[i] = x[i*r]
+		}
+		d.vals[l] = v
+	}
+	return d
+}
+
+// words: the 64-bit words the diagonal keeps.
+func (d *bsgsDiag) words() int64 {
+	if d.rep == 1 {
+		return int64(len(d.full.Value.Coeffs) * d.full.Value.N())
+	}
+	return int64(len(d.vals) * len(d.vals[0]))
+}
+
+// limb: coefficients [c0, c1) of limb l (c0 a multiple of rep); a compressed diagonal's are
+// expanded into buf (at least c1 - c0 words).
+func (d *bsgsDiag) limb(l, c0, c1 int, buf []uint64) []uint64 {
+	if d.rep == 1 {
+		return d.full.Value.Coeffs[l][c0:c1]
+	}
+	out := buf[:c1-c0]
+	src := d.vals[l][c0/d.rep : (c1+d.rep-1)/d.rep]
+	switch d.rep {
+	case 2:
+		for i, v := range src {
+			out[2*i], out[2*i+1] = v, v
+		}
+	case 4:
+		for i, v := range src {
+			o := out[4*i : 4*i+4]
+			o[0], o[1], o[2], o[3] = v, v, v, v
+		}
+	default:
+		for i := range out {
+			out[i] = src[i/d.rep]
+		}
+	}
+	return out
+}
+
+// poly: the whole diagonal (a compressed one expanded into tmp, a polynomial at its level).
+func (d *bsgsDiag) poly(tmp ring.Poly) ring.Poly {
+	if d.rep == 1 {
+		return d.full.Value
+	}
+	for l := range d.vals {
+		d.limb(l, 0, tmp.N(), tmp.Coeffs[l])
+	}
+	return tmp
+}
+
 // diagonals: the plaintexts of unit u's inner sum, indexed by baby step (nil: a zero diagonal);
 // fewer than g in the last giant step when g does not divide m.
-func (b *bsgsObj) diagonals(u bsgsUnit) []*rlwe.Plaintext {
+func (b *bsgsObj) diagonals(u bsgsUnit) []*bsgsDiag {
 	return b.pts[u.o][u.i*b.g : min((u.i+1)*b.g, b.m)]
 }
 
@@ -256,6 +358,10 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		a0s := make([][]uint64, 0, b.g)
 		a1s := make([][]uint64, 0, b.g)
 		ps := make([][]uint64, 0, b.g)
+		exp := make([][]uint64, b.g) // scratch: compressed diagonals' tiles expanded
+		for j := range exp {
+			exp[j] = make([]uint64, prodTile)
+		}
 		r1 := ringQ0.NewPoly()
 		coef := make([]uint64, N)
 		dP := make([]uint64, N)
@@ -277,7 +383,7 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 							}
 							a0s = append(a0s, baby[j].Value[0].Coeffs[l][c0:c1])
 							a1s = append(a1s, baby[j].Value[1].Coeffs[l][c0:c1])
-							ps = append(ps, pt.Value.Coeffs[l][c0:c1])
+							ps = append(ps, pt.limb(l, c0, c1, exp[len(ps)]))
 						}
 						mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc)
 					}
@@ -419,21 +525,23 @@ func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, 
 		tmpQP := ringQP0.NewPoly()
 		tmpQ := ringQ0.NewPoly()
 		r := ckks.NewCiphertext(params, 1, b.level-1)
+		tmpPt := ringQ.NewPoly()
 		for _, u := range share {
 			var inner *rlwe.Ciphertext
-			for j, pt := range b.diagonals(u) {
-				if pt == nil {
+			for j, d := range b.diagonals(u) {
+				if d == nil {
 					continue
 				}
+				pv := d.poly(tmpPt)
 				// pt is in Montgomery form (clg_bsgs_set): one Montgomery product per polynomial
 				if inner == nil {
 					inner = ckks.NewCiphertext(params, 1, b.level)
-					inner.Scale = baby[j].Scale.Mul(pt.Scale)
-					ringQ.MulCoeffsMontgomery(baby[j].Value[0], pt.Value, inner.Value[0])
-					ringQ.MulCoeffsMontgomery(baby[j].Value[1], pt.Value, inner.Value[1])
+					inner.Scale = baby[j].Scale.Mul(d.scale)
+					ringQ.MulCoeffsMontgomery(baby[j].Value[0], pv, inner.Value[0])
+					ringQ.MulCoeffsMontgomery(baby[j].Value[1], pv, inner.Value[1])
 				} else {
-					ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pt.Value, inner.Value[0])
-					ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pt.Value, inner.Value[1])
+					ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[0], pv, inner.Value[0])
+					ringQ.MulCoeffsMontgomeryThenAdd(baby[j].Value[1], pv, inner.Value[1])
 					cnt[t][2]++
 				}
 				cnt[t][1]++

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"cipherlm/native/lattigo/simd"
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
 // kernelData: g terms of reduced operands mod a 60-bit (or 40-bit) prime, the ps in Montgomery form.
@@ -94,5 +96,92 @@ func BenchmarkMulAccTile(b *testing.B) {
 	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
 	for i := 0; i < b.N; i++ {
 		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, ps, o0, o1, acc)
+	}
+}
+
+// offloadParams: cipherlm's offload CKKS parameters (cipherlm/he/params.py OFFLOAD_CKKS).
+func offloadParams(t testing.TB) ckks.Parameters {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return params
+}
+
+// packedDiagonal: a diagonal of a packed plan (cipherlm/he/matmul.py diagonals, tokens T > 1):
+// slot a B + t L + u (chunk a < c of B = S / c slots, token lane t < T of L = B / T slots) holds
+// a value that depends on (a, u) only, pre-rotated by `shift` slots; encoded at level 1 in
+// Montgomery form, as clg_bsgs_set stores it.
+func packedDiagonal(t *testing.T, params ckks.Parameters, c, T, shift int, r *rand.Rand) *rlwe.Plaintext {
+	S := params.MaxSlots()
+	B, L := S/c, S/(c*T)
+	base := make([]complex128, c*L)
+	for i := range base {
+		base[i] = complex(r.Float64()*2-1, r.Float64()*2-1)
+	}
+	v := make([]complex128, S)
+	for s := 0; s < S; s++ {
+		v[(s+shift)%S] = base[(s/B)*L+s%L]
+	}
+	pt := ckks.NewPlaintext(params, 1)
+	pt.Scale = rlwe.NewScale(1 << 36)
+	if err := ckks.NewEncoder(params).Encode(v, pt); err != nil {
+		t.Fatal(err)
+	}
+	params.RingQ().AtLevel(1).MForm(pt.Value, pt.Value)
+	return pt
+}
+
+// TestPeriodicDiagonalRuns: the structure bsgsDiag relies on, on Lattigo's encoder.  With one
+// chunk (c = 1) a packed diagonal has period S/T in the slots, i.e. it is a polynomial in X^T
+// (its coefficients off the multiples of T are exactly 0), and every limb's NTT vector comes in
+// runs of exactly T equal consecutive values; with c > 1 chunks (slots [chunk | token | lane],
+// not periodic as a whole) there are no runs at all.
+func TestPeriodicDiagonalRuns(t *testing.T) {
+	params := offloadParams(t)
+	r := rand.New(rand.NewSource(1))
+	ringQ := params.RingQ().AtLevel(1)
+	for _, T := range []int{2, 4, 8} {
+		for _, c := range []int{1, 2, 4} {
+			pt := packedDiagonal(t, params, c, T, 9*r.Intn(50), r)
+			want := 1
+			if c == 1 {
+				want = T
+			}
+			if got := runLength(pt.Value, 64); got != want {
+				t.Fatalf("T=%d c=%d: runs of %d, want %d", T, c, got, want)
+			}
+			coef := ringQ.NewPoly()
+			ringQ.IMForm(pt.Value, coef)
+			ringQ.INTT(coef, coef)
+			for l := range coef.Coeffs {
+				for i, x := range coef.Coeffs[l] {
+					if c == 1 && i%T != 0 && x != 0 {
+						t.Fatalf("T=%d: coefficient %d of limb %d is %d, not 0", T, i, l, x)
+					}
+				}
+			}
+			d := newDiag(pt, T)
+			if d.rep != want || d.words()*int64(want) != int64(2*params.N()) {
+				t.Fatalf("T=%d c=%d: stored with runs of %d in %d words", T, c, d.rep, d.words())
+			}
+			// the expansion, tile by tile and whole, gives back every residue
+			buf := make([]uint64, prodTile)
+			for l := 0; l < 2; l++ {
+				for c0 := 0; c0 < params.N(); c0 += prodTile {
+					got := d.limb(l, c0, c0+prodTile, buf)
+					for i, x := range got {
+						if x != pt.Value.Coeffs[l][c0+i] {
+							t.Fatalf("T=%d c=%d: limb %d coefficient %d expanded wrong", T, c, l, c0+i)
+						}
+					}
+				}
+			}
+			if !ringQ.Equal(d.poly(ringQ.NewPoly()), pt.Value) {
+				t.Fatalf("T=%d c=%d: whole expansion differs", T, c)
+			}
+		}
 	}
 }

@@ -97,7 +97,9 @@ type ltObj struct {
 
 // bsgsObj: a matrix encoded for cipherlm's offload matmul (cipherlm/he/matmul.py): per output
 // block o and diagonal k the pre-rotated diagonal plaintext pts[o][k] (nil: all zero), g baby
-// steps, giant steps of g slots, then the chunk sum's rotations.
+// steps, giant steps of g slots, then the chunk sum's rotations.  maxRep > 1
+// (clg_bsgs_compress): diagonals whose NTT residues come in runs of up to maxRep equal values
+// are stored one value per run (bsgsDiag).
 type bsgsObj struct {
 	ctx        *ctxObj
 	nBlocks    int
@@ -105,7 +107,8 @@ type bsgsObj struct {
 	chunkSteps []int
 	level      int
 	scale      rlwe.Scale
-	pts        [][]*rlwe.Plaintext
+	maxRep     int
+	pts        [][]*bsgsDiag
 }
 
 type ptObj struct {
@@ -931,9 +934,9 @@ func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, chunk *C.int64_t
 			}
 		}
 		b := &bsgsObj{ctx: c, nBlocks: int(nBlocks), m: int(m), g: int(g), chunkSteps: steps, level: lvl,
-			scale: rlwe.NewScale(math.Exp2(float64(logScale))), pts: make([][]*rlwe.Plaintext, int(nBlocks))}
+			scale: rlwe.NewScale(math.Exp2(float64(logScale))), maxRep: 1, pts: make([][]*bsgsDiag, int(nBlocks))}
 		for o := range b.pts {
-			b.pts[o] = make([]*rlwe.Plaintext, b.m)
+			b.pts[o] = make([]*bsgsDiag, b.m)
 		}
 		*out = C.int64_t(put(b))
 		return nil
@@ -954,7 +957,7 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), b.m*slots)
 		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), b.m*slots)
 		nz := unsafe.Slice((*byte)(unsafe.Pointer(nonzero)), b.m)
-		pts := make([]*rlwe.Plaintext, b.m)
+		pts := make([]*bsgsDiag, b.m)
 		errs := make([]error, b.m)
 		w := max(1, min(int(workers), runtime.NumCPU()))
 		var wg sync.WaitGroup
@@ -975,7 +978,7 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 					if errs[k] = b.ctx.encoder.Encode(v, pt); errs[k] == nil {
 						// stored in Montgomery form: the products skip Lattigo's per-product MForm
 						b.ctx.params.RingQ().AtLevel(b.level).MForm(pt.Value, pt.Value)
-						pts[k] = pt
+						pts[k] = newDiag(pt, b.maxRep)
 					}
 				}
 			}(t)
@@ -987,6 +990,41 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 			}
 		}
 		b.pts[int(block)] = pts
+		return nil
+	})
+}
+
+// clg_bsgs_compress: store the diagonals set from now on (clg_bsgs_set) whose NTT residues come
+// in runs of 2, 4, ..., up to maxRep equal values (the diagonals of a packed plan with one chunk,
+// maxRep = its tokens T) as one value per run: 1/run of the memory, the same products
+// (bsgsDiag).  maxRep 1: whole plaintexts (the default).
+//
+//export clg_bsgs_compress
+func clg_bsgs_compress(bh C.int64_t, maxRep C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(bh, "encoded matrix", errbuf, errlen, func(b *bsgsObj) error {
+		r := int(maxRep)
+		if r < 1 || r > prodTile || r&(r-1) != 0 {
+			return fmt.Errorf("run length %d is not a power of two in [1, %d]", r, prodTile)
+		}
+		b.maxRep = r
+		return nil
+	})
+}
+
+// clg_bsgs_words: the 64-bit words the stored diagonals keep (their memory / 8).
+//
+//export clg_bsgs_words
+func clg_bsgs_words(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(bh, "encoded matrix", errbuf, errlen, func(b *bsgsObj) error {
+		var k int64
+		for _, row := range b.pts {
+			for _, p := range row {
+				if p != nil {
+					k += p.words()
+				}
+			}
+		}
+		*n = C.int64_t(k)
 		return nil
 	})
 }
