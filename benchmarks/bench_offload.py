@@ -154,21 +154,31 @@ def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, 
     return 0
 
 
-def prefill_ab(rounds: int, prompt_tokens: int, new_tokens: int, he_backend: str, tokens: int,
+def prefill_ab(rounds: int, prompt_tokens: int, new_tokens: int, he_backend: str, tokens: str,
                out: Path | None) -> int:
-    """This tree's packed prefill (``$CIPHERLM_OFFLOAD_PREFILL_PACK`` = ``tokens``, "packed")
-    against rows one by one (= 1, "per-row", the path before issue 15 item 2), alternated, each
-    run a child process starting its own server: first-token (prefill) seconds and bytes."""
+    """This tree's packed prefill against rows one by one ("per-row", the path before issue 15
+    item 2), alternated (the order rotated each round), each run a child process starting its
+    own server: first-token (prefill) seconds, bytes, server start and peak memory.  ``tokens``:
+    comma-separated variants, T ($CIPHERLM_OFFLOAD_PREFILL_PACK = T, "packed T=..") or Tw (the
+    same with the diagonals stored whole, $CIPHERLM_OFFLOAD_PACK_COMPRESS=0, "whole T=..")."""
     import os
 
     child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
              f"g = bench_generation('smollm2-135m', {int(prompt_tokens)}, {int(new_tokens)}, "
              "progress=lambda s: print(s, file=sys.stderr)); print('RESULT ' + json.dumps(g, default=float))")
+    variants = {"per-row": {"CIPHERLM_OFFLOAD_PREFILL_PACK": "1"}}
+    for v in str(tokens).split(","):
+        v = v.strip()
+        whole = v.endswith("w")
+        t = int(v[:-1] if whole else v)
+        variants[f"{'whole' if whole else 'packed'} T={t}"] = {
+            "CIPHERLM_OFFLOAD_PREFILL_PACK": str(t), "CIPHERLM_OFFLOAD_PACK_COMPRESS": "0" if whole else "1"}
+    names = list(variants)
     runs = []
     for rnd in range(rounds):
-        for label in (["packed", "per-row"] if rnd % 2 == 0 else ["per-row", "packed"]):
-            env = dict(os.environ, PYTHONPATH=str(ROOT), CIPHERLM_OFFLOAD_HE_BACKEND=he_backend,
-                       CIPHERLM_OFFLOAD_PREFILL_PACK=str(tokens if label == "packed" else 1))
+        k = rnd % len(names)
+        for label in names[k:] + names[:k]:
+            env = dict(os.environ, PYTHONPATH=str(ROOT), CIPHERLM_OFFLOAD_HE_BACKEND=he_backend, **variants[label])
             m = _child_run(child, env)
             if m is None:
                 return 1
@@ -188,10 +198,12 @@ def prefill_ab(rounds: int, prompt_tokens: int, new_tokens: int, he_backend: str
               f"{r['setup_bytes_up']:,} | {peak} | {r['cpu_s']:.0f} |")
     for rnd in range(1, rounds + 1):
         a = {r["variant"]: r for r in runs if r["round"] == rnd}
-        print(f"round {rnd}: first token packed / per-row = "
-              f"{a['packed']['first_token_seconds'] / a['per-row']['first_token_seconds']:.2f}, bytes up "
-              f"{a['packed']['first_token_bytes_up'] / a['per-row']['first_token_bytes_up']:.2f}, down "
-              f"{a['packed']['first_token_bytes_down'] / a['per-row']['first_token_bytes_down']:.2f}")
+        base = a["per-row"]
+        for label in names[1:]:
+            print(f"round {rnd}: first token {label} / per-row = "
+                  f"{a[label]['first_token_seconds'] / base['first_token_seconds']:.2f}, bytes up "
+                  f"{a[label]['first_token_bytes_up'] / base['first_token_bytes_up']:.2f}, down "
+                  f"{a[label]['first_token_bytes_down'] / base['first_token_bytes_down']:.2f}")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1, default=float))
@@ -203,7 +215,9 @@ def main() -> int:
     ap.add_argument("--prefill-ab", action="store_true",
                     help="only the SmolLM2 prefill: packed rows (--prefill-tokens) against rows one by one, alternated")
     ap.add_argument("--prompt-tokens", type=int, default=14)
-    ap.add_argument("--prefill-tokens", type=int, default=2)
+    ap.add_argument("--prefill-tokens", default="2",
+                    help="--prefill-ab's packed variants, comma-separated: T (diagonals of period S/T stored at "
+                         "1/T) or Tw (stored whole), e.g. 2,2w,4")
     ap.add_argument("--generation-ab", metavar="OLD_TREE", help="only the SmolLM2 generation, A/B against OLD_TREE")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=6)

@@ -74,6 +74,40 @@ def test_packed_matmul_equals_per_row_and_numpy(backend):
             assert np.max(np.abs(v[:, :, k:])) < 1e-6 * scale
 
 
+@pytest.mark.skipif(_backend_auto() != "lattigo", reason="the Lattigo library is not built (make lattigo)")
+def test_lattigo_compressed_packed_diagonals_are_bit_identical():
+    """Lattigo: a packed plan's diagonals with one chunk (period S / T in the slots, residues in
+    runs of T) are stored at 1/T of the memory (`bsgs_matrix` ``repeat``), and the result
+    ciphertexts are byte for byte those of the same diagonals stored whole; with c > 1 chunks
+    (no period) nothing is compressed and the results are the same too."""
+    from cipherlm.he.matmul import unpack_cts
+
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    rng = np.random.default_rng(3)
+    # (d_out, d_in, bias, T, the planner's chunk count): one chunk with 4 and 2 tokens (stored
+    # at 1/T), 2 and 4 chunks (stored whole)
+    for d_out, d_in, bias, T, want_c in [(900, 200, True, 4, 1), (1200, 200, True, 2, 1), (500, 300, True, 2, 2),
+                                         (300, 200, False, 2, 4)]:
+        pk = plan_matmul(d_out, d_in, ctx.slots, has_bias=bias, backend="lattigo", tokens=T)
+        assert pk.c == want_c, "the planner's choice moved: pick shapes that test what the comment says"
+        W = rng.standard_normal((d_out, d_in)) * 0.05
+        b = rng.standard_normal(d_out) * 0.1 if bias else None
+        X = rng.standard_normal((T, d_in))
+        gk = keys.galois_keys_bytes(pk.rotation_steps)
+        whole = encode_group(ctx, [W], None if b is None else [b], plan=pk, compress=False)
+        small = encode_group(ctx, [W], None if b is None else [b], plan=pk)
+        assert small.n_plaintexts == whole.n_plaintexts
+        assert whole.nbytes == whole.n_plaintexts * 2 * ctx.n * 8
+        assert small.nbytes * (T if pk.c == 1 else 1) == whole.nbytes, (d_out, d_in, T, pk.c)
+        ct = encrypt_input(keys, X, pk)
+        a, c = apply(whole, ct, gk), apply(small, ct, gk)
+        assert unpack_cts(a, pk.n_blocks) == unpack_cts(c, pk.n_blocks)
+        ref = X @ W.T + (0 if b is None else b)
+        scale = np.max(np.abs(W)) * max(np.max(np.abs(X)), 1.0) * d_in
+        assert np.max(np.abs(decrypt_output(keys, c, pk) - ref)) < 1e-6 * scale
+
+
 def test_packed_plans_are_cheaper_per_row_on_smollm2_shapes():
     """The planner's packed plans for SmolLM2's layer groups cost less per row than the one-row
     plans in the Lattigo cost model (what `offload_engine.packed_plan` requires)."""

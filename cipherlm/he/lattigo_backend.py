@@ -182,6 +182,8 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_bsgs_new": (_i64, _int, _int, _int, _p_i64, _int, _int, _dbl, _p_i64),
     "clg_bsgs_set": (_i64, _int, _p_dbl, _p_dbl, _p_u8, _int),
     "clg_bsgs_plaintexts": (_i64, _p_i64),
+    "clg_bsgs_compress": (_i64, _int),
+    "clg_bsgs_words": (_i64, _p_i64),
     "clg_bsgs_eval": (_i64, _i64, _i64, _int, _p_i64, _p_i64),
     "clg_ct_info": (_i64, _int, _p_int, _p_int, _p_dbl, _p_int),
     "clg_ct_coeffs": (_i64, _p_u64, _i64),
@@ -528,6 +530,13 @@ class LattigoBSGSMatrix(_Handle):
         n = _i64(0)
         _call("clg_bsgs_plaintexts", self.h, ctypes.byref(n))
         return int(n.value)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the stored diagonals' residues (a compressed diagonal keeps 1/T of them)."""
+        n = _i64(0)
+        _call("clg_bsgs_words", self.h, ctypes.byref(n))
+        return 8 * int(n.value)
 
 
 # ----------------------------------------------------------------------------- context
@@ -880,12 +889,15 @@ class LattigoBackend(HEBackend):
         return LattigoCiphertext(_new("clg_lt_eval", galois_keys.h, ct.h, lt.h), ctx)
 
     def bsgs_matrix(self, ctx: LattigoContext, diagonals: np.ndarray, *, g: int, chunk_steps: Sequence[int],
-                    scale: float, level=None, workers: int = 2) -> LattigoBSGSMatrix:
+                    scale: float, level=None, workers: int = 2, repeat: int = 1) -> LattigoBSGSMatrix:
         """The offload matmul's encoded matrix (`cipherlm.he.matmul.encode_matrix`): ``diagonals``
         complex (n_blocks, m, slots), the pre-rotated diagonals of each output block (all-zero
         ones are not stored), encoded at ``level`` (default: the top) with plaintext scale
         ``scale``; ``g`` baby steps, giant steps of g slots, ``chunk_steps`` the chunk sum's
-        rotations.  ``workers`` goroutines encode."""
+        rotations.  ``workers`` goroutines encode.  ``repeat`` T > 1 (a power of two): a diagonal
+        whose residues come in runs of up to T equal values (period S / T in the slots, e.g. a
+        packed plan's with one chunk) is stored one value per run, 1/T of the memory, with the
+        same results (`clg_bsgs_compress`); the others are stored whole."""
         d = np.asarray(diagonals)
         if d.ndim != 3 or d.shape[2] != ctx.slots or not d.shape[0] or not d.shape[1]:
             raise HEError(f"expected diagonals (n_blocks, m, {ctx.slots}), got {d.shape}")
@@ -896,6 +908,8 @@ class LattigoBackend(HEBackend):
         _c, cp, cn = _i64_array(chunk_steps)
         h = _new("clg_bsgs_new", ctx.handle, n_blocks, m, int(g), cp if cn else None, cn, lvl, math.log2(scale))
         mat = LattigoBSGSMatrix(h, ctx, n_blocks)
+        if repeat != 1:
+            _call("clg_bsgs_compress", h, int(repeat))
         for o in range(n_blocks):
             blk = d[o]
             re = np.ascontiguousarray(blk.real, dtype=np.float64)

@@ -480,7 +480,7 @@ class LattigoEncodedMatrix:
 
     @property
     def nbytes(self) -> int:
-        return self.n_plaintexts * (self.ctx.max_level + 1) * self.ctx.n * 8
+        return self.matrix.nbytes
 
 
 def encode_matrix(
@@ -493,12 +493,15 @@ def encode_matrix(
     progress: Callable[[int, int], None] | None = None,
     counter: HEOpCounter | None = None,
     keep: Callable[[int, int], bool] | None = None,
+    compress: bool = True,
 ) -> EncodedMatrix:
     """Server, once at start-up: encode every diagonal at the input level (NTT form).
 
     ``keep(block, k)``: encode only the diagonals it accepts (a worker's share in
     :mod:`cipherlm.he.parallel`); the others are left ``None``.  The weight scale
-    is always that of the whole matrix."""
+    is always that of the whole matrix.  ``compress`` (Lattigo, a packed plan, T =
+    ``plan.tokens``): diagonals of period S / T (one chunk) kept at 1/T of the memory,
+    same results (`LattigoBackend.bsgs_matrix` ``repeat``); False: stored whole."""
     W = np.asarray(W)
     if W.ndim != 2:
         raise HEError("W must be (d_out, d_in)")
@@ -516,7 +519,10 @@ def encode_matrix(
     if backend_of(ctx) == "lattigo":
         if keep is not None:
             raise HEError("the Lattigo backend encodes whole matrices (its workers are goroutines)")
-        mat = get_backend("lattigo").bsgs_matrix(ctx, D, g=plan.g, chunk_steps=plan.chunk_steps, scale=scale)
+        # a packed plan's diagonals with one chunk have period S / T: stored at 1/T (bit-identical)
+        rep = plan.tokens if compress else 1
+        mat = get_backend("lattigo").bsgs_matrix(ctx, D, g=plan.g, chunk_steps=plan.chunk_steps, scale=scale,
+                                                 repeat=rep)
         n_pt = mat.n_plaintexts
         _count(counter, encode=n_pt)
         if progress is not None:

@@ -36,6 +36,7 @@ with ``engine.close()`` (also a context manager).
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from typing import Sequence
 
@@ -77,6 +78,12 @@ PREFILL_PACK_ENV = "CIPHERLM_OFFLOAD_PREFILL_PACK"
 #: of server memory at T = 2 against 4.0, start 57-94 s against 20-39 s, for a first token
 #: 0.67-0.98x as long; docs/offload.md); ``$CIPHERLM_OFFLOAD_PREFILL_PACK=2`` turns it on
 DEFAULT_PREFILL_TOKENS = 1
+
+
+#: "0": the packed plans' diagonals are stored whole (A/B of their compression only; default:
+#: those of period S / T, the plans with one chunk, at 1/T of the memory, same results,
+#: `cipherlm.he.matmul.encode_matrix` ``compress``; Lattigo only)
+PACK_COMPRESS_ENV = "CIPHERLM_OFFLOAD_PACK_COMPRESS"
 
 
 def prefill_tokens_from_env(value: int | None = None) -> int:
@@ -247,6 +254,7 @@ class ServerEngine:
         self.packed_plans: list[MatmulPlan] = []
         self.packed_encoded = []
         self.packed_of: list[int] = []  # group -> index into packed_plans, -1: rows one by one
+        compress = os.environ.get(PACK_COMPRESS_ENV, "1").strip() != "0"
         for g, ids in zip(self.groups, self.parts):
             # (not the LM head: a decoder's prefill sends it its last row only)
             pp = packed_plan(self.plans[ids[0]], self.prefill_tokens, he_backend) \
@@ -257,7 +265,7 @@ class ServerEngine:
             Ws, bs = part_weights[ids[0]]
             self.packed_of.append(len(self.packed_plans))
             self.packed_plans.append(pp)
-            enc = encode_group(self.ctx, Ws, bs, plan=pp)
+            enc = encode_group(self.ctx, Ws, bs, plan=pp, compress=compress)
             if he_backend == "lattigo":
                 enc.workers = self.workers
             self.packed_encoded.append(enc)
