@@ -277,13 +277,19 @@ def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "co
     return "\n".join(lines), doc
 
 
-def inspect_blb(config: dict, all_layers: bool = False) -> str:
+def inspect_blb(config: dict, all_layers: bool = False, tokens: int | None = None) -> str:
     """BLB's fused blocks (passes blb_decompose + blb_fusion) as a table: per block its layer,
-    HE depth, rotate-and-sum reductions, products, the MPC cores around it and its ops."""
+    HE depth, rotate-and-sum reductions, products, the MPC cores around it and its ops; then
+    each block's CKKS parameters (`passes.blb_params`, default weight gains, ``tokens`` keys)."""
     from cipherlm.compile import build_graph
-    from cipherlm.compile.passes import blb_fusion
+    from cipherlm.compile.passes import blb_fusion, blb_params
 
-    return blb_fusion.format_blocks(blb_fusion.run(build_graph(config)), all_layers=all_layers)
+    g = blb_fusion.run(build_graph(config))
+    params = blb_params.run(g, tokens=int(tokens or blb_params.TOKENS))
+    return (blb_fusion.format_blocks(g, all_layers=all_layers) + "\n"
+            + blb_params.format_params(g, params, all_layers=all_layers)
+            + f"\n  (projection gains sqrt(d_in) x {blb_params.WEIGHT_RMS}, |gamma| <= {blb_params.GAMMA_MAX:g}, "
+            f"values <= 2^{blb_params.VALUE_BITS}: the defaults of passes.blb_params; docs/blb.md)")
 
 
 def inspect_fhe(config: dict, levels: int = 9) -> tuple[str, dict]:
@@ -344,7 +350,7 @@ def cmd_inspect(args) -> int:
                                  he_backend=getattr(args, "he_backend", None) or "auto")
     print(text)
     if getattr(args, "fusion", "none") == "blb":
-        print(inspect_blb(config, all_layers=args.all))
+        print(inspect_blb(config, all_layers=args.all, tokens=tokens))
     if getattr(args, "json", None):
         import json
 

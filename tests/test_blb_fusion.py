@@ -261,9 +261,11 @@ def test_cli_inspect_fusion_blb(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "BLB fused blocks" in out and "5 per layer" in out and "Phi (gelu gate) -> rsqrt" in out
     assert "layers 1..2: the same blocks" in out
+    assert "CKKS parameters per block" in out and "  16384 " in out
     assert cli.main(["inspect", str(tmp_path), "--fusion", "blb", "--all"]) == 0
-    out = capsys.readouterr().out
-    assert sum(" L2 " in line for line in out.splitlines()) == 5
+    blocks, params = capsys.readouterr().out.split("CKKS parameters per block")
+    assert sum(" L2 " in line for line in blocks.splitlines()) == 5
+    assert sum(" L2 " in line for line in params.splitlines()) == 5  # one parameter set per block
     assert cli.main(["inspect", str(tmp_path)]) == 0
     assert "BLB fused blocks" not in capsys.readouterr().out
 

@@ -1,0 +1,356 @@
+"""CKKS parameters per fused block (BLB section 7.1 and Table 6; issue 16 item 2).
+
+BLB evaluates each fused block of `blb_fusion` in CKKS with its own parameters: the
+paper takes the ring degree, the prime sizes and the scale of each block from the EVA
+compiler under a bound on the mean squared error against plaintext (Table 6: depth 4 at
+N = 16384, depths 6-7 at N = 32768, primes of 38-46 bits).  EVA is not available here;
+this pass does the same job with an explicit noise analysis, so each choice can be read
+and checked.  For every block it gives
+
+* ``depth``: the block's multiplicative depth (`blb_fusion.block_depth`): one rescale per
+  level, so the chain holds ``depth`` primes of ``scale_bits`` bits above the output
+  modulus;
+* ``scale_bits`` s: the smallest scale (Delta = 2^s, and every rescaled prime about
+  2^s) whose predicted error at the block's output, 16 standard deviations (`SIGMAS`: the
+  tail of a product of two Gaussians), is at most half a unit in the last place of the MPC
+  fixed point, 2^-(f+1) with f = 16, times max(1, the output's magnitude bound) (relative
+  for the large values, e.g. a norm's sum of squares, whose consumer, rsqrt, is itself
+  relative): then the local decoding of Algorithm 1, not CKKS, sets the error of the
+  shares the MPC core receives;
+* ``output_bits``: the modulus left at the output level, at least s + 20 + 2 bits
+  (the conversion to Z_2^l needs |m Delta| < q / 2 for every value the MPC library
+  accepts, |m| < 2^20 = `mpc.nonlinear.common.COMPARE_BOUND`, with one bit of noise
+  margin).  Above 60 bits (the largest prime) the output keeps a second prime;
+* ``ring_degree`` N: the smallest of 8192 / 16384 / 32768 with at least ``min_slots``
+  slots whose chain (output primes + depth x s + one 60-bit special prime for key
+  switching) is within the 128-bit bound of the HomomorphicEncryption.org table, checked
+  by `he.params.check_security`.  The noise grows with N, so s is chosen per N.
+
+**Noise model** (standard deviation of one slot's real part, in value units; Delta the
+scale; N the ring degree; fresh noise Gaussian with sigma_e = 3.2, a uniform ternary
+secret of density 2/3 as Lattigo's default; Costache, Curtis, Hales, Murphy, Player and
+Player, "On the precision loss in approximate homomorphic encryption", SAC 2023, for
+the canonical-embedding variances):
+
+* a block input (Algorithm 2: both parties' encoding roundings, the client's fresh
+  encryption): sqrt(N / 2 (sigma_e^2 + 2 / 12)) / Delta;
+* encoding a plaintext (weights, gamma, beta, RoPE's cos / sin, a mean's 1/d):
+  E = sqrt(N / 24) / Delta per slot;
+* a rescale, a relinearisation or a rotation (key switching with a special prime at
+  least as large as every data prime: the mod-down rounding dominates): R = N / 6 /
+  Delta (the rounding's e1 s term, sqrt(N/2 (N 2/3) / 12));
+* propagation: independent errors add in variance; a product by a plaintext vector
+  scales the error by the plaintext's magnitude, a projection by W by the largest row
+  norm ||W[j, :]||_2 (each output sums d_in independent input errors), a product of two
+  ciphertexts of magnitude <= A over an inner length k by A sqrt(k) per operand, a sum
+  of L slots by sqrt(L) (and log2 L rotations).
+
+Every value inside a block is assumed to be at most A = 2^``value_bits`` in magnitude
+(default 2^6; the MPC cores' ranges: softmax probabilities <= 1, exp's squarings <= 1,
+normalised activations mostly below 10, residual streams of the models here below 64
+except rare outliers).  Projections use their real weights' row norms and affines their largest |gamma| when
+``params`` (`compile.bind`) are given, otherwise sqrt(d_in) x 0.06 and 4.
+The model is checked against Lattigo on circuits of these operations at the chosen
+parameters (`tests/test_blb_params.py`): the measured error stays below the predicted
+maximum (16 sigma) and within a factor of 24 of it (measured: 2.6-14).
+
+**Where we differ from the paper.**  Table 6 puts blocks of depth 6-7 at N = 32768; here
+every block fits N <= 16384 (MiniLM-L6 with its real weights: s = 26-42 bits, log QP at
+most 360 <= 438; SmolLM2-135M: s = 22-44, at most 340; `cipherlm inspect MODEL --fusion blb`
+prints the table), which halves every ciphertext and the cost of every operation against
+N = 32768.  EVA's choice includes the paper's packing (up to 16384 slots per ciphertext in
+its Table 7); the slot count is a parameter here (``min_slots``, default 4096), so a packing
+that wants N = 32768 asks for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ...he.errors import HEError
+from ...he.params import HES_128_CLASSIC_MAX_LOGQ, HEParams, check_security
+from ...mpc.nonlinear.common import COMPARE_BOUND
+from ..ir import Graph
+from .blb_fusion import _shapes, core_name
+
+RING_DEGREES = (8192, 16384, 32768)
+MAX_PRIME_BITS = 60
+SPECIAL_PRIME_BITS = 60
+SIGMA_E = 3.2
+#: the predicted max error is this many standard deviations: the rescale / key-switch error is,
+#: slot by slot, e1(zeta) s(zeta), a product of two Gaussians (the canonical embedding is
+#: multiplicative), whose tail is exponential, not Gaussian (kurtosis ~6 measured on Lattigo):
+#: P(|e| > 16 sigma) is about 2e-8 per slot
+SIGMAS = 16.0
+MPC_FRAC = 16
+OUT_VALUE_BITS = int(math.log2(COMPARE_BOUND))
+VALUE_BITS = 6
+WEIGHT_RMS = 0.06
+GAMMA_MAX = 4.0
+#: magnitude bounds of what the MPC cores hand a block (softmax's exp polynomial and
+#: reciprocal of a row sum >= 1, the gates; rsqrt on its contract var >= 2^-8); others: A
+CORE_RANGE = {"exp": 1.0, "reciprocal": 1.0, "Phi (gelu gate)": 1.0, "tanh (gelu gate)": 1.0, "sigmoid": 1.0,
+              "rsqrt": 16.0}
+TOKENS = 128
+MIN_SCALE_BITS, MAX_SCALE_BITS = 20, 58
+
+
+# ------------------------------------------------------------------ noise model (value units)
+def fresh_input(n: int, delta: float) -> float:
+    """Algorithm 2's ciphertext: two encoding roundings and a fresh encryption."""
+    return math.sqrt(n / 2 * (SIGMA_E ** 2 + 2 / 12)) / delta
+
+
+def encoding(n: int, delta: float) -> float:
+    """One slot of an encoded plaintext: coefficients rounded to integers."""
+    return math.sqrt(n / 24) / delta
+
+
+def key_switch(n: int, delta: float) -> float:
+    """A rescale, relinearisation or rotation: the mod-down rounding (e0 + e1 s)."""
+    return n / 6 / delta
+
+
+def _rss(*terms: float) -> float:
+    return math.sqrt(sum(t * t for t in terms))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseModel:
+    """The per-operation rules of the module doc at one ring degree and scale."""
+
+    n: int
+    scale_bits: int
+    value_bits: int = VALUE_BITS
+
+    @property
+    def delta(self) -> float:
+        return 2.0 ** self.scale_bits
+
+    @property
+    def a(self) -> float:
+        return 2.0 ** self.value_bits
+
+    def input(self) -> float:
+        return fresh_input(self.n, self.delta)
+
+    def plain_product(self, sigma: float, gain: float, terms: int = 1, rotations: int = 0) -> float:
+        """x * p for encoded plaintexts p (a projection: ``terms`` = d_in diagonals, ``gain`` the
+        largest row norm; an elementwise product: terms = 1, gain = max |p|), then a rescale;
+        ``rotations`` key switches on the way (a BSGS's baby and giant steps)."""
+        e, r = encoding(self.n, self.delta), key_switch(self.n, self.delta)
+        return _rss(gain * sigma, self.a * math.sqrt(terms) * e, r * math.sqrt(1 + rotations) * max(1.0, gain))
+
+    def ct_product(self, sa: float, sb: float, ma: float | None = None, mb: float | None = None, inner: int = 1,
+                   rotations: int = 0, scale: float = 1.0) -> float:
+        """a * b of two ciphertexts with errors sa, sb and magnitudes ma, mb (default A) (elementwise:
+        inner = 1; Q K^T / P V: the head dim / keys), relinearised, rescaled, times a public ``scale``."""
+        ma = self.a if ma is None else ma
+        mb = self.a if mb is None else mb
+        r = key_switch(self.n, self.delta)
+        k = scale * math.sqrt(inner)
+        return _rss(k * mb * sa, k * ma * sb, r * math.sqrt(2 + rotations) * max(1.0, k * max(ma, mb)))
+
+    def rotate_sum(self, sigma: float, length: int, scale: float = 1.0) -> float:
+        """sum of ``length`` slots by log2 rotations (Figure 6), times ``scale`` (a mean: one
+        more plaintext product and rescale)."""
+        rot = max(1, math.ceil(math.log2(max(2, length))))
+        r = key_switch(self.n, self.delta)
+        out = _rss(math.sqrt(length) * sigma, math.sqrt(rot) * r)
+        if scale != 1.0:
+            out = self.plain_product(out, abs(scale))
+        return out
+
+
+# ------------------------------------------------------------------ per block
+def _row_norm(w: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(w, dtype=np.float64), axis=1).max())
+
+
+def gains_of(graph: Graph, params: dict[str, np.ndarray] | None) -> dict[str, float]:
+    """{node name: gain}: a projection's largest row norm ||W[j, :]||_2, an affine's max |gamma|
+    (``params`` as `compile.bind` gives them; nodes without weights get the defaults)."""
+    out = {}
+    for n in graph.nodes if params else ():
+        if n.op == "linear" and f"{n.attrs['name']}.weight" in params:
+            out[n.name] = _row_norm(params[f"{n.attrs['name']}.weight"])
+        elif n.op == "affine" and n.attrs.get("gamma") and n.weights and n.weights[0] in params:
+            out[n.name] = float(np.abs(params[n.weights[0]]).max())
+    return out
+
+
+def product_magnitude(node, ma: float, mb: float, producers: dict) -> float:
+    """|a b| <= |a| |b|, except a norm's scaling (a factor from the rsqrt core): |x - mean| /
+    sigma and x / rms are at most sqrt(d) whatever the input's size."""
+    d = node.shape[-1]
+    if isinstance(d, int) and any(getattr(producers.get(v), "op", None) == "rsqrt" for v in node.inputs):
+        return math.sqrt(d)
+    return ma * mb
+
+
+def block_error(graph: Graph, block: dict, model: NoiseModel, gains: dict[str, float] | None = None,
+                tokens: int = TOKENS) -> float:
+    """Predicted std of the block's worst output slot relative to max(1, its magnitude bound)
+    (the module doc's rules walked over the block's nodes in order; ``tokens`` = T = S for the
+    symbolic lengths)."""
+    names = set(block["nodes"])
+    prod = graph.producers()
+    shapes = _shapes(graph)
+    sig: dict[str, float] = {}
+    mag: dict[str, float] = {}
+    gains = gains or {}
+
+    def inside(v: str) -> bool:
+        p = prod.get(v)
+        return p is not None and p.name in names
+
+    def s(v: str) -> float:
+        return sig[v] if inside(v) else model.input()
+
+    def m(v: str) -> float:
+        if v not in mag:
+            p = prod.get(v)
+            if p is None:
+                mag[v] = model.a
+            elif p.op == "mul":
+                mag[v] = product_magnitude(p, m(p.inputs[0]), m(p.inputs[-1]), prod)
+            else:
+                mag[v] = CORE_RANGE.get(core_name(p), model.a)
+        return mag[v]
+
+    for name in block["nodes"]:
+        n = graph.node(name)
+        ins = [s(v) for v in n.inputs]
+        op = n.op
+        size = model.a
+        if op == "linear":
+            d_in = int(n.attrs["d_in"])
+            g = gains.get(n.name, math.sqrt(d_in) * WEIGHT_RMS)
+            rot = 2 * math.ceil(math.sqrt(d_in))
+            out = model.plain_product(ins[0], g, terms=d_in, rotations=rot)
+        elif op in ("qk", "av"):
+            inner = int(n.attrs["head_dim"]) if op == "qk" else tokens
+            rot = 2 * math.ceil(math.sqrt(inner))
+            out = model.ct_product(ins[0], ins[1], m(n.inputs[0]), m(n.inputs[1]), inner, rotations=rot,
+                                   scale=float(n.attrs.get("scale", 1.0)))
+        elif op == "mul":
+            ma, mb = m(n.inputs[0]), m(n.inputs[-1])
+            out = model.ct_product(ins[0], ins[-1], ma, mb)
+            size = product_magnitude(n, ma, mb, prod)
+        elif op == "rope":
+            out = _rss(*(model.plain_product(ins[0], 1.0, rotations=1) for _ in range(2)))
+        elif op == "affine":
+            out = ins[0]
+            if n.attrs.get("gamma"):
+                out = model.plain_product(out, gains.get(name, GAMMA_MAX))
+            if n.attrs.get("beta"):
+                out = _rss(out, encoding(model.n, model.delta))
+        elif op == "reduce_sum":
+            length = shapes[n.inputs[0]][-1]
+            length = tokens if not isinstance(length, int) else length
+            out = model.rotate_sum(ins[0], length, float(n.attrs.get("scale", 1.0)))
+            size = m(n.inputs[0]) * length * float(n.attrs.get("scale", 1.0))
+        elif op in ("add", "sub"):
+            out = _rss(*ins)
+        else:  # layout, kv_cache, head: no arithmetic
+            out = max(ins) if ins else model.input()
+        for v in n.outputs:
+            sig[v] = out
+            mag.setdefault(v, size)
+    outs = [o["value"] for o in block["outputs"]] or list(sig)
+    return max(sig[v] / max(1.0, mag[v]) for v in outs if v in sig)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockParams:
+    block: int
+    depth: int
+    ring_degree: int
+    scale_bits: int
+    output_primes: tuple[int, ...]
+    chain: tuple[int, ...]            # Lattigo's LogQ: output primes, then depth primes of s bits
+    special: tuple[int, ...]          # LogP
+    predicted_std: float              # at the block's output, value units
+    target: float                     # 2^-(f+1) / SIGMAS
+
+    @property
+    def log_qp(self) -> int:
+        return sum(self.chain) + sum(self.special)
+
+    @property
+    def he_params(self) -> HEParams:
+        return HEParams(f"blb-block{self.block}-N{self.ring_degree}", "ckks", self.ring_degree,
+                        self.chain + self.special)
+
+    def as_dict(self) -> dict:
+        return {"block": self.block, "depth": self.depth, "N": self.ring_degree, "scale_bits": self.scale_bits,
+                "logQ": list(self.chain), "logP": list(self.special), "logQP": self.log_qp,
+                "predicted_max_error": SIGMAS * self.predicted_std, "target_max_error": SIGMAS * self.target}
+
+
+def output_primes(scale_bits: int, out_value_bits: int = OUT_VALUE_BITS) -> tuple[int, ...]:
+    """The modulus left at the output level: >= s + value bits + 2 (sign, noise), in primes
+    of at most 60 bits."""
+    need = scale_bits + out_value_bits + 2
+    if need <= MAX_PRIME_BITS:
+        return (need,)
+    return (MAX_PRIME_BITS, max(need - MAX_PRIME_BITS, scale_bits))
+
+
+def choose_params(depth: int, error_of, *, block: int = 0, min_slots: int = 4096,
+                  frac: int = MPC_FRAC, value_bits: int = VALUE_BITS) -> BlockParams:
+    """The smallest secure (N, chain) for a block of ``depth`` whose predicted output std
+    (``error_of(NoiseModel)``) meets the target; HEError if no ring degree of the table can."""
+    target = 2.0 ** -(frac + 1) / SIGMAS
+    tried = []
+    for n in RING_DEGREES:
+        if n // 2 < min_slots:
+            continue
+        s = next((b for b in range(MIN_SCALE_BITS, MAX_SCALE_BITS + 1)
+                  if error_of(NoiseModel(n, b, value_bits)) <= target), None)
+        if s is None:
+            tried.append(f"N={n}: no scale up to 2^{MAX_SCALE_BITS} meets the target")
+            continue
+        chain = output_primes(s) + (s,) * depth
+        p = BlockParams(block, depth, n, s, output_primes(s), chain, (SPECIAL_PRIME_BITS,),
+                        error_of(NoiseModel(n, s, value_bits)), target)
+        if p.log_qp > HES_128_CLASSIC_MAX_LOGQ[n]:
+            tried.append(f"N={n}: log QP = {p.log_qp} > {HES_128_CLASSIC_MAX_LOGQ[n]}")
+            continue
+        check_security(p.he_params)
+        return p
+    raise HEError(f"block {block} (depth {depth}): no secure CKKS parameters ({'; '.join(tried)})")
+
+
+def run(graph: Graph, *, params: dict[str, np.ndarray] | None = None, tokens: int = TOKENS,
+        min_slots: int = 4096, value_bits: int = VALUE_BITS, frac: int = MPC_FRAC) -> list[BlockParams]:
+    """Parameters for every fused block of a `blb_fusion` graph (``params``: the bound weights,
+    `compile.bind`, for the projections' and gammas' real gains; without them the defaults
+    sqrt(d_in) WEIGHT_RMS and GAMMA_MAX)."""
+    if "blb_blocks" not in graph.meta:
+        raise ValueError("run passes.blb_fusion first")
+    gains = gains_of(graph, params)
+    return [choose_params(b["depth"], lambda m, b=b: block_error(graph, b, m, gains, tokens), block=b["id"],
+                          min_slots=min_slots, frac=frac, value_bits=value_bits)
+            for b in graph.meta["blb_blocks"]]
+
+
+def format_params(graph: Graph, params: list[BlockParams], all_layers: bool = False) -> str:
+    """The per-block parameters as a table (prologue, layer 0, epilogue unless ``all_layers``)."""
+    blocks = {b["id"]: b for b in graph.meta["blb_blocks"]}
+    lines = [f"CKKS parameters per block (BLB Table 6; 128-bit HE standard; target: {SIGMAS:g} sigma <= "
+             "2^-17 max(1, |output|)):",
+             f"  {'block':<6} {'where':<9} {'depth':>5} {'N':>6} {'scale':>5} {'logQ':<28} {'logQP':>5} "
+             f"{'max err / max(1, |out|)':>23}"]
+    for p in params:
+        b = blocks[p.block]
+        if not all_layers and b["layer"] not in (None, 0):
+            continue
+        where = b["role"] if b["layer"] is None else f"L{b['layer']}"
+        q = "+".join(str(x) for x in p.output_primes) + f"+{p.depth}x{p.scale_bits}"
+        lines.append(f"  {p.block:<6} {where:<9} {p.depth:>5} {p.ring_degree:>6} {'2^' + str(p.scale_bits):>5} "
+                     f"{q:<28} {p.log_qp:>5} {SIGMAS * p.predicted_std:>23.2e}")
+    return "\n".join(lines)
