@@ -1,0 +1,569 @@
+"""One BLB fused block evaluated in CKKS (BLB section 4, fused blocks; section 7.1, the
+per-block parameters of `compile.passes.blb_params`; issue 16 item 2).
+
+`evaluate_block(graph, block, inputs, params, ctx, be, keys)` takes one HE block of a
+`passes.blb_fusion` graph (``graph.meta["blb_blocks"]``), the plaintext values of its inputs
+(numpy arrays, as `runtime.graph_executor` has them) and the bound weights, and returns its
+outputs {value name: array} computed on Lattigo CKKS ciphertexts at the block's parameters
+(``LattigoContext(blb_params.run(...)[i].he_params)``).
+
+**What stands in for the conversions.**  The block's inputs are encoded and encrypted here
+with the block's scale 2^s (Algorithm 2, MPC -> CKKS, of the paper: there both parties
+encode their shares and the client encrypts; `protocols.ckks_convert` has the real one)
+and the outputs are decrypted and decoded here (Algorithm 1, CKKS -> MPC).  The noise of
+this stand-in is the model's ``fresh_input`` (one encoding rounding less than Algorithm 2).
+An input is encrypted where it is first used: at the top level, or, for an addition /
+subtraction / product with a value computed in the block, at that value's level and (for
+additions) exact scale; a ciphertext encrypted lower has the same error, and the scales of
+both operands match exactly without a level spent on matching them.
+
+**Packing** (simple, not the paper's; every value of the block uses one slot period P, the
+smallest power of two >= every width in the block (d, d_ff, S, heads x head_dim)):
+
+* ``row``: a value of shape (..., C) is one ciphertext per row (the grid is shape[:-1]),
+  the row in slots [0, C) of each period of P slots, zeros in [C, P), the period repeated
+  over all N/2 slots.  A rotation by k < P then reads slot (i + k) mod P of the same row
+  everywhere, so a row sum by rotate-and-sum (log2 P rotations, Figure 6) lands in *every*
+  slot of the row: the broadcast of a (..., 1) value is free.  A (..., 1) value from MPC is
+  encoded replicated over the whole period (as the paper's conversion does).
+* ``head`` (the probabilities entering P V): value (H, T, S) is one ciphertext per (t, s)
+  holding p[h, t, s] in the head's segment [h hd, (h + 1) hd) of the period; (H, T, 1) one
+  per t.  P V for query t is then sum_s P[t, s] * V[s] (ct-ct, V in ``row``), already in
+  ``row`` for the output projection.
+* ``headsum`` (Q K^T): one ciphertext per (t, s), score[h, t, s] in slot h hd (Q[t] * K[s]
+  then a rotate-and-sum over hd slots); it only leaves the block (to the max core).
+
+**Operators** (levels: every product is rescaled once; additions bring both operands to
+the lower level, whose scales agree by construction):
+
+* ``linear``: y = x W^T + b by the diagonal method with baby-step giant-step rotations
+  within the period (W zero-padded to P x P; diagonals encoded at the scale of the prime
+  the rescale drops, so the scale is unchanged); an ``affine`` read by the projection is
+  folded into it (W diag(gamma), b + W beta: `blb_fusion.block_depth` counts it so) and is
+  evaluated on its own only when something else reads it;
+* ``affine``: gamma as a plaintext product, beta as a plaintext addition;
+* ``add`` / ``sub`` / ``mul``: slot-wise (a (..., 1) operand broadcast: already replicated);
+* ``reduce_sum``: rotate-and-sum over the period; a scale (a mean's 1/d) is a plaintext
+  mask holding the scale on the row's C slots and 0 on the padding (one level);
+* ``qk``: per (t, s) Q[t] * K[s], relinearised, summed over each head's hd slots, the
+  public scale (1 / sqrt(hd)) applied to the ciphertext's scale (no level);
+* ``av``: as ``head`` above;
+* ``head`` (select "first"): the first row's ciphertext.
+
+Not supported (NotImplementedError): ``rope``, ``kv_cache``, grouped-query attention
+(kv_heads != heads), causal masks, and layouts the above cannot produce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ...compile.ir import Graph
+from ...compile.passes.blb_fusion import _only_folded, block_depth
+
+SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head")
+
+
+@dataclasses.dataclass
+class Packed:
+    """A value of the block as a grid of ciphertexts (``cts``: numpy object array)."""
+
+    cts: np.ndarray
+    layout: str           # "row" | "head" | "headsum"
+    shape: tuple          # logical shape
+    dirty: bool = False   # row layout: slots [C, P) may be nonzero (a (..., 1) value: replicated over
+    #                       the whole period, not only over the C slots of the rows it is combined with)
+
+    @property
+    def any(self):
+        return self.cts.flat[0]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def rot_sum_steps(length: int) -> list[int]:
+    """The rotation steps of `_Eval.rot_sum` over ``length`` slots."""
+    if length <= 1:
+        return []
+    out = rot_sum_steps(length // 2) + [length // 2]
+    if length % 2:
+        out.append(length - 1)
+    return out
+
+
+def bsgs_split(p: int) -> tuple[int, int]:
+    """(baby steps, giant steps) of a P x P diagonal product."""
+    b = _pow2(int(math.ceil(math.sqrt(p))))
+    return b, max(1, p // b)
+
+
+def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray]) -> int:
+    """P: the smallest power of two >= every (integer) width of the block's values and
+    inputs and every heads x head_dim of its attention nodes."""
+    widths = [np.asarray(inputs[i["value"]]).shape[-1] for i in block["inputs"] if i["value"] in inputs]
+    for name in block["nodes"]:
+        n = graph.node(name)
+        last = n.shape[-1] if n.shape else 1
+        if isinstance(last, int):
+            widths.append(last)
+        if n.op in ("qk", "av"):
+            widths.append(int(n.attrs["heads"]) * int(n.attrs["head_dim"]))
+        if n.op == "linear":
+            widths += [int(n.attrs["d_in"]), int(n.attrs["d_out"])]
+    return _pow2(max(widths))
+
+
+def block_steps(graph: Graph, block: dict, period: int) -> list[int]:
+    """Every rotation step `evaluate_block` uses for this block at period P."""
+    steps: set[int] = set()
+    for name in block["nodes"]:
+        n = graph.node(name)
+        if n.op == "linear":
+            b, g = bsgs_split(period)
+            steps.update(range(1, b))
+            steps.update(j * b for j in range(1, g))
+        elif n.op == "reduce_sum":
+            steps.update(rot_sum_steps(period))
+        elif n.op == "qk":
+            steps.update(rot_sum_steps(int(n.attrs["head_dim"])))
+    return sorted(s for s in steps if s % period)
+
+
+def assign_layouts(graph: Graph, block: dict) -> dict[str, str]:
+    """{value: layout} for the block's values and inputs (default ``row``): P V's
+    probabilities and whatever slot-wise operations produce them are ``head``; Q K^T's
+    output ``headsum``."""
+    names = list(block["nodes"])
+    prod = {v: graph.node(n) for n in names for v in graph.node(n).outputs}
+    lay: dict[str, str] = {}
+    for name in names:
+        n = graph.node(name)
+        if n.op == "qk":
+            lay[n.out] = "headsum"
+    todo = [graph.node(n).inputs[0] for n in names if graph.node(n).op == "av"]
+    while todo:
+        v = todo.pop()
+        if lay.get(v, "head") != "head":
+            raise NotImplementedError(f"{v}: needed in the 'head' layout of P V but produced as {lay[v]}")
+        lay[v] = "head"
+        p = prod.get(v)
+        if p is None:
+            continue  # a block input: encoded in that layout
+        if p.op not in ("mul", "add", "sub"):
+            raise NotImplementedError(f"{p.name} ({p.op}): cannot produce the probabilities of P V in the 'head' "
+                                      "layout (only slot-wise mul / add / sub of block inputs can)")
+        todo.extend(p.inputs)
+    for name in names:
+        for v in graph.node(name).inputs + graph.node(name).outputs:
+            lay.setdefault(v, "row")
+    return lay
+
+
+class _Eval:
+    def __init__(self, ctx, be, keys, evk, period: int, scale_bits: int, attrs_of_head: tuple[int, int] | None):
+        self.ctx, self.be, self.keys, self.evk = ctx, be, keys, evk
+        self.P = period
+        self.slots = ctx.slots
+        if self.slots % period:
+            raise ValueError(f"period {period} does not divide {self.slots} slots")
+        self.reps = self.slots // period
+        self.scale = 2.0 ** scale_bits
+        self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the head layout
+        self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0}
+
+    # ---- primitives
+    def tile(self, period_vec: np.ndarray) -> np.ndarray:
+        return np.tile(np.asarray(period_vec, np.float64), self.reps)
+
+    def pt(self, period_vec, level: int, scale: float):
+        return self.be.encode_slots(self.ctx, self.tile(period_vec), level=level, scale_bits=math.log2(scale))
+
+    def copy(self, ct):
+        from ...he import lattigo_backend as lg
+
+        return lg.LattigoCiphertext(lg._new("clg_copy", ct.h), self.ctx)
+
+    def rot(self, ct, k: int):
+        k %= self.P
+        if k == 0:
+            return self.copy(ct)
+        self.stats["rotations"] += 1
+        return self.be.rotate_rows(self.ctx, ct, k, self.evk)
+
+    def rescale(self, ct):
+        self.stats["rescales"] += 1
+        self.be.rescale_inplace(self.ctx, ct)
+        return ct
+
+    def rot_sum(self, ct, length: int):
+        """sum_{k < length} rot(ct, k) (log rotations; a fresh ciphertext)."""
+        if length <= 1:
+            return self.copy(ct)
+        half = self.rot_sum(ct, length // 2)
+        out = self.copy(half)
+        self.be.add_inplace(self.ctx, out, self.rot(half, length // 2))
+        if length % 2:
+            self.be.add_inplace(self.ctx, out, self.rot(ct, length - 1))
+        return out
+
+    def q(self, level: int) -> float:
+        return float(self.ctx.q_moduli[level])
+
+    # ---- encoding / decoding (the conversions' stand-ins)
+    def period_vectors(self, arr: np.ndarray, layout: str) -> tuple[np.ndarray, bool]:
+        """(grid of period vectors (grid shape + (P,)), dirty)"""
+        a = np.asarray(arr, np.float64)
+        P = self.P
+        if layout == "row":
+            C = a.shape[-1]
+            grid = a.shape[:-1]
+            out = np.zeros(grid + (P,))
+            if C == 1:
+                out[...] = a  # replicated over the period
+            else:
+                out[..., :C] = a
+            return out, C == 1
+        if layout == "head":
+            H, hd = self.hh
+            if a.ndim != 3 or a.shape[0] != H:
+                raise NotImplementedError(f"head layout for a value of shape {a.shape} (expected (H, T, S|1))")
+            _, T, S = a.shape
+            seg = np.repeat(a.transpose(1, 2, 0), hd, axis=-1)  # (T, S, H hd)
+            out = np.zeros((T, S, P))
+            out[..., :H * hd] = seg
+            return out, False
+        raise NotImplementedError(f"cannot encode a block input in the {layout!r} layout")
+
+    def encrypt(self, arr: np.ndarray, layout: str, level: int, scale: float) -> Packed:
+        vecs, dirty = self.period_vectors(arr, layout)
+        grid = vecs.shape[:-1]
+        cts = np.empty(grid, object)
+        for idx in np.ndindex(*grid):
+            cts[idx] = self.keys.encrypt(self.pt(vecs[idx], level, scale))
+        return Packed(cts, layout, tuple(np.asarray(arr).shape), dirty)
+
+    def decrypt(self, x: Packed) -> np.ndarray:
+        dec = np.empty(x.cts.shape + (self.P,))
+        for idx in np.ndindex(*x.cts.shape):
+            dec[idx] = self.be.decode_slots(self.ctx, self.keys.decrypt(x.cts[idx]), n=self.P)
+        if x.layout == "row":
+            C = x.shape[-1]
+            return dec[..., :C].reshape(x.shape)
+        H, hd = self.hh
+        T, S = x.cts.shape
+        v = dec[..., 0:H * hd:hd]  # (T, S, H): the first slot of each head's segment
+        return v.transpose(2, 0, 1).reshape(x.shape)
+
+    # ---- levels
+    def level_of(self, x: Packed) -> int:
+        return x.any.level
+
+    def drop_to(self, x: Packed, level: int) -> Packed:
+        if self.level_of(x) == level:
+            return x
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            c = self.copy(x.cts[idx])
+            self.be.mod_switch_to_inplace(self.ctx, c, level)
+            cts[idx] = c
+        return Packed(cts, x.layout, x.shape, x.dirty)
+
+    def align(self, a: Packed, b: Packed, additive: bool) -> tuple[Packed, Packed]:
+        lvl = min(self.level_of(a), self.level_of(b))
+        a, b = self.drop_to(a, lvl), self.drop_to(b, lvl)
+        if additive:
+            sa, sb = a.any.scale, b.any.scale
+            if abs(sa / sb - 1) > 1e-12:
+                raise NotImplementedError(f"addition of ciphertexts at scales 2^{math.log2(sa):.6f} and "
+                                          f"2^{math.log2(sb):.6f} (matching them would cost a level)")
+        return a, b
+
+    # ---- operators
+    def binary(self, op: str, a: Packed, b: Packed, out_shape: tuple) -> Packed:
+        if a.layout != b.layout:
+            raise NotImplementedError(f"{op} of a {a.layout!r} and a {b.layout!r} value")
+        a, b = self.align(a, b, op in ("add", "sub"))
+        ga, gb = np.broadcast_arrays(a.cts, b.cts)
+        cts = np.empty(ga.shape, object)
+        for idx in np.ndindex(*ga.shape):
+            x, y = ga[idx], gb[idx]
+            if op == "mul":
+                self.stats["ct_ct"] += 1
+                cts[idx] = self.rescale(self.be.multiply(self.ctx, x, y, self.evk))
+            else:
+                c = self.copy(x)
+                (self.be.add_inplace if op == "add" else self.be.sub_inplace)(self.ctx, c, y)
+                cts[idx] = c
+        dirty = (a.dirty and b.dirty) if op == "mul" else (a.dirty or b.dirty)
+        return Packed(cts, a.layout, out_shape, dirty)
+
+    def plain_mul(self, x: Packed, period_vec: np.ndarray) -> Packed:
+        """x * a public vector (one level; the scale unchanged)."""
+        lvl = self.level_of(x)
+        p = self.pt(period_vec, lvl, self.q(lvl))
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            self.stats["ct_pt"] += 1
+            cts[idx] = self.rescale(self.be.multiply_plain(self.ctx, x.cts[idx], p))
+        return Packed(cts, x.layout, x.shape, x.dirty)
+
+    def plain_add(self, x: Packed, period_vec: np.ndarray) -> Packed:
+        lvl = self.level_of(x)
+        p = self.pt(period_vec, lvl, x.any.scale)
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            c = self.copy(x.cts[idx])
+            self.be.add_plain_inplace(self.ctx, c, p)
+            cts[idx] = c
+        return Packed(cts, x.layout, x.shape, x.dirty)
+
+    def linear(self, x: Packed, w: np.ndarray, bias: np.ndarray | None) -> Packed:
+        """x W^T + b: diagonals of the zero-padded P x P matrix, baby-step giant-step."""
+        if x.layout != "row":
+            raise NotImplementedError(f"a projection of a {x.layout!r} value")
+        P = self.P
+        d_out, d_in = w.shape
+        if x.shape[-1] != d_in:
+            raise ValueError(f"projection of width {d_in} applied to a value of width {x.shape[-1]}")
+        wp = np.zeros((P, P))
+        wp[:d_out, :d_in] = w
+        b, g = bsgs_split(P)
+        lvl = self.level_of(x)
+        rows = np.arange(P)
+        pts: dict[tuple[int, int], Any] = {}
+        for j in range(g):
+            for i in range(b):
+                k = j * b + i
+                if k >= P:
+                    continue
+                diag = wp[rows, (rows + k) % P]
+                if not diag.any():
+                    continue
+                pts[j, i] = self.pt(np.roll(diag, j * b), lvl, self.q(lvl))
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            ct = x.cts[idx]
+            steps = list(range(b))
+            babies = self.be.rotate_hoisted(self.ctx, ct, steps, self.evk)
+            self.stats["rotations"] += b - 1
+            acc = None
+            for j in range(g):
+                inner = None
+                for i in range(b):
+                    if (j, i) not in pts:
+                        continue
+                    self.stats["ct_pt"] += 1
+                    t = self.be.multiply_plain(self.ctx, babies[i], pts[j, i])
+                    if inner is None:
+                        inner = t
+                    else:
+                        self.be.add_inplace(self.ctx, inner, t)
+                if inner is None:
+                    continue
+                if j:
+                    inner = self.rot(inner, j * b)
+                if acc is None:
+                    acc = inner
+                else:
+                    self.be.add_inplace(self.ctx, acc, inner)
+            if acc is None:
+                raise ValueError("an all-zero projection")
+            cts[idx] = self.rescale(acc)
+        out = Packed(cts, "row", x.shape[:-1] + (d_out,), False)
+        if bias is not None:
+            vec = np.zeros(P)
+            vec[:d_out] = bias
+            out = self.plain_add(out, vec)
+        return out
+
+    def reduce_sum(self, x: Packed, scale: float) -> Packed:
+        if x.layout != "row":
+            raise NotImplementedError(f"reduce_sum of a {x.layout!r} value")
+        if x.dirty:
+            raise NotImplementedError("reduce_sum of a value whose padding slots are not zero")
+        C = x.shape[-1]
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            cts[idx] = self.rot_sum(x.cts[idx], self.P)
+        out = Packed(cts, "row", x.shape[:-1] + (1,), True)  # the sum in every slot of the period
+        if scale != 1.0:  # masked: the scale on the row's C slots, 0 on the padding
+            mask = np.zeros(self.P)
+            mask[:C] = scale
+            out = self.plain_mul(out, mask)
+            out.dirty = False
+        return out
+
+    def qk(self, q: Packed, k: Packed, attrs: dict) -> Packed:
+        H, Hkv, hd = int(attrs["heads"]), int(attrs["kv_heads"]), int(attrs["head_dim"])
+        if Hkv != H:
+            raise NotImplementedError("qk with grouped-query attention (kv_heads != heads)")
+        if attrs.get("causal"):
+            raise NotImplementedError("qk with a causal mask")
+        if q.layout != "row" or k.layout != "row":
+            raise NotImplementedError("qk of values not in the row layout")
+        q, k = self.align(q, k, False)
+        T, S = q.cts.shape[0], k.cts.shape[0]
+        cts = np.empty((T, S), object)
+        for t in range(T):
+            for s in range(S):
+                self.stats["ct_ct"] += 1
+                prod = self.be.multiply(self.ctx, q.cts[t], k.cts[s], self.evk)
+                summed = self.rot_sum(prod, hd)
+                self.rescale(summed)
+                self.be.scale_message_inplace(self.ctx, summed, 1.0 / float(attrs.get("scale", 1.0)))
+                cts[t, s] = summed
+        return Packed(cts, "headsum", (H, T, S))
+
+    def av(self, p: Packed, v: Packed, attrs: dict) -> Packed:
+        H, Hkv = int(attrs["heads"]), int(attrs["kv_heads"])
+        if Hkv != H:
+            raise NotImplementedError("av with grouped-query attention (kv_heads != heads)")
+        if p.layout != "head" or v.layout != "row":
+            raise NotImplementedError(f"av of a {p.layout!r} and a {v.layout!r} value")
+        p, v = self.align(p, v, False)
+        T, S = p.cts.shape
+        cts = np.empty((T,), object)
+        for t in range(T):
+            acc = None
+            for s in range(S):
+                self.stats["ct_ct"] += 1
+                prod = self.be.multiply(self.ctx, p.cts[t, s], v.cts[s], self.evk)
+                if acc is None:
+                    acc = prod
+                else:
+                    self.be.add_inplace(self.ctx, acc, prod)
+            cts[t] = self.rescale(acc)
+        return Packed(cts, "row", (T, v.shape[-1]), False)
+
+
+def _fold_affine(graph: Graph, aff, w: np.ndarray, b: np.ndarray | None, params: dict):
+    """W diag(gamma), b + W beta for a projection reading affine ``aff``."""
+    g = aff.attrs.get("gamma")
+    be = aff.attrs.get("beta")
+    w2 = w * np.asarray(params[g], np.float64)[None, :] if g else w
+    b2 = np.zeros(w.shape[0]) if b is None else np.asarray(b, np.float64)
+    if be:
+        b2 = b2 + w @ np.asarray(params[be], np.float64)
+    return w2, (b2 if (b is not None or be) else None)
+
+
+def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
+                   ctx, be, keys, evk=None, *, scale_bits: int | None = None,
+                   stats: dict | None = None) -> dict[str, np.ndarray]:
+    """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
+    value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
+    (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
+    parameters (`blb_params.BlockParams.he_params`), its backend and secret keys; ``evk``:
+    relinearisation and rotation keys for `block_steps` (made here if None);
+    ``scale_bits``: the block's scale (default: the top prime's size).  ``stats``, if given,
+    receives the counts of products, rotations and rescales, the period and the levels."""
+    nodes = [graph.node(n) for n in block["nodes"]]
+    for n in nodes:
+        if n.op not in SUPPORTED:
+            raise NotImplementedError(f"CKKS evaluation of a fused block: op {n.op!r} ({n.name}) is not supported "
+                                      f"(supported: {', '.join(SUPPORTED)})")
+    missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
+    if missing:
+        raise ValueError(f"block {block['id']}: missing inputs {missing}")
+    period = block_period(graph, block, inputs)
+    if evk is None:
+        evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period))
+    if scale_bits is None:
+        scale_bits = round(math.log2(ctx.q_moduli[ctx.max_level]))
+    att = next(((int(n.attrs["heads"]), int(n.attrs["head_dim"])) for n in nodes if n.op in ("qk", "av")), None)
+    ev = _Eval(ctx, be, keys, evk, period, scale_bits, att)
+    lay = assign_layouts(graph, block)
+    prod = graph.producers()
+    _, _, folded = block_depth(nodes, prod)
+
+    cts: dict[str, Packed] = {}
+    top = ctx.max_level
+
+    def get(v: str, like: Packed | None = None, additive: bool = False) -> Packed:
+        if v in cts:
+            return cts[v]
+        if v not in inputs:
+            raise ValueError(f"value {v} is neither a block input nor computed before its use")
+        if like is None:
+            return ev.encrypt(inputs[v], lay.get(v, "row"), top, ev.scale)
+        return ev.encrypt(inputs[v], lay.get(v, "row"), ev.level_of(like), like.any.scale if additive else ev.scale)
+
+    def pair(n):
+        a_in, b_in = n.inputs[0], n.inputs[-1]
+        additive = n.op in ("add", "sub")
+        if a_in in cts or b_in not in cts:
+            a = get(a_in)
+            b = cts[b_in] if b_in in cts else (a if b_in == a_in else get(b_in, a, additive))
+        else:
+            b = cts[b_in]
+            a = get(a_in, b, additive)
+        return a, b
+
+    in_block = {n.name for n in nodes}
+    for n in nodes:
+        op = n.op
+        if op == "affine" and _only_folded(n, nodes, folded) and n.out not in {o["value"] for o in block["outputs"]}:
+            continue
+        if op in ("add", "sub", "mul"):
+            a, b = pair(n)
+            shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+            out = ev.binary(op, a, b, shape)
+        elif op == "linear":
+            name = n.attrs["name"]
+            w = np.asarray(params[f"{name}.weight"], np.float64)
+            bias = np.asarray(params[f"{name}.bias"], np.float64) if n.attrs.get("bias") else None
+            src = n.inputs[0]
+            p = prod.get(src)
+            if p is not None and p.name in in_block and p.op == "affine":
+                w, bias = _fold_affine(graph, p, w, bias, params)
+                src = p.inputs[0]
+            out = ev.linear(get(src), w, bias)
+        elif op == "affine":
+            x = get(n.inputs[0])
+            g, bt = n.attrs.get("gamma"), n.attrs.get("beta")
+            C = x.shape[-1]
+            if g:
+                vec = np.zeros(ev.P)
+                vec[:C] = np.asarray(params[g], np.float64)
+                x = ev.plain_mul(x, vec)
+            if bt:
+                vec = np.zeros(ev.P)
+                vec[:C] = np.asarray(params[bt], np.float64)
+                x = ev.plain_add(x, vec)
+            out = x
+        elif op == "reduce_sum":
+            out = ev.reduce_sum(get(n.inputs[0]), float(n.attrs.get("scale", 1.0)))
+        elif op == "qk":
+            q = get(n.inputs[0])
+            k = cts[n.inputs[1]] if n.inputs[1] in cts else get(n.inputs[1], q)
+            out = ev.qk(q, k, n.attrs)
+        elif op == "av":
+            v = get(n.inputs[1])
+            p_ = cts[n.inputs[0]] if n.inputs[0] in cts else get(n.inputs[0], v)
+            out = ev.av(p_, v, n.attrs)
+        elif op == "head":
+            x = get(n.inputs[0])
+            if n.attrs.get("select") != "first" or x.layout != "row":
+                raise NotImplementedError(f"head {n.attrs.get('select')!r} in CKKS (only 'first')")
+            out = Packed(x.cts[:1].copy(), "row", (1,) + x.shape[1:], x.dirty)
+        else:  # pragma: no cover - SUPPORTED is checked above
+            raise NotImplementedError(op)
+        cts[n.out] = out
+
+    result = {}
+    levels = {}
+    for o in block["outputs"]:
+        v = o["value"]
+        if v not in cts:
+            raise ValueError(f"block {block['id']}: output {v} was not computed")
+        result[v] = ev.decrypt(cts[v])
+        levels[v] = ev.level_of(cts[v])
+    if stats is not None:
+        stats.update(ev.stats, period=period, levels=levels, top_level=top)
+    return result
