@@ -14,7 +14,10 @@ Both run as two OS processes on loopback: cipherlm via
 are sequential, never concurrent.
 
 Bytes: both directions (cipherlm: channel counters; SPU: the "Link details"
-lines of its profile log).  Seconds: wall time of the protocol call / of
+lines of its profile log).  cipherlm's "MB ours" are as they fell, with the Ferret pool
+refills that happened to land inside the operation; "amort." replaces those by the
+operation's COTs times the steady-state refill traffic per COT
+(`cipherlm.mpc.bench.REFILL_BYTES_PER_COT`), as `cipherlm bench mpc` reports them.  Seconds: wall time of the protocol call / of
 `Runtime.run`, after the one-time OT set-up on both sides.  Errors: max abs
 difference from the same numpy reference (`cipherlm.mpc.bench`).  Ratios are
 cipherlm / SPU.
@@ -76,12 +79,13 @@ def run_spu(names, n, rows, spu_python, work):
 
 
 def fmt_table(table) -> str:
-    head = (f"{'operation':16s} {'size':>9s} | {'MB ours':>9s} {'MB SPU':>8s} {'ratio':>6s} | {'s ours':>7s}"
+    head = (f"{'operation':16s} {'size':>9s} | {'MB ours':>9s} {'amort.':>8s} {'MB SPU':>8s} {'ratio':>6s} | {'s ours':>7s}"
             f" {'s SPU':>7s} {'ratio':>6s} | {'err ours':>8s} {'err SPU':>8s}")
     lines = [head, "-" * len(head)]
     for r in table:
         lines.append(f"{r['name']:16s} {'x'.join(map(str, r['size'])):>9s} | {r['bytes_ours'] / 1e6:9.2f}"
-                     f" {r['bytes_spu'] / 1e6:8.2f} {r['bytes_ratio']:6.1f} | {r['seconds_ours']:7.2f}"
+                     f" {r['bytes_ours_amortised'] / 1e6:8.2f} {r['bytes_spu'] / 1e6:8.2f} {r['bytes_ratio']:6.2f}"
+                     f" | {r['seconds_ours']:7.2f}"
                      f" {r['seconds_spu']:7.2f} {r['seconds_ratio']:6.2f} | {r['max_error_ours']:8.1e}"
                      f" {r['max_error_spu']:8.1e}")
     return "\n".join(lines)
@@ -114,6 +118,8 @@ def main(argv=None) -> int:
     for nm in names:
         o, s = ours[nm], spu_rows[nm]
         table.append({"name": nm, "size": o["size"], "bytes_ours": o["bytes"], "bytes_spu": s["bytes"],
+                      "bytes_ours_amortised": o.get("bytes_amortised", o["bytes"]),
+                      "ferret_refill_bytes_ours": o.get("ferret_refill_bytes", 0),
                       "bytes_ratio": o["bytes"] / max(1, s["bytes"]), "seconds_ours": o["seconds"],
                       "seconds_spu": s["seconds"], "seconds_ratio": o["seconds"] / max(1e-9, s["seconds"]),
                       "rounds_ours": o["rounds"], "send_actions_spu": s["send_actions"],
