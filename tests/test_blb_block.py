@@ -1,0 +1,207 @@
+"""One BLB fused block in CKKS (issue 16 item 2, `protocols.ckks.blb_block`): every HE block
+of a tiny BERT's first layer, its prologue and its epilogue, evaluated on Lattigo at the
+parameters `passes.blb_params` chooses for it (128-bit sets, N = 8192 / 16384), matches the
+plaintext executor within the noise model's predicted maximum (16 sigma), and its error is
+CKKS noise (not vacuously small).  Run alone with ``-s`` for the table of docs/blb.md."""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from cipherlm.compile import build_graph
+from cipherlm.compile.passes import blb_fusion, blb_params as bp
+from cipherlm.compile.passes.blb_fusion import _shapes, core_name
+from cipherlm.runtime.graph_executor import GraphExecutor
+
+from test_blb_fusion import _bert_cases, _model, torch  # noqa: F401  (torch set up first)
+
+import transformers as T  # noqa: E402
+
+lattigo = pytest.importorskip("cipherlm.he.lattigo_backend")
+from cipherlm.protocols.ckks import blb_block  # noqa: E402
+
+TOKENS = 8
+#: the squaring chain of softmax (x^64 by 6 squarings): `blb_params.block_error` counts the
+#: errors of a square's two operands as independent (rss: sqrt(2) sigma per squaring) where they
+#: are the same error (2 |x| sigma), so its prediction for these outputs is too small by up to
+#: (2 / sqrt 2)^6 = 8; measured above it on Lattigo (reported, not loosened)
+MODEL_UNDERESTIMATES = {"L0.softmax.sq6"}
+#: outputs whose measured error exceeds the parameters' *target* at their actual magnitude,
+#: 16 sigma_rel x max(1, max |value|) = 2^-17 max(1, max |value|): the target of `blb_params` is
+#: relative to the magnitude *bound* (2^6 for most values, 2^12 x d for a sum of squares), while
+#: rescale and key-switch errors are absolute (N / 6 / Delta): block 0 at Delta = 2^26, N = 8192
+#: has R = 2e-5, so its outputs (|center| <= 0.5 here) are 10-30 half-ulps off; and the squaring
+#: chain above (reported, not loosened)
+TARGET_MISSES = {"embed_norm.center", "embed_norm.sumsq", "L0.softmax.sq6"}
+
+
+def model_magnitudes(graph, block, a: float) -> dict[str, float]:
+    """{value: magnitude bound} as `blb_params.block_error` assumes them (its ``m`` / ``size``)."""
+    names = set(block["nodes"])
+    prod = graph.producers()
+    shapes = _shapes(graph)
+    mag: dict[str, float] = {}
+
+    def m(v):
+        if v not in mag:
+            p = prod.get(v)
+            if p is None:
+                mag[v] = a
+            elif p.op == "mul":
+                mag[v] = bp.product_magnitude(p, m(p.inputs[0]), m(p.inputs[-1]), prod)
+            else:
+                mag[v] = bp.CORE_RANGE.get(core_name(p), a)
+        return mag[v]
+
+    for name in block["nodes"]:
+        n = graph.node(name)
+        size = a
+        if n.op == "mul":
+            size = bp.product_magnitude(n, m(n.inputs[0]), m(n.inputs[-1]), prod)
+        elif n.op == "reduce_sum":
+            length = shapes[n.inputs[0]][-1]
+            length = TOKENS if not isinstance(length, int) else length
+            size = m(n.inputs[0]) * length * float(n.attrs.get("scale", 1.0))
+        for v in n.outputs:
+            mag.setdefault(v, size)
+    assert names
+    return mag
+
+
+@pytest.fixture(scope="module")
+def bert():
+    if not lattigo.available():
+        pytest.skip(lattigo.unavailable_reason())
+    config, g0, p = _model(_bert_cases()["bert"], T.BertModel)
+    g = blb_fusion.run(g0)
+    ex = GraphExecutor(g, p, dtype=np.float64)
+    ids = np.random.default_rng(0).integers(0, config["vocab_size"], TOKENS)
+    ctx = {"pos0": 0, "positions": np.arange(TOKENS), "T": TOKENS}
+    vals = ex.run_nodes(ex.graph.nodes, {"ids": ids, "positions": np.arange(TOKENS),
+                                         "token_types": np.zeros(TOKENS, np.int64)}, ctx)
+    params = {x.block: x for x in bp.run(g, params=p, tokens=TOKENS)}
+    return g, p, vals, params, bp.gains_of(g, p)
+
+
+def _blocks(g):
+    return [b for b in g.meta["blb_blocks"] if b["layer"] in (None, 0) and (b["layer"] == 0 or b["id"] in (0, 11))]
+
+
+ROWS: list[dict] = []
+
+
+def _evaluate(bert, bid):
+    g, p, vals, params, gains = bert
+    b = next(x for x in g.meta["blb_blocks"] if x["id"] == bid)
+    pp = params[bid]
+    ctx = lattigo.LattigoContext(pp.he_params)
+    be = lattigo.LattigoBackend()
+    keys = be.keygen(ctx)
+    stats: dict = {}
+    t0 = time.perf_counter()
+    out = blb_block.evaluate_block(g, b, {i["value"]: vals[i["value"]] for i in b["inputs"]}, p, ctx, be, keys,
+                                   scale_bits=pp.scale_bits, stats=stats)
+    secs = time.perf_counter() - t0
+    model = bp.NoiseModel(pp.ring_degree, pp.scale_bits)
+    mags = model_magnitudes(g, b, model.a)
+    rows = []
+    for v, y in out.items():
+        ref = np.asarray(vals[v], np.float64)
+        assert y.shape == ref.shape, v
+        err = float(np.abs(y - ref).max())
+        rel = bp.block_error(g, {**b, "outputs": [{"value": v}]}, model, gains, TOKENS)
+        rows.append(dict(block=bid, where=b["role"] if b["layer"] is None else f"L{b['layer']}", value=v,
+                         N=pp.ring_degree, s=pp.scale_bits, depth=pp.depth, err=err, mag=float(np.abs(ref).max()),
+                         mag_bound=mags[v], bound=bp.SIGMAS * rel * max(1.0, mags[v]),
+                         block_bound=bp.SIGMAS * pp.predicted_std * max(1.0, mags[v]),
+                         target_actual=bp.SIGMAS * pp.predicted_std * max(1.0, float(np.abs(ref).max())),
+                         secs=secs, level=stats["levels"][v], fresh=model.input()))
+    ROWS.extend(rows)
+    return rows, stats
+
+
+@pytest.mark.parametrize("bid", [0, 1, 2, 3, 4, 5, 11])
+def test_block_matches_plaintext_within_the_noise_model(bert, bid):
+    """(1) max |CKKS - plain| <= 16 sigma of the model at the model's magnitude bounds (its
+    absolute prediction for that output); (2) the error is CKKS noise, not vacuously small:
+    above a tenth of one fresh encryption's std (no plaintext shortcut) and above 1e-4 x the
+    target; (3) within the target at the actual magnitude, 16 sigma_rel x max(1, max |value|),
+    except `TARGET_MISSES`."""
+    g = bert[0]
+    assert bid in {b["id"] for b in _blocks(g)}
+    rows, stats = _evaluate(bert, bid)
+    assert stats["levels"] and min(stats["levels"].values()) >= 0
+    for r in rows:
+        assert r["err"] >= 0.1 * r["fresh"], r
+        assert r["err"] >= 1e-4 * r["target_actual"], r
+        if r["value"] not in TARGET_MISSES:
+            assert r["err"] <= r["target_actual"], r
+        assert r["bound"] <= r["block_bound"] * (1 + 1e-9), r
+        if r["value"] in MODEL_UNDERESTIMATES:
+            continue  # see MODEL_UNDERESTIMATES: checked against the squaring-aware bound below
+        assert r["err"] <= r["bound"], r
+
+
+def test_softmax_squarings_within_a_squaring_aware_bound(bert):
+    """Block 2 (x^64 by 6 squarings): the error of x^2 is 2 x e (one error, counted twice), so
+    sigma_k = rss(2 sigma_{k-1}, sqrt(2) R) with R the rescale / relinearisation error of
+    `blb_params.key_switch`; the measured error is within 16 of those sigmas (while it can exceed
+    `blb_params.block_error`'s 16 sigma, which counts sqrt(2) sigma per squaring)."""
+    g, p, vals, params, gains = bert
+    b = next(x for x in g.meta["blb_blocks"] if x["layer"] == 0 and "L0.softmax.sq6" in [o["value"] for o in
+                                                                                          x["outputs"]])
+    rows = [r for r in ROWS if r["block"] == b["id"]] or _evaluate(bert, b["id"])[0]
+    pp = params[b["id"]]
+    delta = 2.0 ** pp.scale_bits
+    sig, r_ks = bp.fresh_input(pp.ring_degree, delta), bp.key_switch(pp.ring_degree, delta)
+    for _ in range(6):
+        sig = math.sqrt((2 * sig) ** 2 + 2 * r_ks ** 2)
+    row = next(r for r in rows if r["value"] == "L0.softmax.sq6")
+    assert row["err"] <= bp.SIGMAS * sig, (row["err"], bp.SIGMAS * sig)
+    print(f"\nsoftmax sq6: measured {row['err']:.3e}, block_error's 16 sigma {row['bound']:.3e}, "
+          f"squaring-aware 16 sigma {bp.SIGMAS * sig:.3e}")
+
+
+def test_table(bert, capsys):
+    """The table of docs/blb.md (printed with -s)."""
+    if not ROWS:
+        pytest.skip("no block evaluated in this run")
+    lines = ["| block | where | output | N | scale | max abs value (bound) | max err | 16 sigma model | ratio | "
+             "16 sigma_rel x max(1, abs value) | ratio | time (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ROWS:
+        lines.append(f"| {r['block']} | {r['where']} | {r['value']} | {r['N']} | 2^{r['s']} | {r['mag']:.3g} "
+                     f"({r['mag_bound']:.3g}) | {r['err']:.2e} | {r['bound']:.2e} | {r['err'] / r['bound']:.2g} | "
+                     f"{r['target_actual']:.2e} | {r['err'] / r['target_actual']:.2g} | {r['secs']:.1f} |")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+
+
+def test_unsupported_op_is_a_clear_error():
+    """A Llama block with RoPE: NotImplementedError naming the op (before any HE work)."""
+    cfg = dict(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=4, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    g = blb_fusion.run(build_graph(T.LlamaConfig(**cfg).to_dict()))
+    b = next(b for b in g.meta["blb_blocks"] if any(g.node(n).op == "rope" for n in b["nodes"]))
+    with pytest.raises(NotImplementedError, match=r"op 'rope' .* is not supported"):
+        blb_block.evaluate_block(g, b, {}, {}, None, None, None)
+
+
+def test_layouts_and_steps():
+    """The packing's bookkeeping: P V's probabilities in the head layout, Q K^T's scores in
+    headsum, the rotation steps of a block at period 64."""
+    g = blb_fusion.run(build_graph(T.BertConfig(**{**dict(vocab_size=120, hidden_size=48, num_hidden_layers=1,
+                                                          num_attention_heads=4, intermediate_size=96,
+                                                          max_position_embeddings=64)}).to_dict()))
+    blocks = g.meta["blb_blocks"]
+    att = next(b for b in blocks if any(g.node(n).op == "av" for n in b["nodes"]))
+    lay = blb_block.assign_layouts(g, att)
+    av = next(g.node(n) for n in att["nodes"] if g.node(n).op == "av")
+    assert lay[av.inputs[0]] == "head" and lay[av.inputs[1]] == "row" and lay[av.out] == "row"
+    qkb = next(b for b in blocks if any(g.node(n).op == "qk" for n in b["nodes"]))
+    qk = next(g.node(n) for n in qkb["nodes"] if g.node(n).op == "qk")
+    assert blb_block.assign_layouts(g, qkb)[qk.out] == "headsum"
+    steps = blb_block.block_steps(g, qkb, 64)
+    assert {1, 2, 3, 6, 8, 16, 24, 32, 56} <= set(steps) and all(0 < s < 64 for s in steps)
+    assert blb_block.rot_sum_steps(12) == [1, 2, 3, 6] and blb_block.rot_sum_steps(8) == [1, 2, 4]
