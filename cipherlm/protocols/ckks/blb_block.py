@@ -50,8 +50,15 @@ the lower level, whose scales agree by construction):
 * ``av``: as ``head`` above;
 * ``head`` (select "first"): the first row's ciphertext.
 
-Not supported (NotImplementedError): ``rope``, ``kv_cache``, grouped-query attention
-(kv_heads != heads), causal masks, and layouts the above cannot produce.
+* ``rope``: per row t, x cos + rot(x, a) sin' + rot(x, -a) sin'' (a = hd / 2, or 1 for
+  interleaved pairs; signs and masks in the plaintexts at position t), one level;
+* ``kv_cache``: prefill into an empty cache (its values are this block's K and V: the same
+  ciphertexts, decoded as (H, S, hd));
+* a causal mask on ``qk``: public, so the masked (t, s) are not computed (-inf at the output).
+
+Not supported (NotImplementedError naming the op): grouped-query attention (kv_heads !=
+heads), partial RoPE, any other op (split, concat, softmax, ...), and layouts the above
+cannot produce.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ import numpy as np
 from ...compile.ir import Graph
 from ...compile.passes.blb_fusion import _only_folded, block_depth
 
-SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head")
+SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache")
 
 
 @dataclasses.dataclass
@@ -77,6 +84,8 @@ class Packed:
     shape: tuple          # logical shape
     dirty: bool = False   # row layout: slots [C, P) may be nonzero (a (..., 1) value: replicated over
     #                       the whole period, not only over the C slots of the rows it is combined with)
+    heads: int = 0        # row layout of a KV-cache value: (S, H hd) rows read as (H, S, hd)
+    keep: np.ndarray | None = None  # headsum: the (T, S) pairs computed (a causal mask: the rest -inf)
 
     @property
     def any(self):
@@ -132,6 +141,9 @@ def block_steps(graph: Graph, block: dict, period: int) -> list[int]:
             steps.update(rot_sum_steps(period))
         elif n.op == "qk":
             steps.update(rot_sum_steps(int(n.attrs["head_dim"])))
+        elif n.op == "rope":
+            a = 1 if n.attrs.get("interleave") else int(n.attrs["head_dim"]) // 2
+            steps.update((a, period - a))
     return sorted(s for s in steps if s % period)
 
 
@@ -249,12 +261,16 @@ class _Eval:
         return Packed(cts, layout, tuple(np.asarray(arr).shape), dirty)
 
     def decrypt(self, x: Packed) -> np.ndarray:
-        dec = np.empty(x.cts.shape + (self.P,))
+        dec = np.full(x.cts.shape + (self.P,), -np.inf)
         for idx in np.ndindex(*x.cts.shape):
-            dec[idx] = self.be.decode_slots(self.ctx, self.keys.decrypt(x.cts[idx]), n=self.P)
+            if x.cts[idx] is not None:
+                dec[idx] = self.be.decode_slots(self.ctx, self.keys.decrypt(x.cts[idx]), n=self.P)
         if x.layout == "row":
             C = x.shape[-1]
-            return dec[..., :C].reshape(x.shape)
+            out = dec[..., :C].reshape(x.shape)
+            if x.heads:
+                out = out.reshape(out.shape[0], x.heads, -1).transpose(1, 0, 2)
+            return out
         H, hd = self.hh
         T, S = x.cts.shape
         v = dec[..., 0:H * hd:hd]  # (T, S, H): the first slot of each head's segment
@@ -399,26 +415,67 @@ class _Eval:
             out.dirty = False
         return out
 
-    def qk(self, q: Packed, k: Packed, attrs: dict) -> Packed:
+    def qk(self, q: Packed, k: Packed, attrs: dict, pos0: int = 0) -> Packed:
         H, Hkv, hd = int(attrs["heads"]), int(attrs["kv_heads"]), int(attrs["head_dim"])
         if Hkv != H:
             raise NotImplementedError("qk with grouped-query attention (kv_heads != heads)")
-        if attrs.get("causal"):
-            raise NotImplementedError("qk with a causal mask")
         if q.layout != "row" or k.layout != "row":
             raise NotImplementedError("qk of values not in the row layout")
         q, k = self.align(q, k, False)
         T, S = q.cts.shape[0], k.cts.shape[0]
+        keep = np.ones((T, S), bool)
+        if attrs.get("causal"):  # a public mask: the masked scores are not computed (-inf at the output)
+            qpos, kpos = pos0 + np.arange(T)[:, None], np.arange(S)[None, :]
+            keep = kpos <= qpos
+            if attrs.get("sliding_window") is not None:
+                keep &= (qpos - kpos) < int(attrs["sliding_window"])
         cts = np.empty((T, S), object)
         for t in range(T):
             for s in range(S):
+                if not keep[t, s]:
+                    continue
                 self.stats["ct_ct"] += 1
                 prod = self.be.multiply(self.ctx, q.cts[t], k.cts[s], self.evk)
                 summed = self.rot_sum(prod, hd)
                 self.rescale(summed)
                 self.be.scale_message_inplace(self.ctx, summed, 1.0 / float(attrs.get("scale", 1.0)))
                 cts[t, s] = summed
-        return Packed(cts, "headsum", (H, T, S))
+        return Packed(cts, "headsum", (H, T, S), keep=None if keep.all() else keep)
+
+    def rope(self, x: Packed, attrs: dict, positions: np.ndarray) -> Packed:
+        """RoPE per row t (position positions[t]): x cos + rot(x, a) sin1 + rot(x, -a) sin2 with
+        a = hd / 2 (rotate_half) or 1 (interleaved pairs), the signs and masks in the plaintexts;
+        one rescale for the three products."""
+        from ...runtime import ops
+
+        if x.layout != "row" or x.cts.ndim != 1:
+            raise NotImplementedError("rope of a value not in the row layout")
+        H, hd = int(attrs["heads"]), int(attrs["head_dim"])
+        if x.shape[-1] != H * hd or hd % 2:
+            raise NotImplementedError(f"rope of width {x.shape[-1]} with {H} heads of {hd}")
+        inter = bool(attrs.get("interleave"))
+        a = 1 if inter else hd // 2
+        inv = ops.rope_inv_freq(hd, float(attrs["theta"]))
+        j = np.arange(hd)
+        freq_of = inv[j // 2] if inter else inv[j % (hd // 2)]
+        first = (j % 2 == 0) if inter else (j < hd // 2)  # reads x[j + a] with -sin; the others x[j - a], +sin
+        lvl = self.level_of(x)
+        rs = [self.rot(c, a) for c in x.cts]
+        ls = [self.rot(c, -a) for c in x.cts]
+        cts = np.empty(x.cts.shape, object)
+        for t, c in enumerate(x.cts):
+            ang = float(positions[t]) * freq_of
+            vecs = []
+            for v in (np.cos(ang), np.where(first, -np.sin(ang), 0.0), np.where(first, 0.0, np.sin(ang))):
+                full = np.zeros(self.P)
+                full[:H * hd] = np.tile(v, H)
+                vecs.append(self.pt(full, lvl, self.q(lvl)))
+            acc = self.be.multiply_plain(self.ctx, c, vecs[0])
+            self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, rs[t], vecs[1]))
+            self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, ls[t], vecs[2]))
+            self.stats["ct_pt"] += 3
+            cts[t] = self.rescale(acc)
+        return Packed(cts, "row", x.shape, False)
 
     def av(self, p: Packed, v: Packed, attrs: dict) -> Packed:
         H, Hkv = int(attrs["heads"]), int(attrs["kv_heads"])
@@ -454,23 +511,39 @@ def _fold_affine(graph: Graph, aff, w: np.ndarray, b: np.ndarray | None, params:
 
 
 def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
-                   ctx, be, keys, evk=None, *, scale_bits: int | None = None,
+                   ctx, be, keys, evk=None, *, scale_bits: int | None = None, positions=None, pos0: int = 0,
                    stats: dict | None = None) -> dict[str, np.ndarray]:
     """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
     value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
     (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
     parameters (`blb_params.BlockParams.he_params`), its backend and secret keys; ``evk``:
     relinearisation and rotation keys for `block_steps` (made here if None);
-    ``scale_bits``: the block's scale (default: the top prime's size).  ``stats``, if given,
-    receives the counts of products, rotations and rescales, the period and the levels."""
+    ``scale_bits``: the block's scale (default: the top prime's size); ``positions`` (RoPE,
+    default pos0 + row index) and ``pos0`` (causal masks) as the executor's ctx has them; a
+    KV cache is taken as empty (prefill: its values are this block's K and V).  ``stats``, if
+    given, receives the counts of products, rotations and rescales, the period and the levels."""
     nodes = [graph.node(n) for n in block["nodes"]]
     for n in nodes:
         if n.op not in SUPPORTED:
             raise NotImplementedError(f"CKKS evaluation of a fused block: op {n.op!r} ({n.name}) is not supported "
                                       f"(supported: {', '.join(SUPPORTED)})")
+        if n.op in ("qk", "av") and int(n.attrs["kv_heads"]) != int(n.attrs["heads"]):
+            raise NotImplementedError(f"CKKS evaluation of a fused block: {n.op} {n.name} with grouped-query "
+                                      f"attention ({n.attrs['heads']} heads, {n.attrs['kv_heads']} KV heads)")
+        if n.op == "rope" and n.attrs.get("rotary_dim") not in (None, n.attrs.get("head_dim")):
+            raise NotImplementedError(f"CKKS evaluation of a fused block: partial RoPE ({n.name})")
     missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
     if missing:
         raise ValueError(f"block {block['id']}: missing inputs {missing}")
+    inputs = dict(inputs)
+    kv_heads: dict[str, int] = {}  # values read as (H, S, hd) KV-cache tensors
+    for n in nodes:
+        if n.op in ("qk", "av"):
+            v = n.inputs[1]
+            kv_heads[v] = int(n.attrs["kv_heads"])
+            if v in inputs and np.ndim(inputs[v]) == 3:  # (H, S, hd) -> rows (S, H hd)
+                a = np.asarray(inputs[v])
+                inputs[v] = a.transpose(1, 0, 2).reshape(a.shape[1], -1)
     period = block_period(graph, block, inputs)
     if evk is None:
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period))
@@ -542,7 +615,17 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         elif op == "qk":
             q = get(n.inputs[0])
             k = cts[n.inputs[1]] if n.inputs[1] in cts else get(n.inputs[1], q)
-            out = ev.qk(q, k, n.attrs)
+            out = ev.qk(q, k, n.attrs, pos0)
+        elif op == "rope":
+            x = get(n.inputs[0])
+            pos = pos0 + np.arange(x.cts.shape[0]) if positions is None else np.asarray(positions)
+            out = ev.rope(x, n.attrs, pos)
+        elif op == "kv_cache":  # prefill into an empty cache: the same ciphertexts, read per head
+            H = int(n.attrs["kv_heads"])
+            for v, src in zip(n.outputs, n.inputs):
+                x = get(src)
+                cts[v] = Packed(x.cts, x.layout, x.shape, x.dirty, heads=H)
+            continue
         elif op == "av":
             v = get(n.inputs[1])
             p_ = cts[n.inputs[0]] if n.inputs[0] in cts else get(n.inputs[0], v)
