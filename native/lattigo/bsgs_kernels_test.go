@@ -185,3 +185,30 @@ func TestPeriodicDiagonalRuns(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMulAccTileRuns: BenchmarkMulAccTile's products with the 16 diagonals stored one
+// value per run of 2 (bsgsDiag), each tile expanded into scratch first (bsgsGiantFast's path).
+func BenchmarkMulAccTileRuns(b *testing.B) {
+	q := uint64(0xffffffffe400001)
+	qInv, a0s, a1s, ps := kernelData(q, 16, prodTile, 1)
+	ds := make([]*bsgsDiag, len(ps))
+	for t, p := range ps {
+		v := make([]uint64, len(p)/2)
+		for i := range v {
+			v[i] = p[2*i]
+		}
+		ds[t] = &bsgsDiag{rep: 2, vals: [][]uint64{v}}
+	}
+	exp := make([][]uint64, len(ds))
+	for t := range exp {
+		exp[t] = make([]uint64, prodTile)
+	}
+	pt := make([][]uint64, len(ds))
+	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
+	for i := 0; i < b.N; i++ {
+		for t, d := range ds {
+			pt[t] = d.limb(0, 0, prodTile, exp[t])
+		}
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, pt, o0, o1, acc)
+	}
+}
