@@ -158,7 +158,10 @@ def test_block_matches_plaintext_within_the_noise_model(family, bid):
     fam = _family(family)
     assert bid in {b["id"] for b in _blocks(fam[0])}
     rows, stats = _evaluate(fam, bid, family)
-    assert stats["levels"] and min(stats["levels"].values()) >= 0
+    pp = fam[3][bid]
+    # the block uses exactly its depth and ends at the output modulus blb_params reserves
+    assert stats["top_level"] - min(stats["levels"].values()) == pp.depth
+    assert min(stats["levels"].values()) == len(pp.output_primes) - 1
     for r in rows:
         assert r["err"] >= 0.1 * r["fresh"], r
         assert r["err"] >= 1e-4 * r["target_actual"], r
@@ -190,7 +193,7 @@ def test_softmax_squarings_within_a_squaring_aware_bound(bert):
           f"squaring-aware 16 sigma {bp.SIGMAS * sig:.3e}")
 
 
-def test_table(bert, capsys):
+def test_table(bert):
     """The table of docs/blb.md (printed with -s)."""
     if not ROWS:
         pytest.skip("no block evaluated in this run")
@@ -200,8 +203,7 @@ def test_table(bert, capsys):
         lines.append(f"| {r['family']} | {r['block']} | {r['where']} | {r['value']} | {r['N']} | 2^{r['s']} | {r['mag']:.3g} "
                      f"({r['mag_bound']:.3g}) | {r['err']:.2e} | {r['bound']:.2e} | {r['err'] / r['bound']:.2g} | "
                      f"{r['target_actual']:.2e} | {r['err'] / r['target_actual']:.2g} | {r['secs']:.1f} |")
-    with capsys.disabled():
-        print("\n" + "\n".join(lines))
+    print("\n" + "\n".join(lines))
 
 
 def test_unsupported_op_is_a_clear_error():

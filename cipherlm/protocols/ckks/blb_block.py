@@ -33,8 +33,9 @@ smallest power of two >= every width in the block (d, d_ff, S, heads x head_dim)
 * ``headsum`` (Q K^T): one ciphertext per (t, s), score[h, t, s] in slot h hd (Q[t] * K[s]
   then a rotate-and-sum over hd slots); it only leaves the block (to the max core).
 
-**Operators** (levels: every product is rescaled once; additions bring both operands to
-the lower level, whose scales agree by construction):
+**Operators** (levels: every product is rescaled once, so a block uses exactly its
+`blb_fusion.block_depth` levels and ends at the output modulus `blb_params` reserves;
+additions bring both operands to the lower level, whose scales agree by construction):
 
 * ``linear``: y = x W^T + b by the diagonal method with baby-step giant-step rotations
   within the period (W zero-padded to P x P; diagonals encoded at the scale of the prime
@@ -48,8 +49,7 @@ the lower level, whose scales agree by construction):
 * ``qk``: per (t, s) Q[t] * K[s], relinearised, summed over each head's hd slots, the
   public scale (1 / sqrt(hd)) applied to the ciphertext's scale (no level);
 * ``av``: as ``head`` above;
-* ``head`` (select "first"): the first row's ciphertext.
-
+* ``head`` (select "first"): the first row's ciphertext;
 * ``rope``: per row t, x cos + rot(x, a) sin' + rot(x, -a) sin'' (a = hd / 2, or 1 for
   interleaved pairs; signs and masks in the plaintexts at position t), one level;
 * ``kv_cache``: prefill into an empty cache (its values are this block's K and V: the same
