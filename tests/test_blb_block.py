@@ -1,7 +1,7 @@
 """One BLB fused block in CKKS (issue 16 item 2, `protocols.ckks.blb_block`): every HE block
 of a tiny BERT's first layer, its prologue and its epilogue, and those of a tiny Llama (RoPE,
-causal Q K^T, the KV cache; its softmax block 2 and FFN block 4 are left out for time: the
-same ops as BERT's), evaluated on Lattigo at the parameters `passes.blb_params` chooses for
+causal Q K^T, the KV cache, grouped-query attention with 2 KV heads for 4 query heads; its
+softmax block 2 and FFN block 4 are left out for time: the same ops as BERT's), evaluated on Lattigo at the parameters `passes.blb_params` chooses for
 each (128-bit sets, N = 8192 / 16384), match the plaintext executor within the noise model's
 predicted maximum (16 sigma), and their errors are CKKS noise (not vacuously small).  Run
 alone with ``-s`` for the table of docs/blb.md."""
@@ -39,7 +39,7 @@ MODEL_UNDERESTIMATES = {"L0.softmax.sq6"}
 TARGET_MISSES = {("bert", "embed_norm.center"), ("bert", "embed_norm.sumsq"), ("bert", "L0.softmax.sq6"),
                  ("llama", "L0.attn_norm.sumsq")}
 _LLAMA = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=4, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
               initializer_range=0.1)
 
 
@@ -207,8 +207,8 @@ def test_table(bert):
 
 
 def test_unsupported_op_is_a_clear_error():
-    """An op outside the supported set (a softmax node put in a block) and grouped-query
-    attention: NotImplementedError naming the op / the reason, before any HE work."""
+    """Ops outside the supported set (a softmax or an RMSNorm node put in a block) and partial
+    RoPE: NotImplementedError naming the op / the reason, before any HE work."""
     cfg = dict(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False)
     g0 = build_graph(T.LlamaConfig(**cfg).to_dict())
@@ -216,9 +216,15 @@ def test_unsupported_op_is_a_clear_error():
     fake = {"id": 99, "nodes": [sm.name], "inputs": [], "outputs": [{"value": sm.out, "to": []}]}
     with pytest.raises(NotImplementedError, match=r"op 'softmax' \(L0.softmax\) is not supported"):
         blb_block.evaluate_block(g0, fake, {}, {}, None, None, None)
+    norm = next(n for n in g0.nodes if n.op == "rms_norm")
+    fake = {"id": 98, "nodes": [norm.name], "inputs": [], "outputs": [{"value": norm.out, "to": []}]}
+    with pytest.raises(NotImplementedError, match=r"op 'rms_norm' .* is not supported \(supported: linear"):
+        blb_block.evaluate_block(g0, fake, {}, {}, None, None, None)
     g = blb_fusion.run(g0)
-    b = next(b for b in g.meta["blb_blocks"] if any(g.node(n).op == "qk" for n in b["nodes"]))
-    with pytest.raises(NotImplementedError, match="grouped-query attention"):
+    b = next(b for b in g.meta["blb_blocks"] if any(g.node(n).op == "rope" for n in b["nodes"]))
+    rope = next(g.node(n) for n in b["nodes"] if g.node(n).op == "rope")
+    rope.attrs["rotary_dim"] = rope.attrs["head_dim"] // 2
+    with pytest.raises(NotImplementedError, match="partial RoPE"):
         blb_block.evaluate_block(g, b, {}, {}, None, None, None)
 
 

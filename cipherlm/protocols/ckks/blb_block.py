@@ -56,9 +56,13 @@ additions bring both operands to the lower level, whose scales agree by construc
   ciphertexts, decoded as (H, S, hd));
 * a causal mask on ``qk``: public, so the masked (t, s) are not computed (-inf at the output).
 
-Not supported (NotImplementedError naming the op): grouped-query attention (kv_heads !=
-heads), partial RoPE, any other op (split, concat, softmax, ...), and layouts the above
-cannot produce.
+* grouped-query attention: K and V are carried with each KV head repeated for its H / H_kv
+  query heads, by repeating the projection's rows (no extra operation, the same noise) or,
+  for a K / V entering the block, by the encoding; decoded back to H_kv heads.
+
+Not supported (NotImplementedError naming the op): partial RoPE, a non-empty KV cache
+(decoding), any other op (split, concat, softmax, ...), and layouts the above cannot
+produce.
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ class Packed:
     shape: tuple          # logical shape
     dirty: bool = False   # row layout: slots [C, P) may be nonzero (a (..., 1) value: replicated over
     #                       the whole period, not only over the C slots of the rows it is combined with)
-    heads: int = 0        # row layout of a KV-cache value: (S, H hd) rows read as (H, S, hd)
+    heads: bool = False   # row layout of a KV-cache value: (S, H hd) rows read as (H, S, hd)
+    rep: tuple[int, int] = (1, 0)  # grouped-query K / V: (H / H_kv, hd), each KV head repeated per query head
     keep: np.ndarray | None = None  # headsum: the (T, S) pairs computed (a causal mask: the rest -inf)
 
     @property
@@ -268,8 +273,11 @@ class _Eval:
         if x.layout == "row":
             C = x.shape[-1]
             out = dec[..., :C].reshape(x.shape)
+            r, hd = x.rep
+            if r > 1:  # the first copy of each KV head
+                out = out.reshape(out.shape[0], -1, r, hd)[:, :, 0, :].reshape(out.shape[0], -1)
             if x.heads:
-                out = out.reshape(out.shape[0], x.heads, -1).transpose(1, 0, 2)
+                out = out.reshape(out.shape[0], -1, hd or self.hh[1]).transpose(1, 0, 2)
             return out
         H, hd = self.hh
         T, S = x.cts.shape
@@ -416,9 +424,9 @@ class _Eval:
         return out
 
     def qk(self, q: Packed, k: Packed, attrs: dict, pos0: int = 0) -> Packed:
-        H, Hkv, hd = int(attrs["heads"]), int(attrs["kv_heads"]), int(attrs["head_dim"])
-        if Hkv != H:
-            raise NotImplementedError("qk with grouped-query attention (kv_heads != heads)")
+        H, hd = int(attrs["heads"]), int(attrs["head_dim"])
+        if q.shape[-1] != H * hd or k.shape[-1] != H * hd:  # K repeated per query head (grouped-query)
+            raise ValueError(f"qk of widths {q.shape[-1]}, {k.shape[-1]} with {H} heads of {hd}")
         if q.layout != "row" or k.layout != "row":
             raise NotImplementedError("qk of values not in the row layout")
         q, k = self.align(q, k, False)
@@ -478,9 +486,9 @@ class _Eval:
         return Packed(cts, "row", x.shape, False)
 
     def av(self, p: Packed, v: Packed, attrs: dict) -> Packed:
-        H, Hkv = int(attrs["heads"]), int(attrs["kv_heads"])
-        if Hkv != H:
-            raise NotImplementedError("av with grouped-query attention (kv_heads != heads)")
+        H, hd = int(attrs["heads"]), int(attrs["head_dim"])
+        if v.shape[-1] != H * hd:
+            raise ValueError(f"av of a V of width {v.shape[-1]} with {H} heads of {hd}")
         if p.layout != "head" or v.layout != "row":
             raise NotImplementedError(f"av of a {p.layout!r} and a {v.layout!r} value")
         p, v = self.align(p, v, False)
@@ -527,23 +535,40 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         if n.op not in SUPPORTED:
             raise NotImplementedError(f"CKKS evaluation of a fused block: op {n.op!r} ({n.name}) is not supported "
                                       f"(supported: {', '.join(SUPPORTED)})")
-        if n.op in ("qk", "av") and int(n.attrs["kv_heads"]) != int(n.attrs["heads"]):
-            raise NotImplementedError(f"CKKS evaluation of a fused block: {n.op} {n.name} with grouped-query "
-                                      f"attention ({n.attrs['heads']} heads, {n.attrs['kv_heads']} KV heads)")
         if n.op == "rope" and n.attrs.get("rotary_dim") not in (None, n.attrs.get("head_dim")):
             raise NotImplementedError(f"CKKS evaluation of a fused block: partial RoPE ({n.name})")
     missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
     if missing:
         raise ValueError(f"block {block['id']}: missing inputs {missing}")
     inputs = dict(inputs)
-    kv_heads: dict[str, int] = {}  # values read as (H, S, hd) KV-cache tensors
-    for n in nodes:
-        if n.op in ("qk", "av"):
-            v = n.inputs[1]
-            kv_heads[v] = int(n.attrs["kv_heads"])
-            if v in inputs and np.ndim(inputs[v]) == 3:  # (H, S, hd) -> rows (S, H hd)
-                a = np.asarray(inputs[v])
-                inputs[v] = a.transpose(1, 0, 2).reshape(a.shape[1], -1)
+    prod = graph.producers()
+    in_block = {n.name for n in nodes}
+    # grouped-query attention: K and V are carried with each KV head repeated for its H / H_kv
+    # query heads (the projection's rows repeated: no extra operation); {value: (rep, hd)}
+    expand: dict[str, tuple[int, int]] = {}
+    todo = [(n.inputs[1], (int(n.attrs["heads"]) // int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])))
+            for n in nodes if n.op in ("qk", "av")]
+    while todo:
+        v, r = todo.pop()
+        if expand.setdefault(v, r) != r:
+            raise NotImplementedError(f"{v}: read by attention nodes of different head groupings")
+        p = prod.get(v)
+        if p is None or p.name not in in_block or p.op == "linear":
+            continue
+        if p.op == "kv_cache":
+            todo.append((p.inputs[list(p.outputs).index(v)], r))
+        elif p.op == "rope":
+            todo.append((p.inputs[0], r))
+        elif r[0] > 1:
+            raise NotImplementedError(f"{p.name} ({p.op}): cannot carry grouped-query K / V repeated per query head")
+    for v, (r, hd) in expand.items():
+        if v in inputs:  # (H_kv, S, hd) from the cache or (S, H_kv hd) -> rows (S, H hd), heads repeated
+            a = np.asarray(inputs[v], np.float64)
+            if a.ndim == 3:
+                a = a.transpose(1, 0, 2)
+            else:
+                a = a.reshape(a.shape[0], -1, hd)
+            inputs[v] = np.repeat(a, r, axis=1).reshape(a.shape[0], -1)
     period = block_period(graph, block, inputs)
     if evk is None:
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period))
@@ -552,7 +577,6 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     att = next(((int(n.attrs["heads"]), int(n.attrs["head_dim"])) for n in nodes if n.op in ("qk", "av")), None)
     ev = _Eval(ctx, be, keys, evk, period, scale_bits, att)
     lay = assign_layouts(graph, block)
-    prod = graph.producers()
     _, _, folded = block_depth(nodes, prod)
 
     cts: dict[str, Packed] = {}
@@ -578,7 +602,6 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             a = get(a_in, b, additive)
         return a, b
 
-    in_block = {n.name for n in nodes}
     for n in nodes:
         op = n.op
         if op == "affine" and _only_folded(n, nodes, folded) and n.out not in {o["value"] for o in block["outputs"]}:
@@ -596,7 +619,12 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             if p is not None and p.name in in_block and p.op == "affine":
                 w, bias = _fold_affine(graph, p, w, bias, params)
                 src = p.inputs[0]
+            r, hd = expand.get(n.out, (1, 0))
+            if r > 1:  # K / V of grouped-query attention: each KV head's rows once per query head
+                w = np.repeat(w.reshape(-1, hd, w.shape[1]), r, axis=0).reshape(-1, w.shape[1])
+                bias = None if bias is None else np.repeat(bias.reshape(-1, hd), r, axis=0).reshape(-1)
             out = ev.linear(get(src), w, bias)
+            out.rep = (r, hd)
         elif op == "affine":
             x = get(n.inputs[0])
             g, bt = n.attrs.get("gamma"), n.attrs.get("beta")
@@ -619,12 +647,14 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         elif op == "rope":
             x = get(n.inputs[0])
             pos = pos0 + np.arange(x.cts.shape[0]) if positions is None else np.asarray(positions)
-            out = ev.rope(x, n.attrs, pos)
+            hd = int(n.attrs["head_dim"])
+            out = ev.rope(x, {**n.attrs, "heads": x.shape[-1] // hd}, pos)
+            out.rep = x.rep
         elif op == "kv_cache":  # prefill into an empty cache: the same ciphertexts, read per head
-            H = int(n.attrs["kv_heads"])
             for v, src in zip(n.outputs, n.inputs):
                 x = get(src)
-                cts[v] = Packed(x.cts, x.layout, x.shape, x.dirty, heads=H)
+                cts[v] = Packed(x.cts, x.layout, x.shape, x.dirty, heads=True,
+                                rep=x.rep if x.rep[0] > 1 else (1, int(expand.get(v, (1, 0))[1]) or ev.hh[1]))
             continue
         elif op == "av":
             v = get(n.inputs[1])
