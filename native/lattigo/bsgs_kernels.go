@@ -46,7 +46,10 @@ func redc128(hi, lo, q, qInv uint64) uint64 {
 // form (x 2^64), so that one Montgomery reduction per fold gives the plain sum.  acc: 4 *
 // len(out0) words of scratch.  Each product is one 64x64 -> 128-bit multiply added to a 128-bit
 // accumulator; a reduction happens every `fold` terms and at the end.
-func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, acc []uint64) {
+//
+// half: every p is stored one value per run of 2 (bsgsDiag with rep 2): ps[t][c/2] in place of
+// ps[t][c], each p len(out0)/2 words (len(out0) even).
+func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, acc []uint64, half bool) {
 	n := len(out0)
 	out1 = out1[:n]
 	hi0, lo0 := acc[0:n], acc[n:2*n]
@@ -56,8 +59,13 @@ func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, a
 	for start := 0; start < len(ps) || first; start += fold {
 		end := min(start+fold, len(ps))
 		clear(acc[:4*n])
-		mulAccHalf(a0s[start:end], ps[start:end], hi0, lo0, useSIMD)
-		mulAccHalf(a1s[start:end], ps[start:end], hi1, lo1, useSIMD)
+		if half {
+			mulAccRep2(a0s[start:end], ps[start:end], hi0, lo0, useSIMD)
+			mulAccRep2(a1s[start:end], ps[start:end], hi1, lo1, useSIMD)
+		} else {
+			mulAccHalf(a0s[start:end], ps[start:end], hi0, lo0, useSIMD)
+			mulAccHalf(a1s[start:end], ps[start:end], hi1, lo1, useSIMD)
+		}
 		for c := 0; c < n; c++ {
 			r0 := redc128(hi0[c], lo0[c], q, qInv)
 			r1 := redc128(hi1[c], lo1[c], q, qInv)
@@ -118,6 +126,36 @@ func mulAccHalf(as, ps [][]uint64, hi, lo []uint64, useSIMD bool) {
 			h, l := bits.Mul64(x[c], p[c])
 			lo[c], cy = bits.Add64(lo[c], l, 0)
 			hi[c] += h + cy
+		}
+	}
+}
+
+// mulAccRep2: mulAccHalf with ps[t][c/2] in place of ps[t][c] (simd.MulAcc4Rep2: four terms
+// per pass; the rest, and everything without AVX-512, in Go).
+func mulAccRep2(as, ps [][]uint64, hi, lo []uint64, useSIMD bool) {
+	n := len(hi)
+	lo = lo[:n]
+	t := 0
+	if useSIMD && n%8 == 0 && n > 0 {
+		var aa, pp [4]*uint64
+		for ; t+4 <= len(ps); t += 4 {
+			for k := 0; k < 4; k++ {
+				aa[k], pp[k] = &as[t+k][:n][0], &ps[t+k][:n/2][0]
+			}
+			simd.MulAcc4Rep2(&aa, &pp, &hi[0], &lo[0], n)
+		}
+	}
+	for ; t < len(ps); t++ {
+		p, x := ps[t][:n/2], as[t][:n]
+		for c := 0; c+1 < n; c += 2 {
+			var cy uint64
+			v := p[c>>1]
+			h, l := bits.Mul64(x[c], v)
+			lo[c], cy = bits.Add64(lo[c], l, 0)
+			hi[c] += h + cy
+			h, l = bits.Mul64(x[c+1], v)
+			lo[c+1], cy = bits.Add64(lo[c+1], l, 0)
+			hi[c+1] += h + cy
 		}
 	}
 }
@@ -377,15 +415,27 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 					c1 := min(c0+prodTile, N)
 					for x, u := range bu {
 						a0s, a1s, ps = a0s[:0], a1s[:0], ps[:0]
+						// all of the unit's diagonals in runs of 2: read at half rate, else
+						// compressed ones expanded into scratch
+						half := true
+						for _, pt := range b.diagonals(u) {
+							if pt != nil && pt.rep != 2 {
+								half = false
+							}
+						}
 						for j, pt := range b.diagonals(u) {
 							if pt == nil {
 								continue
 							}
 							a0s = append(a0s, baby[j].Value[0].Coeffs[l][c0:c1])
 							a1s = append(a1s, baby[j].Value[1].Coeffs[l][c0:c1])
-							ps = append(ps, pt.limb(l, c0, c1, exp[len(ps)]))
+							if half {
+								ps = append(ps, pt.vals[l][c0/2:c1/2])
+							} else {
+								ps = append(ps, pt.limb(l, c0, c1, exp[len(ps)]))
+							}
 						}
-						mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc)
+						mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc, half)
 					}
 				}
 			}

@@ -67,10 +67,34 @@ func testMulAccTile(t *testing.T) {
 			qInv, a0s, a1s, ps := kernelData(q, g, n, int64(g))
 			o0, o1, acc := make([]uint64, n), make([]uint64, n), make([]uint64, 4*n)
 			for _, fold := range []int{foldTerms(q), 1, 3} {
-				mulAccTile(q, qInv, fold, a0s, a1s, ps, o0, o1, acc)
+				mulAccTile(q, qInv, fold, a0s, a1s, ps, o0, o1, acc, false)
 				for c := 0; c < n; c++ {
 					if w0, w1 := want(q, a0s, ps, c), want(q, a1s, ps, c); o0[c] != w0 || o1[c] != w1 {
 						t.Fatalf("simd=%v q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", simd.HasAVX512, q, g, fold, c, o0[c], o1[c], w0, w1)
+					}
+				}
+			}
+			// the same products with the ps in runs of 2, read at half rate (half = true), over
+			// an even number of coefficients (66 of 67: the Go loop only)
+			n = n &^ 1
+			h0, h1 := o0[:n], o1[:n]
+			b0s, b1s := make([][]uint64, g), make([][]uint64, g)
+			for k := range a0s {
+				b0s[k], b1s[k] = a0s[k][:n], a1s[k][:n]
+			}
+			hs, full := make([][]uint64, g), make([][]uint64, g)
+			for k, p := range ps {
+				hs[k], full[k] = make([]uint64, n/2), make([]uint64, n)
+				for i := range hs[k] {
+					hs[k][i] = p[2*i]
+					full[k][2*i], full[k][2*i+1] = p[2*i], p[2*i]
+				}
+			}
+			for _, fold := range []int{foldTerms(q), 1, 3} {
+				mulAccTile(q, qInv, fold, b0s, b1s, hs, h0, h1, acc, true)
+				for c := 0; c < n; c++ {
+					if w0, w1 := want(q, b0s, full, c), want(q, b1s, full, c); h0[c] != w0 || h1[c] != w1 {
+						t.Fatalf("half simd=%v q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", simd.HasAVX512, q, g, fold, c, h0[c], h1[c], w0, w1)
 					}
 				}
 			}
@@ -95,7 +119,7 @@ func BenchmarkMulAccTile(b *testing.B) {
 	qInv, a0s, a1s, ps := kernelData(q, 16, prodTile, 1)
 	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
 	for i := 0; i < b.N; i++ {
-		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, ps, o0, o1, acc)
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, ps, o0, o1, acc, false)
 	}
 }
 
@@ -172,6 +196,9 @@ func TestPeriodicDiagonalRuns(t *testing.T) {
 			for l := 0; l < 2; l++ {
 				for c0 := 0; c0 < params.N(); c0 += prodTile {
 					got := d.limb(l, c0, c0+prodTile, buf)
+					if len(got) != prodTile {
+						t.Fatalf("T=%d c=%d: a tile of %d coefficients", T, c, len(got))
+					}
 					for i, x := range got {
 						if x != pt.Value.Coeffs[l][c0+i] {
 							t.Fatalf("T=%d c=%d: limb %d coefficient %d expanded wrong", T, c, l, c0+i)
@@ -209,6 +236,24 @@ func BenchmarkMulAccTileRuns(b *testing.B) {
 		for t, d := range ds {
 			pt[t] = d.limb(0, 0, prodTile, exp[t])
 		}
-		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, pt, o0, o1, acc)
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, pt, o0, o1, acc, false)
+	}
+}
+
+// BenchmarkMulAccTileRep2: the same products read at half rate (simd.MulAcc4Rep2, bsgsGiantFast's
+// path when all of a unit's diagonals are in runs of 2).
+func BenchmarkMulAccTileRep2(b *testing.B) {
+	q := uint64(0xffffffffe400001)
+	qInv, a0s, a1s, ps := kernelData(q, 16, prodTile, 1)
+	hs := make([][]uint64, len(ps))
+	for t, p := range ps {
+		hs[t] = make([]uint64, len(p)/2)
+		for i := range hs[t] {
+			hs[t][i] = p[2*i]
+		}
+	}
+	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
+	for i := 0; i < b.N; i++ {
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, hs, o0, o1, acc, true)
 	}
 }

@@ -14,3 +14,9 @@ var HasAVX512 = cpu.X86.HasAVX512F
 //
 //go:noescape
 func MulAcc4(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
+
+// MulAcc4Rep2: MulAcc4 with ps[t][c/2] in place of ps[t][c] (each ps n/2 words: a diagonal
+// stored one value per run of 2, cipherlm's bsgsDiag).
+//
+//go:noescape
+func MulAcc4Rep2(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
