@@ -93,7 +93,7 @@ class Packed:
     keep: np.ndarray | None = None  # headsum: the (T, S) pairs computed (a causal mask: the rest -inf)
 
     @property
-    def any(self):
+    def first(self):
         return self.cts.flat[0]
 
 
@@ -286,7 +286,7 @@ class _Eval:
 
     # ---- levels
     def level_of(self, x: Packed) -> int:
-        return x.any.level
+        return x.first.level
 
     def drop_to(self, x: Packed, level: int) -> Packed:
         if self.level_of(x) == level:
@@ -302,7 +302,7 @@ class _Eval:
         lvl = min(self.level_of(a), self.level_of(b))
         a, b = self.drop_to(a, lvl), self.drop_to(b, lvl)
         if additive:
-            sa, sb = a.any.scale, b.any.scale
+            sa, sb = a.first.scale, b.first.scale
             if abs(sa / sb - 1) > 1e-12:
                 raise NotImplementedError(f"addition of ciphertexts at scales 2^{math.log2(sa):.6f} and "
                                           f"2^{math.log2(sb):.6f} (matching them would cost a level)")
@@ -339,7 +339,7 @@ class _Eval:
 
     def plain_add(self, x: Packed, period_vec: np.ndarray) -> Packed:
         lvl = self.level_of(x)
-        p = self.pt(period_vec, lvl, x.any.scale)
+        p = self.pt(period_vec, lvl, x.first.scale)
         cts = np.empty(x.cts.shape, object)
         for idx in np.ndindex(*x.cts.shape):
             c = self.copy(x.cts[idx])
@@ -582,14 +582,21 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     cts: dict[str, Packed] = {}
     top = ctx.max_level
 
+    fresh: dict[tuple, Packed] = {}
+
     def get(v: str, like: Packed | None = None, additive: bool = False) -> Packed:
         if v in cts:
             return cts[v]
         if v not in inputs:
             raise ValueError(f"value {v} is neither a block input nor computed before its use")
         if like is None:
-            return ev.encrypt(inputs[v], lay.get(v, "row"), top, ev.scale)
-        return ev.encrypt(inputs[v], lay.get(v, "row"), ev.level_of(like), like.any.scale if additive else ev.scale)
+            level, scale = top, ev.scale
+        else:
+            level, scale = ev.level_of(like), (like.first.scale if additive else ev.scale)
+        key = (v, level, scale)
+        if key not in fresh:  # one encryption per input, level and scale
+            fresh[key] = ev.encrypt(inputs[v], lay.get(v, "row"), level, scale)
+        return fresh[key]
 
     def pair(n):
         a_in, b_in = n.inputs[0], n.inputs[-1]
