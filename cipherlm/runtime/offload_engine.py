@@ -73,10 +73,12 @@ from cipherlm.runtime.linear_groups import LinearGroup
 #: (`ServerEngine`'s ``prefill_tokens`` when not given; 1: no packing, every row its own
 #: ciphertext, as before issue 15 item 2)
 PREFILL_PACK_ENV = "CIPHERLM_OFFLOAD_PREFILL_PACK"
-#: the default token rows per packed prefill ciphertext: 1 (packing off) until the packed
-#: plans stop storing a second, T-fold copy of the weights (SmolLM2 on Lattigo: 10.1 GiB
-#: of server memory at T = 2 against 4.0, start 57-94 s against 20-39 s, for a first token
-#: 0.67-0.98x as long; docs/offload.md); ``$CIPHERLM_OFFLOAD_PREFILL_PACK=2`` turns it on
+#: the default token rows per packed prefill ciphertext: 1 (packing off) while the packed
+#: plans cost a second copy of the weights: on Lattigo those with one chunk are kept at 1/T
+#: (period S/T), those with c > 1 cannot be (SmolLM2 at T = 2: 8.21 GiB of server memory
+#: against 3.98 per-row, 10.12 stored whole; start 48-95 s against 23-32 s; first token
+#: 0.60-1.00x as long under load; docs/offload.md "Packed prefill: compressed diagonals");
+#: ``$CIPHERLM_OFFLOAD_PREFILL_PACK=2`` turns it on
 DEFAULT_PREFILL_TOKENS = 1
 
 
