@@ -15,7 +15,6 @@ import pytest
 
 from cipherlm.compile import build_graph
 from cipherlm.compile.passes import blb_fusion, blb_params as bp
-from cipherlm.compile.passes.blb_fusion import _shapes, core_name
 from cipherlm.runtime.graph_executor import GraphExecutor
 
 from test_blb_fusion import _bert_cases, _model, torch  # noqa: F401  (torch set up first)
@@ -24,6 +23,7 @@ import transformers as T  # noqa: E402
 
 lattigo = pytest.importorskip("cipherlm.he.lattigo_backend")
 from cipherlm.protocols.ckks import blb_block  # noqa: E402
+from cipherlm.protocols.ckks.blb_block import predicted_max_error  # noqa: E402
 
 TOKENS = 8
 #: the squaring chain of softmax (x^64 by 6 squarings): `blb_params.block_error` counts the
@@ -42,40 +42,6 @@ TARGET_MISSES = {("bert", "embed_norm.center"), ("bert", "embed_norm.sumsq"), ("
 _LLAMA = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
               initializer_range=0.1)
-
-
-def model_magnitudes(graph, block, a: float, tokens: int = TOKENS) -> dict[str, float]:
-    """{value: magnitude bound} as `blb_params.block_error` assumes them (its ``m`` / ``size``;
-    ``tokens``: the length of the symbolic axes, as its)."""
-    names = set(block["nodes"])
-    prod = graph.producers()
-    shapes = _shapes(graph)
-    mag: dict[str, float] = {}
-
-    def m(v):
-        if v not in mag:
-            p = prod.get(v)
-            if p is None:
-                mag[v] = a
-            elif p.op == "mul":
-                mag[v] = bp.product_magnitude(p, m(p.inputs[0]), m(p.inputs[-1]), prod)
-            else:
-                mag[v] = bp.CORE_RANGE.get(core_name(p), a)
-        return mag[v]
-
-    for name in block["nodes"]:
-        n = graph.node(name)
-        size = a
-        if n.op == "mul":
-            size = bp.product_magnitude(n, m(n.inputs[0]), m(n.inputs[-1]), prod)
-        elif n.op == "reduce_sum":
-            length = shapes[n.inputs[0]][-1]
-            length = tokens if not isinstance(length, int) else length
-            size = m(n.inputs[0]) * length * float(n.attrs.get("scale", 1.0))
-        for v in n.outputs:
-            mag.setdefault(v, size)
-    assert names
-    return mag
 
 
 _FAMILIES = {}
@@ -127,7 +93,6 @@ def _evaluate(fam, bid, family="bert"):
                                    scale_bits=pp.scale_bits, stats=stats)
     secs = time.perf_counter() - t0
     model = bp.NoiseModel(pp.ring_degree, pp.scale_bits)
-    mags = model_magnitudes(g, b, model.a)
     rows = []
     for v, y in out.items():
         ref = np.asarray(vals[v], np.float64)
@@ -136,11 +101,11 @@ def _evaluate(fam, bid, family="bert"):
         assert (np.isfinite(y) == fin).all(), v
         y, ref = y[fin], ref[fin]
         err = float(np.abs(y - ref).max())
-        rel = bp.block_error(g, {**b, "outputs": [{"value": v}]}, model, gains, TOKENS)
+        bound, mag_bound = predicted_max_error(g, b, v, pp, gains, TOKENS)
         rows.append(dict(family=family, block=bid, where=b["role"] if b["layer"] is None else f"L{b['layer']}", value=v,
                          N=pp.ring_degree, s=pp.scale_bits, depth=pp.depth, err=err, mag=float(np.abs(ref).max()),
-                         mag_bound=mags[v], bound=bp.SIGMAS * rel * max(1.0, mags[v]),
-                         block_bound=bp.SIGMAS * pp.predicted_std * max(1.0, mags[v]),
+                         mag_bound=mag_bound, bound=bound,
+                         block_bound=bp.SIGMAS * pp.predicted_std * max(1.0, mag_bound),
                          target_actual=bp.SIGMAS * pp.predicted_std * max(1.0, float(np.abs(ref).max())),
                          secs=secs, level=stats["levels"][v], fresh=model.input()))
     ROWS.extend(rows)

@@ -74,7 +74,8 @@ from typing import Any
 import numpy as np
 
 from ...compile.ir import Graph
-from ...compile.passes.blb_fusion import _only_folded, block_depth
+from ...compile.passes import blb_params
+from ...compile.passes.blb_fusion import _only_folded, _shapes, block_depth, core_name
 
 SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache")
 
@@ -687,3 +688,47 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     if stats is not None:
         stats.update(ev.stats, period=period, levels=levels, top_level=top)
     return result
+
+
+def model_magnitudes(graph, block, a: float, tokens: int = 128) -> dict[str, float]:
+    """{value: magnitude bound} as `blb_params.block_error` assumes them (its ``m`` / ``size``;
+    ``tokens``: the length of the symbolic axes, as its)."""
+    prod = graph.producers()
+    shapes = _shapes(graph)
+    mag: dict[str, float] = {}
+
+    def m(v):
+        if v not in mag:
+            p = prod.get(v)
+            if p is None:
+                mag[v] = a
+            elif p.op == "mul":
+                mag[v] = blb_params.product_magnitude(p, m(p.inputs[0]), m(p.inputs[-1]), prod)
+            else:
+                mag[v] = blb_params.CORE_RANGE.get(core_name(p), a)
+        return mag[v]
+
+    for name in block["nodes"]:
+        n = graph.node(name)
+        size = a
+        if n.op == "mul":
+            size = blb_params.product_magnitude(n, m(n.inputs[0]), m(n.inputs[-1]), prod)
+        elif n.op == "reduce_sum":
+            length = shapes[n.inputs[0]][-1]
+            length = tokens if not isinstance(length, int) else length
+            size = m(n.inputs[0]) * length * float(n.attrs.get("scale", 1.0))
+        for v in n.outputs:
+            mag.setdefault(v, size)
+    return mag
+
+
+def predicted_max_error(graph, block, value: str, bparams, gains: dict | None = None,
+                        tokens: int = 128) -> tuple[float, float]:
+    """(the noise model's predicted maximum error of one output ``value`` in value units,
+    ``blb_params.SIGMAS`` x its std at the model's magnitude bound; that bound): what
+    `evaluate_block`'s error is checked against (`tests/test_blb_block.py`,
+    `benchmarks/blb_block_errors.py`).  ``bparams``: the block's `blb_params.BlockParams`."""
+    model = blb_params.NoiseModel(bparams.ring_degree, bparams.scale_bits)
+    mag = model_magnitudes(graph, block, model.a, tokens)[value]
+    rel = blb_params.block_error(graph, {**block, "outputs": [{"value": value}]}, model, gains, tokens)
+    return blb_params.SIGMAS * rel * max(1.0, mag), mag
