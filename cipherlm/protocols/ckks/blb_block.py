@@ -39,7 +39,8 @@ additions bring both operands to the lower level, whose scales agree by construc
 
 * ``linear``: y = x W^T + b by the diagonal method with baby-step giant-step rotations
   within the period (W zero-padded to P x P; diagonals encoded at the scale of the prime
-  the rescale drops, so the scale is unchanged); an ``affine`` read by the projection is
+  the rescale drops, so the scale is unchanged; the baby steps of one input computed once
+  for all its projections: Q, K, V; gate, up); an ``affine`` read by the projection is
   folded into it (W diag(gamma), b + W beta: `blb_fusion.block_depth` counts it so) and is
   evaluated on its own only when something else reads it;
 * ``affine``: gamma as a plaintext product, beta as a plaintext addition;
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -193,7 +195,8 @@ class _Eval:
         self.reps = self.slots // period
         self.scale = 2.0 ** scale_bits
         self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the head layout
-        self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0}
+        self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0, "encode_weights_s": 0.0}
+        self._babies: dict[int, tuple] = {}  # id(ct) -> (ct, its baby-step rotations), shared by projections
 
     # ---- primitives
     def tile(self, period_vec: np.ndarray) -> np.ndarray:
@@ -362,6 +365,7 @@ class _Eval:
         lvl = self.level_of(x)
         rows = np.arange(P)
         pts: dict[tuple[int, int], Any] = {}
+        t0 = time.perf_counter()
         for j in range(g):
             for i in range(b):
                 k = j * b + i
@@ -371,12 +375,18 @@ class _Eval:
                 if not diag.any():
                     continue
                 pts[j, i] = self.pt(np.roll(diag, j * b), lvl, self.q(lvl))
+        # the weights' encoding: input-independent (the server can do it ahead of time)
+        self.stats["encode_weights_s"] += time.perf_counter() - t0
         cts = np.empty(x.cts.shape, object)
         for idx in np.ndindex(*x.cts.shape):
             ct = x.cts[idx]
-            steps = list(range(b))
-            babies = self.be.rotate_hoisted(self.ctx, ct, steps, self.evk)
-            self.stats["rotations"] += b - 1
+            hit = self._babies.get(id(ct))
+            if hit is not None and hit[0] is ct:  # another projection of the same input (Q, K, V; gate, up)
+                babies = hit[1]
+            else:
+                babies = self.be.rotate_hoisted(self.ctx, ct, list(range(b)), self.evk)
+                self.stats["rotations"] += b - 1
+                self._babies[id(ct)] = (ct, babies)
             acc = None
             for j in range(g):
                 inner = None
