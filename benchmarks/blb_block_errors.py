@@ -6,10 +6,10 @@
 
 For an installed model (`cipherlm.models`), with random token ids: the plaintext executor
 on the `blb_fusion` graph gives every value; each listed HE block is evaluated by
-`protocols.ckks.blb_block.evaluate_block` at its `passes.blb_params` set (for the real
+`runtime.blb_block.evaluate_block` at its `passes.blb_params` set (for the real
 weights and ``--param-tokens`` symbolic lengths, 128 as `cipherlm inspect --fusion blb`),
 and the max error of each output is printed next to the noise model's prediction at its
-magnitude bound and next to the target 2^-17 max(1, max |value|) (16 sigma_rel), as a
+magnitude bound and next to the target the parameters were chosen for (2^-17; a sum of squares relative to d 2^-8), as a
 markdown table (docs/blb.md, "CKKS evaluation of a fused block").  Times: the evaluation
 only (no key generation), on whatever this machine is; in parentheses the part spent
 encoding the projections' diagonals (input-independent: a server does it ahead of time).
@@ -35,7 +35,7 @@ def main() -> None:
     from cipherlm.compile.passes import blb_fusion, blb_params as bp
     from cipherlm.he import lattigo_backend as lg
     from cipherlm.models import load_model
-    from cipherlm.protocols.ckks.blb_block import evaluate_block, predicted_max_error
+    from cipherlm.runtime.blb_block import evaluate_block, predicted_max_error
     from cipherlm.runtime.graph_executor import GraphExecutor
 
     lm = load_model(args.model)
@@ -57,7 +57,7 @@ def main() -> None:
              else [b for b, x in blocks.items() if x["layer"] in (None, 0)])  # prologue, layer 0, epilogue
     print(f"{args.model}, T = {T}, parameters for T = {args.param_tokens}")
     print("| block | output | N | scale | max abs value (bound) | max err | 16 sigma model | ratio | "
-          "target at actual magnitude | ratio | time (s) (of which encoding W) |")
+          "target | ratio | time (s) (of which encoding W) |")
     print("|---" * 11 + "|")
     for bid in which:
         b, pp = blocks[bid], params[bid]
@@ -75,8 +75,7 @@ def main() -> None:
             fin = np.isfinite(ref)
             err = float(np.abs(y[fin] - ref[fin]).max())
             mag = float(np.abs(ref[fin]).max())
-            bound, mag_bound = predicted_max_error(g, b, v, pp, gains, args.param_tokens)
-            target = bp.SIGMAS * pp.predicted_std * max(1.0, mag)
+            bound, mag_bound, target = predicted_max_error(g, b, v, pp, gains, args.param_tokens)
             print(f"| {bid} | {v} | {pp.ring_degree} | 2^{pp.scale_bits} | {mag:.3g} ({mag_bound:.3g}) | {err:.2e} | "
                   f"{bound:.2e} | {err / bound:.2g} | {target:.2e} | {err / target:.2g} | {secs:.1f} ({enc:.1f}) |",
                   flush=True)

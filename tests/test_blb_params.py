@@ -84,7 +84,7 @@ def test_real_weights_give_secure_parameters():
     params = bp.run(g, params=bind(g0, lm.weights))
     for p in params:
         check_security(p.he_params)
-        assert p.predicted_std <= p.target and p.ring_degree <= 16384
+        assert p.predicted_std <= p.target and p.ring_degree <= 32768
 
 
 # ------------------------------------------------------------------ the noise model against Lattigo

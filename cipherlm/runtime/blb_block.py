@@ -75,9 +75,9 @@ from typing import Any
 
 import numpy as np
 
-from ...compile.ir import Graph
-from ...compile.passes import blb_params
-from ...compile.passes.blb_fusion import _only_folded, _shapes, block_depth, core_name
+from ..compile.ir import Graph
+from ..compile.passes import blb_params
+from ..compile.passes.blb_fusion import _only_folded, block_depth
 
 SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache")
 
@@ -206,7 +206,7 @@ class _Eval:
         return self.be.encode_slots(self.ctx, self.tile(period_vec), level=level, scale_bits=math.log2(scale))
 
     def copy(self, ct):
-        from ...he import lattigo_backend as lg
+        from ..he import lattigo_backend as lg
 
         return lg.LattigoCiphertext(lg._new("clg_copy", ct.h), self.ctx)
 
@@ -465,7 +465,7 @@ class _Eval:
         """RoPE per row t (position positions[t]): x cos + rot(x, a) sin1 + rot(x, -a) sin2 with
         a = hd / 2 (rotate_half) or 1 (interleaved pairs), the signs and masks in the plaintexts;
         one rescale for the three products."""
-        from ...runtime import ops
+        from . import ops
 
         if x.layout != "row" or x.cts.ndim != 1:
             raise NotImplementedError("rope of a value not in the row layout")
@@ -700,45 +700,14 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     return result
 
 
-def model_magnitudes(graph, block, a: float, tokens: int = 128) -> dict[str, float]:
-    """{value: magnitude bound} as `blb_params.block_error` assumes them (its ``m`` / ``size``;
-    ``tokens``: the length of the symbolic axes, as its)."""
-    prod = graph.producers()
-    shapes = _shapes(graph)
-    mag: dict[str, float] = {}
-
-    def m(v):
-        if v not in mag:
-            p = prod.get(v)
-            if p is None:
-                mag[v] = a
-            elif p.op == "mul":
-                mag[v] = blb_params.product_magnitude(p, m(p.inputs[0]), m(p.inputs[-1]), prod)
-            else:
-                mag[v] = blb_params.CORE_RANGE.get(core_name(p), a)
-        return mag[v]
-
-    for name in block["nodes"]:
-        n = graph.node(name)
-        size = a
-        if n.op == "mul":
-            size = blb_params.product_magnitude(n, m(n.inputs[0]), m(n.inputs[-1]), prod)
-        elif n.op == "reduce_sum":
-            length = shapes[n.inputs[0]][-1]
-            length = tokens if not isinstance(length, int) else length
-            size = m(n.inputs[0]) * length * float(n.attrs.get("scale", 1.0))
-        for v in n.outputs:
-            mag.setdefault(v, size)
-    return mag
-
-
 def predicted_max_error(graph, block, value: str, bparams, gains: dict | None = None,
-                        tokens: int = 128) -> tuple[float, float]:
-    """(the noise model's predicted maximum error of one output ``value`` in value units,
-    ``blb_params.SIGMAS`` x its std at the model's magnitude bound; that bound): what
-    `evaluate_block`'s error is checked against (`tests/test_blb_block.py`,
+                        tokens: int = 128) -> tuple[float, float, float]:
+    """(the noise model's predicted maximum error of one output ``value``, absolute, value
+    units: ``blb_params.SIGMAS`` x its std; its magnitude bound; the target the parameters
+    were chosen for, 2^-(f+1) max(1, its floor)): `blb_params.output_errors` for that output,
+    what `evaluate_block`'s error is checked against (`tests/test_blb_block.py`,
     `benchmarks/blb_block_errors.py`).  ``bparams``: the block's `blb_params.BlockParams`."""
     model = blb_params.NoiseModel(bparams.ring_degree, bparams.scale_bits)
-    mag = model_magnitudes(graph, block, model.a, tokens)[value]
-    rel = blb_params.block_error(graph, {**block, "outputs": [{"value": value}]}, model, gains, tokens)
-    return blb_params.SIGMAS * rel * max(1.0, mag), mag
+    sigma, mag, floor = blb_params.output_errors(graph, {**block, "outputs": [{"value": value}]}, model, gains,
+                                                 tokens)[value]
+    return blb_params.SIGMAS * sigma, mag, blb_params.SIGMAS * bparams.target * max(1.0, floor)
