@@ -292,15 +292,24 @@ class _Eval:
     def level_of(self, x: Packed) -> int:
         return x.first.level
 
+    @staticmethod
+    def each(x: Packed, fn) -> Packed:
+        """``fn`` applied to every ciphertext of ``x`` (same layout and shape)."""
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            cts[idx] = fn(x.cts[idx])
+        return Packed(cts, x.layout, x.shape, x.dirty)
+
+    def copied(self, ct, inplace_op, *args):
+        """A copy of ``ct`` with ``inplace_op(ctx, copy, *args)`` applied."""
+        c = self.copy(ct)
+        inplace_op(self.ctx, c, *args)
+        return c
+
     def drop_to(self, x: Packed, level: int) -> Packed:
         if self.level_of(x) == level:
             return x
-        cts = np.empty(x.cts.shape, object)
-        for idx in np.ndindex(*x.cts.shape):
-            c = self.copy(x.cts[idx])
-            self.be.mod_switch_to_inplace(self.ctx, c, level)
-            cts[idx] = c
-        return Packed(cts, x.layout, x.shape, x.dirty)
+        return self.each(x, lambda c: self.copied(c, self.be.mod_switch_to_inplace, level))
 
     def align(self, a: Packed, b: Packed, additive: bool) -> tuple[Packed, Packed]:
         lvl = min(self.level_of(a), self.level_of(b))
@@ -325,9 +334,7 @@ class _Eval:
                 self.stats["ct_ct"] += 1
                 cts[idx] = self.rescale(self.be.multiply(self.ctx, x, y, self.evk))
             else:
-                c = self.copy(x)
-                (self.be.add_inplace if op == "add" else self.be.sub_inplace)(self.ctx, c, y)
-                cts[idx] = c
+                cts[idx] = self.copied(x, self.be.add_inplace if op == "add" else self.be.sub_inplace, y)
         dirty = (a.dirty and b.dirty) if op == "mul" else (a.dirty or b.dirty)
         return Packed(cts, a.layout, out_shape, dirty)
 
@@ -335,21 +342,12 @@ class _Eval:
         """x * a public vector (one level; the scale unchanged)."""
         lvl = self.level_of(x)
         p = self.pt(period_vec, lvl, self.q(lvl))
-        cts = np.empty(x.cts.shape, object)
-        for idx in np.ndindex(*x.cts.shape):
-            self.stats["ct_pt"] += 1
-            cts[idx] = self.rescale(self.be.multiply_plain(self.ctx, x.cts[idx], p))
-        return Packed(cts, x.layout, x.shape, x.dirty)
+        self.stats["ct_pt"] += x.cts.size
+        return self.each(x, lambda c: self.rescale(self.be.multiply_plain(self.ctx, c, p)))
 
     def plain_add(self, x: Packed, period_vec: np.ndarray) -> Packed:
-        lvl = self.level_of(x)
-        p = self.pt(period_vec, lvl, x.first.scale)
-        cts = np.empty(x.cts.shape, object)
-        for idx in np.ndindex(*x.cts.shape):
-            c = self.copy(x.cts[idx])
-            self.be.add_plain_inplace(self.ctx, c, p)
-            cts[idx] = c
-        return Packed(cts, x.layout, x.shape, x.dirty)
+        p = self.pt(period_vec, self.level_of(x), x.first.scale)
+        return self.each(x, lambda c: self.copied(c, self.be.add_plain_inplace, p))
 
     def linear(self, x: Packed, w: np.ndarray, bias: np.ndarray | None) -> Packed:
         """x W^T + b: diagonals of the zero-padded P x P matrix, baby-step giant-step."""
