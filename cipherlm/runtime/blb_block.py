@@ -206,9 +206,8 @@ class _Eval:
         return self.be.encode_slots(self.ctx, self.tile(period_vec), level=level, scale_bits=math.log2(scale))
 
     def copy(self, ct):
-        from ..he import lattigo_backend as lg
-
-        return lg.LattigoCiphertext(lg._new("clg_copy", ct.h), self.ctx)
+        """A copy through the backend interface: an integer product by 1 (scale 1, exact, no level)."""
+        return self.be.multiply_scalar(self.ctx, ct, 1)
 
     def rot(self, ct, k: int):
         k %= self.P
