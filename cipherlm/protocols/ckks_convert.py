@@ -543,14 +543,16 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
     return np.stack(out)
 
 
-def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: int = 50,
-                   value_bits: int | None = None, complex_slots: bool = False):
+def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: float = 50,
+                   value_bits: int | None = None, complex_slots: bool = False, scale: float | None = None):
     """BLB Algorithm 2.  Both parties pass their AShare of at most N/2 real slot values; the
     server gets a CKKS ciphertext (scale 2^scale_bits, ``n_primes`` primes, default the first
     data level) of them, the client None.  ``value_bits``: a public bound |y| < 2^value_bits
     (then every coefficient is below 2^(scale_bits + value_bits) (one bit more with complex
     slots) and the ring -> field wrap reduces mod 2^(scale_bits + value_bits + 2 (+1))).
-    ``complex_slots``: y holds the real parts then the imaginary parts (up to N values)."""
+    ``complex_slots``: y holds the real parts then the imaginary parts (up to N values).
+    ``scale``: the exact scale (a float, e.g. another ciphertext's Delta^2 / q to add to);
+    overrides ``scale_bits``."""
     b, hc = side.backend, side.hectx
     n = hc.n
     if y.size > (n if complex_slots else n // 2):
@@ -558,8 +560,9 @@ def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = Non
     k = len(hc.coeff_moduli) if n_primes is None else int(n_primes)
     lvl = b.level(hc, k)
     primes = hc.coeff_moduli[:k]
-    scale = float(2.0 ** scale_bits)
-    bits = 64 if value_bits is None else min(64, int(scale_bits) + int(value_bits) + 2 + int(complex_slots))
+    scale = float(2.0 ** scale_bits) if scale is None else float(scale)
+    sb = math.ceil(math.log2(scale))
+    bits = 64 if value_bits is None else min(64, sb + int(value_bits) + 2 + int(complex_slots))
     share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots, b.slot_generator)
     with ctx.step("mpc2ckks"):
         pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)

@@ -120,10 +120,20 @@ def bsgs_split(p: int) -> tuple[int, int]:
     return b, max(1, p // b)
 
 
+def value_shape(x) -> tuple:
+    """The shape of a block input: an array, an `AShare`, or anything with ``shape`` / ``rows``."""
+    if hasattr(x, "shape"):
+        return tuple(x.shape)
+    rows = getattr(x, "rows", None)
+    if rows is not None:
+        return tuple(np.shape(rows))
+    return tuple(np.shape(x))
+
+
 def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray]) -> int:
     """P: the smallest power of two >= every (integer) width of the block's values and
     inputs and every heads x head_dim of its attention nodes."""
-    widths = [np.asarray(inputs[i["value"]]).shape[-1] for i in block["inputs"] if i["value"] in inputs]
+    widths = [value_shape(inputs[i["value"]])[-1] for i in block["inputs"] if i["value"] in inputs]
     for name in block["nodes"]:
         n = graph.node(name)
         last = n.shape[-1] if n.shape else 1
@@ -186,8 +196,8 @@ def assign_layouts(graph: Graph, block: dict) -> dict[str, str]:
 
 
 class _Eval:
-    def __init__(self, ctx, be, keys, evk, period: int, scale_bits: int, attrs_of_head: tuple[int, int] | None):
-        self.ctx, self.be, self.keys, self.evk = ctx, be, keys, evk
+    def __init__(self, ctx, be, io, evk, period: int, scale_bits: int, attrs_of_head: tuple[int, int] | None):
+        self.ctx, self.be, self.io, self.evk = ctx, be, io, evk
         self.P = period
         self.slots = ctx.slots
         if self.slots % period:
@@ -237,13 +247,17 @@ class _Eval:
 
     # ---- encoding / decoding (the conversions' stand-ins)
     def period_vectors(self, arr: np.ndarray, layout: str) -> tuple[np.ndarray, bool]:
-        """(grid of period vectors (grid shape + (P,)), dirty)"""
-        a = np.asarray(arr, np.float64)
+        """(grid of period vectors (grid shape + (P,)), dirty).  A linear map made of copies
+        and zeros only, so it applies as well to one party's additive shares (uint64 arrays
+        keep their dtype: 0 is a share of 0)."""
+        a = np.asarray(arr)
+        if a.dtype != np.uint64:
+            a = a.astype(np.float64)
         P = self.P
         if layout == "row":
             C = a.shape[-1]
             grid = a.shape[:-1]
-            out = np.zeros(grid + (P,))
+            out = np.zeros(grid + (P,), a.dtype)
             if C == 1:
                 out[...] = a  # replicated over the period
             else:
@@ -255,24 +269,22 @@ class _Eval:
                 raise NotImplementedError(f"head layout for a value of shape {a.shape} (expected (H, T, S|1))")
             _, T, S = a.shape
             seg = np.repeat(a.transpose(1, 2, 0), hd, axis=-1)  # (T, S, H hd)
-            out = np.zeros((T, S, P))
+            out = np.zeros((T, S, P), a.dtype)
             out[..., :H * hd] = seg
             return out, False
         raise NotImplementedError(f"cannot encode a block input in the {layout!r} layout")
 
-    def encrypt(self, arr: np.ndarray, layout: str, level: int, scale: float) -> Packed:
-        vecs, dirty = self.period_vectors(arr, layout)
-        grid = vecs.shape[:-1]
-        cts = np.empty(grid, object)
-        for idx in np.ndindex(*grid):
-            cts[idx] = self.keys.encrypt(self.pt(vecs[idx], level, scale))
-        return Packed(cts, layout, tuple(np.asarray(arr).shape), dirty)
+    def encrypt(self, name: str, arr, layout: str, level: int, scale: float) -> Packed:
+        """Block input ``name`` at (level, scale): through ``self.io`` (the conversion)."""
+        return self.io.encrypt(self, name, arr, layout, level, scale)
 
-    def decrypt(self, x: Packed) -> np.ndarray:
-        dec = np.full(x.cts.shape + (self.P,), -np.inf)
-        for idx in np.ndindex(*x.cts.shape):
-            if x.cts[idx] is not None:
-                dec[idx] = self.be.decode_slots(self.ctx, self.keys.decrypt(x.cts[idx]), n=self.P)
+    def decrypt(self, name: str, x: Packed):
+        """Block output ``name``: through ``self.io`` (the conversion)."""
+        return self.io.decrypt(self, name, x)
+
+    def unpack(self, dec: np.ndarray, x: Packed) -> np.ndarray:
+        """The logical value of ``x`` from ``dec`` (x's grid + (P,): each ciphertext's first
+        period of slots; floats, or one party's uint64 shares: only copies are made)."""
         if x.layout == "row":
             C = x.shape[-1]
             out = dec[..., :C].reshape(x.shape)
@@ -283,7 +295,6 @@ class _Eval:
                 out = out.reshape(out.shape[0], -1, hd or self.hh[1]).transpose(1, 0, 2)
             return out
         H, hd = self.hh
-        T, S = x.cts.shape
         v = dec[..., 0:H * hd:hd]  # (T, S, H): the first slot of each head's segment
         return v.transpose(2, 0, 1).reshape(x.shape)
 
@@ -515,6 +526,30 @@ class _Eval:
         return Packed(cts, "row", (T, v.shape[-1]), False)
 
 
+class LocalIO:
+    """The conversions' stand-in of a single process holding the secret keys: an input is
+    encoded and encrypted, an output decrypted and decoded (tests, `benchmarks/blb_block_errors.py`;
+    the 2pc mode's `runtime.twopc_blb` converts from / to shares instead)."""
+
+    def __init__(self, keys):
+        self.keys = keys
+
+    def encrypt(self, ev: "_Eval", name: str, arr, layout: str, level: int, scale: float) -> Packed:
+        vecs, dirty = ev.period_vectors(arr, layout)
+        grid = vecs.shape[:-1]
+        cts = np.empty(grid, object)
+        for idx in np.ndindex(*grid):
+            cts[idx] = self.keys.encrypt(ev.pt(vecs[idx], level, scale))
+        return Packed(cts, layout, tuple(np.asarray(arr).shape), dirty)
+
+    def decrypt(self, ev: "_Eval", name: str, x: Packed) -> np.ndarray:
+        dec = np.full(x.cts.shape + (ev.P,), -np.inf)
+        for idx in np.ndindex(*x.cts.shape):
+            if x.cts[idx] is not None:
+                dec[idx] = ev.be.decode_slots(ev.ctx, self.keys.decrypt(x.cts[idx]), n=ev.P)
+        return ev.unpack(dec, x)
+
+
 def _fold_affine(graph: Graph, aff, w: np.ndarray, b: np.ndarray | None, params: dict):
     """W diag(gamma), b + W beta for a projection reading affine ``aff``."""
     g = aff.attrs.get("gamma")
@@ -526,33 +561,24 @@ def _fold_affine(graph: Graph, aff, w: np.ndarray, b: np.ndarray | None, params:
     return w2, (b2 if (b is not None or be) else None)
 
 
-def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
-                   ctx, be, keys, evk=None, *, scale_bits: int | None = None, positions=None, pos0: int = 0,
-                   stats: dict | None = None) -> dict[str, np.ndarray]:
-    """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
-    value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
-    (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
-    parameters (`blb_params.BlockParams.he_params`), its backend and secret keys; ``evk``:
-    relinearisation and rotation keys for `block_steps` (made here if None);
-    ``scale_bits``: the block's scale (default: the top prime's size); ``positions`` (RoPE,
-    default pos0 + row index) and ``pos0`` (causal masks) as the executor's ctx has them; a
-    KV cache is taken as empty (prefill: its values are this block's K and V).  ``stats``, if
-    given, receives the counts of products, rotations and rescales, the period and the levels."""
-    nodes = [graph.node(n) for n in block["nodes"]]
-    for n in nodes:
+def check_block(graph: Graph, block: dict) -> None:
+    """NotImplementedError naming the first op of ``block`` `evaluate_block` cannot run."""
+    for name in block["nodes"]:
+        n = graph.node(name)
         if n.op not in SUPPORTED:
             raise NotImplementedError(f"CKKS evaluation of a fused block: op {n.op!r} ({n.name}) is not supported "
                                       f"(supported: {', '.join(SUPPORTED)})")
         if n.op == "rope" and n.attrs.get("rotary_dim") not in (None, n.attrs.get("head_dim")):
             raise NotImplementedError(f"CKKS evaluation of a fused block: partial RoPE ({n.name})")
-    missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
-    if missing:
-        raise ValueError(f"block {block['id']}: missing inputs {missing}")
-    inputs = dict(inputs)
+
+
+def kv_expansion(graph: Graph, block: dict) -> dict[str, tuple[int, int]]:
+    """Grouped-query attention: {value: (H / H_kv, head_dim)} for the K / V values the block
+    carries with each KV head repeated for its query heads (the projection's rows repeated:
+    no extra operation)."""
+    nodes = [graph.node(n) for n in block["nodes"]]
     prod = graph.producers()
     in_block = {n.name for n in nodes}
-    # grouped-query attention: K and V are carried with each KV head repeated for its H / H_kv
-    # query heads (the projection's rows repeated: no extra operation); {value: (rep, hd)}
     expand: dict[str, tuple[int, int]] = {}
     todo = [(n.inputs[1], (int(n.attrs["heads"]) // int(n.attrs["kv_heads"]), int(n.attrs["head_dim"])))
             for n in nodes if n.op in ("qk", "av")]
@@ -569,8 +595,42 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             todo.append((p.inputs[0], r))
         elif r[0] > 1:
             raise NotImplementedError(f"{p.name} ({p.op}): cannot carry grouped-query K / V repeated per query head")
+    return expand
+
+
+def block_heads(graph: Graph, block: dict) -> tuple[int, int] | None:
+    """(heads, head_dim) of the block's attention nodes (the ``head`` layout), or None."""
+    return next(((int(n.attrs["heads"]), int(n.attrs["head_dim"])) for n in map(graph.node, block["nodes"])
+                 if n.op in ("qk", "av")), None)
+
+
+def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
+                   ctx, be, keys, evk=None, *, scale_bits: int | None = None, positions=None, pos0: int = 0,
+                   stats: dict | None = None, io=None) -> dict[str, np.ndarray]:
+    """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
+    value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
+    (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
+    parameters (`blb_params.BlockParams.he_params`), its backend and secret keys; ``evk``:
+    relinearisation and rotation keys for `block_steps` (made here if None);
+    ``scale_bits``: the block's scale (default: the top prime's size); ``positions`` (RoPE,
+    default pos0 + row index) and ``pos0`` (causal masks) as the executor's ctx has them; a
+    KV cache is taken as empty (prefill: its values are this block's K and V).  ``stats``, if
+    given, receives the counts of products, rotations and rescales, the period and the levels.
+    ``io``: how inputs become ciphertexts and outputs come back (`LocalIO(keys)` by default;
+    the 2pc mode's conversions: `runtime.twopc_blb`); with an ``io``, ``keys`` may be None
+    and the inputs / outputs are whatever the io takes and returns (shares)."""
+    check_block(graph, block)
+    nodes = [graph.node(n) for n in block["nodes"]]
+    missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
+    if missing:
+        raise ValueError(f"block {block['id']}: missing inputs {missing}")
+    inputs = dict(inputs)
+    prod = graph.producers()
+    in_block = {n.name for n in nodes}
+    expand = kv_expansion(graph, block)
     for v, (r, hd) in expand.items():
-        if v in inputs:  # (H_kv, S, hd) from the cache or (S, H_kv hd) -> rows (S, H hd), heads repeated
+        if v in inputs and (r > 1 or np.ndim(inputs[v]) == 3):
+            # (H_kv, S, hd) from the cache or (S, H_kv hd) -> rows (S, H hd), heads repeated
             a = np.asarray(inputs[v], np.float64)
             if a.ndim == 3:
                 a = a.transpose(1, 0, 2)
@@ -582,8 +642,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period))
     if scale_bits is None:
         scale_bits = round(math.log2(ctx.q_moduli[ctx.max_level]))
-    att = next(((int(n.attrs["heads"]), int(n.attrs["head_dim"])) for n in nodes if n.op in ("qk", "av")), None)
-    ev = _Eval(ctx, be, keys, evk, period, scale_bits, att)
+    ev = _Eval(ctx, be, io if io is not None else LocalIO(keys), evk, period, scale_bits, block_heads(graph, block))
     lay = assign_layouts(graph, block)
     _, _, folded = block_depth(nodes, prod)
 
@@ -603,7 +662,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             level, scale = ev.level_of(like), (like.first.scale if additive else ev.scale)
         key = (v, level, scale)
         if key not in fresh:  # one encryption per input, level and scale
-            fresh[key] = ev.encrypt(inputs[v], lay.get(v, "row"), level, scale)
+            fresh[key] = ev.encrypt(v, inputs[v], lay.get(v, "row"), level, scale)
         return fresh[key]
 
     def pair(n):
@@ -690,7 +749,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         v = o["value"]
         if v not in cts:
             raise ValueError(f"block {block['id']}: output {v} was not computed")
-        result[v] = ev.decrypt(cts[v])
+        result[v] = ev.decrypt(v, cts[v])
         levels[v] = ev.level_of(cts[v])
     if stats is not None:
         stats.update(ev.stats, period=period, levels=levels, top_level=top)
