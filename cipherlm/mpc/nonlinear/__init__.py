@@ -7,13 +7,14 @@ product of magnitude |v|): use a ring with headroom (l = 64, f <= 16).
 """
 
 from .common import TRUNC, compare_public, mulf, sqf
-from .piecewise import gelu, piecewise_poly, silu, swiglu
-from .exp import exp_neg
+from .piecewise import gelu, gelu_gate, piecewise_poly, silu, silu_gate, swiglu
+from .exp import exp_neg, exp_reduced
 from .recip import reciprocal, rsqrt
 from .softmax import max_last, softmax, softmax_parts
 from .norm import layer_norm, rms_norm
 from .select import argmax_last, one_hot, topk_last
 
-__all__ = ["TRUNC", "compare_public", "mulf", "sqf", "piecewise_poly", "gelu", "silu", "swiglu", "exp_neg",
+__all__ = ["TRUNC", "compare_public", "mulf", "sqf", "piecewise_poly", "gelu", "silu", "swiglu", "gelu_gate",
+           "silu_gate", "exp_neg", "exp_reduced",
            "reciprocal", "rsqrt", "max_last", "softmax", "softmax_parts", "layer_norm", "rms_norm",
            "argmax_last", "one_hot", "topk_last"]
