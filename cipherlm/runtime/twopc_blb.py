@@ -1,0 +1,536 @@
+"""BLB in the 2pc mode: fused blocks in CKKS between the MPC cores (BLB sections 4, 6, 7.1;
+issue 16 items 2-3 wired together).
+
+`BLBEncoder` is a `TwoPCEncoder` whose forward walks the `passes.blb_fusion` graph of the
+model instead of the layer-by-layer 2pc graph:
+
+* every *HE block* (``graph.meta["blb_blocks"]``: the linear operators between two
+  nonlinear cores, section 4) is evaluated by the server on CKKS ciphertexts by
+  `runtime.blb_block.evaluate_block` at the block's own parameters (`passes.blb_params`,
+  section 7.1), its inputs brought in from additive shares by Algorithm 2 and its outputs
+  taken back to shares by Algorithm 1 (`protocols.ckks_convert`, section 6);
+* every other node (the cores: max, exp on the reduced range, reciprocal, rsqrt, the
+  activation gates; the embedding lookup; the local s - max) runs on shares
+  (`BLBSharesBackend`, Bumblebee-style protocols of `mpc.nonlinear`).
+
+**Roles.** The client (party 0) holds the CKKS secret keys, one key set per distinct
+parameter set of the blocks (made when a block first needs it; the public key,
+relinearisation key and the rotation keys the block uses go to the server once: the
+``setup`` operator class, excluded from the per-token totals as in the paper).  The server
+(party 1) chooses the parameters (they depend on its weights' gains, `blb_params.run`),
+evaluates the blocks and drives the exchange: before each conversion it sends a short
+public header (the value's name, layout, level and exact scale, or its packing metadata on
+the way out) and the client, which walks no HE code, answers it.  Nothing in a header
+depends on the client's data or on the weights beyond the public parameters.
+
+**Conversions.**
+
+* In (Algorithm 2): each party lays its share out in the block's packing
+  (`blb_block._Eval.period_vectors`: copies and zeros only, so it applies to shares),
+  one ciphertext per row (or per (query, key) pair for P V's probabilities), and runs
+  `shares_to_ckks` at the level and exact scale the block asks for.  The encoding is
+  made at a scale of at most 2^`IN_SCALE_BITS` (the encoded coefficients must stay below
+  2^62 in the 64-bit ring) and the server multiplies by the integer 2^j that restores the
+  block's scale (exact; the ciphertext's scale bookkeeping follows).
+  A server-known input (BERT's position / token-type rows) is encrypted by the server with
+  the client's public key: no message.
+* Out (Algorithm 1): a block's outputs sit at two primes (60 + s bits, `blb_params`);
+  Algorithm 1 masks at one prime, so the server first multiplies by the integer
+  k = round(q_1 2^`OUT_SCALE_BITS` / Delta) and rescales (the value is unchanged, its scale
+  becomes ~2^`OUT_SCALE_BITS`, and Delta' |y| < q_0 / 4 holds for |y| < 2^20, the
+  comparisons' bound), then `ckks_to_shares` (uniform mask mod q_0, flooding, the field ->
+  ring switch and the local decode).
+* A value carried from one block to a later one (V to P V, the residual stream, the
+  exp's powers) goes out to shares and back in: the blocks have different parameters, and
+  the layouts differ (row -> head for P V's probabilities); the paper carries some of
+  them as ciphertexts (not yet here).
+
+**Not yet** (docs/blb.md "Not yet"): the paper's packing (one ciphertext per row here,
+`blb_block`'s row layout: every row pays a whole ring of N coefficients in each
+conversion, so the bytes are far above the paper's), batching the conversions of one
+value into one protocol run, causal masks and decoders (the scores' -inf), and carrying
+ciphertexts between blocks of one parameter set.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ..compile import bind, build_graph
+from ..compile.ir import OP_CLASS
+from ..compile.passes import blb_fusion, blb_params
+from ..he.params import HEParams
+from ..mpc import nonlinear as nl
+from ..mpc.nonlinear.common import const
+from ..mpc.shares import AShare
+from ..protocols.ckks_convert import CKKSSide, ckks_to_shares, shares_to_ckks
+from . import blb_block
+from .blb_block import Packed, _Eval
+from .twopc import ServerModel, TwoPCEncoder, TwoPCError
+from .twopc_backend import LN_VAR_HI, LN_VAR_LO, RMS_HI, RMS_LO, ServerRows, SharesBackend
+
+#: largest scale Algorithm 2 encodes at (coefficients Delta |y| < 2^62 for |y| < 2^12)
+IN_SCALE_BITS = 50
+#: the scale of a block output when Algorithm 1 masks it at one prime (q_0 ~ 2^60:
+#: 2^38 |y| < q_0 / 4 for |y| < 2^20)
+OUT_SCALE_BITS = 38
+#: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
+EXP_CLIP = 16.0
+#: fraction bits of the public scalings inside the cores (1/d of a norm's mean square)
+CORE_SCALE_FRAC = 24
+_LAYOUTS = ("row", "head", "headsum")
+
+
+class BLBError(TwoPCError):
+    """The model or a message cannot run in the BLB 2pc mode."""
+
+
+# ----------------------------------------------------------------------------- the cores on shares
+
+
+class BLBSharesBackend(SharesBackend):
+    """`SharesBackend` plus the nonlinear cores `passes.blb_decompose` leaves to MPC."""
+
+    def reduce_max(self, node, x, ctx):
+        return nl.max_last(self.ctx, x)
+
+    def sub(self, node, a, b, ctx):
+        return a - (b.broadcast_to(a.shape) if b.shape != a.shape else b)
+
+    def exp(self, node, x, ctx):
+        """exp(x scale) for x = s - max <= 0: x scale in [-EXP_CLIP scale, 0] after the clip
+        (`nl.exp_reduced`); the HE block raises it to the power 1 / scale."""
+        scale = float(node.attrs.get("scale", 1.0))
+        y = x.mul_public_fixed(scale, frac=CORE_SCALE_FRAC) if scale != 1.0 else x
+        return nl.exp_reduced(self.ctx, y, -EXP_CLIP * scale)
+
+    def reciprocal(self, node, x, ctx):
+        return nl.reciprocal(self.ctx, x)
+
+    def rsqrt(self, node, x, ctx):
+        """1 / sqrt(x scale + eps) (a norm's sum of squares: scale 1/d)."""
+        scale, eps = float(node.attrs.get("scale", 1.0)), float(node.attrs.get("eps", 0.0))
+        y = x.mul_public_fixed(scale, frac=CORE_SCALE_FRAC) if scale != 1.0 else x
+        if eps:
+            y = y + const(self.ctx, y, eps)
+        rms = (node.attrs.get("blb_from") or ("",))[0] == "rms_norm"
+        lo, hi = (RMS_LO, RMS_HI) if rms else (LN_VAR_LO, LN_VAR_HI)
+        return nl.rsqrt(self.ctx, y, lo, hi)
+
+    def act_gate(self, node, x, ctx):
+        fn = node.attrs["fn"]
+        if fn in ("gelu", "gelu_tanh"):
+            return nl.gelu_gate(self.ctx, x)
+        if fn == "silu":
+            return nl.silu_gate(self.ctx, x)
+        raise BLBError(f"{node.name}: no gate protocol for activation {fn!r}")
+
+
+# ----------------------------------------------------------------------------- key sets
+
+
+def _set_key(bp: blb_params.BlockParams) -> tuple:
+    return (bp.ring_degree, tuple(bp.chain), tuple(bp.special))
+
+
+class _KeySet:
+    """One CKKS parameter set: its context, the conversions' side, and (server) the client's
+    evaluation keys with the rotation steps they cover."""
+
+    def __init__(self, hectx, side: CKKSSide):
+        self.hectx, self.side = hectx, side
+        self.evk = None
+        self.steps: set[int] = set()
+
+
+def _backend():
+    from ..he.lattigo_backend import LattigoBackend, available, unavailable_reason
+
+    if not available():
+        raise BLBError(f"BLB needs the Lattigo backend: {unavailable_reason()}")
+    return LattigoBackend()
+
+
+def _context(n: int, chain, special) -> Any:
+    from ..he.lattigo_backend import LattigoContext
+
+    return LattigoContext(HEParams(f"blb-N{n}", "ckks", int(n), tuple(int(b) for b in chain) + tuple(int(b) for b in special)))
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def _as_share(ctx, data: np.ndarray) -> AShare:
+    return AShare(ctx, np.ascontiguousarray(data, np.uint64), 64, ctx.ring.frac)
+
+
+def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: int, scale: float) -> Packed | None:
+    """Algorithm 2 for every ciphertext of one block input (both parties; the server gets the
+    `Packed` value, the client None)."""
+    vecs, dirty = ev.period_vectors(np.asarray(share.data, np.uint64), layout)
+    grid = vecs.shape[:-1]
+    j = max(0, math.ceil(math.log2(scale)) - IN_SCALE_BITS)
+    cts = np.empty(grid, object)
+    be, hc = ks.side.backend, ks.hectx
+    for idx in np.ndindex(*grid):
+        y = _as_share(ctx, np.tile(vecs[idx], ev.reps))
+        ct = shares_to_ckks(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j)
+        if ct is not None and j:  # back to the block's scale: x 2^j (integer, exact), scale x 2^j
+            ct = be.multiply_scalar(hc, ct, float(2 ** j))
+            be.scale_message_inplace(hc, ct, float(2 ** j))
+        cts[idx] = ct
+    return Packed(cts, layout, tuple(share.shape), dirty) if ks.side.is_server(ctx) else None
+
+
+def _to_one_prime(be, hc, ct):
+    """A ciphertext at level >= 1 -> level 0 at scale ~2^OUT_SCALE_BITS, the same value."""
+    if ct.level == 0:
+        return ct
+    if ct.level > 1:
+        be.mod_switch_to_inplace(hc, ct, 1)
+    q1 = float(hc.q_moduli[1])
+    k = float(max(1, round(q1 * 2.0 ** OUT_SCALE_BITS / be.ciphertext_scale(ct))))
+    ct = be.multiply_scalar(hc, ct, k)  # an integer: the message times k, no level
+    be.rescale_inplace(hc, ct)          # / q_1: reads k y at scale Delta / q_1
+    be.scale_message_inplace(hc, ct, k)  # reads y at scale k Delta / q_1 ~ 2^OUT_SCALE_BITS
+    return ct
+
+
+def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed) -> AShare:
+    """Algorithm 1 for every ciphertext of one block output (the server passes its `Packed`
+    value, the client the same metadata with no ciphertexts); both get the value's shares."""
+    server = ks.side.is_server(ctx)
+    be, hc = ks.side.backend, ks.hectx
+    dec = np.zeros(x.cts.shape + (ev.P,), np.uint64)
+    for idx in np.ndindex(*x.cts.shape):
+        ct = _to_one_prime(be, hc, x.cts[idx]) if server else None
+        dec[idx] = ckks_to_shares(ctx, ct, ks.side, n_slots=ev.P).data
+    return _as_share(ctx, ev.unpack(dec, x))
+
+
+class ConversionIO:
+    """The server's `blb_block` io: each input / output is announced to the client by a
+    header, then converted (`convert_in` / `convert_out`)."""
+
+    def __init__(self, runner: "BLBRunner", ks: _KeySet, block: dict):
+        self.runner, self.ks, self.block = runner, ks, block
+
+    def encrypt(self, ev: _Eval, name: str, arr, layout: str, level: int, scale: float) -> Packed:
+        ctx, be, hc = self.runner.ctx, self.ks.side.backend, self.ks.hectx
+        if isinstance(arr, ServerRows):  # the server's own rows: encrypted under the client's public key
+            vecs, dirty = ev.period_vectors(np.asarray(arr.rows, np.float64), layout)
+            cts = np.empty(vecs.shape[:-1], object)
+            for idx in np.ndindex(*cts.shape):
+                cts[idx] = be.encrypt_public(hc, self.ks.side.pk, ev.pt(vecs[idx], level, scale))
+            return Packed(cts, layout, tuple(np.shape(arr.rows)), dirty)
+        with self.runner.meter("conversions", self.block["name"]):
+            ctx.send({"op": "in", "value": name, "layout": layout, "level": int(level), "scale": float(scale)})
+            return convert_in(ctx, self.ks, ev, arr, layout, level, scale)
+
+    def decrypt(self, ev: _Eval, name: str, x: Packed) -> AShare:
+        with self.runner.meter("conversions", self.block["name"]):
+            self.runner.ctx.send({"op": "out", "value": name, **_packing_header(x)})
+            return convert_out(self.runner.ctx, self.ks, ev, x)
+
+
+def _packing_header(x: Packed) -> dict:
+    return {"layout": x.layout, "shape": [int(s) for s in x.shape], "grid": [int(s) for s in x.cts.shape],
+            "rep": [int(r) for r in x.rep], "heads": bool(x.heads)}
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+class BLBRunner:
+    """Both parties' side of the HE blocks: key sets, and per block the server's evaluation
+    (`run_block`) or the client's answers to its headers (`serve_block`)."""
+
+    def __init__(self, ctx, graph, params: dict | None, meter):
+        self.ctx, self.graph, self.params, self.meter = ctx, graph, params, meter
+        self.be = _backend()
+        self.sets: dict[tuple, _KeySet] = {}
+        self._bparams: dict[int, list] = {}  # tokens -> blb_params.run(...) (server)
+        self.block_stats: list[dict] = []
+
+    @property
+    def server(self) -> bool:
+        return self.ctx.party == 1
+
+    # -- keys
+    def _block_params(self, block: dict, tokens: int) -> blb_params.BlockParams:
+        if tokens not in self._bparams:
+            self._bparams[tokens] = blb_params.run(self.graph, params=self.params, tokens=tokens)
+        return self._bparams[tokens][block["id"]]
+
+    def _ensure_keys(self, bp: blb_params.BlockParams, steps: list[int]) -> _KeySet:
+        """Server: make sure the client's keys for ``bp``'s set cover ``steps`` (a header, then
+        the keys the client sends)."""
+        key = _set_key(bp)
+        ks = self.sets.get(key)
+        missing = sorted(set(steps) - (ks.steps if ks is not None else set()))
+        if ks is not None and not missing:
+            return ks
+        ctx, be = self.ctx, self.be
+        with self.meter("setup"), ctx.step("blb_setup"):
+            ctx.send({"op": "keys", "n": bp.ring_degree, "chain": list(bp.chain), "special": list(bp.special),
+                      "steps": missing})
+            msg = ctx.recv()
+            if ks is None:
+                hc = _context(*key)
+                side = CKKSSide(be, hc, None, be.load_public_key(hc, msg["pk"]), server=1)
+                ks = self.sets[key] = _KeySet(hc, side)
+                ks.evk = be.relin_keys_from_bytes(hc, msg["relin"])
+            if missing:
+                gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=missing,
+                                                max_keys=len(missing))
+                ks.evk = ks.evk.merged(gal)
+                ks.steps.update(missing)
+        return ks
+
+    def _answer_keys(self, msg: dict) -> None:
+        """Client: a key set (new parameters: context, secret keys, public and relinearisation
+        keys) and the rotation keys the server asks for."""
+        try:
+            n, chain, special = int(msg["n"]), tuple(map(int, msg["chain"])), tuple(map(int, msg["special"]))
+            steps = [int(s) for s in msg["steps"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise BLBError(f"malformed key request from the server: {e}") from None
+        key = (n, chain, special)
+        ks = self.sets.get(key)
+        out: dict[str, bytes] = {}
+        with self.meter("setup"), self.ctx.step("blb_setup"):
+            if ks is None:
+                hc = _context(n, chain, special)  # refuses insecure parameters (check_security)
+                keys = self.be.keygen(hc)
+                ks = self.sets[key] = _KeySet(hc, CKKSSide(self.be, hc, keys, None, server=1))
+                out["pk"] = keys.public_key_bytes()
+                out["relin"] = keys.relin_key_bytes()
+            if any(not 0 < s < ks.hectx.slots for s in steps) or len(steps) > 256:
+                raise BLBError("the server asked for rotation keys out of range")
+            if steps:
+                out["galois"] = ks.side.keys.galois_keys_bytes(steps)
+            self.ctx.send(out)
+        self._client_set = ks
+
+    # -- one block
+    def run_block(self, block: dict, inputs: dict, tokens: int) -> dict:
+        """Both parties: the block's outputs as shares {value: AShare} from its inputs {value:
+        AShare | ServerRows} (the server's own shares / rows; the client's shares)."""
+        t0 = time.perf_counter()
+        before = self.ctx.chan.totals()
+        if self.server:
+            out = self._server_block(block, inputs, tokens)
+        else:
+            out = self._client_block(block, inputs)
+        stats = {"block": block["id"], "seconds": time.perf_counter() - t0}
+        after = self.ctx.chan.totals()
+        stats.update({k: after[k] - before[k] for k in after})
+        self.block_stats.append(stats)
+        return out
+
+    def _server_block(self, block: dict, inputs: dict, tokens: int) -> dict:
+        bp = self._block_params(block, tokens)
+        period = blb_block.block_period(self.graph, block, inputs)
+        steps = blb_block.block_steps(self.graph, block, period)
+        have = self.sets.get(_set_key(bp))
+        keys = have is None or not set(steps) <= have.steps
+        with self.meter("conversions", block["name"]):
+            self.ctx.send({"op": "block", "id": int(block["id"]), "n": bp.ring_degree, "chain": list(bp.chain),
+                           "special": list(bp.special), "period": int(period), "scale_bits": int(bp.scale_bits),
+                           "keys": keys})
+        ks = self._ensure_keys(bp, steps)
+        out = blb_block.evaluate_block(self.graph, block, inputs, self.params, ks.hectx, self.be, None, ks.evk,
+                                       scale_bits=bp.scale_bits, io=ConversionIO(self, ks, block))
+        with self.meter("conversions", block["name"]):
+            self.ctx.send({"op": "end"})
+        return out
+
+    def _client_block(self, block: dict, inputs: dict) -> dict:
+        """The client's answers: the block's header, the key requests (``setup``), then one
+        conversion per header until the server's "end"."""
+        ctx = self.ctx
+        with self.meter("conversions", block["name"]):
+            head = ctx.recv()
+        if not isinstance(head, dict) or head.get("op") != "block" or head.get("id") != block["id"]:
+            raise BLBError(f"expected the server's header of block {block['id']}")
+        if head.get("keys"):
+            with self.meter("setup"):
+                msg = ctx.recv()
+                if not isinstance(msg, dict) or msg.get("op") != "keys":
+                    raise BLBError(f"block {block['id']}: expected the server's key request")
+                self._answer_keys(msg)
+        # the rest is one "conversions" interval (its seconds include waiting for the server's
+        # HE evaluation)
+        with self.meter("conversions", block["name"]):
+            return self._answer_block(block, inputs, head)
+
+    def _answer_block(self, block: dict, inputs: dict, msg: dict) -> dict:
+        ctx = self.ctx
+        try:
+            key = (int(msg["n"]), tuple(int(b) for b in msg["chain"]), tuple(int(b) for b in msg["special"]))
+            P, scale_bits = int(msg["period"]), int(msg["scale_bits"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BLBError(f"block {block['id']}: malformed header: {e}") from None
+        ks = self.sets.get(key)
+        if ks is None:
+            raise BLBError(f"block {block['id']}: no key set for the server's parameters")
+        if P < 1 or P & (P - 1) or P > ks.hectx.slots:
+            raise BLBError(f"block {block['id']}: bad period {P}")
+        ev = _Eval(ks.hectx, self.be, None, None, P, scale_bits, blb_block.block_heads(self.graph, block))
+        names = {i["value"] for i in block["inputs"]}
+        outs = {o["value"] for o in block["outputs"]}
+        out: dict[str, AShare] = {}
+        while True:
+            msg = ctx.recv()
+            op = msg.get("op") if isinstance(msg, dict) else None
+            if op == "end":
+                return out
+            if op == "in":
+                v, layout = msg.get("value"), msg.get("layout")
+                if v not in names or not isinstance(inputs.get(v), AShare) or layout not in ("row", "head"):
+                    raise BLBError(f"block {block['id']}: the server asked to convert {v!r} ({layout!r})")
+                try:
+                    level, scale = int(msg["level"]), float(msg["scale"])
+                except (KeyError, TypeError, ValueError) as e:
+                    raise BLBError(f"block {block['id']}: malformed header: {e}") from None
+                if not 0 <= level <= ks.hectx.max_level or not 1.0 <= scale < 2.0 ** 120:
+                    raise BLBError(f"block {block['id']}: level {level} / scale out of range")
+                convert_in(ctx, ks, ev, inputs[v], layout, level, scale)
+            elif op == "out" and msg.get("value") in outs:
+                out[msg["value"]] = convert_out(ctx, ks, ev, _client_packed(msg))
+            else:
+                raise BLBError(f"block {block['id']}: unexpected message from the server")
+
+
+def _client_packed(msg: dict) -> Packed:
+    """The metadata of an output `Packed` from its header (no ciphertexts)."""
+    try:
+        layout = msg["layout"]
+        shape, grid = tuple(int(s) for s in msg["shape"]), tuple(int(s) for s in msg["grid"])
+        rep = tuple(int(r) for r in msg["rep"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BLBError(f"malformed output header: {e}") from None
+    if layout not in _LAYOUTS or len(rep) != 2 or math.prod(grid) > 1 << 20:
+        raise BLBError("malformed output header")
+    return Packed(np.empty(grid, object), layout, shape, False, heads=bool(msg.get("heads")), rep=rep)
+
+
+# ----------------------------------------------------------------------------- the executor
+
+
+def units(graph) -> list[tuple[str, Any]]:
+    """The fused graph's nodes in an order where each HE block is one step: ("block", block)
+    or ("node", node), every input produced by an earlier step (the stage rule of
+    `blb_fusion` keeps the blocks acyclic)."""
+    blocks = {b["id"]: b for b in graph.meta["blb_blocks"]}
+    unit_of = {n.name: ("block", n.attrs["blb_block"]) if n.attrs.get("blb_block") is not None else ("node", n.name)
+               for n in graph.nodes}
+    prod = graph.producers()
+    deps: dict[tuple, set] = {}
+    order: list[tuple] = []
+    for n in graph.nodes:
+        u = unit_of[n.name]
+        if u not in deps:
+            deps[u] = set()
+            order.append(u)
+        for v in n.inputs:
+            p = prod.get(v)
+            if p is not None and unit_of[p.name] != u:
+                deps[u].add(unit_of[p.name])
+    done: set = set()
+    out = []
+    while len(out) < len(order):
+        progressed = False
+        for u in order:
+            if u in done or not deps[u] <= done:
+                continue
+            done.add(u)
+            out.append(("block", blocks[u[1]]) if u[0] == "block" else ("node", graph.node(u[1])))
+            progressed = True
+            break
+        if not progressed:
+            raise BLBError("the fused blocks form a cycle")
+    return out
+
+
+class BLBEncoder(TwoPCEncoder):
+    """An encoder's 2pc executor with BLB fusion (module doc): the same embedding, sentence
+    embedding and classifier as `TwoPCEncoder`; the layers as fused HE blocks and MPC cores."""
+
+    def __init__(self, ctx, config: dict, server: ServerModel | None, plan=None, meter=None, progress=None):
+        super().__init__(ctx, config, server, plan, meter, progress)
+        g0 = build_graph(config)
+        self.blb_graph = blb_fusion.run(g0)
+        bound = None
+        if server is not None:
+            bound = server.bound if getattr(server, "bound", None) is not None else None
+            if bound is None:
+                raise BLBError("the server model has no bound weights for BLB (ServerModel(..., keep_bound=True))")
+        self.blb_params = bound
+        self.blb_backend = BLBSharesBackend(ctx, self.blb_graph, None if server is None else server.params,
+                                            self._embed_word)
+        self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter)
+        self._units = units(self.blb_graph)
+
+    def encode_shares(self, ids, n: int) -> AShare:
+        n = int(n)
+        if not 1 <= n <= self.max_positions:
+            raise TwoPCError(f"sentence length must be 1..{self.max_positions}, got {n}")
+        ctx = self._pass_ctx(0, n)
+        g = self.blb_graph
+        need_out = g.outputs["hidden"]
+        need = _needed(g, [need_out])
+        vals: dict[str, Any] = {"ids": self._ids_value(ids, n), "positions": ctx["positions"],
+                                "token_types": np.zeros(n, np.int64)}
+        done_layers = -1
+        for kind, item in self._units:
+            if kind == "node":
+                if item.name not in need:
+                    continue
+                ins = [vals[v] for v in item.inputs]
+                with self.meter(OP_CLASS[item.op], item.name):
+                    r = getattr(self.blb_backend, item.op)(item, *ins, ctx=ctx)
+                vals[item.out] = r
+            else:
+                if not any(name in need for name in item["nodes"]):
+                    continue
+                blk = {**item, "name": f"blb{item['id']}",
+                       "outputs": [o for o in item["outputs"] if _read_by(g, o["value"], need) or o["value"] == need_out]}
+                res = self.runner.run_block(blk, {i["value"]: vals[i["value"]] for i in item["inputs"]}, n)
+                vals.update(res)
+                if item["layer"] is not None and item["layer"] > done_layers and self.progress is not None:
+                    done_layers = item["layer"]
+                    self.progress(done_layers + 1, g.n_layers, f"{n} token(s), BLB block {item['id']}")
+        return vals[need_out]
+
+
+def _needed(graph, outputs) -> set[str]:
+    prod = graph.producers()
+    todo, seen = list(outputs), set()
+    while todo:
+        p = prod.get(todo.pop())
+        if p is None or p.name in seen:
+            continue
+        seen.add(p.name)
+        todo.extend(p.inputs)
+    return seen
+
+
+def _read_by(graph, value: str, need: set[str]) -> bool:
+    return any(value in graph.node(name).inputs for name in need)
+
+
+def server_model_blb(config: dict, weights: dict, classifier: tuple | None = None) -> ServerModel:
+    """A `ServerModel` that keeps the bound weights of the unfused graph (BLB's blocks read them)."""
+    sm = ServerModel(config, weights, classifier)
+    g0 = build_graph(config)
+    sm.bound = {k: np.asarray(v, np.float64) for k, v in bind(g0, weights).items()}
+    return sm
+
+
+__all__ = ["BLBEncoder", "BLBRunner", "BLBSharesBackend", "BLBError", "convert_in", "convert_out", "units",
+           "server_model_blb", "IN_SCALE_BITS", "OUT_SCALE_BITS"]
