@@ -63,6 +63,7 @@ import numpy as np
 from ..compile import bind, build_graph
 from ..compile.ir import OP_CLASS
 from ..compile.passes import blb_fusion, blb_params
+from ..he.backend import get_backend
 from ..he.params import HEParams
 from ..mpc import nonlinear as nl
 from ..mpc.nonlinear.common import const
@@ -148,17 +149,16 @@ class _KeySet:
 
 
 def _backend():
-    from ..he.lattigo_backend import LattigoBackend, available, unavailable_reason
-
-    if not available():
-        raise BLBError(f"BLB needs the Lattigo backend: {unavailable_reason()}")
-    return LattigoBackend()
+    """The CKKS backend of the blocks (Lattigo, through the HE interface)."""
+    try:
+        return get_backend("lattigo")
+    except Exception as e:  # the shared library is missing or cannot load
+        raise BLBError(f"BLB needs the Lattigo backend: {e}") from None
 
 
 def _context(n: int, chain, special) -> Any:
-    from ..he.lattigo_backend import LattigoContext
-
-    return LattigoContext(HEParams(f"blb-N{n}", "ckks", int(n), tuple(int(b) for b in chain) + tuple(int(b) for b in special)))
+    params = HEParams(f"blb-N{n}", "ckks", int(n), tuple(int(b) for b in chain) + tuple(int(b) for b in special))
+    return _backend().context(params)  # refuses parameters below 128-bit security (check_security)
 
 
 # ----------------------------------------------------------------------------- conversions
