@@ -190,6 +190,15 @@ def test_layouts_and_steps():
     qkb = next(b for b in blocks if any(g.node(n).op == "qk" for n in b["nodes"]))
     qk = next(g.node(n) for n in qkb["nodes"] if g.node(n).op == "qk")
     assert blb_block.assign_layouts(g, qkb)[qk.out] == "headsum"
-    steps = blb_block.block_steps(g, qkb, 64)
-    assert {1, 2, 3, 6, 8, 16, 24, 32, 56} <= set(steps) and all(0 < s < 64 for s in steps)
+    steps = blb_block.block_steps(g, qkb, 64, 8192)
+    # the projections (48 x 48: 95 diagonals, b = 16 baby steps, giant steps -47 + 16 j), the
+    # head sums of Q K^T (12 slots: 1, 2, 3, 6) and the pair shifts (+-64)
+    lin = set(range(1, 16)) | {(-47 + 16 * j) % 8192 for j in range(6)}
+    assert set(blb_block.linear_steps(48, 48, 8192)) == lin - {0}
+    assert set(steps) == (lin | {1, 2, 3, 6, 64, 8192 - 64}) - {0}
+    # a norm's mean: forward over the period, back over the 48 channels
+    mean_block = next(b for b in blocks if any(g.node(n).op == "reduce_sum" and g.node(n).attrs.get("scale", 1) != 1
+                                               for n in b["nodes"]))
+    assert {1, 2, 4, 8, 16, 32, 8192 - 24, 8192 - 12, 8192 - 6, 8192 - 3, 8192 - 1} <= set(
+        blb_block.block_steps(g, mean_block, 64, 8192))
     assert blb_block.rot_sum_steps(12) == [1, 2, 3, 6] and blb_block.rot_sum_steps(8) == [1, 2, 4]

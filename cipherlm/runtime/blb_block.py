@@ -77,7 +77,7 @@ import numpy as np
 
 from ..compile.ir import Graph
 from ..compile.passes import blb_params
-from ..compile.passes.blb_fusion import _only_folded, block_depth
+from ..compile.passes.blb_fusion import _only_folded, _shapes, block_depth
 
 SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache")
 
@@ -89,15 +89,18 @@ class Packed:
     cts: np.ndarray
     layout: str           # "row" | "head" | "headsum"
     shape: tuple          # logical shape
-    dirty: bool = False   # row layout: slots [C, P) may be nonzero (a (..., 1) value: replicated over
-    #                       the whole period, not only over the C slots of the rows it is combined with)
+    dirty: bool = False   # row layout: slots [C, P) of a row may be nonzero (a (..., 1) value: replicated
+    #                       over the row's whole period, not only over the C slots of the rows it meets)
     heads: bool = False   # row layout of a KV-cache value: (S, H hd) rows read as (H, S, hd)
     rep: tuple[int, int] = (1, 0)  # grouped-query K / V: (H / H_kv, hd), each KV head repeated per query head
-    keep: np.ndarray | None = None  # headsum: the (T, S) pairs computed (a causal mask: the rest -inf)
+    keep: np.ndarray | None = None  # headsum: the (T, S) pairs wanted (a causal mask: the rest -inf)
+    start: bool = False   # a row sum left in the first slot of each row only (`_Eval.reduce_sum`, scale 1)
+    shifts: tuple[int, ...] = ()    # head / headsum: the row shifts u of the grid's last axis (`pair_shifts`)
+    present: np.ndarray | None = None  # an output's ciphertexts that exist (the 2pc conversions' header)
 
     @property
     def first(self):
-        return self.cts.flat[0]
+        return next(c for c in self.cts.flat if c is not None)
 
 
 def _pow2(n: int) -> int:
@@ -114,10 +117,43 @@ def rot_sum_steps(length: int) -> list[int]:
     return out
 
 
-def bsgs_split(p: int) -> tuple[int, int]:
-    """(baby steps, giant steps) of a P x P diagonal product."""
-    b = _pow2(int(math.ceil(math.sqrt(p))))
-    return b, max(1, p // b)
+def bsgs_split(d: int) -> tuple[int, int]:
+    """(baby steps b, giant steps g) of a product with ``d`` diagonals: b a power of two near
+    sqrt(d), g = ceil(d / b)."""
+    b = _pow2(int(math.ceil(math.sqrt(d))))
+    return b, max(1, -(-d // b))
+
+
+def linear_steps(d_in: int, d_out: int, slots: int) -> list[int]:
+    """The rotations of `_Eval.linear` for a d_out x d_in matrix: baby steps 1..b-1, giant
+    steps k0 + j b (mod the slots) over the d_in + d_out - 1 diagonals k0 = -(d_out - 1) ..
+    d_in - 1."""
+    k0 = -(d_out - 1)
+    b, g = bsgs_split(d_in + d_out - 1)
+    return list(range(1, b)) + [(k0 + j * b) % slots for j in range(g)]
+
+
+def pair_shifts(rows_per_ct: int, T: int, S: int) -> tuple[int, ...]:
+    """The row shifts u (signed, |u| < R) for which some query row t and key row s meet in the
+    pair layouts: query ciphertext a's row r faces key ciphertext b's row (r + u) mod R, i.e.
+    t = a R + r, s = b R + (r + u) mod R (every pair (t, s) once over the (a, b, u) grid)."""
+    R = rows_per_ct
+    used = set()
+    for u in range(R):
+        r = np.arange(R)
+        s_row = (r + u) % R
+        if (r < T).any() and any(((r < T) & (b * R + s_row < S)).any() for b in range(-(-S // R))):
+            used.add(u if u <= R // 2 else u - R)
+    return tuple(sorted(used, key=lambda u: (abs(u), u)))
+
+
+def _pair_index(R: int, nq: int, nk: int, shifts, T: int, S: int):
+    """(t, s, valid) of every (a, b, u, r) of the pair layouts (arrays of shape (nq, nk, U, R))."""
+    A, B, U, Rr = np.meshgrid(np.arange(nq), np.arange(nk), np.asarray(shifts, np.int64), np.arange(R),
+                              indexing="ij")
+    t = A * R + Rr
+    s = B * R + (Rr + U) % R
+    return t, s, (t < T) & (s < S)
 
 
 def value_shape(x) -> tuple:
@@ -146,23 +182,30 @@ def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray]) -> in
     return _pow2(max(widths))
 
 
-def block_steps(graph: Graph, block: dict, period: int) -> list[int]:
-    """Every rotation step `evaluate_block` uses for this block at period P."""
+def block_steps(graph: Graph, block: dict, period: int, slots: int) -> list[int]:
+    """Every rotation step `evaluate_block` uses for this block at period P on ``slots`` slots
+    (steps in [1, slots))."""
     steps: set[int] = set()
+    shapes = _shapes(graph)
+    expand = kv_expansion(graph, block)
     for name in block["nodes"]:
         n = graph.node(name)
         if n.op == "linear":
-            b, g = bsgs_split(period)
-            steps.update(range(1, b))
-            steps.update(j * b for j in range(1, g))
+            r = expand.get(n.out, (1, 0))[0]
+            steps.update(linear_steps(int(n.attrs["d_in"]), int(n.attrs["d_out"]) * r, slots))
         elif n.op == "reduce_sum":
             steps.update(rot_sum_steps(period))
-        elif n.op == "qk":
-            steps.update(rot_sum_steps(int(n.attrs["head_dim"])))
+            if float(n.attrs.get("scale", 1.0)) != 1.0:
+                steps.update(-s for s in rot_sum_steps(int(shapes[n.inputs[0]][-1])))
+        elif n.op in ("qk", "av"):
+            if n.op == "qk":
+                steps.update(rot_sum_steps(int(n.attrs["head_dim"])))
+            if slots > period:
+                steps.update((period, -period))
         elif n.op == "rope":
             a = 1 if n.attrs.get("interleave") else int(n.attrs["head_dim"]) // 2
-            steps.update((a, period - a))
-    return sorted(s for s in steps if s % period)
+            steps.update((a, -a))
+    return sorted({s % slots for s in steps} - {0})
 
 
 def assign_layouts(graph: Graph, block: dict) -> dict[str, str]:
@@ -202,25 +245,26 @@ class _Eval:
         self.slots = ctx.slots
         if self.slots % period:
             raise ValueError(f"period {period} does not divide {self.slots} slots")
-        self.reps = self.slots // period
+        self.R = self.slots // period  # rows per ciphertext
         self.scale = 2.0 ** scale_bits
-        self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the head layout
+        self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the pair layouts
         self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0, "encode_weights_s": 0.0}
-        self._babies: dict[int, tuple] = {}  # id(ct) -> (ct, its baby-step rotations), shared by projections
+        self._babies: dict[tuple, tuple] = {}  # (id(ct), b) -> (ct, its baby-step rotations), shared by projections
 
     # ---- primitives
-    def tile(self, period_vec: np.ndarray) -> np.ndarray:
-        return np.tile(np.asarray(period_vec, np.float64), self.reps)
-
-    def pt(self, period_vec, level: int, scale: float):
-        return self.be.encode_slots(self.ctx, self.tile(period_vec), level=level, scale_bits=math.log2(scale))
+    def pt(self, vec, level: int, scale: float):
+        """A plaintext of a full slot vector, or of a period vector (the same for every row)."""
+        v = np.asarray(vec, np.float64)
+        if v.size == self.P:
+            v = np.tile(v, self.R)
+        return self.be.encode_slots(self.ctx, v, level=level, scale_bits=math.log2(scale))
 
     def copy(self, ct):
         """A copy through the backend interface: an integer product by 1 (scale 1, exact, no level)."""
         return self.be.multiply_scalar(self.ctx, ct, 1)
 
     def rot(self, ct, k: int):
-        k %= self.P
+        k %= self.slots
         if k == 0:
             return self.copy(ct)
         self.stats["rotations"] += 1
@@ -231,47 +275,79 @@ class _Eval:
         self.be.rescale_inplace(self.ctx, ct)
         return ct
 
-    def rot_sum(self, ct, length: int):
-        """sum_{k < length} rot(ct, k) (log rotations; a fresh ciphertext)."""
+    def rot_sum(self, ct, length: int, sign: int = 1):
+        """sum_{k < length} rot(ct, sign k) (log rotations; a fresh ciphertext)."""
         if length <= 1:
             return self.copy(ct)
-        half = self.rot_sum(ct, length // 2)
+        half = self.rot_sum(ct, length // 2, sign)
         out = self.copy(half)
-        self.be.add_inplace(self.ctx, out, self.rot(half, length // 2))
+        self.be.add_inplace(self.ctx, out, self.rot(half, sign * (length // 2)))
         if length % 2:
-            self.be.add_inplace(self.ctx, out, self.rot(ct, length - 1))
+            self.be.add_inplace(self.ctx, out, self.rot(ct, sign * (length - 1)))
+        return out
+
+    def shifted(self, cts: np.ndarray, shifts) -> list[dict[int, Any]]:
+        """Per ciphertext, {u: rot(ct, u P)} for the row shifts u (chains of rotations by +-P:
+        two rotation keys)."""
+        out = []
+        for ct in cts:
+            d = {0: ct}
+            for sign in (1, -1):
+                prev = ct
+                for m in range(1, max([abs(u) for u in shifts if u * sign > 0], default=0) + 1):
+                    prev = self.rot(prev, sign * self.P)
+                    d[sign * m] = prev
+            out.append(d)
         return out
 
     def q(self, level: int) -> float:
         return float(self.ctx.q_moduli[level])
 
-    # ---- encoding / decoding (the conversions' stand-ins)
-    def period_vectors(self, arr: np.ndarray, layout: str) -> tuple[np.ndarray, bool]:
-        """(grid of period vectors (grid shape + (P,)), dirty).  A linear map made of copies
-        and zeros only, so it applies as well to one party's additive shares (uint64 arrays
-        keep their dtype: 0 is a share of 0)."""
+    def n_cts(self, rows: int) -> int:
+        return max(1, -(-int(rows) // self.R))
+
+    # ---- encoding / decoding (what the conversions move)
+    def slot_vectors(self, arr: np.ndarray, layout: str) -> tuple[np.ndarray, bool, tuple]:
+        """(grid of slot vectors (grid shape + (slots,)), dirty, shifts) of a value in
+        ``layout``.  A linear map made of copies and zeros only, so it applies as well to one
+        party's additive shares (uint64 arrays keep their dtype: 0 is a share of 0).
+
+        *row*: row i of the (rows, C) value (leading axes flattened) in slots [r P, r P + C) of
+        ciphertext i // R (r = i mod R), zeros after; a (..., 1) value replicated over its
+        row's period.  *head*: P V's probabilities (H, T, S) on the pair grid (`pair_shifts`):
+        ciphertext (a, b, u), row r, head segment [h hd, (h + 1) hd) holds p[h, a R + r,
+        b R + (r + u) mod R]; (H, T, 1) on a grid (nq, 1, 1) (the same for every key)."""
         a = np.asarray(arr)
         if a.dtype != np.uint64:
             a = a.astype(np.float64)
-        P = self.P
+        P, R = self.P, self.R
         if layout == "row":
             C = a.shape[-1]
-            grid = a.shape[:-1]
-            out = np.zeros(grid + (P,), a.dtype)
-            if C == 1:
-                out[...] = a  # replicated over the period
-            else:
-                out[..., :C] = a
-            return out, C == 1
+            rows = a.reshape(-1, C)
+            m = self.n_cts(rows.shape[0])
+            out = np.zeros((m * R, P), a.dtype)
+            out[:rows.shape[0], :P if C == 1 else C] = rows
+            return out.reshape(m, R * P), C == 1, ()
         if layout == "head":
             H, hd = self.hh
             if a.ndim != 3 or a.shape[0] != H:
                 raise NotImplementedError(f"head layout for a value of shape {a.shape} (expected (H, T, S|1))")
             _, T, S = a.shape
-            seg = np.repeat(a.transpose(1, 2, 0), hd, axis=-1)  # (T, S, H hd)
-            out = np.zeros((T, S, P), a.dtype)
+            nq = self.n_cts(T)
+            if S == 1:
+                nk, shifts = 1, (0,)
+            else:
+                nk, shifts = self.n_cts(S), pair_shifts(R, T, S)
+            t, s, ok = _pair_index(R, nq, nk, shifts, T, S if S > 1 else 1)
+            if S == 1:
+                s = np.zeros_like(s)
+                ok = t < T
+            v = a[:, np.where(ok, t, 0), np.where(ok, s, 0)]  # (H, nq, nk, U, R)
+            v = np.where(ok[None], v, np.zeros((), a.dtype))
+            seg = np.repeat(np.moveaxis(v, 0, -1), hd, axis=-1)  # (nq, nk, U, R, H hd)
+            out = np.zeros(seg.shape[:-1] + (P,), a.dtype)
             out[..., :H * hd] = seg
-            return out, False
+            return out.reshape(nq, nk, len(shifts), R * P), False, tuple(shifts)
         raise NotImplementedError(f"cannot encode a block input in the {layout!r} layout")
 
     def encrypt(self, name: str, arr, layout: str, level: int, scale: float) -> Packed:
@@ -283,20 +359,31 @@ class _Eval:
         return self.io.decrypt(self, name, x)
 
     def unpack(self, dec: np.ndarray, x: Packed) -> np.ndarray:
-        """The logical value of ``x`` from ``dec`` (x's grid + (P,): each ciphertext's first
-        period of slots; floats, or one party's uint64 shares: only copies are made)."""
+        """The logical value of ``x`` from ``dec`` (x's grid + (slots,): each ciphertext's slots;
+        floats, or one party's uint64 shares: only copies are made)."""
+        P, R = self.P, self.R
         if x.layout == "row":
             C = x.shape[-1]
-            out = dec[..., :C].reshape(x.shape)
+            n = int(np.prod(x.shape[:-1], dtype=np.int64))
+            out = dec.reshape(-1, P)[:n, :C].reshape(x.shape)
             r, hd = x.rep
             if r > 1:  # the first copy of each KV head
                 out = out.reshape(out.shape[0], -1, r, hd)[:, :, 0, :].reshape(out.shape[0], -1)
             if x.heads:
                 out = out.reshape(out.shape[0], -1, hd or self.hh[1]).transpose(1, 0, 2)
             return out
+        if x.layout != "headsum":
+            raise NotImplementedError(f"decoding a {x.layout!r} value")
         H, hd = self.hh
-        v = dec[..., 0:H * hd:hd]  # (T, S, H): the first slot of each head's segment
-        return v.transpose(2, 0, 1).reshape(x.shape)
+        _, T, S = x.shape
+        nq, nk, U = x.cts.shape
+        t, s, ok = _pair_index(R, nq, nk, x.shifts, T, S)
+        d5 = dec.reshape(nq, nk, U, R, P)[..., np.arange(H) * hd]  # (nq, nk, U, R, H)
+        out = np.zeros((H, T, S), dec.dtype)
+        out[:, t[ok], s[ok]] = d5[ok].T
+        if x.keep is not None:
+            out[:, ~x.keep] = -np.inf
+        return out
 
     # ---- levels
     def level_of(self, x: Packed) -> int:
@@ -307,8 +394,8 @@ class _Eval:
         """``fn`` applied to every ciphertext of ``x`` (same layout and shape)."""
         cts = np.empty(x.cts.shape, object)
         for idx in np.ndindex(*x.cts.shape):
-            cts[idx] = fn(x.cts[idx])
-        return Packed(cts, x.layout, x.shape, x.dirty)
+            cts[idx] = None if x.cts[idx] is None else fn(x.cts[idx])
+        return dataclasses.replace(x, cts=cts)
 
     def copied(self, ct, inplace_op, *args):
         """A copy of ``ct`` with ``inplace_op(ctx, copy, *args)`` applied."""
@@ -335,6 +422,11 @@ class _Eval:
     def binary(self, op: str, a: Packed, b: Packed, out_shape: tuple) -> Packed:
         if a.layout != b.layout:
             raise NotImplementedError(f"{op} of a {a.layout!r} and a {b.layout!r} value")
+        if a.start or b.start:
+            raise NotImplementedError(f"{op} of an unscaled row sum inside the block (its broadcast would "
+                                      "cost a level block_depth does not count)")
+        if a.layout == "row" and a.shape[:-1] != b.shape[:-1]:
+            raise NotImplementedError(f"{op} of row values with different rows: {a.shape} and {b.shape}")
         a, b = self.align(a, b, op in ("add", "sub"))
         ga, gb = np.broadcast_arrays(a.cts, b.cts)
         cts = np.empty(ga.shape, object)
@@ -346,7 +438,8 @@ class _Eval:
             else:
                 cts[idx] = self.copied(x, self.be.add_inplace if op == "add" else self.be.sub_inplace, y)
         dirty = (a.dirty and b.dirty) if op == "mul" else (a.dirty or b.dirty)
-        return Packed(cts, a.layout, out_shape, dirty)
+        big = a if a.cts.size >= b.cts.size else b
+        return Packed(cts, a.layout, out_shape, dirty, shifts=big.shifts)
 
     def plain_mul(self, x: Packed, period_vec: np.ndarray) -> Packed:
         """x * a public vector (one level; the scale unchanged)."""
@@ -360,41 +453,51 @@ class _Eval:
         return self.each(x, lambda c: self.copied(c, self.be.add_plain_inplace, p))
 
     def linear(self, x: Packed, w: np.ndarray, bias: np.ndarray | None) -> Packed:
-        """x W^T + b: diagonals of the zero-padded P x P matrix, baby-step giant-step."""
+        """x W^T + b by the diagonal method on the stacked rows: the d_in + d_out - 1 diagonals
+        k = -(d_out - 1) .. d_in - 1 of W (not cyclic: entry (i, i + k) where 0 <= i + k < d_in,
+        zero elsewhere, so a rotation that reaches into a neighbouring row is multiplied by 0),
+        baby-step giant-step: sum_j rot(sum_i rot(x, i) roll(d_(k0 + j b + i), k0 + j b), k0 + j b)."""
         if x.layout != "row":
             raise NotImplementedError(f"a projection of a {x.layout!r} value")
+        if x.dirty or x.start:
+            raise NotImplementedError("a projection of a value whose padding slots are not zero")
         P = self.P
         d_out, d_in = w.shape
         if x.shape[-1] != d_in:
             raise ValueError(f"projection of width {d_in} applied to a value of width {x.shape[-1]}")
-        wp = np.zeros((P, P))
-        wp[:d_out, :d_in] = w
-        b, g = bsgs_split(P)
+        k0 = -(d_out - 1)
+        D = d_in + d_out - 1
+        b, g = bsgs_split(D)
         lvl = self.level_of(x)
         rows = np.arange(P)
         pts: dict[tuple[int, int], Any] = {}
         t0 = time.perf_counter()
         for j in range(g):
             for i in range(b):
-                k = j * b + i
-                if k >= P:
+                k = k0 + j * b + i
+                if k >= d_in:
                     continue
-                diag = wp[rows, (rows + k) % P]
+                col = rows + k
+                ok = (rows < d_out) & (col >= 0) & (col < d_in)
+                if not ok.any():
+                    continue
+                diag = np.zeros(P)
+                diag[ok] = w[rows[ok], col[ok]]
                 if not diag.any():
                     continue
-                pts[j, i] = self.pt(np.roll(diag, j * b), lvl, self.q(lvl))
+                pts[j, i] = self.pt(np.roll(diag, (k0 + j * b) % P), lvl, self.q(lvl))
         # the weights' encoding: input-independent (the server can do it ahead of time)
         self.stats["encode_weights_s"] += time.perf_counter() - t0
         cts = np.empty(x.cts.shape, object)
         for idx in np.ndindex(*x.cts.shape):
             ct = x.cts[idx]
-            hit = self._babies.get(id(ct))
+            hit = self._babies.get((id(ct), b))
             if hit is not None and hit[0] is ct:  # another projection of the same input (Q, K, V; gate, up)
                 babies = hit[1]
             else:
                 babies = self.be.rotate_hoisted(self.ctx, ct, list(range(b)), self.evk)
                 self.stats["rotations"] += b - 1
-                self._babies[id(ct)] = (ct, babies)
+                self._babies[id(ct), b] = (ct, babies)
             acc = None
             for j in range(g):
                 inner = None
@@ -409,8 +512,8 @@ class _Eval:
                         self.be.add_inplace(self.ctx, inner, t)
                 if inner is None:
                     continue
-                if j:
-                    inner = self.rot(inner, j * b)
+                if (k0 + j * b) % self.slots:
+                    inner = self.rot(inner, k0 + j * b)
                 if acc is None:
                     acc = inner
                 else:
@@ -426,56 +529,78 @@ class _Eval:
         return out
 
     def reduce_sum(self, x: Packed, scale: float) -> Packed:
+        """Row sums: a rotate-and-sum over the period (log2 P rotations) leaves row r's sum in
+        its first slot r P.  With a scale (a mean's 1/d) that slot is masked (the scale there,
+        0 elsewhere: one level) and spread back over the row's C slots by a rotate-and-sum the
+        other way (log2 C rotations): the broadcast of Figure 6.  Without a scale the sum
+        stays in the first slot (``start``): only a block output (the rsqrt / reciprocal
+        core's input) reads it, and the conversion reads that slot."""
         if x.layout != "row":
             raise NotImplementedError(f"reduce_sum of a {x.layout!r} value")
-        if x.dirty:
+        if x.dirty or x.start:
             raise NotImplementedError("reduce_sum of a value whose padding slots are not zero")
         C = x.shape[-1]
-        cts = np.empty(x.cts.shape, object)
-        for idx in np.ndindex(*x.cts.shape):
-            cts[idx] = self.rot_sum(x.cts[idx], self.P)
-        out = Packed(cts, "row", x.shape[:-1] + (1,), True)  # the sum in every slot of the period
-        if scale != 1.0:  # masked: the scale on the row's C slots, 0 on the padding
-            mask = np.zeros(self.P)
-            mask[:C] = scale
-            out = self.plain_mul(out, mask)
-            out.dirty = False
+        out = self.each(x, lambda c: self.rot_sum(c, self.P))
+        out = Packed(out.cts, "row", x.shape[:-1] + (1,), True, start=True)
+        if scale == 1.0:
+            return out
+        mask = np.zeros(self.P)
+        mask[0] = scale
+        lvl = self.level_of(out)
+        p = self.pt(mask, lvl, self.q(lvl))
+        self.stats["ct_pt"] += out.cts.size
+        # spread before the rescale: its rounding (and the rotations' key-switch noise, divided
+        # by the prime) lands once per slot, not summed over C slots
+        out = self.each(out, lambda c: self.rescale(self.rot_sum(self.be.multiply_plain(self.ctx, c, p), C, -1)))
+        out.dirty, out.start = False, False
         return out
 
     def qk(self, q: Packed, k: Packed, attrs: dict, pos0: int = 0) -> Packed:
+        """Q K^T on the pair grid: per (query ciphertext a, key ciphertext b, shift u),
+        Q_a * rot(K_b, u P) (row r of a faces key row (r + u) mod R of b), relinearised and
+        summed over each head's hd slots (the score in slot r P + h hd); the public scale
+        (1 / sqrt(hd)) applied to the ciphertext's scale (no level).  A causal mask is public:
+        a ciphertext none of whose pairs is kept is not computed; masked pairs decode as -inf."""
         H, hd = int(attrs["heads"]), int(attrs["head_dim"])
         if q.shape[-1] != H * hd or k.shape[-1] != H * hd:  # K repeated per query head (grouped-query)
             raise ValueError(f"qk of widths {q.shape[-1]}, {k.shape[-1]} with {H} heads of {hd}")
         if q.layout != "row" or k.layout != "row":
             raise NotImplementedError("qk of values not in the row layout")
         q, k = self.align(q, k, False)
-        T, S = q.cts.shape[0], k.cts.shape[0]
+        T, S = q.shape[0], k.shape[0]
         keep = np.ones((T, S), bool)
         if attrs.get("causal"):  # a public mask: the masked scores are not computed (-inf at the output)
             qpos, kpos = pos0 + np.arange(T)[:, None], np.arange(S)[None, :]
             keep = kpos <= qpos
             if attrs.get("sliding_window") is not None:
                 keep &= (qpos - kpos) < int(attrs["sliding_window"])
-        cts = np.empty((T, S), object)
-        for t in range(T):
-            for s in range(S):
-                if not keep[t, s]:
-                    continue
-                self.stats["ct_ct"] += 1
-                prod = self.be.multiply(self.ctx, q.cts[t], k.cts[s], self.evk)
-                summed = self.rot_sum(prod, hd)
-                self.rescale(summed)
-                self.be.scale_message_inplace(self.ctx, summed, 1.0 / float(attrs.get("scale", 1.0)))
-                cts[t, s] = summed
-        return Packed(cts, "headsum", (H, T, S), keep=None if keep.all() else keep)
+        shifts = pair_shifts(self.R, T, S)
+        nq, nk = q.cts.shape[0], k.cts.shape[0]
+        t, s, ok = _pair_index(self.R, nq, nk, shifts, T, S)
+        wanted = ok & keep[np.minimum(t, T - 1), np.minimum(s, S - 1)]
+        krot = self.shifted(k.cts, shifts)
+        cts = np.empty((nq, nk, len(shifts)), object)
+        for a in range(nq):
+            for b in range(nk):
+                for ui, u in enumerate(shifts):
+                    if not wanted[a, b, ui].any():
+                        continue
+                    self.stats["ct_ct"] += 1
+                    prod = self.be.multiply(self.ctx, q.cts[a], krot[b][u], self.evk)
+                    summed = self.rot_sum(prod, hd)
+                    self.rescale(summed)
+                    self.be.scale_message_inplace(self.ctx, summed, 1.0 / float(attrs.get("scale", 1.0)))
+                    cts[a, b, ui] = summed
+        return Packed(cts, "headsum", (H, T, S), keep=None if keep.all() else keep, shifts=shifts)
 
     def rope(self, x: Packed, attrs: dict, positions: np.ndarray) -> Packed:
         """RoPE per row t (position positions[t]): x cos + rot(x, a) sin1 + rot(x, -a) sin2 with
-        a = hd / 2 (rotate_half) or 1 (interleaved pairs), the signs and masks in the plaintexts;
-        one rescale for the three products."""
+        a = hd / 2 (rotate_half) or 1 (interleaved pairs), the signs, masks and each row's
+        angles in the plaintexts (a rotation never leaves a head's segment where the plaintext
+        is nonzero); one rescale for the three products."""
         from . import ops
 
-        if x.layout != "row" or x.cts.ndim != 1:
+        if x.layout != "row" or len(x.shape) != 2:
             raise NotImplementedError("rope of a value not in the row layout")
         H, hd = int(attrs["heads"]), int(attrs["head_dim"])
         if x.shape[-1] != H * hd or hd % 2:
@@ -487,42 +612,54 @@ class _Eval:
         freq_of = inv[j // 2] if inter else inv[j % (hd // 2)]
         first = (j % 2 == 0) if inter else (j < hd // 2)  # reads x[j + a] with -sin; the others x[j - a], +sin
         lvl = self.level_of(x)
-        rs = [self.rot(c, a) for c in x.cts]
-        ls = [self.rot(c, -a) for c in x.cts]
+        T = x.shape[0]
         cts = np.empty(x.cts.shape, object)
-        for t, c in enumerate(x.cts):
-            ang = float(positions[t]) * freq_of
-            vecs = []
-            for v in (np.cos(ang), np.where(first, -np.sin(ang), 0.0), np.where(first, 0.0, np.sin(ang))):
-                full = np.zeros(self.P)
-                full[:H * hd] = np.tile(v, H)
-                vecs.append(self.pt(full, lvl, self.q(lvl)))
-            acc = self.be.multiply_plain(self.ctx, c, vecs[0])
-            self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, rs[t], vecs[1]))
-            self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, ls[t], vecs[2]))
+        for ci, c in enumerate(x.cts):
+            vecs = [np.zeros((self.R, self.P)) for _ in range(3)]
+            for r in range(self.R):
+                t = ci * self.R + r
+                if t >= T:
+                    break
+                ang = float(positions[t]) * freq_of
+                for vec, v in zip(vecs, (np.cos(ang), np.where(first, -np.sin(ang), 0.0),
+                                         np.where(first, 0.0, np.sin(ang)))):
+                    vec[r, :H * hd] = np.tile(v, H)
+            pts = [self.pt(v.reshape(-1), lvl, self.q(lvl)) for v in vecs]
+            acc = self.be.multiply_plain(self.ctx, c, pts[0])
+            self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, self.rot(c, a), pts[1]))
+            self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, self.rot(c, -a), pts[2]))
             self.stats["ct_pt"] += 3
-            cts[t] = self.rescale(acc)
+            cts[ci] = self.rescale(acc)
         return Packed(cts, "row", x.shape, False)
 
     def av(self, p: Packed, v: Packed, attrs: dict) -> Packed:
+        """P V: per query ciphertext a, sum over (b, u) of P_(a, b, u) * rot(V_b, u P): row r,
+        head segment h collects sum_s p[h, t, s] V[s, h]; already in the row layout."""
         H, hd = int(attrs["heads"]), int(attrs["head_dim"])
         if v.shape[-1] != H * hd:
             raise ValueError(f"av of a V of width {v.shape[-1]} with {H} heads of {hd}")
         if p.layout != "head" or v.layout != "row":
             raise NotImplementedError(f"av of a {p.layout!r} and a {v.layout!r} value")
         p, v = self.align(p, v, False)
-        T, S = p.cts.shape
-        cts = np.empty((T,), object)
-        for t in range(T):
+        nq, nk, U = p.cts.shape
+        if nk != v.cts.shape[0] or len(p.shifts) != U:
+            raise NotImplementedError(f"av: a probability grid {p.cts.shape} for {v.cts.shape[0]} key ciphertexts")
+        vrot = self.shifted(v.cts, p.shifts)
+        T = p.shape[1]
+        cts = np.empty((nq,), object)
+        for a in range(nq):
             acc = None
-            for s in range(S):
-                self.stats["ct_ct"] += 1
-                prod = self.be.multiply(self.ctx, p.cts[t, s], v.cts[s], self.evk)
-                if acc is None:
-                    acc = prod
-                else:
-                    self.be.add_inplace(self.ctx, acc, prod)
-            cts[t] = self.rescale(acc)
+            for b in range(nk):
+                for ui, u in enumerate(p.shifts):
+                    if p.cts[a, b, ui] is None:
+                        continue
+                    self.stats["ct_ct"] += 1
+                    prod = self.be.multiply(self.ctx, p.cts[a, b, ui], vrot[b][u], self.evk)
+                    if acc is None:
+                        acc = prod
+                    else:
+                        self.be.add_inplace(self.ctx, acc, prod)
+            cts[a] = self.rescale(acc)
         return Packed(cts, "row", (T, v.shape[-1]), False)
 
 
@@ -535,18 +672,18 @@ class LocalIO:
         self.keys = keys
 
     def encrypt(self, ev: "_Eval", name: str, arr, layout: str, level: int, scale: float) -> Packed:
-        vecs, dirty = ev.period_vectors(arr, layout)
+        vecs, dirty, shifts = ev.slot_vectors(arr, layout)
         grid = vecs.shape[:-1]
         cts = np.empty(grid, object)
         for idx in np.ndindex(*grid):
             cts[idx] = self.keys.encrypt(ev.pt(vecs[idx], level, scale))
-        return Packed(cts, layout, tuple(np.asarray(arr).shape), dirty)
+        return Packed(cts, layout, tuple(np.asarray(arr).shape), dirty, shifts=shifts)
 
     def decrypt(self, ev: "_Eval", name: str, x: Packed) -> np.ndarray:
-        dec = np.full(x.cts.shape + (ev.P,), -np.inf)
+        dec = np.zeros(x.cts.shape + (ev.slots,))
         for idx in np.ndindex(*x.cts.shape):
             if x.cts[idx] is not None:
-                dec[idx] = ev.be.decode_slots(ev.ctx, self.keys.decrypt(x.cts[idx]), n=ev.P)
+                dec[idx] = ev.be.decode_slots(ev.ctx, self.keys.decrypt(x.cts[idx]), n=ev.slots)
         return ev.unpack(dec, x)
 
 
@@ -639,7 +776,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             inputs[v] = np.repeat(a, r, axis=1).reshape(a.shape[0], -1)
     period = block_period(graph, block, inputs)
     if evk is None:
-        evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period))
+        evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots))
     if scale_bits is None:
         scale_bits = round(math.log2(ctx.q_moduli[ctx.max_level]))
     ev = _Eval(ctx, be, io if io is not None else LocalIO(keys), evk, period, scale_bits, block_heads(graph, block))
@@ -720,7 +857,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             out = ev.qk(q, k, n.attrs, pos0)
         elif op == "rope":
             x = get(n.inputs[0])
-            pos = pos0 + np.arange(x.cts.shape[0]) if positions is None else np.asarray(positions)
+            pos = pos0 + np.arange(x.shape[0]) if positions is None else np.asarray(positions)
             hd = int(n.attrs["head_dim"])
             out = ev.rope(x, {**n.attrs, "heads": x.shape[-1] // hd}, pos)
             out.rep = x.rep

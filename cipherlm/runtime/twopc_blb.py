@@ -171,19 +171,19 @@ def _as_share(ctx, data: np.ndarray) -> AShare:
 def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: int, scale: float) -> Packed | None:
     """Algorithm 2 for every ciphertext of one block input (both parties; the server gets the
     `Packed` value, the client None)."""
-    vecs, dirty = ev.period_vectors(np.asarray(share.data, np.uint64), layout)
+    vecs, dirty, shifts = ev.slot_vectors(np.asarray(share.data, np.uint64), layout)
     grid = vecs.shape[:-1]
     j = max(0, math.ceil(math.log2(scale)) - IN_SCALE_BITS)
     cts = np.empty(grid, object)
     be, hc = ks.side.backend, ks.hectx
     for idx in np.ndindex(*grid):
-        y = _as_share(ctx, np.tile(vecs[idx], ev.reps))
+        y = _as_share(ctx, vecs[idx])
         ct = shares_to_ckks(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j)
         if ct is not None and j:  # back to the block's scale: x 2^j (integer, exact), scale x 2^j
             ct = be.multiply_scalar(hc, ct, float(2 ** j))
             be.scale_message_inplace(hc, ct, float(2 ** j))
         cts[idx] = ct
-    return Packed(cts, layout, tuple(share.shape), dirty) if ks.side.is_server(ctx) else None
+    return Packed(cts, layout, tuple(share.shape), dirty, shifts=shifts) if ks.side.is_server(ctx) else None
 
 
 def _to_one_prime(be, hc, ct):
@@ -205,10 +205,12 @@ def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed) -> AShare:
     value, the client the same metadata with no ciphertexts); both get the value's shares."""
     server = ks.side.is_server(ctx)
     be, hc = ks.side.backend, ks.hectx
-    dec = np.zeros(x.cts.shape + (ev.P,), np.uint64)
+    dec = np.zeros(x.cts.shape + (ev.slots,), np.uint64)
     for idx in np.ndindex(*x.cts.shape):
+        if not x.present[idx]:
+            continue  # not computed (both parties know which): zeros
         ct = _to_one_prime(be, hc, x.cts[idx]) if server else None
-        dec[idx] = ckks_to_shares(ctx, ct, ks.side, n_slots=ev.P).data
+        dec[idx] = ckks_to_shares(ctx, ct, ks.side).data
     return _as_share(ctx, ev.unpack(dec, x))
 
 
@@ -222,16 +224,19 @@ class ConversionIO:
     def encrypt(self, ev: _Eval, name: str, arr, layout: str, level: int, scale: float) -> Packed:
         ctx, be, hc = self.runner.ctx, self.ks.side.backend, self.ks.hectx
         if isinstance(arr, ServerRows):  # the server's own rows: encrypted under the client's public key
-            vecs, dirty = ev.period_vectors(np.asarray(arr.rows, np.float64), layout)
+            vecs, dirty, shifts = ev.slot_vectors(np.asarray(arr.rows, np.float64), layout)
             cts = np.empty(vecs.shape[:-1], object)
             for idx in np.ndindex(*cts.shape):
                 cts[idx] = be.encrypt_public(hc, self.ks.side.pk, ev.pt(vecs[idx], level, scale))
-            return Packed(cts, layout, tuple(np.shape(arr.rows)), dirty)
+            return Packed(cts, layout, tuple(np.shape(arr.rows)), dirty, shifts=shifts)
         with self.runner.meter("conversions", self.block["name"]):
             ctx.send({"op": "in", "value": name, "layout": layout, "level": int(level), "scale": float(scale)})
             return convert_in(ctx, self.ks, ev, arr, layout, level, scale)
 
     def decrypt(self, ev: _Eval, name: str, x: Packed) -> AShare:
+        if x.keep is not None:
+            raise NotImplementedError(f"{name}: masked scores (-inf) cannot leave a block as shares")
+        x.present = np.vectorize(lambda c: c is not None, otypes=[bool])(x.cts)
         with self.runner.meter("conversions", self.block["name"]):
             self.runner.ctx.send({"op": "out", "value": name, **_packing_header(x)})
             return convert_out(self.runner.ctx, self.ks, ev, x)
@@ -239,7 +244,8 @@ class ConversionIO:
 
 def _packing_header(x: Packed) -> dict:
     return {"layout": x.layout, "shape": [int(s) for s in x.shape], "grid": [int(s) for s in x.cts.shape],
-            "rep": [int(r) for r in x.rep], "heads": bool(x.heads)}
+            "rep": [int(r) for r in x.rep], "heads": bool(x.heads), "shifts": [int(u) for u in x.shifts],
+            "present": np.packbits(x.present.reshape(-1)).tobytes()}
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -335,7 +341,7 @@ class BLBRunner:
     def _server_block(self, block: dict, inputs: dict, tokens: int) -> dict:
         bp = self._block_params(block, tokens)
         period = blb_block.block_period(self.graph, block, inputs)
-        steps = blb_block.block_steps(self.graph, block, period)
+        steps = blb_block.block_steps(self.graph, block, period, bp.ring_degree // 2)
         have = self.sets.get(_set_key(bp))
         keys = have is None or not set(steps) <= have.steps
         with self.meter("conversions", block["name"]):
@@ -412,11 +418,19 @@ def _client_packed(msg: dict) -> Packed:
         layout = msg["layout"]
         shape, grid = tuple(int(s) for s in msg["shape"]), tuple(int(s) for s in msg["grid"])
         rep = tuple(int(r) for r in msg["rep"])
+        shifts = tuple(int(u) for u in msg.get("shifts", ()))
+        size = math.prod(grid)
+        if layout not in _LAYOUTS or len(rep) != 2 or not 0 < size <= 1 << 20:
+            raise BLBError("malformed output header")
+        present = np.unpackbits(np.frombuffer(msg["present"], np.uint8))
+        if present.size < size:
+            raise BLBError("malformed output header")
+        present = present[:size].astype(bool).reshape(grid)
     except (KeyError, TypeError, ValueError) as e:
         raise BLBError(f"malformed output header: {e}") from None
-    if layout not in _LAYOUTS or len(rep) != 2 or math.prod(grid) > 1 << 20:
-        raise BLBError("malformed output header")
-    return Packed(np.empty(grid, object), layout, shape, False, heads=bool(msg.get("heads")), rep=rep)
+    x = Packed(np.empty(grid, object), layout, shape, False, heads=bool(msg.get("heads")), rep=rep, shifts=shifts)
+    x.present = present
+    return x
 
 
 # ----------------------------------------------------------------------------- the executor
