@@ -17,45 +17,59 @@ subtraction / product with a value computed in the block, at that value's level 
 additions) exact scale; a ciphertext encrypted lower has the same error, and the scales of
 both operands match exactly without a level spent on matching them.
 
-**Packing** (simple, not the paper's; every value of the block uses one slot period P, the
-smallest power of two >= every width in the block (d, d_ff, S, heads x head_dim)):
+**Packing** (rows stacked, not the paper's spatial-first packing; every value of the block
+uses one slot period P, the smallest power of two >= every width in the block (d, d_ff, S,
+heads x head_dim), and a ciphertext holds R = N / (2P) periods):
 
-* ``row``: a value of shape (..., C) is one ciphertext per row (the grid is shape[:-1]),
-  the row in slots [0, C) of each period of P slots, zeros in [C, P), the period repeated
-  over all N/2 slots.  A rotation by k < P then reads slot (i + k) mod P of the same row
-  everywhere, so a row sum by rotate-and-sum (log2 P rotations, Figure 6) lands in *every*
-  slot of the row: the broadcast of a (..., 1) value is free.  A (..., 1) value from MPC is
-  encoded replicated over the whole period (as the paper's conversion does).
-* ``head`` (the probabilities entering P V): value (H, T, S) is one ciphertext per (t, s)
-  holding p[h, t, s] in the head's segment [h hd, (h + 1) hd) of the period; (H, T, 1) one
-  per t.  P V for query t is then sum_s P[t, s] * V[s] (ct-ct, V in ``row``), already in
-  ``row`` for the output projection.
-* ``headsum`` (Q K^T): one ciphertext per (t, s), score[h, t, s] in slot h hd (Q[t] * K[s]
-  then a rotate-and-sum over hd slots); it only leaves the block (to the max core).
+* ``row``: a value of shape (..., C) has its leading axes flattened into rows; row i sits in
+  slots [r P, r P + C) of ciphertext i // R (r = i mod R), zeros in [r P + C, (r + 1) P).
+  Rotations are rotations of the whole slot vector, so every operator that rotates keeps
+  what crosses into a neighbouring row out of the result: the projections multiply it by
+  the zeros of their (non-cyclic) diagonals, a row sum (rotate-and-sum over the period)
+  is read in the row's first slot only.  A (..., 1) value from MPC is encoded replicated
+  over its row's period (as the paper's conversion does).
+* ``head`` (the probabilities entering P V): value (H, T, S) on the *pair grid* (nq, nk, U):
+  ciphertext (a, b, u) holds, in row r and head segment [h hd, (h + 1) hd), p[h, t, s] for
+  t = a R + r and s = b R + (r + u) mod R, with U the row shifts u that meet some (t, s)
+  (`pair_shifts`: every pair once); (H, T, 1) on a grid (nq, 1, 1).  P V for query
+  ciphertext a is then sum_(b, u) P_(a, b, u) * rot(V_b, u P) (ct-ct, V in ``row``), already
+  in ``row`` for the output projection.
+* ``headsum`` (Q K^T): the same pair grid, score[h, t, s] in slot r P + h hd (Q_a * rot(K_b,
+  u P), then a rotate-and-sum over hd slots); it only leaves the block (to the max core).
+
+The old layout (one row per ciphertext, repeated over all its periods) is the case R = 1 of
+this one; stacking divides the ciphertexts of a (T, C) value by R and the products of Q K^T
+and P V by R, for d_in + d_out - 1 diagonals per projection instead of P (the paper's
+spatial-first packing with the fused MatMul of section 5, `protocols.ckks.blb_matmul`, is
+denser still: not wired into the blocks yet).
 
 **Operators** (levels: every product is rescaled once, so a block uses exactly its
 `blb_fusion.block_depth` levels and ends at the output modulus `blb_params` reserves;
 additions bring both operands to the lower level, whose scales agree by construction):
 
 * ``linear``: y = x W^T + b by the diagonal method with baby-step giant-step rotations
-  within the period (W zero-padded to P x P; diagonals encoded at the scale of the prime
+  over the d_in + d_out - 1 non-cyclic diagonals (diagonals encoded at the scale of the prime
   the rescale drops, so the scale is unchanged; the baby steps of one input computed once
   for all its projections: Q, K, V; gate, up); an ``affine`` read by the projection is
   folded into it (W diag(gamma), b + W beta: `blb_fusion.block_depth` counts it so) and is
   evaluated on its own only when something else reads it;
 * ``affine``: gamma as a plaintext product, beta as a plaintext addition;
 * ``add`` / ``sub`` / ``mul``: slot-wise (a (..., 1) operand broadcast: already replicated);
-* ``reduce_sum``: rotate-and-sum over the period; a scale (a mean's 1/d) is a plaintext
-  mask holding the scale on the row's C slots and 0 on the padding (one level);
-* ``qk``: per (t, s) Q[t] * K[s], relinearised, summed over each head's hd slots, the
-  public scale (1 / sqrt(hd)) applied to the ciphertext's scale (no level);
+* ``reduce_sum``: rotate-and-sum over the period (the row's sum in its first slot); with a
+  scale (a mean's 1/d) that slot is masked with the scale and spread back over the row's C
+  slots by a rotate-and-sum the other way, before the rescale (one level, the broadcast of
+  Figure 6); without one the sum stays in the first slot, for a block output only;
+* ``qk``: per pair-grid cell (a, b, u), Q_a * rot(K_b, u P), relinearised, summed over each
+  head's hd slots, the public scale (1 / sqrt(hd)) applied to the ciphertext's scale (no
+  level); K's row shifts by chains of rotations by +-P (two rotation keys);
 * ``av``: as ``head`` above;
-* ``head`` (select "first"): the first row's ciphertext;
+* ``head`` (select "first"): the first ciphertext (its row 0 is the value);
 * ``rope``: per row t, x cos + rot(x, a) sin' + rot(x, -a) sin'' (a = hd / 2, or 1 for
   interleaved pairs; signs and masks in the plaintexts at position t), one level;
 * ``kv_cache``: prefill into an empty cache (its values are this block's K and V: the same
   ciphertexts, decoded as (H, S, hd));
-* a causal mask on ``qk``: public, so the masked (t, s) are not computed (-inf at the output).
+* a causal mask on ``qk``: public, so a pair-grid ciphertext none of whose pairs is kept is
+  not computed, and the masked (t, s) decode as -inf.
 
 * grouped-query attention: K and V are carried with each KV head repeated for its H / H_kv
   query heads, by repeating the projection's rows (no extra operation, the same noise) or,

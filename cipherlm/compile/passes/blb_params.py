@@ -340,8 +340,10 @@ def choose_params(depth: int, error_of, *, block: int = 0, min_slots: int = 4096
         chain = output_primes(s) + (s,) * depth
         p = BlockParams(block, depth, n, s, output_primes(s), chain, (SPECIAL_PRIME_BITS,),
                         error_of(NoiseModel(n, s, value_bits)), target)
-        if p.log_qp > HES_128_CLASSIC_MAX_LOGQ[n]:
-            tried.append(f"N={n}: log QP = {p.log_qp} > {HES_128_CLASSIC_MAX_LOGQ[n]}")
+        # one bit of margin: Lattigo's primes of b bits lie just above or below 2^b, so a chain
+        # of nominal bits equal to the bound can exceed it (a set at 438.000 > 438 at N = 16384)
+        if p.log_qp > HES_128_CLASSIC_MAX_LOGQ[n] - 1:
+            tried.append(f"N={n}: log QP = {p.log_qp} > {HES_128_CLASSIC_MAX_LOGQ[n]} - 1 (margin)")
             continue
         check_security(p.he_params)
         return p
