@@ -44,11 +44,12 @@ def bert_run():
         {"ids": ids, "positions": np.arange(TOKENS), "token_types": np.zeros(TOKENS, np.int64)},
         {"pos0": 0, "T": TOKENS, "positions": np.arange(TOKENS)})["hidden"]
     sm = twopc_blb.server_model_blb(config, w)
-    plan = twopc.public_plan(config, sm, embedding="onehot-linear")
+    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb")
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
-        enc = twopc_blb.BLBEncoder(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter)
+        enc = twopc.make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter)
+        assert isinstance(enc, twopc_blb.BLBEncoder)
         h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
         return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats
 
@@ -107,3 +108,34 @@ def test_units_put_every_input_before_its_use():
 def test_client_rejects_malformed_output_headers(msg):
     with pytest.raises(twopc_blb.BLBError):
         twopc_blb._client_packed({"op": "out", "value": "v", **msg})
+
+
+def test_fusion_in_the_public_plan():
+    config, w = _bert()
+    assert twopc.public_plan(config, None)["fusion"] == "none"
+    assert twopc.public_plan(config, None, fusion="blb")["fusion"] == "blb"
+    with pytest.raises(twopc.TwoPCError, match="unknown fusion"):
+        twopc.public_plan(config, None, fusion="bolt")
+    with pytest.raises(twopc.TwoPCError, match="bound weights"):  # BLB's blocks read the unfused weights
+        twopc.public_plan(config, twopc.server_weights(config, w), fusion="blb")
+    llama = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32, rms_norm_eps=1e-6,
+                 tie_word_embeddings=False)
+    with pytest.raises(twopc.TwoPCError, match="encoders"):
+        twopc.public_plan(llama, None, fusion="blb")
+
+
+def test_client_checks_the_plans_fusion():
+    from cipherlm.runtime.plan_check import ProtocolError, check_twopc_plan
+
+    config, _ = _bert()
+    plan = twopc.public_plan(config, None, fusion="blb")
+    assert check_twopc_plan(plan, config) == plan
+    for bad in ("bolt", 1, None):
+        with pytest.raises(ProtocolError, match="fusion"):
+            check_twopc_plan({**plan, "fusion": bad}, config)
+    with pytest.raises(ProtocolError, match="BLB fusion in a decoder"):
+        check_twopc_plan({"embedding": plan["embedding"], "linear": plan["linear"], "fold_norms": True,
+                          "fusion": "blb"})
+    old = {k: v for k, v in plan.items() if k != "fusion"}  # a server from before BLB
+    assert check_twopc_plan(old, config) == old

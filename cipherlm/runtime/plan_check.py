@@ -50,7 +50,7 @@ MAX_CLASSES = 1 << 16
 MAX_DIM = 1 << 24
 #: the HE backends an offload welcome may name (``he_backend``; `cipherlm.he.matmul.OFFLOAD_BACKENDS`)
 OFFLOAD_HE_BACKENDS = ("seal", "lattigo")
-PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms"})
+PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion"})
 
 __all__ = ["check_twopc_plan", "check_twopc_welcome", "check_offload_welcome", "secure_embedding_methods",
            "load_tokenizer", "MOE_VARIANTS", "PLAN_KEYS"]
@@ -201,6 +201,14 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
             raise ProtocolError(f"the plan's fold_norms must be a bool, got {_short(plan['fold_norms'])}")
         out["fold_norms"] = plan["fold_norms"]
 
+    if "fusion" in plan:  # absent: "none" (plans of servers before BLB)
+        f = plan["fusion"]
+        if not isinstance(f, str) or f not in twopc.FUSIONS:
+            raise ProtocolError(f"unknown fusion {_short(f)}; one of {twopc.FUSIONS}")
+        if f == "blb" and "fold_norms" in out:
+            raise ProtocolError("BLB fusion in a decoder plan (this client runs it for encoders only)")
+        out["fusion"] = f
+
     if config is None:
         if ("classes" in out) == ("fold_norms" in out):
             raise ProtocolError("a plan has either classes (encoder) or fold_norms (decoder)")
@@ -211,7 +219,7 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
     want = {"embedding", "linear"} | ({"classes"} if kind == "encoder" else {"fold_norms"})
     if moe_model:
         want.add("moe")
-    if set(out) != want:
+    if set(out) - {"fusion"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
         raise ProtocolError(f"the plan's keys {sorted(out)} do not fit this {'MoE ' if moe_model else ''}{kind} "
                             f"(expected {sorted(want)})")
     return out

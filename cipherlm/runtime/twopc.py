@@ -177,13 +177,16 @@ class ServerModel:
     optional "classifier" head on the sentence embedding (encoders)."""
 
     def __init__(self, config: dict, weights: dict[str, np.ndarray], classifier: tuple | None = None,
-                 fold_norms: bool | None = None):
+                 fold_norms: bool | None = None, keep_bound: bool = False):
         check_supported(config)
         g0 = build_graph(config)
         cache: dict[int, np.ndarray] = {}
         bound = {}
         for name, a in bind(g0, weights).items():  # float64 once per storage (a tied head shares it)
             bound[name] = cache.setdefault(id(a), np.asarray(a, np.float64))
+        #: the bound float64 weights of the unfused graph (BLB's blocks read them: `twopc_blb`);
+        #: None unless ``keep_bound`` (they would double the server's memory)
+        self.bound = bound if keep_bound else None
         self.graph, params, self.fold_norms = twopc_graph(config, bound, fold_norms)
         g = self.graph
         self.projs: dict[int, Proj] = {}
@@ -201,10 +204,10 @@ class ServerModel:
 
 
 def server_weights(config: dict, weights: dict[str, np.ndarray], classifier: tuple | None = None,
-                   fold_norms: bool | None = None) -> ServerModel:
+                   fold_norms: bool | None = None, keep_bound: bool = False) -> ServerModel:
     """The server's `ServerModel` from Hugging Face weights (bound to the graph as the
-    plaintext executor binds them)."""
-    return ServerModel(config, weights, classifier, fold_norms)
+    plaintext executor binds them; ``keep_bound`` for BLB fusion)."""
+    return ServerModel(config, weights, classifier, fold_norms, keep_bound)
 
 
 def moe_weights(node: Node, params: dict):
@@ -232,9 +235,14 @@ def moe_shape(node: Node):
     return MoEShape(a["d"], a["n_experts"], a["k"], a["ffn"], a["norm_topk_prob"], a["shared_ffn"])
 
 
+#: the 2pc mode's operator fusions: "none" (layer by layer, BFV products + MPC) or "blb"
+#: (BLB's fused blocks in CKKS between conversions: `runtime.twopc_blb`, encoders only so far)
+FUSIONS = ("none", "blb")
+
+
 def public_plan(config: dict, server: ServerModel | None = None, embedding: str = "auto",
                 moe_capacity: float = DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-                network: str = "LAN") -> dict:
+                network: str = "LAN", fusion: str = "none") -> dict:
     """What both parties must agree on beyond the config: the structure choices that
     depend on the server's weights (folded norms, classifier width), the MoE
     capacity factor and the linear layers' packing (with the network preset its
@@ -246,7 +254,14 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
     if network not in PRESETS:
         raise TwoPCError(f"unknown network preset {network!r}; one of {sorted(PRESETS)}")
     kind, has_moe, _ = model_kind(config)
-    plan = {"embedding": embedding_backend(embedding), "linear": {"packing": linear_packing, "network": network}}
+    if fusion not in FUSIONS:
+        raise TwoPCError(f"unknown fusion {fusion!r}; one of {FUSIONS}")
+    if fusion == "blb" and kind != "encoder":
+        raise TwoPCError("BLB fusion runs encoders (BERT family) in the 2pc mode so far; use --fusion none")
+    if fusion == "blb" and server is not None and server.bound is None:
+        raise TwoPCError("BLB fusion: the server model must keep its bound weights (server_weights(..., keep_bound=True))")
+    plan = {"embedding": embedding_backend(embedding), "linear": {"packing": linear_packing, "network": network},
+            "fusion": fusion}
     if has_moe:
         c = float(moe_capacity)
         if not (math.isfinite(c) and c > 0):
@@ -519,6 +534,15 @@ class TwoPCEncoder(TwoPCExecutor):
 def make_twopc_executor(ctx, config: dict, server: ServerModel | None, plan: dict | None = None, meter=None,
                         progress=None) -> TwoPCExecutor:
     cls = TwoPCEncoder if config.get("model_type") in ENCODER_TYPES else TwoPCDecoder
+    fusion = (plan or {}).get("fusion", "none")
+    if fusion not in FUSIONS:
+        raise TwoPCError(f"unknown fusion {fusion!r} in the plan; one of {FUSIONS}")
+    if fusion == "blb":
+        from .twopc_blb import BLBEncoder
+
+        if cls is not TwoPCEncoder:
+            raise TwoPCError("BLB fusion runs encoders only so far")
+        cls = BLBEncoder
     return cls(ctx, config, server, plan, meter=meter, progress=progress)
 
 

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compile import bind, build_graph
+from ..compile import build_graph
 from ..compile.ir import OP_CLASS
 from ..compile.passes import blb_fusion, blb_params
 from ..he.backend import get_backend
@@ -481,7 +481,7 @@ class BLBEncoder(TwoPCEncoder):
         self.blb_graph = blb_fusion.run(g0)
         bound = None
         if server is not None:
-            bound = server.bound if getattr(server, "bound", None) is not None else None
+            bound = server.bound
             if bound is None:
                 raise BLBError("the server model has no bound weights for BLB (ServerModel(..., keep_bound=True))")
         self.blb_params = bound
@@ -540,10 +540,7 @@ def _read_by(graph, value: str, need: set[str]) -> bool:
 
 def server_model_blb(config: dict, weights: dict, classifier: tuple | None = None) -> ServerModel:
     """A `ServerModel` that keeps the bound weights of the unfused graph (BLB's blocks read them)."""
-    sm = ServerModel(config, weights, classifier)
-    g0 = build_graph(config)
-    sm.bound = {k: np.asarray(v, np.float64) for k, v in bind(g0, weights).items()}
-    return sm
+    return ServerModel(config, weights, classifier, keep_bound=True)
 
 
 __all__ = ["BLBEncoder", "BLBRunner", "BLBSharesBackend", "BLBError", "convert_in", "convert_out", "units",
