@@ -191,9 +191,11 @@ def test_layouts_and_steps():
     qk = next(g.node(n) for n in qkb["nodes"] if g.node(n).op == "qk")
     assert blb_block.assign_layouts(g, qkb)[qk.out] == "headsum"
     steps = blb_block.block_steps(g, qkb, 64, 8192)
-    # the projections (48 x 48: 95 diagonals, b = 16 baby steps, giant steps -47 + 16 j), the
-    # head sums of Q K^T (12 slots: 1, 2, 3, 6) and the pair shifts (+-64)
-    lin = set(range(1, 16)) | {(-47 + 16 * j) % 8192 for j in range(6)}
+    # the projections (48 x 48: 95 diagonals, b = 16 baby steps, giant steps from -48, the
+    # multiple of 16 below -47: -48 + 16 j), the head sums of Q K^T (12 slots: 1, 2, 3, 6) and
+    # the pair shifts (+-64)
+    assert blb_block.linear_plan(48, 48) == (16, 6, -48)
+    lin = set(range(1, 16)) | {(-48 + 16 * j) % 8192 for j in range(6)}
     assert set(blb_block.linear_steps(48, 48, 8192)) == lin - {0}
     assert set(steps) == (lin | {1, 2, 3, 6, 64, 8192 - 64}) - {0}
     # a norm's mean: forward over the period, back over the 48 channels

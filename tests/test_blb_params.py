@@ -153,3 +153,23 @@ def test_chosen_parameters_build_on_lattigo():
     p = max(bp.run(g, tokens=16), key=lambda q: q.log_qp)
     ctx = lattigo.LattigoContext(p.he_params)  # checks the primes Lattigo picked against the table
     assert ctx.n == p.ring_degree and ctx.max_level == len(p.chain) - 1
+
+
+def test_shared_sets_cover_every_block_and_stay_secure():
+    """`share_sets`: fewer distinct sets (MiniLM's 11 -> 3 at 8 tokens), each block on a set
+    with at least its scale and its depth above its output primes, every set 128-bit secure."""
+    from cipherlm.models.loader import load_model
+
+    m = load_model("minilm-l6")
+    g0 = build_graph(m.config)
+    g = blb_fusion.run(g0)
+    own = bp.run(g, params=bind(g0, m.weights), tokens=8)
+    shared = bp.share_sets(own)
+    sets = {(p.ring_degree, p.chain) for p in shared}
+    assert len(sets) < len({(p.ring_degree, p.chain) for p in own})
+    for a, b in zip(own, shared):
+        assert (b.block, b.depth, b.ring_degree) == (a.block, a.depth, a.ring_degree)
+        assert b.scale_bits >= a.scale_bits
+        assert len(b.chain) - len(b.output_primes) >= a.depth
+        assert sum(b.chain) + sum(b.special) <= HES_128_CLASSIC_MAX_LOGQ[b.ring_degree] - 1
+        check_security(b.he_params)

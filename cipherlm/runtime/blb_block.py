@@ -138,13 +138,21 @@ def bsgs_split(d: int) -> tuple[int, int]:
     return b, max(1, -(-d // b))
 
 
+def linear_plan(d_in: int, d_out: int) -> tuple[int, int, int]:
+    """(b, g, k0) of `_Eval.linear` for a d_out x d_in block: b baby steps (a power of two near
+    sqrt(d_in + d_out - 1)), the diagonals k0 .. d_in - 1 with k0 the multiple of b at or below
+    -(d_out - 1) (so every giant step k0 + j b is a multiple of b: blocks of other shapes with
+    the same b share their rotation keys), g = ceil((d_in - k0) / b) giant steps."""
+    b, _ = bsgs_split(d_in + d_out - 1)
+    k0 = -b * (-(-(d_out - 1) // b))
+    return b, max(1, -(-(d_in - k0) // b)), k0
+
+
 def linear_steps(d_in: int, d_out: int, slots: int) -> list[int]:
-    """The rotations of `_Eval.linear` for a d_out x d_in matrix: baby steps 1..b-1, giant
-    steps k0 + j b (mod the slots) over the d_in + d_out - 1 diagonals k0 = -(d_out - 1) ..
-    d_in - 1."""
-    k0 = -(d_out - 1)
-    b, g = bsgs_split(d_in + d_out - 1)
-    return list(range(1, b)) + [(k0 + j * b) % slots for j in range(g)]
+    """The rotations of `_Eval.linear` for a d_out x d_in block: baby steps 1..b-1 and the
+    giant steps k0 + j b (mod the slots), `linear_plan`."""
+    b, g, k0 = linear_plan(d_in, d_out)
+    return list(range(1, b)) + [(k0 + j * b) % slots for j in range(g) if (k0 + j * b) % slots]
 
 
 def pair_shifts(rows_per_ct: int, T: int, S: int) -> tuple[int, ...]:
@@ -181,19 +189,32 @@ def value_shape(x) -> tuple:
 
 
 def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray]) -> int:
-    """P: the smallest power of two >= every (integer) width of the block's values and
-    inputs and every heads x head_dim of its attention nodes."""
-    widths = [value_shape(inputs[i["value"]])[-1] for i in block["inputs"] if i["value"] in inputs]
+    """P: the smallest power of two >= every width that must sit in one period (heads x
+    head_dim of the attention nodes and RoPE, the width a row sum runs over); wider values
+    (an FFN's d_ff) are split into column chunks of P (`_Eval`).  A block with none of
+    those: every width of its values, inputs and projections."""
+    shapes = _shapes(graph)
+    core, widths = [], [value_shape(inputs[i["value"]])[-1] for i in block["inputs"] if i["value"] in inputs]
     for name in block["nodes"]:
         n = graph.node(name)
         last = n.shape[-1] if n.shape else 1
         if isinstance(last, int):
             widths.append(last)
         if n.op in ("qk", "av"):
-            widths.append(int(n.attrs["heads"]) * int(n.attrs["head_dim"]))
+            core.append(int(n.attrs["heads"]) * int(n.attrs["head_dim"]))
+        elif n.op == "rope":
+            core.append(int(shapes[n.inputs[0]][-1]) if isinstance(shapes[n.inputs[0]][-1], int) else last)
+        elif n.op == "reduce_sum":
+            w = shapes[n.inputs[0]][-1]
+            core.append(int(w) if isinstance(w, int) else value_shape(inputs.get(n.inputs[0], np.zeros(1)))[-1])
         if n.op == "linear":
             widths += [int(n.attrs["d_in"]), int(n.attrs["d_out"])]
-    return _pow2(max(widths))
+    return _pow2(max(core) if core else max(widths))
+
+
+def chunk_widths(width: int, period: int) -> list[int]:
+    """The column chunks of a value of ``width`` at period P (the last one may be narrower)."""
+    return [min(period, width - k) for k in range(0, max(1, width), period)]
 
 
 def block_steps(graph: Graph, block: dict, period: int, slots: int) -> list[int]:
@@ -206,11 +227,13 @@ def block_steps(graph: Graph, block: dict, period: int, slots: int) -> list[int]
         n = graph.node(name)
         if n.op == "linear":
             r = expand.get(n.out, (1, 0))[0]
-            steps.update(linear_steps(int(n.attrs["d_in"]), int(n.attrs["d_out"]) * r, slots))
+            d_in = min(int(n.attrs["d_in"]), period)
+            for d_out in set(chunk_widths(int(n.attrs["d_out"]) * r, period)):
+                steps.update(linear_steps(d_in, d_out, slots))
         elif n.op == "reduce_sum":
             steps.update(rot_sum_steps(period))
             if float(n.attrs.get("scale", 1.0)) != 1.0:
-                steps.update(-s for s in rot_sum_steps(int(shapes[n.inputs[0]][-1])))
+                steps.update(-s for s in rot_sum_steps(min(period, int(shapes[n.inputs[0]][-1]))))
         elif n.op in ("qk", "av"):
             if n.op == "qk":
                 steps.update(rot_sum_steps(int(n.attrs["head_dim"])))
@@ -328,7 +351,7 @@ class _Eval:
 
         *row*: row i of the (rows, C) value (leading axes flattened) in slots [r P, r P + C) of
         ciphertext i // R (r = i mod R), zeros after; a (..., 1) value replicated over its
-        row's period.  *head*: P V's probabilities (H, T, S) on the pair grid (`pair_shifts`):
+        row's period; a value wider than P in column chunks of P (grid (ciphertexts, chunks)).  *head*: P V's probabilities (H, T, S) on the pair grid (`pair_shifts`):
         ciphertext (a, b, u), row r, head segment [h hd, (h + 1) hd) holds p[h, a R + r,
         b R + (r + u) mod R]; (H, T, 1) on a grid (nq, 1, 1) (the same for every key)."""
         a = np.asarray(arr)
@@ -339,9 +362,10 @@ class _Eval:
             C = a.shape[-1]
             rows = a.reshape(-1, C)
             m = self.n_cts(rows.shape[0])
-            out = np.zeros((m * R, P), a.dtype)
+            K = len(chunk_widths(C, P))
+            out = np.zeros((m * R, K * P), a.dtype)
             out[:rows.shape[0], :P if C == 1 else C] = rows
-            return out.reshape(m, R * P), C == 1, ()
+            return out.reshape(m, R, K, P).transpose(0, 2, 1, 3).reshape(m, K, R * P), C == 1, ()
         if layout == "head":
             H, hd = self.hh
             if a.ndim != 3 or a.shape[0] != H:
@@ -379,7 +403,8 @@ class _Eval:
         if x.layout == "row":
             C = x.shape[-1]
             n = int(np.prod(x.shape[:-1], dtype=np.int64))
-            out = dec.reshape(-1, P)[:n, :C].reshape(x.shape)
+            m, K = x.cts.shape
+            out = dec.reshape(m, K, R, P).transpose(0, 2, 1, 3).reshape(m * R, K * P)[:n, :C].reshape(x.shape)
             r, hd = x.rep
             if r > 1:  # the first copy of each KV head
                 out = out.reshape(out.shape[0], -1, r, hd)[:, :, 0, :].reshape(out.shape[0], -1)
@@ -455,22 +480,38 @@ class _Eval:
         big = a if a.cts.size >= b.cts.size else b
         return Packed(cts, a.layout, out_shape, dirty, shifts=big.shifts)
 
-    def plain_mul(self, x: Packed, period_vec: np.ndarray) -> Packed:
-        """x * a public vector (one level; the scale unchanged)."""
-        lvl = self.level_of(x)
-        p = self.pt(period_vec, lvl, self.q(lvl))
-        self.stats["ct_pt"] += x.cts.size
-        return self.each(x, lambda c: self.rescale(self.be.multiply_plain(self.ctx, c, p)))
+    def _chunk_pts(self, x: Packed, vec: np.ndarray, level: int, scale: float) -> list:
+        """One plaintext per column chunk of a row value: ``vec`` (the row's width, or less)
+        zero-padded, chunk k's period vector the same in every row."""
+        K = x.cts.shape[-1]
+        full = np.zeros(K * self.P)
+        full[:len(vec)] = vec
+        return [self.pt(full[k * self.P:(k + 1) * self.P], level, scale) for k in range(K)]
 
-    def plain_add(self, x: Packed, period_vec: np.ndarray) -> Packed:
-        p = self.pt(period_vec, self.level_of(x), x.first.scale)
-        return self.each(x, lambda c: self.copied(c, self.be.add_plain_inplace, p))
+    def _each_chunk(self, x: Packed, fn) -> Packed:
+        cts = np.empty(x.cts.shape, object)
+        for idx in np.ndindex(*x.cts.shape):
+            cts[idx] = None if x.cts[idx] is None else fn(x.cts[idx], idx[-1])
+        return dataclasses.replace(x, cts=cts)
+
+    def plain_mul(self, x: Packed, vec: np.ndarray) -> Packed:
+        """x * a public row vector (one level; the scale unchanged)."""
+        lvl = self.level_of(x)
+        pts = self._chunk_pts(x, vec, lvl, self.q(lvl))
+        self.stats["ct_pt"] += x.cts.size
+        return self._each_chunk(x, lambda c, k: self.rescale(self.be.multiply_plain(self.ctx, c, pts[k])))
+
+    def plain_add(self, x: Packed, vec: np.ndarray) -> Packed:
+        pts = self._chunk_pts(x, vec, self.level_of(x), x.first.scale)
+        return self._each_chunk(x, lambda c, k: self.copied(c, self.be.add_plain_inplace, pts[k]))
 
     def linear(self, x: Packed, w: np.ndarray, bias: np.ndarray | None) -> Packed:
-        """x W^T + b by the diagonal method on the stacked rows: the d_in + d_out - 1 diagonals
-        k = -(d_out - 1) .. d_in - 1 of W (not cyclic: entry (i, i + k) where 0 <= i + k < d_in,
-        zero elsewhere, so a rotation that reaches into a neighbouring row is multiplied by 0),
-        baby-step giant-step: sum_j rot(sum_i rot(x, i) roll(d_(k0 + j b + i), k0 + j b), k0 + j b)."""
+        """x W^T + b by the diagonal method on the stacked rows: per (output chunk, input chunk)
+        block of W (at most P x P), its d_i + d_o - 1 diagonals k = -(d_o - 1) .. d_i - 1 (not
+        cyclic: entry (i, i + k) where 0 <= i + k < d_i, zero elsewhere, so a rotation that
+        reaches into a neighbouring row is multiplied by 0), baby-step giant-step:
+        sum_j rot(sum_(chunk, i) rot(x_chunk, i) roll(d_(k0 + j b + i), k0 + j b), k0 + j b),
+        the input chunks summed before each giant rotation."""
         if x.layout != "row":
             raise NotImplementedError(f"a projection of a {x.layout!r} value")
         if x.dirty or x.start:
@@ -479,68 +520,76 @@ class _Eval:
         d_out, d_in = w.shape
         if x.shape[-1] != d_in:
             raise ValueError(f"projection of width {d_in} applied to a value of width {x.shape[-1]}")
-        k0 = -(d_out - 1)
-        D = d_in + d_out - 1
-        b, g = bsgs_split(D)
+        k_in = chunk_widths(d_in, P)
+        k_out = chunk_widths(d_out, P)
+        if x.cts.shape[-1] != len(k_in):
+            raise ValueError(f"a value of {x.cts.shape[-1]} chunks for a projection of {len(k_in)}")
         lvl = self.level_of(x)
         rows = np.arange(P)
-        pts: dict[tuple[int, int], Any] = {}
-        t0 = time.perf_counter()
-        for j in range(g):
-            for i in range(b):
-                k = k0 + j * b + i
-                if k >= d_in:
-                    continue
-                col = rows + k
-                ok = (rows < d_out) & (col >= 0) & (col < d_in)
-                if not ok.any():
-                    continue
-                diag = np.zeros(P)
-                diag[ok] = w[rows[ok], col[ok]]
-                if not diag.any():
-                    continue
-                pts[j, i] = self.pt(np.roll(diag, (k0 + j * b) % P), lvl, self.q(lvl))
-        # the weights' encoding: input-independent (the server can do it ahead of time)
-        self.stats["encode_weights_s"] += time.perf_counter() - t0
-        cts = np.empty(x.cts.shape, object)
-        for idx in np.ndindex(*x.cts.shape):
-            ct = x.cts[idx]
-            hit = self._babies.get((id(ct), b))
-            if hit is not None and hit[0] is ct:  # another projection of the same input (Q, K, V; gate, up)
-                babies = hit[1]
-            else:
-                babies = self.be.rotate_hoisted(self.ctx, ct, list(range(b)), self.evk)
-                self.stats["rotations"] += b - 1
-                self._babies[id(ct), b] = (ct, babies)
-            acc = None
-            for j in range(g):
-                inner = None
-                for i in range(b):
-                    if (j, i) not in pts:
-                        continue
-                    self.stats["ct_pt"] += 1
-                    t = self.be.multiply_plain(self.ctx, babies[i], pts[j, i])
+        m = x.cts.shape[0]
+        cts = np.empty((m, len(k_out)), object)
+        for ko, do in enumerate(k_out):
+            b, g, k0 = linear_plan(min(d_in, P), do)
+            pts: dict[tuple[int, int, int], Any] = {}
+            t0 = time.perf_counter()
+            for ki, di in enumerate(k_in):
+                blk = w[ko * P:ko * P + do, ki * P:ki * P + di]
+                for j in range(g):
+                    for i in range(b):
+                        k = k0 + j * b + i
+                        if k >= di:
+                            continue
+                        col = rows + k
+                        ok = (rows < do) & (col >= 0) & (col < di)
+                        if not ok.any():
+                            continue
+                        diag = np.zeros(P)
+                        diag[ok] = blk[rows[ok], col[ok]]
+                        if diag.any():
+                            pts[ki, j, i] = self.pt(np.roll(diag, (k0 + j * b) % P), lvl, self.q(lvl))
+            # the weights' encoding: input-independent (the server can do it ahead of time)
+            self.stats["encode_weights_s"] += time.perf_counter() - t0
+            for r in range(m):
+                babies = [self._baby_steps(x.cts[r, ki], b) for ki in range(len(k_in))]
+                acc = None
+                for j in range(g):
+                    inner = None
+                    for ki in range(len(k_in)):
+                        for i in range(b):
+                            if (ki, j, i) not in pts:
+                                continue
+                            self.stats["ct_pt"] += 1
+                            t = self.be.multiply_plain(self.ctx, babies[ki][i], pts[ki, j, i])
+                            if inner is None:
+                                inner = t
+                            else:
+                                self.be.add_inplace(self.ctx, inner, t)
                     if inner is None:
-                        inner = t
+                        continue
+                    if (k0 + j * b) % self.slots:
+                        inner = self.rot(inner, k0 + j * b)
+                    if acc is None:
+                        acc = inner
                     else:
-                        self.be.add_inplace(self.ctx, inner, t)
-                if inner is None:
-                    continue
-                if (k0 + j * b) % self.slots:
-                    inner = self.rot(inner, k0 + j * b)
+                        self.be.add_inplace(self.ctx, acc, inner)
                 if acc is None:
-                    acc = inner
-                else:
-                    self.be.add_inplace(self.ctx, acc, inner)
-            if acc is None:
-                raise ValueError("an all-zero projection")
-            cts[idx] = self.rescale(acc)
+                    raise ValueError("an all-zero projection block")
+                cts[r, ko] = self.rescale(acc)
         out = Packed(cts, "row", x.shape[:-1] + (d_out,), False)
         if bias is not None:
-            vec = np.zeros(P)
-            vec[:d_out] = bias
-            out = self.plain_add(out, vec)
+            out = self.plain_add(out, np.asarray(bias, np.float64))
         return out
+
+    def _baby_steps(self, ct, b: int) -> list:
+        """rot(ct, i) for i < b (hoisted), once per ciphertext and b: shared by the projections
+        of one input (Q, K, V; gate, up)."""
+        hit = self._babies.get((id(ct), b))
+        if hit is not None and hit[0] is ct:
+            return hit[1]
+        babies = self.be.rotate_hoisted(self.ctx, ct, list(range(b)), self.evk)
+        self.stats["rotations"] += b - 1
+        self._babies[id(ct), b] = (ct, babies)
+        return babies
 
     def reduce_sum(self, x: Packed, scale: float) -> Packed:
         """Row sums: a rotate-and-sum over the period (log2 P rotations) leaves row r's sum in
@@ -554,8 +603,13 @@ class _Eval:
         if x.dirty or x.start:
             raise NotImplementedError("reduce_sum of a value whose padding slots are not zero")
         C = x.shape[-1]
-        out = self.each(x, lambda c: self.rot_sum(c, self.P))
-        out = Packed(out.cts, "row", x.shape[:-1] + (1,), True, start=True)
+        sums = np.empty((x.cts.shape[0], 1), object)
+        for r in range(x.cts.shape[0]):  # the column chunks first (additions), then within the period
+            acc = self.copy(x.cts[r, 0])
+            for k in range(1, x.cts.shape[1]):
+                self.be.add_inplace(self.ctx, acc, x.cts[r, k])
+            sums[r, 0] = self.rot_sum(acc, self.P)
+        out = Packed(sums, "row", x.shape[:-1] + (1,), True, start=True)
         if scale == 1.0:
             return out
         mask = np.zeros(self.P)
@@ -565,8 +619,9 @@ class _Eval:
         self.stats["ct_pt"] += out.cts.size
         # spread before the rescale: its rounding (and the rotations' key-switch noise, divided
         # by the prime) lands once per slot, not summed over C slots
-        out = self.each(out, lambda c: self.rescale(self.rot_sum(self.be.multiply_plain(self.ctx, c, p), C, -1)))
-        out.dirty, out.start = False, False
+        w = min(C, self.P)
+        out = self.each(out, lambda c: self.rescale(self.rot_sum(self.be.multiply_plain(self.ctx, c, p), w, -1)))
+        out.dirty, out.start = C > self.P and C % self.P != 0, False
         return out
 
     def qk(self, q: Packed, k: Packed, attrs: dict, pos0: int = 0) -> Packed:
@@ -578,8 +633,8 @@ class _Eval:
         H, hd = int(attrs["heads"]), int(attrs["head_dim"])
         if q.shape[-1] != H * hd or k.shape[-1] != H * hd:  # K repeated per query head (grouped-query)
             raise ValueError(f"qk of widths {q.shape[-1]}, {k.shape[-1]} with {H} heads of {hd}")
-        if q.layout != "row" or k.layout != "row":
-            raise NotImplementedError("qk of values not in the row layout")
+        if q.layout != "row" or k.layout != "row" or q.cts.shape[-1] != 1 or k.cts.shape[-1] != 1:
+            raise NotImplementedError("qk of values not in the row layout (one chunk)")
         q, k = self.align(q, k, False)
         T, S = q.shape[0], k.shape[0]
         keep = np.ones((T, S), bool)
@@ -592,7 +647,7 @@ class _Eval:
         nq, nk = q.cts.shape[0], k.cts.shape[0]
         t, s, ok = _pair_index(self.R, nq, nk, shifts, T, S)
         wanted = ok & keep[np.minimum(t, T - 1), np.minimum(s, S - 1)]
-        krot = self.shifted(k.cts, shifts)
+        krot = self.shifted(k.cts[:, 0], shifts)
         cts = np.empty((nq, nk, len(shifts)), object)
         for a in range(nq):
             for b in range(nk):
@@ -600,7 +655,7 @@ class _Eval:
                     if not wanted[a, b, ui].any():
                         continue
                     self.stats["ct_ct"] += 1
-                    prod = self.be.multiply(self.ctx, q.cts[a], krot[b][u], self.evk)
+                    prod = self.be.multiply(self.ctx, q.cts[a, 0], krot[b][u], self.evk)
                     summed = self.rot_sum(prod, hd)
                     self.rescale(summed)
                     self.be.scale_message_inplace(self.ctx, summed, 1.0 / float(attrs.get("scale", 1.0)))
@@ -614,8 +669,8 @@ class _Eval:
         is nonzero); one rescale for the three products."""
         from . import ops
 
-        if x.layout != "row" or len(x.shape) != 2:
-            raise NotImplementedError("rope of a value not in the row layout")
+        if x.layout != "row" or len(x.shape) != 2 or x.cts.shape[-1] != 1:
+            raise NotImplementedError("rope of a value not in the row layout (one chunk)")
         H, hd = int(attrs["heads"]), int(attrs["head_dim"])
         if x.shape[-1] != H * hd or hd % 2:
             raise NotImplementedError(f"rope of width {x.shape[-1]} with {H} heads of {hd}")
@@ -628,7 +683,7 @@ class _Eval:
         lvl = self.level_of(x)
         T = x.shape[0]
         cts = np.empty(x.cts.shape, object)
-        for ci, c in enumerate(x.cts):
+        for ci, c in enumerate(x.cts[:, 0]):
             vecs = [np.zeros((self.R, self.P)) for _ in range(3)]
             for r in range(self.R):
                 t = ci * self.R + r
@@ -643,7 +698,7 @@ class _Eval:
             self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, self.rot(c, a), pts[1]))
             self.be.add_inplace(self.ctx, acc, self.be.multiply_plain(self.ctx, self.rot(c, -a), pts[2]))
             self.stats["ct_pt"] += 3
-            cts[ci] = self.rescale(acc)
+            cts[ci, 0] = self.rescale(acc)
         return Packed(cts, "row", x.shape, False)
 
     def av(self, p: Packed, v: Packed, attrs: dict) -> Packed:
@@ -652,15 +707,15 @@ class _Eval:
         H, hd = int(attrs["heads"]), int(attrs["head_dim"])
         if v.shape[-1] != H * hd:
             raise ValueError(f"av of a V of width {v.shape[-1]} with {H} heads of {hd}")
-        if p.layout != "head" or v.layout != "row":
+        if p.layout != "head" or v.layout != "row" or v.cts.shape[-1] != 1:
             raise NotImplementedError(f"av of a {p.layout!r} and a {v.layout!r} value")
         p, v = self.align(p, v, False)
         nq, nk, U = p.cts.shape
         if nk != v.cts.shape[0] or len(p.shifts) != U:
             raise NotImplementedError(f"av: a probability grid {p.cts.shape} for {v.cts.shape[0]} key ciphertexts")
-        vrot = self.shifted(v.cts, p.shifts)
+        vrot = self.shifted(v.cts[:, 0], p.shifts)
         T = p.shape[1]
-        cts = np.empty((nq,), object)
+        cts = np.empty((nq, 1), object)
         for a in range(nq):
             acc = None
             for b in range(nk):
@@ -673,7 +728,7 @@ class _Eval:
                         acc = prod
                     else:
                         self.be.add_inplace(self.ctx, acc, prod)
-            cts[a] = self.rescale(acc)
+            cts[a, 0] = self.rescale(acc)
         return Packed(cts, "row", (T, v.shape[-1]), False)
 
 
@@ -853,15 +908,10 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         elif op == "affine":
             x = get(n.inputs[0])
             g, bt = n.attrs.get("gamma"), n.attrs.get("beta")
-            C = x.shape[-1]
             if g:
-                vec = np.zeros(ev.P)
-                vec[:C] = np.asarray(params[g], np.float64)
-                x = ev.plain_mul(x, vec)
+                x = ev.plain_mul(x, np.asarray(params[g], np.float64))
             if bt:
-                vec = np.zeros(ev.P)
-                vec[:C] = np.asarray(params[bt], np.float64)
-                x = ev.plain_add(x, vec)
+                x = ev.plain_add(x, np.asarray(params[bt], np.float64))
             out = x
         elif op == "reduce_sum":
             out = ev.reduce_sum(get(n.inputs[0]), float(n.attrs.get("scale", 1.0)))

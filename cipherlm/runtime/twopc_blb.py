@@ -269,7 +269,7 @@ class BLBRunner:
     # -- keys
     def _block_params(self, block: dict, tokens: int) -> blb_params.BlockParams:
         if tokens not in self._bparams:
-            self._bparams[tokens] = blb_params.run(self.graph, params=self.params, tokens=tokens)
+            self._bparams[tokens] = blb_params.share_sets(blb_params.run(self.graph, params=self.params, tokens=tokens))
         return self._bparams[tokens][block["id"]]
 
     def _ensure_keys(self, bp: blb_params.BlockParams, steps: list[int]) -> _KeySet:

@@ -350,6 +350,42 @@ def choose_params(depth: int, error_of, *, block: int = 0, min_slots: int = 4096
     raise HEError(f"block {block} (depth {depth}): no secure CKKS parameters ({'; '.join(tried)})")
 
 
+def share_sets(params: list[BlockParams | None]) -> list[BlockParams | None]:
+    """Fewer distinct parameter sets (each costs the client a key set, the server its rotation
+    keys in memory): per ring degree, blocks taken by increasing depth join one set while the
+    set that covers them all (their largest scale, their largest depth) stays within the
+    128-bit bound (one bit of margin); each block then runs on its set's chain (more levels
+    and a larger scale than its own: the error only shrinks; it starts at the top and ends
+    above the set's output primes).  ``depth`` and the predictions stay the block's own."""
+    out = list(params)
+    by_n: dict[int, list[int]] = {}
+    for i, p in enumerate(params):
+        if p is not None:
+            by_n.setdefault(p.ring_degree, []).append(i)
+
+    def cover(idx):
+        s = max(params[i].scale_bits for i in idx)
+        d = max(params[i].depth for i in idx)
+        return s, output_primes(s) + (s,) * d
+
+    for n, idx in by_n.items():
+        idx.sort(key=lambda i: (params[i].depth, params[i].scale_bits))
+        groups, cur = [], []
+        for i in idx:
+            s, chain = cover(cur + [i])
+            if not cur or sum(chain) + SPECIAL_PRIME_BITS <= HES_128_CLASSIC_MAX_LOGQ[n] - 1:
+                cur.append(i)
+            else:
+                groups.append(cur)
+                cur = [i]
+        groups.append(cur)
+        for grp in groups:
+            s, chain = cover(grp)
+            for i in grp:
+                out[i] = dataclasses.replace(params[i], scale_bits=s, output_primes=output_primes(s), chain=chain)
+    return out
+
+
 def run(graph: Graph, *, params: dict[str, np.ndarray] | None = None, tokens: int = TOKENS,
         min_slots: int = 4096, value_bits: int = VALUE_BITS, frac: int = MPC_FRAC,
         strict: bool = True) -> list[BlockParams | None]:
