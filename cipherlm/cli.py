@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_args(d)
 
     b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc", "fhe", "aegis"),
+    b.add_argument("what", choices=("offload", "mpc", "embedding", "moe", "2pc", "fhe", "aegis", "blb"),
                    help="which benchmark")
     b.add_argument("--elements", type=int, default=1 << 16, help="elements per 2PC primitive (bench mpc)")
     b.add_argument("--rows", type=int, default=128,
@@ -215,16 +215,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench 2pc: comma-separated (minilm: MiniLM's encoder layers; smollm-block: one SmolLM2 "
                         "block; bert-base: BERT-base shape, random weights, extrapolated from --layers; default "
                         "all three); bench fhe: minilm (polarity classification) and/or bert-base (one layer, "
-                        "random weights); default minilm")
+                        "random weights); default minilm; bench blb: minilm, bert-base, tiny, gpt2 (decoders: "
+                        "reported as not supported yet; default minilm,gpt2)")
     b.add_argument("--layers", type=int, default=None,
-                   help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12)")
+                   help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12); bench blb: "
+                        "default 1")
     _add_packing_args(b, "bench 2pc")
     b.add_argument("--vocab", type=int, default=32000, help="bench embedding: table rows (LLaMA-7B: 32000)")
     b.add_argument("--dim", type=int, default=4096, help="bench embedding: table columns (LLaMA-7B: 4096)")
     b.add_argument("--methods", help="bench embedding: comma-separated rows (default the Table 6 ablation)")
     b.add_argument("--tokens", type=int, default=None,
                    help="bench embedding: token ids per query (default 1); bench 2pc: tokens (default 128, "
-                        "smollm-block 64); bench fhe: tokens per inference (default 32)")
+                        "smollm-block 64); bench fhe: tokens per inference (default 32); bench blb: default 8 "
+                        "(tiny 4)")
     b.add_argument("--sentences", type=int, default=1, help="bench fhe: MiniLM polarity sentences (default 1)")
     b.add_argument("--fhe-preset", default=FHE_PRESETS[0], choices=FHE_PRESETS,
                    help="bench fhe: the CKKS bootstrapping preset (test-insecure-N1024 needs --insecure-test-preset)")

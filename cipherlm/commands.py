@@ -1075,6 +1075,11 @@ def demo_fhe(args, report, t0) -> int:
 def cmd_bench(args) -> int:
     from cipherlm.report import RunReport
 
+    if args.what == "blb":  # its own report (rows of two pipelines, the machine's load; --report FILE)
+        from cipherlm.bench import blb
+
+        blb.run(args)
+        return 0
     t0 = time.perf_counter()
     mode = {"offload": "offload", "fhe": "fhe", "aegis": "fhe"}.get(args.what, "2pc")
     report = RunReport(mode=mode, model=args.model, command=sys.argv)

@@ -1,0 +1,428 @@
+"""`cipherlm bench blb`: the BLB ablation (issue 16 item 6, BLB paper Table 11 / Figure 11).
+
+For each workload the same random token ids go through two rows, both parties in this
+process (`mpc.runner.run_inprocess`, two threads over an in-process channel), each row's
+executor picked by its plan's ``fusion`` (`runtime.twopc.public_plan`, `make_twopc_executor`):
+
+* ``BFV+MPC``: today's 2pc pipeline (`runtime.twopc.TwoPCEncoder`, Bumblebee-style: every
+  linear operator an HE product followed by the HE -> MPC conversion and a truncation;
+  Table 11's baseline);
+* ``BLB``: `runtime.twopc_blb.BLBEncoder` (FineGrainFusion + the CKKS <-> MPC conversions of
+  section 6: the fused blocks evaluated by the server in CKKS, the nonlinear cores on
+  shares).  The paper's third row (+ fused ct-ct MatMul, section 5) is not a separate
+  switch of the encoder yet.
+
+Per row (the client's channel, exact counters, `net.channel`):
+
+* ``bytes``: both directions during the encoder pass, **set-up excluded** as in the paper
+  (section 7.1: base OTs, BFV keys, CKKS public / relinearisation / rotation keys: the
+  ``setup`` operator class) and reported separately under ``setup``;
+* ``rounds`` (the client's own sends after a receive) and ``flights`` (rounds +
+  the server's, i.e. one-way flights: what `NetworkModel` charges a latency for);
+* ``seconds``: measured wall time of the pass (both parties on this machine, the
+  in-process channel's transfers are negligible), ``compute_seconds`` = that minus the
+  set-up made inside the pass (BLB's CKKS keys, made when a block first needs them);
+* ``network``: modelled end-to-end seconds under the paper's settings (section 7.1, "Test
+  Environment": LAN 1 Gbps / 0.3 ms RTT, WAN1 400 Mbps / 4 ms, WAN2 100 Mbps / 4 ms, WAN3
+  100 Mbps / 80 ms; `net.netmodel` presets ``blb-*``):
+  ``compute_seconds + NetworkModel.seconds(bytes, flights)``;
+* ``breakdown``: bytes by category like Figure 11 (`CATEGORIES`): ``conversions`` (BFV+MPC:
+  the sign extension / truncation after each HE product; BLB: the Algorithm 2 / Algorithm 1
+  conversions around each fused block, i.e. its ciphertext transfers too), ``nonlinear``
+  (the softmax / norm / activation cores on shares), ``linear_he`` (BFV+MPC's HE ciphertext
+  transfers of the linear layers and attention products; BLB has none outside the blocks),
+  ``embedding`` and ``other``; ``by_class`` is the meter's finer table;
+* ``max_abs_error``: the hidden states against the plaintext executor
+  (`runtime.graph_executor.GraphExecutor`, float64) on the same ids.
+
+Workloads (`WORKLOADS`): ``minilm`` (all-MiniLM-L6-v2, real weights; default 1 of its 6
+layers, 8 tokens), ``bert-base`` (BERT-base shape, random weights initialised like Hugging
+Face's, `bench.twopc.random_bert_weights`; default 1 layer, 8 tokens), ``tiny`` (a tiny random
+BERT, d = 48, for tests; 1 layer, 4 tokens) and ``gpt2`` (the 2pc plan refuses BLB fusion for
+decoders so far: reported as "not supported yet" with the plan's reason, nothing is run).  The defaults fit a 2-vCPU machine; the issue's
+sizes (BERT-base 128 tokens, MiniLM 6 layers 128 tokens) are ``--tokens`` / ``--layers``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+#: `cipherlm bench blb` without --workloads
+DEFAULT_WORKLOADS = "minilm,gpt2"
+#: workload -> (default layers, default tokens)
+WORKLOADS = {"tiny": (1, 4), "minilm": (1, 8), "bert-base": (1, 8), "gpt2": (1, 8)}
+VARIANTS = ("BFV+MPC", "BLB")
+#: BLB section 7.1 ("Test Environment", Linux tc): row label -> `net.netmodel.PRESETS` name
+#: (1 Gbps / 0.3 ms RTT; 400 Mbps / 4 ms; 100 Mbps / 4 ms; 100 Mbps / 80 ms, as RTTs)
+NETWORKS = {"LAN": "blb-LAN", "WAN1": "blb-WAN1", "WAN2": "blb-WAN2", "WAN3": "blb-WAN3"}
+#: Figure 11-like categories -> the meter's operator classes (`compile.ir.OP_CLASSES`)
+CATEGORIES = {
+    "conversions": ("conversions",),
+    "nonlinear": ("softmax", "norm", "activation"),
+    "linear_he": ("linear", "attention_matmul"),
+    "embedding": ("embedding",),
+}
+NOT_SUPPORTED = "not supported yet"
+
+#: GPT2-base's shape (the issue's decoder workload; only its config is used: BLB is refused)
+GPT2_BASE_CONFIG = {
+    "model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "n_ctx": 1024,
+    "vocab_size": 50257, "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+}
+#: the plan's fusion of each row (`runtime.twopc.public_plan(..., fusion=)`)
+FUSION = {"BFV+MPC": "none", "BLB": "blb"}
+
+TINY_CONFIG = {
+    "model_type": "bert", "hidden_size": 48, "num_attention_heads": 4, "num_hidden_layers": 1,
+    "intermediate_size": 96, "hidden_act": "gelu", "layer_norm_eps": 1e-12, "vocab_size": 120,
+    "max_position_embeddings": 64, "type_vocab_size": 2, "position_embedding_type": "absolute",
+}
+#: the tiny BERT's weight scale (0.1 like tests/test_twopc_blb.py's initializer_range, so that
+#: attention is not uniform; BERT's own 0.02 for bert-base)
+TINY_STD = 0.1
+
+
+def _log(msg: str) -> None:
+    print(f"bench blb: {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def prepare(workload: str, layers: int | None = None, tokens: int | None = None, seed: int = 0) -> dict:
+    """Config, weights, token ids and the plaintext reference of one workload (encoders), or
+    the reason it is not run (``{"unsupported": reason}``)."""
+    from ..compile import bind, build_graph
+    from ..models import normalize_weights
+    from ..runtime import twopc
+    from ..runtime.graph_executor import GraphExecutor
+    from .twopc import BERT_BASE_CONFIG, random_bert_weights
+
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    L = int(layers or WORKLOADS[workload][0])
+    T = int(tokens or WORKLOADS[workload][1])
+    if L < 1 or T < 1:
+        raise ValueError("layers and tokens must be positive")
+    base = {"workload": workload, "layers": L, "tokens": T}
+    if workload == "gpt2":  # the 2pc plan refuses BLB fusion for decoders: its reason is the row's
+        try:
+            twopc.public_plan(GPT2_BASE_CONFIG, None, embedding="onehot-linear", fusion="blb")
+        except twopc.TwoPCError as e:
+            return {**base, "unsupported": str(e)}
+        raise ValueError("gpt2: the 2pc plan now accepts BLB fusion for decoders; run it here")
+    if workload == "minilm":
+        from ..models import load_model
+
+        lm = load_model("minilm-l6")
+        full = dict(lm.config)
+        if L > full["num_hidden_layers"]:
+            raise ValueError(f"minilm has {full['num_hidden_layers']} layers, asked for {L}")
+        config = dict(full, num_hidden_layers=L)
+        weights = normalize_weights(config, lm.weights)
+        lo = 1000
+    else:
+        cfg = dict(BERT_BASE_CONFIG if workload == "bert-base" else TINY_CONFIG)
+        config = dict(cfg, num_hidden_layers=L)
+        weights = random_bert_weights(config, L, seed=seed)
+        d = config["hidden_size"]  # the pooler (the graph binds it; the hidden states do not use it)
+        prng = np.random.default_rng(seed + 2)
+        weights["pooler.dense.weight"] = prng.normal(0, 0.02, (d, d)).astype(np.float32)
+        weights["pooler.dense.bias"] = np.zeros(d, np.float32)
+        if workload == "tiny":  # 0.02 -> TINY_STD for every matrix and bias (not the LayerNorms' gammas)
+            k = TINY_STD / 0.02
+            weights = {n: (a if "LayerNorm" in n else (a * k).astype(np.float32)) for n, a in weights.items()}
+        lo = 1000 if workload == "bert-base" else 0
+    if twopc.model_kind(config)[0] != "encoder":
+        return {**base, "unsupported": "BLBEncoder runs encoders only"}
+    if T > config["max_position_embeddings"]:
+        raise ValueError(f"{workload}: at most {config['max_position_embeddings']} tokens")
+    ids = np.random.default_rng(seed + 1).integers(lo, config["vocab_size"], T).astype(np.int64)
+    g = build_graph(config)
+    ref = GraphExecutor(g, bind(g, weights), dtype=np.float64).run(
+        {"ids": ids, "positions": np.arange(T), "token_types": np.zeros(T, np.int64)},
+        {"pos0": 0, "T": T, "positions": np.arange(T)})["hidden"]
+    return {**base, "config": config, "weights": weights, "ids": ids, "ref": np.asarray(ref, np.float64)}
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: int(v) - int(before.get(k, 0)) for k, v in after.items()}
+
+
+def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray) -> dict:
+    """One party of one row: the encoder pass between the channel counters (set-up warmed
+    up first, outside the pass: base OTs and the BFV keys, both rows alike).  The plan's
+    ``fusion`` picks the executor (`TwoPCEncoder` or `twopc_blb.BLBEncoder`)."""
+    from ..mpc.he_session import he_session
+    from ..runtime import twopc
+
+    meter = twopc.OpMeter(ctx.chan)
+    enc = twopc.make_twopc_executor(ctx, config, server if ctx.party == 1 else None, plan, meter=meter)
+    if type(enc).__name__ != {"none": "TwoPCEncoder", "blb": "BLBEncoder"}[plan["fusion"]]:
+        raise RuntimeError(f"fusion {plan['fusion']!r} gave {type(enc).__name__}")
+    with meter("setup"):
+        he_session(ctx)
+        ctx.ot.setup(kk13=True)
+    n = int(ids.size)
+    summary0, stats0, chan0 = meter.summary(), meter.stats(), ctx.chan.totals()
+    t0 = time.perf_counter()
+    h = enc.encode_shares(ids if ctx.party == 0 else None, n)
+    seconds = time.perf_counter() - t0
+    summary1, stats1, chan1 = meter.summary(), meter.stats(), ctx.chan.totals()
+    out = h.reveal_float(to=0)
+    by_class = {}
+    for k, v in summary1.items():
+        b = summary0.get(k, {})
+        d = {f: (v[f] - b.get(f, 0)) for f in ("bytes", "bytes_sent", "flights", "seconds", "calls")}
+        if d["bytes"] or d["calls"]:
+            by_class[k] = d
+    setup_pass = _delta(stats1.get("setup", {}), stats0.get("setup", {}))
+    return {"output": out, "seconds": seconds, "channel": _delta(chan1, chan0), "setup_pass": setup_pass,
+            "by_class": by_class, "setup_total": summary1.get("setup"),
+            "block_stats": list(getattr(getattr(enc, "runner", None), "block_stats", []) or [])}
+
+
+def _bytes(c: dict) -> int:
+    return int(c.get("bytes_sent", 0)) + int(c.get("bytes_received", 0))
+
+
+def _flights(c: dict) -> int:
+    return int(c.get("rounds", 0)) + int(c.get("flights_received", 0))
+
+
+def breakdown(by_class: dict) -> dict:
+    """Bytes by Figure 11-like category (`CATEGORIES`, the rest ``other``) from a row's
+    per-class table (set-up excluded)."""
+    out = {k: 0 for k in CATEGORIES}
+    out["other"] = 0
+    where = {c: cat for cat, classes in CATEGORIES.items() for c in classes}
+    for cls, v in by_class.items():
+        if cls == "setup":
+            continue
+        out[where.get(cls, "other")] += int(v["bytes"])
+    return out
+
+
+def network_seconds(compute_seconds: float, total_bytes: int, flights: int) -> dict:
+    """{LAN, WAN1, WAN2, WAN3: compute + `NetworkModel.seconds(bytes, flights)`} (BLB section 7.1)."""
+    from ..net.netmodel import PRESETS
+
+    return {k: float(compute_seconds) + PRESETS[p].seconds(total_bytes, flights) for k, p in NETWORKS.items()}
+
+
+def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeout: float = 7200.0) -> dict:
+    """One ablation row (JSON-able) of a prepared encoder workload."""
+    from ..mpc.runner import run_inprocess
+    from ..runtime import twopc
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
+    config, w = prep["config"], prep["weights"]
+    server = twopc.server_weights(config, w, keep_bound=variant == "BLB")
+    plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant])
+    args = (config, server, plan, prep["ids"])
+    r0, r1 = run_inprocess(_party, args0=args, args1=args, timeout=timeout)
+    ch, sp = r0["channel"], r0["setup_pass"]
+    excl = {k: ch[k] - sp.get(k, 0) for k in ch}
+    total, flights = _bytes(excl), _flights(excl)
+    by_class = {k: v for k, v in r0["by_class"].items() if k != "setup"}
+    setup_pass_row = r0["by_class"].get("setup", {"bytes": 0, "flights": 0, "seconds": 0.0})
+    compute = r0["seconds"] - float(setup_pass_row.get("seconds", 0.0))
+    st = r0["setup_total"] or {"bytes": 0, "flights": 0, "seconds": 0.0}
+    row = {
+        "workload": prep["workload"], "variant": variant, "status": "ok",
+        "layers": prep["layers"], "tokens": prep["tokens"], "embedding": plan["embedding"], "fusion": plan["fusion"],
+        "bytes": total, "bytes_client_to_server": int(excl["bytes_sent"]),
+        "bytes_server_to_client": int(excl["bytes_received"]),
+        "rounds": int(excl["rounds"]), "flights": flights,
+        "channel": {"pass": ch, "setup_in_pass": sp},
+        "unmetered_bytes": total - sum(int(v["bytes"]) for v in by_class.values()),
+        "seconds": r0["seconds"], "compute_seconds": compute,
+        "network": network_seconds(compute, total, flights),
+        "setup": {"bytes": int(st["bytes"]), "flights": int(st["flights"]), "seconds": float(st["seconds"]),
+                  "in_pass_bytes": _bytes(sp), "in_pass_seconds": float(setup_pass_row.get("seconds", 0.0))},
+        "breakdown": breakdown(by_class),
+        "by_class": by_class,
+        "max_abs_error": float(np.abs(np.asarray(r0["output"], np.float64) - prep["ref"]).max()),
+    }
+    if variant == "BLB":  # the server's view of each HE block: its time (HE evaluation + conversions) and traffic
+        blocks = [{"block": int(b["block"]), "seconds": float(b["seconds"]), "bytes": _bytes(b), "flights": _flights(b)}
+                  for b in r1["block_stats"]]
+        row["he_blocks"] = {"count": len(blocks), "seconds": sum(b["seconds"] for b in blocks), "blocks": blocks}
+    return row
+
+
+def unsupported_row(prep: dict, variant: str) -> dict:
+    return {"workload": prep["workload"], "variant": variant, "status": NOT_SUPPORTED,
+            "reason": prep["unsupported"], "layers": prep["layers"], "tokens": prep["tokens"]}
+
+
+# ----------------------------------------------------------------------------- the bench
+
+
+def _machine() -> dict:
+    from ..report import machine_info
+
+    m = machine_info()
+    try:
+        m["load_average"] = list(os.getloadavg())
+    except OSError:
+        m["load_average"] = None
+    return m
+
+
+def _parse_workloads(workloads) -> list[str]:
+    if workloads is None:
+        workloads = DEFAULT_WORKLOADS
+    if isinstance(workloads, str):
+        workloads = [w.strip() for w in workloads.split(",") if w.strip()]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise ValueError(f"unknown workload {w!r}; one of {', '.join(WORKLOADS)}")
+    return list(workloads)
+
+
+def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None = None, report: str | None = None,
+                  *, variants=VARIANTS, embedding: str = "onehot-linear", seed: int = 0, command=None,
+                  timeout: float = 7200.0, echo: bool = True) -> dict:
+    """The ablation of every workload (``layers`` / ``tokens``: None = the workload's default,
+    `WORKLOADS`), printed as it goes; the report (JSON-able dict) is written to ``report``
+    when given.  ``embedding``: the plan's embedding method, the same for both rows."""
+    names = _parse_workloads(workloads)
+    variants = tuple(variants)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t0 = time.perf_counter()
+    machine_start = _machine()
+    rows: list[dict] = []
+    for w in names:
+        _log(f"{w}: preparing (layers {layers or 'default'}, tokens {tokens or 'default'}) ...")
+        prep = prepare(w, layers, tokens, seed=seed)
+        for v in variants:
+            if "unsupported" in prep and v == "BLB":
+                row = unsupported_row(prep, v)
+                _log(f"{w} / {v}: {NOT_SUPPORTED} ({prep['unsupported']})")
+            elif "unsupported" in prep:
+                row = unsupported_row(prep, v)
+                row.update(status="not run", reason="no BLB row to compare with; the 2pc baseline alone: "
+                                                    "`cipherlm bench 2pc`")
+                _log(f"{w} / {v}: not run")
+            else:
+                _log(f"{w} / {v}: {prep['layers']} layer(s), {prep['tokens']} tokens, both parties in process ...")
+                tr = time.perf_counter()
+                row = run_row(prep, v, embedding=embedding, timeout=timeout)
+                _log(f"{w} / {v}: done in {time.perf_counter() - tr:.1f} s")
+            rows.append(row)
+            if echo:
+                print(format_rows([row]), flush=True)
+    out = {
+        "schema": "cipherlm.bench.blb/1",
+        "command": list(command) if command is not None else list(sys.argv),
+        "date": started.isoformat(timespec="seconds"),
+        "wall_seconds": time.perf_counter() - t0,
+        "machine": {**machine_start, "load_average_end": _machine()["load_average"]},
+        "settings": {"workloads": names, "layers": layers, "tokens": tokens, "embedding": embedding, "seed": seed,
+                     "variants": list(variants), "parties": "in process (two threads, in-process channel)"},
+        "networks": {k: _preset_dict(p) for k, p in NETWORKS.items()},
+        "categories": {k: list(v) for k, v in CATEGORIES.items()},
+        "rows": rows,
+        "ratios": ratios(rows),
+    }
+    if echo:
+        print(format_table(rows), flush=True)
+    if report:
+        Path(report).write_text(json.dumps(out, indent=2, default=_jsonable))
+        _log(f"report written to {report}")
+    return out
+
+
+def _preset_dict(name: str) -> dict:
+    from ..net.netmodel import PRESETS
+
+    return PRESETS[name].to_dict()
+
+
+def _jsonable(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def ratios(rows: list[dict]) -> dict:
+    """Per workload with both rows run: BFV+MPC / BLB for bytes, flights and each network's seconds."""
+    out = {}
+    by = {(r["workload"], r["variant"]): r for r in rows if r.get("status") == "ok"}
+    for (w, v), base in by.items():
+        blb = by.get((w, "BLB"))
+        if v != "BFV+MPC" or blb is None:
+            continue
+        q = lambda a, b: (a / b) if b else None  # noqa: E731
+        out[w] = {"bytes": q(base["bytes"], blb["bytes"]), "flights": q(base["flights"], blb["flights"]),
+                  **{k: q(base["network"][k], blb["network"][k]) for k in NETWORKS}}
+    return out
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def format_rows(rows: list[dict]) -> str:
+    """Each row's headline and its Figure 11-like breakdown."""
+    out = []
+    for r in rows:
+        if r.get("status") != "ok":
+            out.append(f"{r['workload']:10} {r['variant']:8} {r['status']}: {r.get('reason', '')}")
+            continue
+        out.append(f"{r['workload']:10} {r['variant']:8} {r['layers']} layer(s) x {r['tokens']} tokens: "
+                   f"{r['bytes'] / 1e6:.2f} MB, {r['flights']} flights ({r['rounds']} client rounds), "
+                   f"{r['seconds']:.1f} s wall ({r['compute_seconds']:.1f} s without set-up), "
+                   f"max err {r['max_abs_error']:.2e}; set-up {r['setup']['bytes'] / 1e6:.2f} MB")
+        out.append("    breakdown: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in r["breakdown"].items()))
+        if "he_blocks" in r:
+            out.append(f"    HE blocks: {r['he_blocks']['count']}, {r['he_blocks']['seconds']:.1f} s (server, "
+                       "evaluation + conversions)")
+    return "\n".join(out)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The Table 11-like summary: bytes, flights, compute and the modelled LAN / WAN seconds."""
+    head = (f"{'workload':10} {'row':8} {'L':>2} {'T':>4} {'MB':>9} {'flights':>7} {'compute s':>9} "
+            + " ".join(f"{k + ' s':>8}" for k in NETWORKS) + f" {'setup MB':>9} {'max err':>8}")
+    out = [head]
+    for r in rows:
+        if r.get("status") != "ok":
+            out.append(f"{r['workload']:10} {r['variant']:8} {r['layers']:2d} {r['tokens']:4d} {r['status']}")
+            continue
+        out.append(f"{r['workload']:10} {r['variant']:8} {r['layers']:2d} {r['tokens']:4d} {r['bytes'] / 1e6:9.2f} "
+                   f"{r['flights']:7d} {r['compute_seconds']:9.1f} "
+                   + " ".join(f"{r['network'][k]:8.1f}" for k in NETWORKS)
+                   + f" {r['setup']['bytes'] / 1e6:9.2f} {r['max_abs_error']:8.1e}")
+    cats = list(CATEGORIES) + ["other"]
+    out.append("")
+    out.append(f"{'bytes (MB)':19} " + " ".join(f"{c:>11}" for c in cats))
+    for r in rows:
+        if r.get("status") == "ok":
+            out.append(f"{r['workload'] + ' ' + r['variant']:19} "
+                       + " ".join(f"{r['breakdown'][c] / 1e6:11.2f}" for c in cats))
+    return "\n".join(out)
+
+
+def run(args) -> dict:
+    """`cipherlm bench blb` (the CLI's arguments)."""
+    return run_blb_bench(args.workloads, args.layers, args.tokens, getattr(args, "report", None),
+                         embedding=getattr(args, "embedding", None) or "onehot-linear",
+                         seed=getattr(args, "seed", 0) or 0, command=sys.argv)
+
+
+__all__ = ["run_blb_bench", "run_row", "prepare", "breakdown", "network_seconds", "format_rows", "format_table",
+           "WORKLOADS", "VARIANTS", "NETWORKS", "CATEGORIES", "DEFAULT_WORKLOADS", "NOT_SUPPORTED"]

@@ -1,0 +1,140 @@
+"""`cipherlm bench blb` (issue 16 item 6, `cipherlm.bench.blb`): the tiny BERT (1 layer, 4
+tokens) through both rows (BFV+MPC, BLB) in process: the report's structure, bytes / flights
+equal to the channel counters they come from (set-up excluded), the Figure 11-like breakdown
+summing to them, the hidden-state errors against the plaintext executor, and the modelled
+times from `NetworkModel.seconds` at the BLB paper's section 7.1 settings.  No timing
+thresholds."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cipherlm.bench import blb
+from cipherlm.compile import build_graph
+from cipherlm.compile.passes import blb_fusion
+from cipherlm.net.netmodel import PRESETS
+
+lattigo = pytest.importorskip("cipherlm.he.lattigo_backend")
+
+TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    if not lattigo.available():
+        pytest.skip(lattigo.unavailable_reason())
+    path = tmp_path_factory.mktemp("bench_blb") / "blb.json"
+    out = blb.run_blb_bench("tiny,gpt2", layers=1, tokens=TOKENS, report=str(path), command=["test"])
+    return out, json.loads(path.read_text())
+
+
+def _rows(out):
+    return {(r["workload"], r["variant"]): r for r in out["rows"]}
+
+
+def test_report_structure(bench):
+    out, written = bench
+    assert written["schema"] == out["schema"] == "cipherlm.bench.blb/1"
+    assert written["command"] == ["test"]
+    assert written["date"][:2] == "20"
+    m = written["machine"]
+    assert m["cores"] >= 1 and len(m["load_average"]) == 3 and len(m["load_average_end"]) == 3
+    assert set(written["networks"]) == {"LAN", "WAN1", "WAN2", "WAN3"}
+    rows = _rows(written)
+    assert set(rows) == {("tiny", "BFV+MPC"), ("tiny", "BLB"), ("gpt2", "BFV+MPC"), ("gpt2", "BLB")}
+    assert rows[("gpt2", "BLB")]["status"] == blb.NOT_SUPPORTED
+    assert "bytes" not in rows[("gpt2", "BLB")]
+    for v in blb.VARIANTS:
+        r = rows[("tiny", v)]
+        assert r["status"] == "ok" and r["layers"] == 1 and r["tokens"] == TOKENS
+        for key in ("bytes", "rounds", "flights", "seconds", "compute_seconds", "network", "setup", "breakdown",
+                    "by_class", "max_abs_error", "channel"):
+            assert key in r, (v, key)
+        assert set(r["breakdown"]) == set(blb.CATEGORIES) | {"other"}
+        assert r == json.loads(json.dumps(_rows(out)[("tiny", v)]))  # the file holds what was returned
+    assert set(written["ratios"]) == {"tiny"}
+    assert written["ratios"]["tiny"]["bytes"] == pytest.approx(
+        rows[("tiny", "BFV+MPC")]["bytes"] / rows[("tiny", "BLB")]["bytes"])
+
+
+def _b(c):
+    return c["bytes_sent"] + c["bytes_received"]
+
+
+def _f(c):
+    return c["rounds"] + c["flights_received"]
+
+
+@pytest.mark.parametrize("variant", blb.VARIANTS)
+def test_bytes_are_the_channel_counters(bench, variant):
+    r = _rows(bench[0])[("tiny", variant)]
+    ch, sp = r["channel"]["pass"], r["channel"]["setup_in_pass"]
+    assert r["bytes"] == _b(ch) - _b(sp) > 0  # set-up excluded, as in the paper
+    assert r["bytes_client_to_server"] + r["bytes_server_to_client"] == r["bytes"]
+    assert r["bytes_client_to_server"] == ch["bytes_sent"] - sp["bytes_sent"]
+    assert r["flights"] == _f(ch) - _f(sp) > 0
+    assert r["rounds"] == ch["rounds"] - sp["rounds"]
+    # every byte of the pass is metered: the per-class table and the breakdown add up to the total
+    assert r["unmetered_bytes"] == 0
+    assert sum(v["bytes"] for v in r["by_class"].values()) == r["bytes"]
+    assert sum(r["breakdown"].values()) == r["bytes"]
+    assert "setup" not in r["by_class"]
+    assert r["setup"]["bytes"] >= r["setup"]["in_pass_bytes"] == _b(sp)
+    assert r["setup"]["bytes"] > 0
+
+
+def test_breakdown_categories(bench):
+    rows = _rows(bench[0])
+    base, fused = rows[("tiny", "BFV+MPC")]["breakdown"], rows[("tiny", "BLB")]["breakdown"]
+    assert base["linear_he"] > 0 and base["nonlinear"] > 0 and base["embedding"] > 0
+    # BLB: the linear operators are inside the CKKS blocks; what crosses is the conversions
+    assert fused["linear_he"] == 0 and fused["conversions"] > 0 and fused["nonlinear"] > 0
+    assert fused["embedding"] == base["embedding"]  # the same embedding protocol in both rows
+    he = rows[("tiny", "BLB")]["he_blocks"]
+    g = blb_fusion.run(build_graph(dict(blb.TINY_CONFIG, num_hidden_layers=1)))
+    assert he["count"] == len(g.meta["blb_blocks"]) == len(he["blocks"])
+    # the CKKS keys are made inside the pass (first use of each parameter set): set-up, not counted
+    assert rows[("tiny", "BLB")]["setup"]["in_pass_bytes"] > 0
+
+
+@pytest.mark.parametrize("variant", blb.VARIANTS)
+def test_hidden_state_error_is_small(bench, variant):
+    r = _rows(bench[0])[("tiny", variant)]
+    # f = 16 fixed point through the cores, LayerNorm outputs of magnitude ~3 (tests/test_twopc_blb.py)
+    assert np.isfinite(r["max_abs_error"]) and r["max_abs_error"] < 0.02
+
+
+def test_modelled_times_follow_the_network_model(bench):
+    out = bench[0]
+    # BLB section 7.1: LAN 1 Gbps / 0.3 ms RTT; WAN1 400 Mbps / 4 ms; WAN2 100 Mbps / 4 ms; WAN3 100 Mbps / 80 ms
+    expect = {"LAN": (1e9, 0.3e-3), "WAN1": (400e6, 4e-3), "WAN2": (100e6, 4e-3), "WAN3": (100e6, 80e-3)}
+    for k, (bw, rtt) in expect.items():
+        n = out["networks"][k]
+        assert n["bandwidth_bits_per_s"] == bw and n["rtt_s"] == pytest.approx(rtt)
+    for v in blb.VARIANTS:
+        r = _rows(out)[("tiny", v)]
+        assert 0 < r["compute_seconds"] <= r["seconds"]
+        for k, p in blb.NETWORKS.items():
+            assert r["network"][k] == pytest.approx(r["compute_seconds"] + PRESETS[p].seconds(r["bytes"], r["flights"]))
+        assert r["network"]["LAN"] <= r["network"]["WAN1"] <= r["network"]["WAN2"] <= r["network"]["WAN3"]
+
+
+def test_table_prints_every_row(bench):
+    text = blb.format_table(bench[0]["rows"])
+    assert "tiny" in text and "BLB" in text and blb.NOT_SUPPORTED in text
+
+
+def test_unknown_workload():
+    with pytest.raises(ValueError):
+        blb.run_blb_bench("gpt3", echo=False)
+
+
+def test_cli_bench_blb_gpt2_not_supported(tmp_path, capsys):
+    from cipherlm.cli import main
+
+    path = tmp_path / "gpt2.json"
+    assert main(["bench", "blb", "--workloads", "gpt2", "--report", str(path)]) == 0
+    rows = _rows(json.loads(path.read_text()))
+    assert rows[("gpt2", "BLB")]["status"] == blb.NOT_SUPPORTED
+    assert blb.NOT_SUPPORTED in capsys.readouterr().out
