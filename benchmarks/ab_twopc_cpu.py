@@ -12,12 +12,13 @@ from cipherlm.bench.twopc import prepare
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.mpc.shares import share_input
 from cipherlm.runtime import twopc
+from cipherlm.runtime.twopc_executors import make_twopc_executor
 spec = prepare("minilm", tokens=32, layers=1)
 cfg = spec["config"]
 sw = twopc.server_weights(cfg, spec["weights"])
 plan = twopc.public_plan(cfg, sw)
 def party(ctx):
-    ex = twopc.make_twopc_executor(ctx, cfg, sw if ctx.party == 1 else None, plan)
+    ex = make_twopc_executor(ctx, cfg, sw if ctx.party == 1 else None, plan)
     from cipherlm.mpc.he_session import he_session
     he_session(ctx); ctx.ot.setup(kk13=True)
     x = share_input(ctx, spec["x"] if ctx.party == 0 else None, owner=0)

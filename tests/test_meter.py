@@ -8,6 +8,7 @@ from cipherlm.compile.ir import OP_CLASS, OP_CLASSES
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.runtime import twopc
 from cipherlm.runtime.meter import Meter
+from cipherlm.runtime.twopc_executors import make_twopc_executor
 from test_twopc import llama_model
 
 
@@ -31,7 +32,7 @@ def test_meter_by_node_adds_up_to_the_channel():
 
     def party(ctx):
         meter = Meter(ctx.chan)
-        ex = twopc.make_twopc_executor(ctx, config, sw if ctx.party == 1 else None, plan, meter=meter)
+        ex = make_twopc_executor(ctx, config, sw if ctx.party == 1 else None, plan, meter=meter)
         ex.forward(np.array([4, 8, 15]) if ctx.party == 0 else None, 3)
         sent = sum(v["bytes_sent"] for v in ctx.chan.stats().values())
         return meter.by_node(), meter.summary(), sent, [n.name for n in ex.graph.nodes]

@@ -19,6 +19,7 @@ import transformers as T  # noqa: E402
 
 lattigo = pytest.importorskip("cipherlm.he.lattigo_backend")
 from cipherlm.runtime import twopc_blb  # noqa: E402
+from cipherlm.runtime.twopc_executors import make_twopc_executor  # noqa: E402
 
 TOKENS = 4
 _BERT = dict(vocab_size=120, hidden_size=48, num_hidden_layers=1, num_attention_heads=4, intermediate_size=96,
@@ -48,7 +49,7 @@ def bert_run():
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
-        enc = twopc.make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter)
+        enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter)
         assert isinstance(enc, twopc_blb.BLBEncoder)
         h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
         return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats

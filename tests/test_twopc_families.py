@@ -10,6 +10,7 @@ from _hf_oracle import build_hf, torch_setup
 from cipherlm.models import normalize_weights
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.runtime import twopc
+from cipherlm.runtime.twopc_executors import make_twopc_executor
 from test_compile_graph import _cases
 from test_twopc import LOGIT_TOL, plain_decoder
 
@@ -29,7 +30,7 @@ def test_decoder_family_matches_plaintext(name):
     ids = np.array([5, 9, 61, 2, 33, 70])
 
     def party(ctx):
-        ex = twopc.make_twopc_executor(ctx, config, sw if ctx.party == 1 else None, plan)
+        ex = make_twopc_executor(ctx, config, sw if ctx.party == 1 else None, plan)
         mine = ids if ctx.party == 0 else None
         cache = ex.new_cache()
         pre = ex.forward(None if mine is None else mine[:5], 5, cache).reveal_float(to=0)

@@ -54,6 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cipherlm.runtime.twopc_executors import make_twopc_executor
+
 #: `cipherlm bench blb` without --workloads
 DEFAULT_WORKLOADS = "minilm,gpt2"
 #: workload -> (default layers, default tokens)
@@ -167,7 +169,7 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray) -> dict:
     from ..runtime import twopc
 
     meter = twopc.OpMeter(ctx.chan)
-    enc = twopc.make_twopc_executor(ctx, config, server if ctx.party == 1 else None, plan, meter=meter)
+    enc = make_twopc_executor(ctx, config, server if ctx.party == 1 else None, plan, meter=meter)
     if type(enc).__name__ != {"none": "TwoPCEncoder", "blb": "BLBEncoder"}[plan["fusion"]]:
         raise RuntimeError(f"fusion {plan['fusion']!r} gave {type(enc).__name__}")
     with meter("setup"):

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from cipherlm.runtime.twopc_executors import make_twopc_executor
+
 #: `cipherlm bench 2pc` without --workloads
 DEFAULT_WORKLOADS = "minilm,smollm-block,bert-base"
 
@@ -144,7 +146,7 @@ def _party(ctx, spec: dict):
     server = twopc.server_weights(cfg, spec["weights"]) if ctx.party == 1 else None
     plan = spec["plan"]
     meter = twopc.OpMeter(ctx.chan)
-    ex = twopc.make_twopc_executor(ctx, cfg, server, plan, meter=meter)
+    ex = make_twopc_executor(ctx, cfg, server, plan, meter=meter)
     x = share_input(ctx, spec["x"] if ctx.party == 0 else None, owner=0)
     # one-time set-up (base OTs, BFV keys) outside the timed region, as both peers' warm-ups
     from ..mpc.he_session import he_session

@@ -531,22 +531,7 @@ class TwoPCEncoder(TwoPCExecutor):
         return self.encode_shares(ids, n)
 
 
-def make_twopc_executor(ctx, config: dict, server: ServerModel | None, plan: dict | None = None, meter=None,
-                        progress=None) -> TwoPCExecutor:
-    cls = TwoPCEncoder if config.get("model_type") in ENCODER_TYPES else TwoPCDecoder
-    fusion = (plan or {}).get("fusion", "none")
-    if fusion not in FUSIONS:
-        raise TwoPCError(f"unknown fusion {fusion!r} in the plan; one of {FUSIONS}")
-    if fusion == "blb":
-        from .twopc_blb import BLBEncoder
-
-        if cls is not TwoPCEncoder:
-            raise TwoPCError("BLB fusion runs encoders only so far")
-        cls = BLBEncoder
-    return cls(ctx, config, server, plan, meter=meter, progress=progress)
-
-
 __all__ = ["OP_CLASSES", "OpMeter", "TwoPCExecutor", "TwoPCDecoder", "TwoPCEncoder", "ShareKVCache", "TwoPCError",
-           "ServerModel", "server_weights", "public_plan", "twopc_graph", "make_twopc_executor", "model_kind",
+           "ServerModel", "server_weights", "public_plan", "twopc_graph", "model_kind",
            "embedding_backend", "add_private", "scale_private", "rms_statistic", "rope_shares", "client_one_hot",
            "HE_STEPS", "SETUP_STEPS"]

@@ -55,6 +55,7 @@ from cipherlm.runtime.offload_protocol import ProtocolError, RemoteError, expect
 from cipherlm.runtime.plan_check import check_twopc_welcome
 from cipherlm.runtime.session_server import MessageSession, ServerLimits, SessionClient, SessionServer
 from cipherlm.runtime.session_workers import session_processes_for
+from cipherlm.runtime.twopc_executors import make_twopc_executor
 
 log = logging.getLogger("cipherlm.serve2pc")
 
@@ -146,7 +147,7 @@ class ServerSession(MessageSession):
 
     def _executor(self):
         if self.executor is None:
-            self.executor = twopc.make_twopc_executor(self.ctx, self.host.config, self.host.weights,
+            self.executor = make_twopc_executor(self.ctx, self.host.config, self.host.weights,
                                                       self.host.plan, meter=self.meter)
         return self.executor
 
@@ -269,7 +270,7 @@ class TwoPCClient(SessionClient):
 
     def executor(self):
         if self._executor is None:
-            self._executor = twopc.make_twopc_executor(self.ctx, self.config, None, self.plan, meter=self.meter,
+            self._executor = make_twopc_executor(self.ctx, self.config, None, self.plan, meter=self.meter,
                                                        progress=self._layer_progress)
         return self._executor
 
