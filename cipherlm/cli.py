@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="2pc, MoE models: CryptoMoE capacity factor c (each expert takes "
                         "ceil(c m k / n) of a pass's m tokens; public)")
     _add_packing_args(s, "2pc")
+    s.add_argument("--fusion", choices=("none", "blb"), default="none",
+                   help="2pc, encoders: blb runs BLB's fused blocks in CKKS between secure conversions "
+                        "(docs/blb.md; public, in the plan); none: layer by layer")
     _add_fhe_serve_args(s)
 
     x = sub.add_parser("proxy", help="an OpenAI-compatible HTTP API on this machine, in front of a `cipherlm serve` "

@@ -704,11 +704,14 @@ def _session_processes(args) -> int | None:
 def _serve_errors():
     """A server's set-up refusals as user errors (e.g. worker processes for a host that cannot fork)."""
     from cipherlm.runtime.session_workers import SessionProcessesError
+    from cipherlm.runtime.twopc_backend import TwoPCError
 
     try:
         yield
     except SessionProcessesError as exc:
         raise UserError(f"--session-processes: {exc}") from None
+    except TwoPCError as exc:  # e.g. --fusion blb for a decoder
+        raise UserError(str(exc)) from None
 
 
 def cmd_serve(args) -> int:
@@ -725,7 +728,8 @@ def cmd_serve(args) -> int:
                                      moe_capacity=getattr(args, "moe_capacity", 2.0),
                                      linear_packing=getattr(args, "linear_packing", "coeff"),
                                      network=getattr(args, "packing_network", "LAN"), limits=limits,
-                                     session_processes=_session_processes(args))
+                                     session_processes=_session_processes(args),
+                                     fusion=getattr(args, "fusion", "none"))
         return 0
     if args.mode == "fhe":
         return serve_fhe(args, timeout)

@@ -140,3 +140,34 @@ def test_client_checks_the_plans_fusion():
                           "fusion": "blb"})
     old = {k: v for k, v in plan.items() if k != "fusion"}  # a server from before BLB
     assert check_twopc_plan(old, config) == old
+
+
+def test_classify_over_tcp_with_blb():
+    """`serve --mode 2pc --fusion blb`'s path: the host's plan carries the fusion, the client
+    builds BLBEncoder from the welcome, and the class logits match the plaintext executor."""
+    if not lattigo.available():
+        pytest.skip(lattigo.unavailable_reason())
+    from cipherlm.models import LoadedModel
+    from cipherlm.runtime.plain import EncoderExecutor, PlainLinear, split_params
+    from cipherlm.runtime.twopc_session import TwoPCClient, TwoPCHost
+    from test_twopc import bert_model
+    from test_twopc_session import _serve
+
+    config, w, cls = bert_model()
+    config = {**config, "num_hidden_layers": 1}
+    w = {k: v for k, v in w.items() if ".layer.1." not in k}
+    host = TwoPCHost("tiny-bert", embedding="onehot-linear", lm=LoadedModel("tiny-bert", config, w),
+                     classifier=cls, labels=["neg", "pos"], fusion="blb")
+    assert host.plan["fusion"] == "blb" and host.weights.bound is not None
+    server = _serve(host, timeout=120)
+    try:
+        client_p, server_l = split_params(config, w)
+        ex = EncoderExecutor(config, client_p, PlainLinear(dict(server_l) | {"classifier": cls}, dtype=np.float64))
+        ids = np.array([101, 7, 9, 102])
+        ref = ex.classify(ids[None])[0]
+        with TwoPCClient(*server.address, timeout=120) as client:
+            assert client.plan["fusion"] == "blb"
+            logits = client.classify(ids)
+        assert np.abs(logits - ref).max() < 0.05, (logits, ref)
+    finally:
+        server.shutdown()

@@ -76,12 +76,13 @@ class TwoPCHost:
 
     def __init__(self, model_name: str, embedding: str = "auto", lm=None, classifier=None, labels=None,
                  moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-                 network: str = "LAN"):
+                 network: str = "LAN", fusion: str = "none"):
         """`lm`: an already loaded model (anything with name, config, weights, tokenizer);
         `classifier`: (W (C, d), b) for an encoder without the polarity probe;
         `moe_capacity`: CryptoMoE's capacity factor for MoE models (public, in the plan);
         `linear_packing` / `network`: the linear layers' packing and the network preset
-        its cost model assumes (`twopc.LINEAR_PACKINGS`; public, in the plan)."""
+        its cost model assumes (`twopc.LINEAR_PACKINGS`; public, in the plan); `fusion`:
+        "none" or "blb" (BLB's fused blocks, encoders: `twopc_blb`; public, in the plan)."""
         from cipherlm.models import load_model
         from cipherlm.runtime.bundle import chat_template_meta
 
@@ -99,9 +100,10 @@ class TwoPCHost:
             _, _, probe = polarity_classifier(lm)
             classifier = probe.as_linear()["classifier"]
             self.labels = list(probe.labels)
-        self.weights = twopc.server_weights(lm.config, lm.weights, classifier=classifier)
+        self.weights = twopc.server_weights(lm.config, lm.weights, classifier=classifier,
+                                            keep_bound=fusion == "blb")
         self.plan = twopc.public_plan(lm.config, self.weights, embedding, moe_capacity=moe_capacity,
-                                      linear_packing=linear_packing, network=network)
+                                      linear_packing=linear_packing, network=network, fusion=fusion)
         self.tokenizer_json = lm.tokenizer.to_str() if lm.tokenizer is not None else None
         self.chat_template = chat_template_meta(getattr(lm, "path", None))  # {template, bos, eos} or None
         self.digest = config_digest(self.config)
@@ -314,12 +316,12 @@ class TwoPCClient(SessionClient):
 def run_server(model: str, host: str, port: int, timeout: float | None = None, embedding: str = "auto",
                moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
                network: str = "LAN", limits: ServerLimits | None = None,
-               session_processes: int | None = None) -> None:
+               session_processes: int | None = None, fusion: str = "none") -> None:
     """Entry point of ``cipherlm serve --mode 2pc`` (`timeout` None: `DEFAULT_TIMEOUT`;
     `limits` None: `DEFAULT_LIMITS`; `session_processes` None: one worker process per core)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     model_host = TwoPCHost(model, embedding=embedding, moe_capacity=moe_capacity, linear_packing=linear_packing,
-                           network=network)
+                           network=network, fusion=fusion)
     processes = session_processes_for(model_host, session_processes)
     server = TwoPCServer(model_host, host, port, session_timeout=timeout, limits=limits, processes=processes)
     h, p = server.address
