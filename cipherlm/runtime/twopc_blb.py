@@ -67,6 +67,8 @@ from ..he.backend import get_backend
 from ..he.params import HEParams
 from ..mpc import nonlinear as nl
 from ..mpc.nonlinear.common import const
+from ..mpc.protocols.trunc import trunc_faithful, trunc_local
+from ..mpc.ring import fixed_encode
 from ..mpc.shares import AShare
 from ..protocols.ckks_convert import CKKSSide, ckks_to_shares, shares_to_ckks
 from . import blb_block
@@ -104,9 +106,18 @@ class BLBSharesBackend(SharesBackend):
 
     def exp(self, node, x, ctx):
         """exp(x scale) for x = s - max <= 0: x scale in [-EXP_CLIP scale, 0] after the clip
-        (`nl.exp_reduced`); the HE block raises it to the power 1 / scale."""
+        (`nl.exp_reduced`); the HE block raises it to the power 1 / scale.  A scale 2^-k is a
+        local truncation by k bits (failure probability ~|x| 2^(f+1-64) per element; a product
+        by 2^-k encoded at 24 bits would fail ~2^24 times as often: ~2 elements per MiniLM
+        inference at 128 tokens)."""
         scale = float(node.attrs.get("scale", 1.0))
-        y = x.mul_public_fixed(scale, frac=CORE_SCALE_FRAC) if scale != 1.0 else x
+        k = -math.log2(scale) if scale > 0 else 0.0
+        if scale == 1.0:
+            y = x
+        elif k == int(k) and k > 0:
+            y = trunc_local(self.ctx, AShare(self.ctx, x.data, x.bits, x.frac + int(k)), int(k))
+        else:
+            y = x.mul_public_fixed(scale, frac=CORE_SCALE_FRAC)
         return nl.exp_reduced(self.ctx, y, -EXP_CLIP * scale)
 
     def reciprocal(self, node, x, ctx):
@@ -115,7 +126,11 @@ class BLBSharesBackend(SharesBackend):
     def rsqrt(self, node, x, ctx):
         """1 / sqrt(x scale + eps) (a norm's sum of squares: scale 1/d)."""
         scale, eps = float(node.attrs.get("scale", 1.0)), float(node.attrs.get("eps", 0.0))
-        y = x.mul_public_fixed(scale, frac=CORE_SCALE_FRAC) if scale != 1.0 else x
+        y = x
+        if scale != 1.0:  # per row: a faithful truncation (exact up to 1 ulp, no failure probability)
+            p = AShare(self.ctx, x.data * fixed_encode(scale, CORE_SCALE_FRAC, x.bits), x.bits,
+                       x.frac + CORE_SCALE_FRAC)
+            y = trunc_faithful(self.ctx, p, CORE_SCALE_FRAC)
         if eps:
             y = y + const(self.ctx, y, eps)
         rms = (node.attrs.get("blb_from") or ("",))[0] == "rms_norm"
