@@ -14,7 +14,8 @@ model instead of the layer-by-layer 2pc graph:
   (`BLBSharesBackend`, Bumblebee-style protocols of `mpc.nonlinear`).
 
 **Roles.** The client (party 0) holds the CKKS secret keys, one key set per distinct
-parameter set of the blocks (made when a block first needs it; the public key,
+parameter set of the blocks (`blb_params.share_sets` merges the blocks' own sets while
+they stay secure; a set is made when a block first needs it; the public key,
 relinearisation key and the rotation keys the block uses go to the server once: the
 ``setup`` operator class, excluded from the per-token totals as in the paper).  The server
 (party 1) chooses the parameters (they depend on its weights' gains, `blb_params.run`),
@@ -26,8 +27,8 @@ depends on the client's data or on the weights beyond the public parameters.
 **Conversions.**
 
 * In (Algorithm 2): each party lays its share out in the block's packing
-  (`blb_block._Eval.period_vectors`: copies and zeros only, so it applies to shares),
-  one ciphertext per row (or per (query, key) pair for P V's probabilities), and runs
+  (`blb_block._Eval.slot_vectors`: copies and zeros only, so it applies to shares; rows
+  stacked R per ciphertext, P V's probabilities on the pair grid), and runs
   `shares_to_ckks` at the level and exact scale the block asks for.  The encoding is
   made at a scale of at most 2^`IN_SCALE_BITS` (the encoded coefficients must stay below
   2^62 in the 64-bit ring) and the server multiplies by the integer 2^j that restores the
@@ -45,11 +46,12 @@ depends on the client's data or on the weights beyond the public parameters.
   the layouts differ (row -> head for P V's probabilities); the paper carries some of
   them as ciphertexts (not yet here).
 
-**Not yet** (docs/blb.md "Not yet"): the paper's packing (one ciphertext per row here,
-`blb_block`'s row layout: every row pays a whole ring of N coefficients in each
-conversion, so the bytes are far above the paper's), batching the conversions of one
-value into one protocol run, causal masks and decoders (the scores' -inf), and carrying
-ciphertexts between blocks of one parameter set.
+**Not yet** (docs/blb.md "Not yet"): the paper's spatial-first packing with the fused
+MatMul (`blb_block`'s stacked rows copy each probability over hd slots and leave Q K^T's
+scores in H of every P slots, and every conversion moves a whole ring of N coefficients,
+so the bytes are above the paper's), batching the conversions of one value into one
+protocol run, causal masks and decoders (the scores' -inf), and carrying ciphertexts
+between blocks of one parameter set.
 """
 
 from __future__ import annotations
