@@ -31,6 +31,7 @@ import numpy as np
 
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.runtime import twopc
+from cipherlm.runtime.twopc_executors import make_twopc_executor
 
 PROMPTS = [
     "The capital of France is Paris, a city known for",
@@ -56,7 +57,10 @@ def polarity(args) -> dict:
     lm = load_model("minilm-l6")
     ex, tok, probe = polarity_classifier(lm)
     pairs = load_polarity()
-    sel = list(range(0, len(pairs), args.every))[: args.limit or None]
+    sel = list(range(0, len(pairs), args.every))
+    if args.max_tokens:  # the short sentences only (a slow configuration: --fusion blb)
+        sel = [i for i in sel if len(tok.encode(pairs[i][0]).ids) <= args.max_tokens]
+    sel = sel[: args.limit or None]
     if args.shard:
         i, n = _parse_shard(args.shard)
         sel = sel[i::n]
@@ -69,16 +73,18 @@ def polarity(args) -> dict:
         done = {r["index"] for r in rows}
         sel = [i for i in sel if i not in done]
         print(f"resuming {args.out}: {len(done)} done, {len(sel)} to run", flush=True)
-    sw = twopc.server_weights(lm.config, lm.weights, classifier=probe.as_linear()["classifier"])
-    plan = twopc.public_plan(lm.config, sw, embedding=args.embedding)
+    sw = twopc.server_weights(lm.config, lm.weights, classifier=probe.as_linear()["classifier"],
+                              keep_bound=args.fusion == "blb")
+    plan = twopc.public_plan(lm.config, sw, embedding=args.embedding, fusion=args.fusion)
     ids_list = [tok.encode(pairs[i][0]).ids for i in sel]
     ref = [np.asarray(ex.classify(*ex.batch_encode(tok, [pairs[i][0]]))).reshape(-1) for i in sel]
     out = {"task": "polarity", "model": lm.name, "every": args.every, "shard": args.shard, "embedding": plan["embedding"],
+           "fusion": plan["fusion"],
            "command": " ".join(sys.argv), "rows": rows, "earlier_op_classes": earlier_classes}
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
-        enc = twopc.TwoPCEncoder(ctx, lm.config, sw if ctx.party == 1 else None, plan, meter=meter)
+        enc = make_twopc_executor(ctx, lm.config, sw if ctx.party == 1 else None, plan, meter=meter)
         for j, ids in enumerate(ids_list):
             t0 = time.perf_counter()
             logits = enc.classify(np.asarray(ids) if ctx.party == 0 else None, len(ids))
@@ -253,6 +259,7 @@ def main(argv=None) -> int:
                     "summarise-smollm: one smollm report whose summary is recomputed from its rows")
     ap.add_argument("--every", type=int, default=1, help="polarity: every N-th sentence")
     ap.add_argument("--limit", type=int, default=0, help="polarity: at most this many sentences")
+    ap.add_argument("--max-tokens", type=int, default=0, help="polarity: only sentences of at most this many tokens")
     ap.add_argument("--shard", help="polarity: I/N runs every N-th selected sentence from the I-th "
                     "(shards can run in parallel and be combined with merge-polarity)")
     ap.add_argument("--resume", action="store_true", help="polarity: keep the rows already in --out "
@@ -264,6 +271,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-teacher-forcing", dest="teacher_forcing", action="store_false",
                     help="smollm: skip the teacher-forced pass (with --free-running: generation only)")
     ap.add_argument("--embedding", default="auto", choices=twopc.EMBEDDING_METHODS)
+    ap.add_argument("--fusion", default="none", choices=twopc.FUSIONS,
+                    help="polarity: blb runs BLB's fused blocks (runtime.twopc_blb)")
     ap.add_argument("--timeout", type=float, default=36000.0)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--out", help="JSON results (rewritten after every item)")
