@@ -36,7 +36,11 @@ def test_wide_input_group_with_bias_matches_numpy():
     x = rng.standard_normal(9000) * 3
     y = client.decrypt(0, server.apply(0, client.encrypt(0, x), keys))
     want = np.concatenate([W1 @ x + b1, W2 @ x])
-    assert np.max(np.abs(y - want)) < 1e-6 * np.max(np.abs(want))
+    # CKKS noise of the three parts' sum: the max relative error over the 16 outputs measured
+    # 1.3e-7 .. 8.4e-7 in 12 runs and 1.02e-6 once (a CI run, stop 28), so the old bound 1e-6
+    # failed now and then; 4e-6 is ~10 sigma of that spread and still far below what a missing
+    # part, a wrong bias or a misplaced output gives (>= 1e-2)
+    assert np.max(np.abs(y - want)) < 4e-6 * np.max(np.abs(want))
 
 
 def test_wrong_part_count_is_rejected():
