@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cipherlm.he import lattigo_ntt
+from cipherlm.he.errors import HEError
 from cipherlm.he.lattigo_backend import available
 from cipherlm.mpc.runner import run_inprocess
 from cipherlm.protocols import ckks_convert as cc
@@ -54,6 +56,19 @@ def test_lattigo_ntt_is_lattigos(env, level):
     assert (be.ntt_inverse(ctx, X) == coeffs).all()
     assert (be.ntt_forward(ctx, coeffs) == X).all()
     assert not (be.ntt_forward(ctx, coeffs[:, ::-1]) == X).all()
+    # the backend's NTT is Go's (`clg_ntt`); the numpy reference `lattigo_ntt` gives the same words
+    assert all((lattigo_ntt.ntt_forward(coeffs[i], q) == X[i]).all() for i, q in enumerate(qs))
+    assert all((lattigo_ntt.ntt_inverse(X[i], q) == coeffs[i]).all() for i, q in enumerate(qs))
+
+
+def test_lattigo_ntt_refuses_bad_rows(env):
+    be, ctx, _sk, _ = env
+    with pytest.raises(HEError, match="not reduced"):
+        be.ntt_forward(ctx, np.full((1, ctx.n), ctx.q_moduli[0], np.uint64))
+    with pytest.raises(HEError, match="residue rows"):
+        be.ntt_forward(ctx, np.zeros((len(ctx.q_moduli) + 1, ctx.n), np.uint64))
+    with pytest.raises(HEError, match="expected"):
+        be.ntt_inverse(ctx, np.zeros((1, ctx.n // 2), np.uint64))
 
 
 def test_lattigo_slot_order(env):

@@ -55,7 +55,7 @@ coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `pack_lwes_stream`, `plaintext_to_numpy`.
 
 Raw CKKS access for BLB's conversions (section 6, `protocols.ckks_convert`; issue 16):
-`decrypt_coeffs`, `ntt_forward` / `ntt_inverse` (Lattigo's NTT reproduced bit-exactly in
+`decrypt_coeffs`, `ntt_forward` / `ntt_inverse` (Lattigo's own NTT, `clg_ntt`; reproduced bit-exactly in
 numpy, `lattigo_ntt`), `ciphertext_scale`, `plaintext_from_coeffs` (a `LattigoRawPlaintext`
 on the Python side, taken by `add_plain_inplace` and `encrypt_seeded`), and the slot order
 (`slot_generator` = 5: slot j is m(omega^(5^j)), SEAL's is 3^j).
@@ -105,7 +105,6 @@ from .backend import (
     SecretKeys,
     TwoPCCostModel,
 )
-from . import lattigo_ntt
 from .errors import HEError
 from .params import HEParams, check_security, check_security_logqp, max_logq
 
@@ -129,7 +128,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 7
+_ABI_VERSION = 8
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -216,6 +215,8 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_bootstrap": (_i64, _i64, _p_i64),
     "clg_btp_keys_to_bytes": (_i64, _pp_u8, _p_i64),
     "clg_btp_keys_from_bytes": (_i64, _p_u8, _i64, _p_i64),
+    # refresh.go (ABI 8)
+    "clg_ntt": (_i64, _p_u64, _int, _int),
 }
 
 _lib = None
@@ -1105,19 +1106,27 @@ class LattigoBackend(HEBackend):
         raise NotImplementedError("Lattigo backend: CKKS plaintexts are read with decode_slots")
 
     # -- CKKS raw coefficient access (BLB section 6: `protocols.ckks_convert`) --------------
-    # The NTT is Lattigo's own, reproduced bit-exactly in numpy (`lattigo_ntt`); ciphertexts
-    # stay in NTT form, so a mask or a share polynomial is transformed once and added to c0.
+    # The NTT is Lattigo's own (`clg_ntt`; `lattigo_ntt` is its numpy reference, checked
+    # against it in the tests); ciphertexts stay in NTT form, so a mask or a share polynomial is
+    # transformed once and added to c0.
     def decrypt_coeffs(self, ctx: LattigoContext, keys: LattigoSecretKeys, ct: LattigoCiphertext) -> np.ndarray:
         """c0 + c1 s in coefficient form, (n_primes, N) uint64 residues (no decoding)."""
         return keys.decrypt(ct).coefficients()
 
+    def _ntt(self, ctx: LattigoContext, rows, inverse: bool) -> np.ndarray:
+        a = np.array(rows, np.uint64, order="C", copy=True)  # transformed in place by Go: a copy
+        if a.ndim != 2 or a.shape[1] != ctx.n:
+            raise HEError(f"expected (k, {ctx.n}) residues, got {a.shape}")
+        _call("clg_ntt", ctx.handle, a.ctypes.data_as(_p_u64), a.shape[0], int(inverse))
+        return a
+
     def ntt_forward(self, ctx: LattigoContext, coeffs, *, level=None) -> np.ndarray:
-        a = np.asarray(coeffs, np.uint64)
-        return np.stack([lattigo_ntt.ntt_forward(a[i], q) for i, q in enumerate(ctx.q_moduli[: a.shape[0]])])
+        """Lattigo's NTT of (k, N) coefficient-form residues (row i modulo prime i)."""
+        return self._ntt(ctx, coeffs, False)
 
     def ntt_inverse(self, ctx: LattigoContext, vals, *, level=None) -> np.ndarray:
-        a = np.asarray(vals, np.uint64)
-        return np.stack([lattigo_ntt.ntt_inverse(a[i], q) for i, q in enumerate(ctx.q_moduli[: a.shape[0]])])
+        """The inverse of `ntt_forward`."""
+        return self._ntt(ctx, vals, True)
 
     def ciphertext_scale(self, ct: LattigoCiphertext) -> float:
         return ct.scale

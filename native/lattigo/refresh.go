@@ -243,3 +243,42 @@ func clg_pt_coeffs(ph C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, e
 		return nil
 	})
 }
+
+// clg_ntt: Lattigo's own negacyclic NTT (ring.NTTStandard, the form CKKS ciphertexts are stored in)
+// of k = rows RNS residue rows of N words, in place in buf (row i modulo the context's prime i);
+// inverse != 0: the inverse transform.  Every input word must be reduced modulo its prime.  The
+// conversions of BLB (section 6, Algorithms 1-2) move coefficient-form shares in and out of NTT
+// form through it (`LattigoBackend.ntt_forward` / `ntt_inverse`); `cipherlm/he/lattigo_ntt.py` is
+// its numpy reference in the tests.
+//
+//export clg_ntt
+func clg_ntt(cth C.int64_t, buf *C.uint64_t, rows C.int, inverse C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(cth, "context", errbuf, errlen, func(c *ctxObj) error {
+		N, k := c.params.N(), int(rows)
+		if buf == nil || k < 1 || k > c.params.MaxLevel()+1 {
+			return fmt.Errorf("%d residue rows for a context of %d primes", k, c.params.MaxLevel()+1)
+		}
+		d := unsafe.Slice((*uint64)(unsafe.Pointer(buf)), k*N)
+		r := c.params.RingQ().AtLevel(k - 1)
+		p := r.NewPoly()
+		for i := 0; i < k; i++ {
+			q := r.SubRings[i].Modulus
+			row := d[i*N : (i+1)*N]
+			for _, x := range row {
+				if x >= q {
+					return fmt.Errorf("residue %d not reduced modulo %d (row %d)", x, q, i)
+				}
+			}
+			copy(p.Coeffs[i], row)
+		}
+		if inverse != 0 {
+			r.INTT(p, p)
+		} else {
+			r.NTT(p, p)
+		}
+		for i := 0; i < k; i++ {
+			copy(d[i*N:(i+1)*N], p.Coeffs[i][:N])
+		}
+		return nil
+	})
+}
