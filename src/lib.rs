@@ -133,6 +133,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(otops::chosen_bytes_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::acot_sender, m)?)?;
     m.add_function(wrap_pyfunction!(otops::acot_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::acot_mod_sender, m)?)?;
+    m.add_function(wrap_pyfunction!(otops::acot_mod_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::kk13_sender, m)?)?;
     m.add_function(wrap_pyfunction!(otops::kk13_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::np1ofn_sender, m)?)?;

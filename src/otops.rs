@@ -16,6 +16,11 @@
 //! * arithmetic COT over Z_2^l (ALSZ13 section 5.4, "C-OT"): S outputs
 //!   r = K0 and sends d = r + corr - K1 (bits per OT); R outputs
 //!   K_c + c*d = r + c*corr.
+//! * arithmetic COT modulo several primes q_1..q_k (ALSZ13 section 5.4's C-OT
+//!   per RNS prime, `acot_mod_*`): K0, K1 stretched by AES-CTR to 16 bytes per
+//!   prime, each 128-bit value reduced mod q_i (statistical distance < 2^-64);
+//!   S outputs r_i = K0'_i and sends d_i = r_i + corr_i - K1'_i mod q_i in
+//!   ceil(bitlen(q_i)/8) bytes; R outputs K_c'_i + c*d_i = r_i + c*corr_i mod q_i.
 //! * KK13 1-out-of-N: S sends y_x = msg_x xor H'(j, q_j xor (WH(x) AND Delta))
 //!   for x < N (N*bits per OT); H' is SHA-256 (random oracle as in KK13).
 //! * 1-out-of-2^m from m correlated OTs (the Ferret path, Naor-Pinkas 1999):
@@ -317,6 +322,126 @@ pub fn chosen_bytes_receiver<'py>(
         out
     });
     Ok(ba(py, &out))
+}
+
+/// The checked RNS primes of `acot_mod_*`: 1..=16 moduli in [2, 2^62) (any
+/// modulus works; BLB's are NTT primes), with each one's reply width
+/// ceil(bitlen(q)/8) bytes.
+fn mod_primes(primes: &[u64]) -> PyResult<Vec<usize>> {
+    if primes.is_empty() || primes.len() > 16 {
+        return err(format!("need 1 to 16 primes, got {}", primes.len()));
+    }
+    if let Some(q) = primes.iter().find(|&&q| !(2..(1u64 << 62)).contains(&q)) {
+        return err(format!("prime {q} is not in [2, 2^62)"));
+    }
+    Ok(primes.iter().map(|&q| (64 - q.leading_zeros() as usize).div_ceil(8)).collect())
+}
+
+/// The k values mod q_i of one key: the key stretched to 16 k bytes (`stretch`),
+/// block i read as a little-endian u128 and reduced mod q_i (u128 % q: statistical
+/// distance from uniform < q / 2^128 < 2^-66; a 64-bit value would be biased).
+fn mod_values(key: &[u8], primes: &[u64], ks: &mut [u8], out: &mut [u64]) {
+    stretch(key, ks.len(), ks);
+    for (i, &q) in primes.iter().enumerate() {
+        let v = u128::from_le_bytes(ks[16 * i..16 * i + 16].try_into().unwrap());
+        out[i] = (v % q as u128) as u64;
+    }
+}
+
+/// Arithmetic correlated OT modulo each prime q_i (ALSZ13 section 5.4 per RNS prime),
+/// sender: q (n rows), Delta, corr (n*k uint64, OT j then prime i, corr_ji < q_i),
+/// primes (k) -> (r (n*k uint64), y): r_ji = K0'_ji, y_ji = r_ji + corr_ji - K1'_ji
+/// mod q_i, little-endian in ceil(bitlen(q_i)/8) bytes (row j: the k values in order).
+#[pyfunction]
+pub fn acot_mod_sender<'py>(
+    py: Python<'py>,
+    q: PyBuffer<u8>,
+    delta: PyBuffer<u8>,
+    tweak: u64,
+    corr: PyBuffer<u8>,
+    primes: Vec<u64>,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+    let widths = mod_primes(&primes)?;
+    let a = ot_args(&q, 16, Some(&delta), None, None)?;
+    let (q, n, d) = (a.rows, a.n, a.delta16());
+    let k = primes.len();
+    let c = u64s(sized(&corr, 8 * n * k, "correlations")?);
+    for (x, v) in c.iter().enumerate() {
+        if *v >= primes[x % k] {
+            return err(format!("correlation {v} of OT {} is not below its prime {}", x / k, primes[x % k]));
+        }
+    }
+    let row: usize = widths.iter().sum();
+    let (r, y) = py.allow_threads(|| {
+        let k0 = hash_rows(q, None, tweak);
+        let k1 = hash_rows(q, Some(&d), tweak);
+        let mut r = vec![0u64; n * k];
+        let mut y = vec![0u8; n * row];
+        let mut ks = vec![0u8; 16 * k];
+        let mut v1 = vec![0u64; k];
+        for j in 0..n {
+            let rj = &mut r[j * k..(j + 1) * k];
+            mod_values(&k0[16 * j..16 * j + 16], &primes, &mut ks, rj);
+            mod_values(&k1[16 * j..16 * j + 16], &primes, &mut ks, &mut v1);
+            let mut o = j * row;
+            for i in 0..k {
+                let qi = primes[i];
+                let s = (rj[i] + c[j * k + i]) % qi; // both < 2^62: no overflow
+                let yv = (s + qi - v1[i]) % qi;
+                y[o..o + widths[i]].copy_from_slice(&yv.to_le_bytes()[..widths[i]]);
+                o += widths[i];
+            }
+        }
+        (u64_bytes(&r), y)
+    });
+    Ok((ba(py, &r), ba(py, &y)))
+}
+
+/// Arithmetic correlated OT modulo each prime, receiver: t (n rows), choices (n bytes
+/// 0/1), y (the sender's reply, exactly n * sum_i ceil(bitlen(q_i)/8) bytes, every
+/// value below its prime) -> out_ji = K_c'_ji + c_j y_ji mod q_i (n*k uint64).
+#[pyfunction]
+pub fn acot_mod_receiver<'py>(
+    py: Python<'py>,
+    t: PyBuffer<u8>,
+    choices: PyBuffer<u8>,
+    tweak: u64,
+    y: PyBuffer<u8>,
+    primes: Vec<u64>,
+) -> PyResult<Bound<'py, PyByteArray>> {
+    let widths = mod_primes(&primes)?;
+    let a = ot_args(&t, 16, None, Some((&choices, 2)), None)?;
+    let (t, n, ch) = (a.rows, a.n, a.choices);
+    let k = primes.len();
+    let row: usize = widths.iter().sum();
+    let y = sized(&y, n * row, "COT-mod reply")?;
+    let out = py.allow_threads(|| -> Result<Vec<u8>, String> {
+        let kc = hash_rows(t, None, tweak);
+        let mut out = vec![0u64; n * k];
+        let mut ks = vec![0u8; 16 * k];
+        for j in 0..n {
+            let oj = &mut out[j * k..(j + 1) * k];
+            mod_values(&kc[16 * j..16 * j + 16], &primes, &mut ks, oj);
+            let mut o = j * row;
+            for i in 0..k {
+                let mut b = [0u8; 8];
+                b[..widths[i]].copy_from_slice(&y[o..o + widths[i]]);
+                o += widths[i];
+                let yv = u64::from_le_bytes(b);
+                if yv >= primes[i] {
+                    return Err(format!("COT-mod reply: value {yv} of OT {j} is not below its prime {}", primes[i]));
+                }
+                if ch[j] != 0 {
+                    oj[i] = (oj[i] + yv) % primes[i];
+                }
+            }
+        }
+        Ok(u64_bytes(&out))
+    });
+    match out {
+        Ok(o) => Ok(ba(py, &o)),
+        Err(e) => err(e),
+    }
 }
 
 /// H'(j, row) = first 64 bits of SHA-256("cipherlm" || j || row): the 48-byte

@@ -19,7 +19,9 @@ Protocols (papers cited by section; the heavy lifting is in ``cipherlm._core``)
   AES-128-CTR, the random oracle is a fixed-key AES correlation-robust hash
   (sec. 4; we use the tweakable CCR hash of Guo-Katz-Wang-Yu, S&P 2020),
   the matrix is transposed with SSE2 (sec. 4.3), and correlated OT sends one
-  ``bits``-bit word per OT instead of two messages (C-OT, sec. 5.4).
+  ``bits``-bit word per OT instead of two messages (C-OT, sec. 5.4); the
+  same C-OT modulo each of several primes (``send_cot_mod``, one correction
+  of ceil(|q_i| / 8) bytes per prime: BLB's conversion to CKKS shares).
 * **1-out-of-N OT**: Kolesnikov and Kumaresan, "Improved OT Extension for
   Transferring Short Secrets" (CRYPTO 2013, sec. 4) with the 256-bit
   Walsh-Hadamard code (distance 128), N <= 256.  This is what CrypTFlow2's
@@ -37,6 +39,7 @@ call                   receiver -> sender    sender -> receiver
 random OT              128                   0
 boolean COT (raw)      128                   0
 arithmetic COT         128                   l
+COT mod primes q_i     128                   8 sum_i ceil(|q_i| / 8)
 chosen OT              128                   2 l
 chosen OT, L bytes     128                   2 * 8 L
 1-out-of-N (KK13)      256                   N l
@@ -83,13 +86,14 @@ from .ot_common import u8 as _u8, u64 as _u64, word_mask as _mask, words as _wor
 from .ot_extension import (DEFAULT_BATCH, KAPPA, KK13_K, FerretExtension, IknpExtension, OTExtension,
                            extension_kind)
 
-__all__ = ["OTSession", "OTError", "bytes_per_ot", "KAPPA"]
+__all__ = ["OTSession", "OTError", "bytes_per_ot", "cot_mod_row_bytes", "KAPPA"]
 
 
 def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret: bool | None = None) -> float:
     """Payload bytes per OT on the wire, both directions, excluding base OTs,
     headers and padding.  `kind`: random | bool_cot | cot | chosen |
-    chosen_bytes (`length` bytes) | 1ofN.  ``ferret``: True / False for that
+    chosen_bytes (`length` bytes) | cot_mod (`length` = the reply bytes per OT,
+    sum_i ceil(bitlen(q_i) / 8)) | 1ofN.  ``ferret``: True / False for that
     extension; None (default) for the one a default `OTSession` uses
     (``CIPHERLM_OT``, default Ferret).  With Ferret the 128-bit IKNP
     row becomes the 1-bit derandomisation (the Ferret refills, amortised
@@ -109,6 +113,8 @@ def bytes_per_ot(kind: str, bits: int = 64, N: int = 2, length: int = 0, ferret:
         return (KAPPA + 2 * bits) / 8
     if kind == "chosen_bytes":
         return KAPPA / 8 + 2 * length
+    if kind == "cot_mod":
+        return KAPPA / 8 + length
     if kind == "1ofN":
         return (KK13_K + N * bits) / 8
     raise ValueError(f"unknown OT kind {kind!r}")
@@ -119,6 +125,22 @@ def _bits_arg(bits: int) -> int:
     if not 1 <= bits <= 64:
         raise ValueError(f"bits must be in 1..64, got {bits}")
     return bits
+
+
+def _primes_arg(primes) -> list[int]:
+    """The moduli of `send_cot_mod` / `recv_cot_mod`: 1 to 16 ints in [2, 2^62)."""
+    ps = [int(q) for q in np.asarray(primes, dtype=object).reshape(-1)]
+    if not 1 <= len(ps) <= 16:
+        raise ValueError(f"need 1 to 16 primes, got {len(ps)}")
+    for q in ps:
+        if not 2 <= q < (1 << 62):
+            raise ValueError(f"prime {q} is not in [2, 2^62)")
+    return ps
+
+
+def cot_mod_row_bytes(primes) -> int:
+    """Bytes of the sender's correction per OT of `send_cot_mod`: sum_i ceil(bitlen(q_i) / 8)."""
+    return sum((q.bit_length() + 7) // 8 for q in _primes_arg(primes))
 
 
 def _choices01(choices) -> tuple[np.ndarray, tuple]:
@@ -343,6 +365,55 @@ class OTSession:
                 except ValueError as e:
                     raise OTError(str(e)) from e
         return out.reshape(shape)
+
+    # ------------------------------------------------------------ arithmetic COT mod primes
+
+    def send_cot_mod(self, corr, primes) -> np.ndarray:
+        """Arithmetic correlated OT modulo each of k primes (ALSZ13 sec. 5.4 per
+        prime), sender: corr (n, k) integers with corr[:, i] < primes[i]; returns r
+        (n, k) uint64, r[:, i] uniform mod primes[i]; the receiver with choice c_j
+        gets r[j] + c_j corr[j] mod primes.  Wire: 128 bits (Ferret: 1) plus
+        sum_i ceil(bitlen(q_i) / 8) bytes per OT (`cot_mod_row_bytes`)."""
+        ps = _primes_arg(primes)
+        k = len(ps)
+        a = np.asarray(corr)
+        if a.ndim != 2 or a.shape[1] != k:
+            raise ValueError(f"corr must be (n, {k}) for {k} primes, got shape {a.shape}")
+        if not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+            raise ValueError("corr must be an integer array")
+        if a.size and np.issubdtype(a.dtype, np.signedinteger) and a.min() < 0:
+            raise ValueError("corr must be non-negative")
+        c = np.ascontiguousarray(a, dtype=np.uint64)
+        if c.size and (c >= np.array(ps, np.uint64)).any():
+            raise ValueError("corr[:, i] must be below primes[i]")
+        n, w = c.shape[0], cot_mod_row_bytes(ps)
+        r = np.empty((n, k), np.uint64)
+        replies = []
+        with self._label(self.step):
+            for q, tw, lo, hi in self.ext.send_cot("cot_mod", n, nprimes=k, ybytes=w):
+                rr, y = _core.acot_mod_sender(q, self._delta(), tw, c[lo:hi].reshape(-1).view(np.uint8), ps)
+                r[lo:hi] = _u64(rr).reshape(-1, k)
+                replies.append(_u8(y))
+            self._send_replies("cot_mod_y", replies)
+        return r
+
+    def recv_cot_mod(self, choices, primes) -> np.ndarray:
+        """Arithmetic COT modulo each prime, receiver: (n, k) uint64, row j =
+        r[j] + choices[j] corr[j] mod primes (see `send_cot_mod`)."""
+        ps = _primes_arg(primes)
+        k = len(ps)
+        c, _shape = _choices01(choices)
+        w = cot_mod_row_bytes(ps)
+        out = np.empty((c.size, k), np.uint64)
+        with self._label(self.step):
+            batches = self.ext.recv_cot("cot_mod", c, nprimes=k, ybytes=w)
+            for t, tw, lo, hi in batches:
+                y = self._recv_reply("cot_mod_y", (hi - lo) * w)
+                try:
+                    out[lo:hi] = _u64(_core.acot_mod_receiver(t, c[lo:hi], tw, y, ps)).reshape(-1, k)
+                except ValueError as e:
+                    raise OTError(str(e)) from e
+        return out
 
     # ------------------------------------------------------------ chosen-message OT
 

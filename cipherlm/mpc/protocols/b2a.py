@@ -6,7 +6,9 @@ with b1 and gets r + b1 b0 (mod 2^l).  Shares: party 0 b0 + 2r, party 1
 b1 - 2(r + b0 b1).
 
 Cost per element: one COT of ``bits`` bits (IKNP: 128 + bits bits), 1 OT call.
-Also `b2a_mod` into a prime field Z_q (a chosen-message OT carries r, r + b0 mod q).
+Also `b2a_mod` into a prime field Z_q (a chosen-message OT carries r, r + b0 mod q),
+and `b2a_mod_primes` into Z_q for several RNS primes at once (one COT modulo each
+prime: one correction of ceil(|q_i| / 8) bytes per prime and bit).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from ..ring import check_modulus, mask, uniform_mod
 from ..shares import AShare, BShare
 
-__all__ = ["b2a", "b2a_bits", "b2a_mod"]
+__all__ = ["b2a", "b2a_bits", "b2a_mod", "b2a_mod_primes"]
 
 
 def b2a_bits(ctx, b: np.ndarray, bits: int) -> np.ndarray:
@@ -59,3 +61,36 @@ def b2a_mod(ctx, b: np.ndarray, q: int) -> np.ndarray:
     # b_i - 2 t_i mod q
     two_t = (t + t) % Q
     return (b + Q - two_t) % Q
+
+
+def b2a_mod_primes(ctx, b: np.ndarray, primes) -> np.ndarray:
+    """This party's shares (k, n) uint64, row i mod primes[i], of the XOR-shared bits b.
+
+    Construction: b = b0 + b1 - 2 b0 b1, and the product b0 b1 modulo every prime
+    at once from one arithmetic correlated OT per bit modulo each prime (ALSZ13,
+    "More Efficient Oblivious Transfer and Extensions for Faster Secure
+    Computation", CCS 2013, sec. 5.4 "C-OT", applied per RNS prime:
+    `OTSession.send_cot_mod`).  Party 0 is the sender with correlation b0 for every
+    prime and gets r (uniform mod q_i); party 1 chooses with b1 and gets
+    r + b1 b0 mod q_i.  Shares of b0 b1: -r and r + b0 b1; each party outputs
+    b_p - 2 t_p mod q_i.  Used by BLB's MPC -> CKKS conversion (Algorithm 2,
+    section 6 / Appendix C.3) to bring the coefficient-wrap bits into every prime
+    of the ciphertext level.
+
+    Wire per bit: one correlated OT (IKNP 16 bytes, Ferret 1 bit) plus the
+    sender's corrections, sum_i ceil(bitlen(q_i) / 8) bytes (a chosen OT of the k
+    residues sends both messages, 16 k bytes); one round.  Channel label
+    "b2a_mod".
+    """
+    qs_int = [check_modulus(q) for q in np.asarray(primes, dtype=object).reshape(-1)]
+    qs = np.array(qs_int, np.uint64)
+    b = np.asarray(b).astype(np.uint64).reshape(-1)
+    n, k = b.size, qs.size
+    with ctx.step("b2a_mod"):
+        if ctx.party == 0:
+            r = np.asarray(ctx.ot.send_cot_mod(np.broadcast_to(b[:, None], (n, k)), qs_int), np.uint64)
+            t = (qs - r) % qs  # share of b0*b1
+        else:
+            t = np.asarray(ctx.ot.recv_cot_mod(b.astype(bool), qs_int), np.uint64).reshape(n, k)
+    two_t = (t + t) % qs  # t < q < 2^62: no overflow
+    return ((b[:, None] + qs - two_t) % qs).T
