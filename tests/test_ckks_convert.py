@@ -284,6 +284,50 @@ def test_complex_slots_round_trip():
     assert st1["ckks2mpc"]["messages_sent"] == 1
 
 
+def test_batched_conversions_equal_single_ones_in_one_set_of_rounds(monkeypatch):
+    """`shares_to_ckks_many` / `ckks_to_shares_many`: m ciphertexts give the values of m single
+    conversions, in the rounds of one (one message of ciphertexts each way, one millionaire and
+    one OT batch), for the bytes of m; past `batch_size` they split into batches."""
+    params = SMALL
+    n = params.poly_modulus_degree
+    rng = np.random.default_rng(12)
+    m = 3
+    Z = np.rint(rng.uniform(-8, 8, (m, n // 2)) * 2 ** F).astype(np.int64)
+    s0 = rng.integers(0, 2 ** 64, Z.shape, dtype=np.uint64)
+    s1 = Z.astype(np.uint64) - s0
+    b = he(params)[0]
+    from cipherlm.mpc.shares import AShare
+
+    def both(share, many):
+        def fn(ctx, side):
+            y = AShare(ctx, share[:m if many else 1], 64, F)
+            cts = cc.shares_to_ckks_many(ctx, y, side, value_bits=4)
+            return cc.ckks_to_shares_many(ctx, cts, side, m if many else 1).data
+        return fn
+
+    for many in (True, False):
+        (c, st0), (s, st1) = run(params, both(s1, many), both(s0, many))
+        k = m if many else 1
+        assert c.shape == (k, n // 2)
+        assert np.abs(reveal(c, s) - Z[:k] / 2 ** F).max() < 4 * ULP
+        assert st0["mpc2ckks"]["messages_sent"] == 1 and st1["ckks2mpc"]["messages_sent"] == 1
+        if many:
+            batched = (st0, st1)
+    single = (st0, st1)
+    for label in ("mpc2ckks", "ckks2mpc", "millionaire_leaves"):
+        for side in (0, 1):
+            a = batched[side].get(label, {}).get("bytes_sent", 0)
+            one = single[side].get(label, {}).get("bytes_sent", 0)
+            assert abs(a - m * one) <= 0.02 * m * one + 64, (label, side, a, one)
+    for side in (0, 1):  # the rounds of one conversion for m ciphertexts
+        assert sum(v["rounds"] for v in batched[side].values()) == sum(v["rounds"] for v in single[side].values())
+    monkeypatch.setattr(cc, "BATCH_COEFFS", n)  # one ciphertext per batch: m batches
+    (c, st0), (s, _) = run(params, both(s1, True), both(s0, True))
+    assert np.abs(reveal(c, s) - Z / 2 ** F).max() < 4 * ULP
+    assert st0["mpc2ckks"]["messages_sent"] == m
+    assert sum(v["rounds"] for v in st0.values()) > sum(v["rounds"] for v in single[0].values())
+
+
 # ----------------------------------------------------------------------------- views
 def _client_views(params, messages, mask="uniform", R=2.0 ** 12, scale_bits=None):
     """The client's decrypted polynomial (N,) for each message (slot vector)."""

@@ -63,8 +63,9 @@ Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
 2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): the wrap
    of the ring shares (mod 2^l, l = 64 or scale_bits + value_bits + 2 given a
    public bound |y| < 2^value_bits; the coefficients must stay below 2^(l-2)) by
-   `wrap_small` (one 8-bit millionaire), then one chosen OT carrying a residue
-   per prime (`b2a_primes`: `b2a_mod` for all primes at once) for its Z_q
+   `wrap_small` (one 8-bit millionaire), then one arithmetic COT modulo every prime
+   (`mpc.protocols.b2a.b2a_mod_primes`: one correction of ceil(log2 q / 8) bytes per prime
+   and coefficient, ALSZ13's C-OT per RNS prime) for its Z_q
    shares; the coefficient shares become shares mod every prime of the level.
 3. Client: encrypts its share polynomial (seeded symmetric encryption: half a
    ciphertext on the wire), sends it; server adds its share as a plaintext
@@ -111,25 +112,29 @@ from typing import Any
 import numpy as np
 
 from ..he.backend import HEBackend, SecretKeys
-from ..mpc.protocols.b2a import b2a_bits
+from ..mpc.protocols.b2a import b2a_bits, b2a_mod_primes
 from ..mpc.protocols.millionaire import millionaire
 from ..mpc.protocols.trunc import trunc_local_bits
 from ..mpc.ring import mask, mulmod_scalar, uniform_mod
 from ..mpc.shares import AShare
 
 __all__ = [
+    "BATCH_COEFFS",
     "GUARD_BITS",
     "WRAP_TOP",
     "CKKSSide",
     "canonical_decode",
     "canonical_encode",
+    "batch_size",
     "ckks_to_shares",
+    "ckks_to_shares_many",
     "client_decrypt",
     "decode_shares",
     "default_flood_bits",
     "encode_shares",
     "mask_ciphertext",
     "setup",
+    "shares_to_ckks_many",
     "shares_to_ckks",
     "slot_exponents",
     "slot_permutation",
@@ -137,6 +142,9 @@ __all__ = [
 ]
 
 GUARD_BITS = 6  # g: extra fraction bits of the decode, removed by local truncation
+#: coefficients converted together by the batched conversions (`batch_size`): 16 ciphertexts at
+#: N = 16384, so one message and one set of sub-protocol rounds for a block input of <= 16
+BATCH_COEFFS = 1 << 18
 _CHUNK = 1 << 21  # entries of a dense wrap-term block (16 MiB of int64)
 
 
@@ -369,25 +377,6 @@ def wrap_small(ctx, u: np.ndarray, modulus: int, lbits: int) -> np.ndarray:
     return lt ^ np.uint8(1) if ctx.party == 0 else lt
 
 
-def b2a_primes(ctx, b: np.ndarray, primes) -> np.ndarray:
-    """Shares mod every prime (k, n) of XOR-shared bits b: `b2a_mod` for k primes at once,
-    one chosen-message OT per bit carrying the k residues (one round, 16 + 16 k bytes per
-    bit instead of k OTs of 32 bytes and k rounds).  b = b0 + b1 - 2 b0 b1; party 0 sends
-    (r, r + b0) mod q_k, party 1 chooses with b1: t_0 = -r, t_1 = r + b0 b1."""
-    b = np.asarray(b).astype(np.uint64).reshape(-1)
-    qs = np.array([int(q) for q in primes], np.uint64)
-    k, n = qs.size, b.size
-    with ctx.step("b2a_mod"):
-        if ctx.party == 0:
-            r = np.stack([uniform_mod(ctx.rng, (n,), int(q)) for q in qs], axis=1)  # (n, k)
-            m1 = (r + b[:, None]) % qs
-            ctx.ot.send_chosen_bytes(np.ascontiguousarray(r).view(np.uint8), np.ascontiguousarray(m1).view(np.uint8))
-            t = (qs - r) % qs
-        else:
-            t = ctx.ot.recv_chosen_bytes(b.astype(bool), 8 * k).view(np.uint64).reshape(n, k)
-    return ((b[:, None] + qs - (t + t) % qs) % qs).T
-
-
 # ----------------------------------------------------------------------------- Algorithm 1
 def default_flood_bits(scale_bits: float, frac: int) -> int:
     return max(0, math.floor(scale_bits) - frac - 12)
@@ -435,43 +424,62 @@ def client_decrypt(side: CKKSSide, data: bytes) -> tuple[np.ndarray, float, int]
     return b.decrypt_coeffs(hc, side.keys, ct)[0], b.ciphertext_scale(ct), int(hc.coeff_moduli[0])
 
 
-def decode_shares(ctx, x: np.ndarray, q: int, scale: float, n_slots: int, *, frac: int | None = None,
+def decode_shares(ctx, x: np.ndarray, q: int, scale, n_slots: int, *, frac: int | None = None,
                   guard: int = GUARD_BITS, complex_slots: bool = False, generator: int = 3) -> AShare:
     """Steps 3-5 of Algorithm 1: this party's Z_q share of a coefficient vector (N,) ->
     AShare over Z_{2^64} (``frac`` fraction bits) of its first ``n_slots`` real slot values
     divided by ``scale`` (with ``complex_slots``: their real parts, then their imaginary
     parts: N real values per ciphertext at n_slots = N/2).  ``generator``: the backend's slot
     order (`slot_permutation`; 3 is SEAL's): every slot is decoded in SEAL's order, then the
-    shares are permuted locally."""
+    shares are permuted locally.
+
+    Batched: x of shape (m, N) (m ciphertexts' shares, ``scale`` one float or m of them) gives
+    an AShare of shape (m, values); the wrap (step 3) of all m vectors is one millionaire and
+    one COT batch, so m ciphertexts cost the rounds of one."""
     frac = ctx.ring.frac if frac is None else int(frac)
-    x = np.asarray(x, np.uint64).reshape(-1)
-    n = x.size
-    if int(generator) != 3:
-        full = decode_shares(ctx, x, q, scale, n // 2, frac=frac, guard=guard, complex_slots=complex_slots)
-        idx, sign = slot_permutation(n, generator)
-        v = np.asarray(full.data, np.uint64)
-        out = v[idx[:n_slots]]
-        if complex_slots:
-            im = v[n // 2:][idx[:n_slots]]
-            out = np.concatenate([out, np.where(sign[:n_slots] < 0, np.uint64(0) - im, im)])
-        return AShare(ctx, out, 64, frac)
+    x = np.asarray(x, np.uint64)
+    rows = x.reshape(-1, x.shape[-1])
+    m, n = rows.shape
+    scales = np.broadcast_to(np.asarray(scale, np.float64).reshape(-1), (m,))
     Q = np.uint64(q)
     H = q // 2
     lq = int(q - 1).bit_length()
     sh = frac + guard
     with ctx.step("field_to_ring"):
-        u = (x + np.uint64(H)) % Q if ctx.party == 0 else x
-        w = wrap_small(ctx, u, q, lq)
-        W = b2a_bits(ctx, w, 64)
-    own = u.astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
-    P = canonical_decode(own, n_slots, complex_slots) * (2.0 ** sh / scale)
-    loc = np.rint(P).astype(np.int64).astype(np.uint64)
-    c = q * 2.0 ** sh / scale
-    wrap = _wrap_fast(_cos_table(n, c), n, W, n_slots, encode=False)
+        u = (rows + np.uint64(H)) % Q if ctx.party == 0 else rows
+        w = wrap_small(ctx, u.reshape(-1), q, lq)
+        W = b2a_bits(ctx, w, 64).reshape(m, n)
+    slots = n // 2 if int(generator) != 3 else n_slots  # another slot order: decode all, then permute
+    out = []
+    for i in range(m):
+        own = u[i].astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
+        P = canonical_decode(own, slots, complex_slots) * (2.0 ** sh / scales[i])
+        loc = np.rint(P).astype(np.int64).astype(np.uint64)
+        c = q * 2.0 ** sh / scales[i]
+        wrap = _wrap_fast(_cos_table(n, c), n, W[i], slots, encode=False)
+        if complex_slots:
+            wrap = np.concatenate([wrap, _wrap_fast(_cos_table(n, c, np.sin), n, W[i], slots, encode=False)])
+        v = trunc_local_bits(ctx, loc - wrap, guard, 64)
+        out.append(v if int(generator) == 3 else _from_seal_order(v, n, n_slots, complex_slots, generator))
+    data = np.stack(out)
+    return AShare(ctx, data if x.ndim > 1 else data[0], 64, frac)
+
+
+def _from_seal_order(v: np.ndarray, n: int, n_slots: int, complex_slots: bool, generator: int) -> np.ndarray:
+    """Shares of all N/2 slots in SEAL's order (real parts, then imaginary parts with
+    ``complex_slots``) -> the first ``n_slots`` in the order of ``generator`` (local)."""
+    idx, sign = slot_permutation(n, generator)
+    out = v[idx[:n_slots]]
     if complex_slots:
-        wrap = np.concatenate([wrap, _wrap_fast(_cos_table(n, c, np.sin), n, W, n_slots, encode=False)])
-    V = loc - wrap
-    return AShare(ctx, trunc_local_bits(ctx, V, guard, 64), 64, frac)
+        im = v[n // 2:][idx[:n_slots]]
+        out = np.concatenate([out, np.where(sign[:n_slots] < 0, np.uint64(0) - im, im)])
+    return out
+
+
+def batch_size(n: int) -> int:
+    """Ciphertexts of ring degree n converted together by the ``*_many`` functions: one message
+    of ciphertexts and one set of sub-protocol rounds per `BATCH_COEFFS` coefficients."""
+    return max(1, BATCH_COEFFS // int(n))
 
 
 def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood_bits: int | None = None,
@@ -481,19 +489,45 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
     ``n_slots`` real slot values.  Promise (public, from the block's parameters): every
     coefficient of the message at the last prime q is below q/4 in absolute value
     (Delta max|y| < q/4 suffices)."""
+    y = ckks_to_shares_many(ctx, [ct] if side.is_server(ctx) else None, side, 1, n_slots=n_slots,
+                            flood_bits=flood_bits, guard=guard, complex_slots=complex_slots)
+    return AShare(ctx, y.data[0], y.bits, y.frac)
+
+
+def ckks_to_shares_many(ctx, cts, side: CKKSSide, count: int, *, n_slots: int | None = None,
+                        flood_bits: int | None = None, guard: int = GUARD_BITS,
+                        complex_slots: bool = False) -> AShare:
+    """Algorithm 1 for ``count`` ciphertexts at once (the server passes them, the client None):
+    an AShare of shape (count, values).  Each ciphertext gets its own mask and flooding as in
+    `ckks_to_shares`; per `batch_size` ciphertexts the server sends one message and the wraps
+    are one millionaire and one COT batch, so the rounds are those of one conversion."""
     frac = ctx.ring.frac
     n = side.hectx.n
     n_slots = n // 2 if n_slots is None else int(n_slots)
     gen = side.backend.slot_generator
-    with ctx.step("ckks2mpc"):
-        if side.is_server(ctx):
-            data, x, scale = mask_ciphertext(side, ct, ctx.rng, flood_bits, frac)
-            ctx.send({"ct": data})
-            q = int(side.hectx.coeff_moduli[0])
-        else:
-            x, scale, q = client_decrypt(side, ctx.recv()["ct"])
-    return decode_shares(ctx, x, q, scale, n_slots, frac=frac, guard=guard, complex_slots=complex_slots,
-                         generator=gen)
+    count = int(count)
+    server = side.is_server(ctx)
+    if server and len(cts) != count:
+        raise ValueError(f"{len(cts)} ciphertexts, {count} announced")
+    q = int(side.hectx.coeff_moduli[0])
+    out = []
+    for lo in range(0, count, batch_size(n)):
+        hi = min(count, lo + batch_size(n))
+        with ctx.step("ckks2mpc"):
+            if server:
+                masked = [mask_ciphertext(side, ct, ctx.rng, flood_bits, frac) for ct in cts[lo:hi]]
+                ctx.send({"cts": [mk[0] for mk in masked]})
+                x, scales = np.stack([mk[1] for mk in masked]), [mk[2] for mk in masked]
+            else:
+                datas = ctx.recv().get("cts")
+                if not isinstance(datas, list) or len(datas) != hi - lo:
+                    raise ValueError(f"expected a list of {hi - lo} ciphertexts from the server")
+                dec = [client_decrypt(side, d) for d in datas]
+                x, scales = np.stack([d[0] for d in dec]), [d[1] for d in dec]
+        out.append(decode_shares(ctx, x, q, scales, n_slots, frac=frac, guard=guard,
+                                 complex_slots=complex_slots, generator=gen).data)
+    data = np.concatenate(out) if out else np.zeros((0, n_slots * (1 + int(complex_slots))), np.uint64)
+    return AShare(ctx, data, 64, frac)
 
 
 # ----------------------------------------------------------------------------- Algorithm 2
@@ -503,9 +537,35 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
     CKKS coefficient polynomial round(scale * encode(y)) modulo each prime.  ``bits``: the
     coefficients are known to lie in (-2^(bits-1), 2^(bits-1)) (a public bound): the shares are
     reduced mod 2^bits locally and the wrap costs a millionaire on ``bits`` bits, not 64.
-    ``generator``: the slot order of y (`slot_permutation`: permuted locally into SEAL's)."""
+    ``generator``: the slot order of y (`slot_permutation`: permuted locally into SEAL's).
+    Batched: y of shape (m, values) gives (m, k, N), the wraps of all m polynomials in one
+    millionaire and one OT batch."""
     frac = y.frac
-    Y = np.asarray(y.data, np.uint64).reshape(-1)
+    data = np.asarray(y.data, np.uint64)
+    Ys = data.reshape(-1, data.shape[-1])
+    m_local = np.stack([_encode_local(Y, n, scale, frac, complex_slots, generator) for Y in Ys])
+    bits = int(bits)
+    mk = mask(bits)
+    half = np.uint64(1 << (bits - 1))
+    with ctx.step("ring_to_field"):
+        u = (((m_local + half) if ctx.party == 0 else m_local) & mk).reshape(-1)
+        w = wrap_small(ctx, u, 1 << bits, bits)
+        Wk = b2a_mod_primes(ctx, w, primes)
+        out = []
+        for q, Wq in zip(primes, Wk):
+            q = int(q)
+            Q = np.uint64(q)
+            o = (u % Q + Q - mulmod_scalar(Wq, (1 << bits) % q, q)) % Q
+            if ctx.party == 0:
+                o = (o + Q - np.uint64((1 << (bits - 1)) % q)) % Q
+            out.append(o.reshape(-1, n))
+    res = np.stack(out, axis=1)  # (m, k, N)
+    return res if data.ndim > 1 else res[0]
+
+
+def _encode_local(Y: np.ndarray, n: int, scale: float, frac: int, complex_slots: bool, generator: int) -> np.ndarray:
+    """Step 1 of Algorithm 2 on one party's share vector: the integer inverse embedding
+    sum_j A_ij Y_j mod 2^64 (N,), Y permuted from the backend's slot order into SEAL's first."""
     if int(generator) != 3:
         idx, sign = slot_permutation(n, generator)
         m = Y.size // 2 if complex_slots else Y.size
@@ -521,26 +581,9 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
         if Y.size % 2:
             raise ValueError("complex slots take an even count: the real parts, then the imaginary parts")
         h = Y.size // 2
-        m = (_wrap_fast(_cos_table(n, c), n, Y[:h], None, encode=True)
-             + _wrap_fast(_cos_table(n, c, np.sin), n, Y[h:], None, encode=True))
-    else:
-        m = _wrap_fast(_cos_table(n, c), n, Y, None, encode=True)
-    bits = int(bits)
-    mk = mask(bits)
-    half = np.uint64(1 << (bits - 1))
-    with ctx.step("ring_to_field"):
-        u = ((m + half) if ctx.party == 0 else m) & mk
-        w = wrap_small(ctx, u, 1 << bits, bits)
-        Wk = b2a_primes(ctx, w, primes)
-        out = []
-        for q, Wq in zip(primes, Wk):
-            q = int(q)
-            Q = np.uint64(q)
-            o = (u % Q + Q - mulmod_scalar(Wq, (1 << bits) % q, q)) % Q
-            if ctx.party == 0:
-                o = (o + Q - np.uint64((1 << (bits - 1)) % q)) % Q
-            out.append(o)
-    return np.stack(out)
+        return (_wrap_fast(_cos_table(n, c), n, Y[:h], None, encode=True)
+                + _wrap_fast(_cos_table(n, c, np.sin), n, Y[h:], None, encode=True))
+    return _wrap_fast(_cos_table(n, c), n, Y, None, encode=True)
 
 
 def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: float = 50,
@@ -553,22 +596,48 @@ def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = Non
     ``complex_slots``: y holds the real parts then the imaginary parts (up to N values).
     ``scale``: the exact scale (a float, e.g. another ciphertext's Delta^2 / q to add to);
     overrides ``scale_bits``."""
+    data = np.asarray(y.data, np.uint64).reshape(1, -1)
+    cts = shares_to_ckks_many(ctx, AShare(ctx, data, y.bits, y.frac), side, n_primes=n_primes,
+                              scale_bits=scale_bits, value_bits=value_bits, complex_slots=complex_slots,
+                              scale=scale)
+    return cts[0] if cts is not None else None
+
+
+def shares_to_ckks_many(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: float = 50,
+                        value_bits: int | None = None, complex_slots: bool = False,
+                        scale: float | None = None) -> list | None:
+    """Algorithm 2 for m ciphertexts at once: y of shape (m, values), one ciphertext per row
+    (the server gets the list, the client None); the arguments as `shares_to_ckks`.  Per
+    `batch_size` ciphertexts the wraps are one millionaire and one OT batch and the client
+    sends one message, so the rounds are those of one conversion."""
     b, hc = side.backend, side.hectx
     n = hc.n
-    if y.size > (n if complex_slots else n // 2):
-        raise ValueError(f"{y.size} values do not fit the {n // 2} slots")
+    rows = np.asarray(y.data, np.uint64)
+    if rows.ndim != 2:
+        raise ValueError(f"expected (ciphertexts, values) shares, got shape {rows.shape}")
+    if rows.shape[1] > (n if complex_slots else n // 2):
+        raise ValueError(f"{rows.shape[1]} values do not fit the {n // 2} slots")
     k = len(hc.coeff_moduli) if n_primes is None else int(n_primes)
     lvl = b.level(hc, k)
     primes = hc.coeff_moduli[:k]
     scale = float(2.0 ** scale_bits) if scale is None else float(scale)
     sb = math.ceil(math.log2(scale))
     bits = 64 if value_bits is None else min(64, sb + int(value_bits) + 2 + int(complex_slots))
-    share = encode_shares(ctx, y, n, scale, primes, bits, complex_slots, b.slot_generator)
-    with ctx.step("mpc2ckks"):
-        pt = b.plaintext_from_coeffs(hc, share, level=lvl, scale=scale)
-        if side.is_server(ctx):
-            ct = b.ciphertext_from_bytes(hc, ctx.recv()["ct"], level=lvl)
-            b.add_plain_inplace(hc, ct, pt)
-            return ct
-        ctx.send({"ct": side.keys.encrypt_seeded(pt)})
-        return None
+    server = side.is_server(ctx)
+    cts = []
+    for lo in range(0, rows.shape[0], batch_size(n)):
+        part = AShare(ctx, rows[lo:lo + batch_size(n)], y.bits, y.frac)
+        shares = encode_shares(ctx, part, n, scale, primes, bits, complex_slots, b.slot_generator)
+        with ctx.step("mpc2ckks"):
+            pts = [b.plaintext_from_coeffs(hc, sh, level=lvl, scale=scale) for sh in shares]
+            if not server:
+                ctx.send({"cts": [side.keys.encrypt_seeded(pt) for pt in pts]})
+                continue
+            datas = ctx.recv().get("cts")
+            if not isinstance(datas, list) or len(datas) != len(pts):
+                raise ValueError(f"expected a list of {len(pts)} ciphertexts from the client")
+            for data, pt in zip(datas, pts):
+                ct = b.ciphertext_from_bytes(hc, data, level=lvl)
+                b.add_plain_inplace(hc, ct, pt)
+                cts.append(ct)
+    return cts if server else None

@@ -369,6 +369,19 @@ class PlainBackend:
         raise ValueError(f"{node.name}: no gate form for activation {fn!r}")
 
 
+def needed(producers: dict, outputs: Iterable[str]) -> set[str]:
+    """Names of the nodes the values `outputs` depend on (``producers``: value -> node, as
+    `Graph.producers` gives it)."""
+    todo, seen = list(outputs), set()
+    while todo:
+        n = producers.get(todo.pop())
+        if n is None or n.name in seen:
+            continue
+        seen.add(n.name)
+        todo.extend(n.inputs)
+    return seen
+
+
 class GraphExecutor:
     """Walks a graph over a backend; `linear` is any `LinearBackend` (default: `PlainLinear`
     over the bound weights). `profiler`: an object with `add_seconds(op_class, seconds)` or
@@ -423,14 +436,7 @@ class GraphExecutor:
 
     def needed(self, outputs: Iterable[str]) -> set[str]:
         """Names of the nodes the values `outputs` depend on."""
-        todo, seen = list(outputs), set()
-        while todo:
-            n = self._producer.get(todo.pop())
-            if n is None or n.name in seen:
-                continue
-            seen.add(n.name)
-            todo.extend(n.inputs)
-        return seen
+        return needed(self._producer, outputs)
 
     def run_nodes(self, nodes: Iterable[Node], vals: dict, ctx: dict, cache: KVCache | None = None) -> dict:
         """Evaluate `nodes` in order over `vals` (value name -> array, updated in place)."""

@@ -29,7 +29,9 @@ depends on the client's data or on the weights beyond the public parameters.
 * In (Algorithm 2): each party lays its share out in the block's packing
   (`blb_block._Eval.slot_vectors`: copies and zeros only, so it applies to shares; rows
   stacked R per ciphertext, P V's probabilities on the pair grid), and runs
-  `shares_to_ckks` at the level and exact scale the block asks for.  The encoding is
+  `shares_to_ckks_many` at the level and exact scale the block asks for (all ciphertexts
+  of the input in one batch: the rounds of one conversion per `ckks_convert.batch_size`
+  ciphertexts).  The encoding is
   made at a scale of at most 2^`IN_SCALE_BITS` (the encoded coefficients must stay below
   2^62 in the 64-bit ring) and the server multiplies by the integer 2^j that restores the
   block's scale (exact; the ciphertext's scale bookkeeping follows).
@@ -39,8 +41,8 @@ depends on the client's data or on the weights beyond the public parameters.
   Algorithm 1 masks at one prime, so the server first multiplies by the integer
   k = round(q_1 2^`OUT_SCALE_BITS` / Delta) and rescales (the value is unchanged, its scale
   becomes ~2^`OUT_SCALE_BITS`, and Delta' |y| < q_0 / 4 holds for |y| < 2^20, the
-  comparisons' bound), then `ckks_to_shares` (uniform mask mod q_0, flooding, the field ->
-  ring switch and the local decode).
+  comparisons' bound), then `ckks_to_shares_many` (per ciphertext a uniform mask mod q_0
+  and flooding; the field -> ring switch of all of them in one batch; the local decode).
 * A value carried from one block to a later one (V to P V, the residual stream, the
   exp's powers) goes out to shares and back in: the blocks have different parameters, and
   the layouts differ (row -> head for P V's probabilities); the paper carries some of
@@ -72,9 +74,10 @@ from ..mpc.nonlinear.common import const
 from ..mpc.protocols.trunc import trunc_faithful, trunc_local
 from ..mpc.ring import fixed_encode
 from ..mpc.shares import AShare
-from ..protocols.ckks_convert import CKKSSide, ckks_to_shares, shares_to_ckks
+from ..protocols.ckks_convert import CKKSSide, ckks_to_shares_many, shares_to_ckks_many
 from . import blb_block
 from .blb_block import Packed, _Eval
+from .graph_executor import needed
 from .twopc import ServerModel, TwoPCEncoder, TwoPCError
 from .twopc_backend import LN_VAR_HI, LN_VAR_LO, RMS_HI, RMS_LO, ServerRows, SharesBackend
 
@@ -191,16 +194,18 @@ def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: i
     vecs, dirty, shifts = ev.slot_vectors(np.asarray(share.data, np.uint64), layout)
     grid = vecs.shape[:-1]
     j = max(0, math.ceil(math.log2(scale)) - IN_SCALE_BITS)
-    cts = np.empty(grid, object)
     be, hc = ks.side.backend, ks.hectx
-    for idx in np.ndindex(*grid):
-        y = _as_share(ctx, vecs[idx])
-        ct = shares_to_ckks(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j)
-        if ct is not None and j:  # back to the block's scale: x 2^j (integer, exact), scale x 2^j
+    y = _as_share(ctx, vecs.reshape(-1, vecs.shape[-1]))  # every ciphertext of the value in one batch
+    got = shares_to_ckks_many(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j)
+    if got is None:
+        return None
+    cts = np.empty(grid, object)
+    for idx, ct in zip(np.ndindex(*grid), got):
+        if j:  # back to the block's scale: x 2^j (integer, exact), scale x 2^j
             ct = be.multiply_scalar(hc, ct, float(2 ** j))
             be.scale_message_inplace(hc, ct, float(2 ** j))
         cts[idx] = ct
-    return Packed(cts, layout, tuple(share.shape), dirty, shifts=shifts) if ks.side.is_server(ctx) else None
+    return Packed(cts, layout, tuple(share.shape), dirty, shifts=shifts)
 
 
 def _to_one_prime(be, hc, ct):
@@ -223,11 +228,11 @@ def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed) -> AShare:
     server = ks.side.is_server(ctx)
     be, hc = ks.side.backend, ks.hectx
     dec = np.zeros(x.cts.shape + (ev.slots,), np.uint64)
-    for idx in np.ndindex(*x.cts.shape):
-        if not x.present[idx]:
-            continue  # not computed (both parties know which): zeros
-        ct = _to_one_prime(be, hc, x.cts[idx]) if server else None
-        dec[idx] = ckks_to_shares(ctx, ct, ks.side).data
+    present = [idx for idx in np.ndindex(*x.cts.shape) if x.present[idx]]  # the rest: not computed, zeros
+    cts = [_to_one_prime(be, hc, x.cts[idx]) for idx in present] if server else None
+    got = ckks_to_shares_many(ctx, cts, ks.side, len(present)).data  # one batch
+    for idx, row in zip(present, got):
+        dec[idx] = row
     return _as_share(ctx, ev.unpack(dec, x))
 
 
@@ -514,7 +519,8 @@ class BLBEncoder(TwoPCEncoder):
         ctx = self._pass_ctx(0, n)
         g = self.blb_graph
         need_out = g.outputs["hidden"]
-        need = _needed(g, [need_out])
+        need = needed(g.producers(), [need_out])
+        read = {v for name in need for v in g.node(name).inputs}  # values some needed node reads
         vals: dict[str, Any] = {"ids": self._ids_value(ids, n), "positions": ctx["positions"],
                                 "token_types": np.zeros(n, np.int64)}
         done_layers = -1
@@ -530,29 +536,13 @@ class BLBEncoder(TwoPCEncoder):
                 if not any(name in need for name in item["nodes"]):
                     continue
                 blk = {**item, "name": f"blb{item['id']}",
-                       "outputs": [o for o in item["outputs"] if _read_by(g, o["value"], need) or o["value"] == need_out]}
+                       "outputs": [o for o in item["outputs"] if o["value"] in read or o["value"] == need_out]}
                 res = self.runner.run_block(blk, {i["value"]: vals[i["value"]] for i in item["inputs"]}, n)
                 vals.update(res)
                 if item["layer"] is not None and item["layer"] > done_layers and self.progress is not None:
                     done_layers = item["layer"]
                     self.progress(done_layers + 1, g.n_layers, f"{n} token(s), BLB block {item['id']}")
         return vals[need_out]
-
-
-def _needed(graph, outputs) -> set[str]:
-    prod = graph.producers()
-    todo, seen = list(outputs), set()
-    while todo:
-        p = prod.get(todo.pop())
-        if p is None or p.name in seen:
-            continue
-        seen.add(p.name)
-        todo.extend(p.inputs)
-    return seen
-
-
-def _read_by(graph, value: str, need: set[str]) -> bool:
-    return any(value in graph.node(name).inputs for name in need)
 
 
 def server_model_blb(config: dict, weights: dict, classifier: tuple | None = None) -> ServerModel:
