@@ -126,6 +126,21 @@ def test_b2a_mod_primes_matches_numpy(kind, k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_b2a_mod_primes_with_factors(kind):
+    """factors c_i: shares of c_i (b0 xor b1) mod q_i (the wrap's 2^l in BLB Algorithm 2)."""
+    ps = PRIMES[3]
+    n = 2001
+    f = [(1 << 53) % q for q in ps[:2]] + [ps[2] - 1]
+    b0 = RNG.integers(0, 2, n).astype(np.uint8)
+    b1 = RNG.integers(0, 2, n).astype(np.uint8)
+    s0, s1 = run_inprocess(b2a_mod_primes, args0=(b0, ps, f), args1=(b1, ps, f), ot_factory=_factory(kind), timeout=60)
+    want = [((b0 ^ b1).astype(object) * c) % q for c, q in zip(f, ps)]
+    for i, q in enumerate(ps):
+        got = (s0[i].astype(object) + s1[i].astype(object)) % q
+        assert (got == want[i]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_cot_mod_correlation(kind):
     ps = PRIMES[7]
     n, k = 3001, len(ps)

@@ -115,7 +115,7 @@ from ..he.backend import HEBackend, SecretKeys
 from ..mpc.protocols.b2a import b2a_bits, b2a_mod_primes
 from ..mpc.protocols.millionaire import millionaire
 from ..mpc.protocols.trunc import trunc_local_bits
-from ..mpc.ring import mask, mulmod_scalar, uniform_mod
+from ..mpc.ring import mask, uniform_mod
 from ..mpc.shares import AShare
 
 __all__ = [
@@ -550,12 +550,12 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
     with ctx.step("ring_to_field"):
         u = (((m_local + half) if ctx.party == 0 else m_local) & mk).reshape(-1)
         w = wrap_small(ctx, u, 1 << bits, bits)
-        Wk = b2a_mod_primes(ctx, w, primes)
+        Wk = b2a_mod_primes(ctx, w, primes, factors=[(1 << bits) % int(q) for q in primes])  # 2^l w
         out = []
         for q, Wq in zip(primes, Wk):
             q = int(q)
             Q = np.uint64(q)
-            o = (u % Q + Q - mulmod_scalar(Wq, (1 << bits) % q, q)) % Q
+            o = (u % Q + Q - Wq) % Q
             if ctx.party == 0:
                 o = (o + Q - np.uint64((1 << (bits - 1)) % q)) % Q
             out.append(o.reshape(-1, n))

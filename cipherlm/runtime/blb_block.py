@@ -82,8 +82,11 @@ produce.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import os
+import threading
 import time
 from typing import Any
 
@@ -115,6 +118,23 @@ class Packed:
     @property
     def first(self):
         return next(c for c in self.cts.flat if c is not None)
+
+
+#: threads that encode a projection's weight diagonals (`_Eval.pts`)
+_ENCODE_WORKERS = max(1, min(8, os.cpu_count() or 1))
+_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, pool)
+_POOL_LOCK = threading.Lock()
+
+
+def _encode_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's encoding threads (made again in a forked child: a parent's threads do
+    not exist there)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(_ENCODE_WORKERS,
+                                                                       thread_name_prefix="blb-encode"))
+        return _POOL[1]
 
 
 def _pow2(n: int) -> int:
@@ -295,6 +315,13 @@ class _Eval:
         if v.size == self.P:
             v = np.tile(v, self.R)
         return self.be.encode_slots(self.ctx, v, level=level, scale_bits=math.log2(scale))
+
+    def pts(self, vecs: list, level: int, scale: float) -> list:
+        """`pt` of many vectors, encoded on all cores: the backend's encoder may be called from
+        several threads (Lattigo >= 6.2), and its calls release the GIL."""
+        if len(vecs) < 2 * _ENCODE_WORKERS:
+            return [self.pt(v, level, scale) for v in vecs]
+        return list(_encode_pool().map(lambda v: self.pt(v, level, scale), vecs))
 
     def copy(self, ct):
         """A copy through the backend interface: an integer product by 1 (scale 1, exact, no level)."""
@@ -530,7 +557,7 @@ class _Eval:
         cts = np.empty((m, len(k_out)), object)
         for ko, do in enumerate(k_out):
             b, g, k0 = linear_plan(min(d_in, P), do)
-            pts: dict[tuple[int, int, int], Any] = {}
+            diags: dict[tuple[int, int, int], np.ndarray] = {}
             t0 = time.perf_counter()
             for ki, di in enumerate(k_in):
                 blk = w[ko * P:ko * P + do, ki * P:ki * P + di]
@@ -546,7 +573,8 @@ class _Eval:
                         diag = np.zeros(P)
                         diag[ok] = blk[rows[ok], col[ok]]
                         if diag.any():
-                            pts[ki, j, i] = self.pt(np.roll(diag, (k0 + j * b) % P), lvl, self.q(lvl))
+                            diags[ki, j, i] = np.roll(diag, (k0 + j * b) % P)
+            pts = dict(zip(diags, self.pts(list(diags.values()), lvl, self.q(lvl))))
             # the weights' encoding: input-independent (the server can do it ahead of time)
             self.stats["encode_weights_s"] += time.perf_counter() - t0
             for r in range(m):

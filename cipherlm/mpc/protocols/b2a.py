@@ -63,8 +63,10 @@ def b2a_mod(ctx, b: np.ndarray, q: int) -> np.ndarray:
     return (b + Q - two_t) % Q
 
 
-def b2a_mod_primes(ctx, b: np.ndarray, primes) -> np.ndarray:
-    """This party's shares (k, n) uint64, row i mod primes[i], of the XOR-shared bits b.
+def b2a_mod_primes(ctx, b: np.ndarray, primes, factors=None) -> np.ndarray:
+    """This party's shares (k, n) uint64, row i mod primes[i], of the XOR-shared bits b
+    (times ``factors[i]`` mod primes[i] when given: public constants, free to apply inside
+    the OT's correlation instead of a product afterwards).
 
     Construction: b = b0 + b1 - 2 b0 b1, and the product b0 b1 modulo every prime
     at once from one arithmetic correlated OT per bit modulo each prime (ALSZ13,
@@ -73,7 +75,8 @@ def b2a_mod_primes(ctx, b: np.ndarray, primes) -> np.ndarray:
     `OTSession.send_cot_mod`).  Party 0 is the sender with correlation b0 for every
     prime and gets r (uniform mod q_i); party 1 chooses with b1 and gets
     r + b1 b0 mod q_i.  Shares of b0 b1: -r and r + b0 b1; each party outputs
-    b_p - 2 t_p mod q_i.  Used by BLB's MPC -> CKKS conversion (Algorithm 2,
+    b_p - 2 t_p mod q_i.  With factors c_i: correlation c_i b0, outputs
+    c_i b_p - 2 t_p (c_i b_p is 0 or c_i: no modular product).  Used by BLB's MPC -> CKKS conversion (Algorithm 2,
     section 6 / Appendix C.3) to bring the coefficient-wrap bits into every prime
     of the ciphertext level.
 
@@ -86,11 +89,15 @@ def b2a_mod_primes(ctx, b: np.ndarray, primes) -> np.ndarray:
     qs = np.array(qs_int, np.uint64)
     b = np.asarray(b).astype(np.uint64).reshape(-1)
     n, k = b.size, qs.size
+    c = np.ones(k, np.uint64) if factors is None else np.array([int(f) % q for f, q in zip(factors, qs_int)], np.uint64)
+    if c.size != k:
+        raise ValueError(f"{c.size} factors for {k} primes")
+    cb = b[:, None] * c  # c_i b_p: b_p is 0 or 1
     with ctx.step("b2a_mod"):
         if ctx.party == 0:
-            r = np.asarray(ctx.ot.send_cot_mod(np.broadcast_to(b[:, None], (n, k)), qs_int), np.uint64)
-            t = (qs - r) % qs  # share of b0*b1
+            r = np.asarray(ctx.ot.send_cot_mod(cb, qs_int), np.uint64)
+            t = (qs - r) % qs  # share of c b0 b1
         else:
             t = np.asarray(ctx.ot.recv_cot_mod(b.astype(bool), qs_int), np.uint64).reshape(n, k)
     two_t = (t + t) % qs  # t < q < 2^62: no overflow
-    return ((b[:, None] + qs - two_t) % qs).T
+    return ((cb + qs - two_t) % qs).T
