@@ -120,7 +120,7 @@ class Packed:
         return next(c for c in self.cts.flat if c is not None)
 
 
-#: threads that encode a projection's weight diagonals (`_Eval.pts`)
+#: threads that encode a projection's weight diagonals (`_Eval.pts`) and evaluate its giant steps
 _ENCODE_WORKERS = max(1, min(8, os.cpu_count() or 1))
 _POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, pool)
 _POOL_LOCK = threading.Lock()
@@ -577,25 +577,30 @@ class _Eval:
             pts = dict(zip(diags, self.pts(list(diags.values()), lvl, self.q(lvl))))
             # the weights' encoding: input-independent (the server can do it ahead of time)
             self.stats["encode_weights_s"] += time.perf_counter() - t0
+            steps = [[(ki, i) for ki in range(len(k_in)) for i in range(b) if (ki, j, i) in pts] for j in range(g)]
             for r in range(m):
                 babies = [self._baby_steps(x.cts[r, ki], b) for ki in range(len(k_in))]
-                acc = None
-                for j in range(g):
+
+                def giant(j):
+                    """sum_(chunk, i) rot(x_chunk, i) pt_(chunk, j, i), rotated by the giant step
+                    (Lattigo's evaluator may be called from several threads, >= 6.2)."""
                     inner = None
-                    for ki in range(len(k_in)):
-                        for i in range(b):
-                            if (ki, j, i) not in pts:
-                                continue
-                            self.stats["ct_pt"] += 1
-                            t = self.be.multiply_plain(self.ctx, babies[ki][i], pts[ki, j, i])
-                            if inner is None:
-                                inner = t
-                            else:
-                                self.be.add_inplace(self.ctx, inner, t)
-                    if inner is None:
-                        continue
-                    if (k0 + j * b) % self.slots:
-                        inner = self.rot(inner, k0 + j * b)
+                    for ki, i in steps[j]:
+                        t = self.be.multiply_plain(self.ctx, babies[ki][i], pts[ki, j, i])
+                        if inner is None:
+                            inner = t
+                        else:
+                            self.be.add_inplace(self.ctx, inner, t)
+                    if inner is not None and (k0 + j * b) % self.slots:
+                        inner = self.be.rotate_rows(self.ctx, inner, (k0 + j * b) % self.slots, self.evk)
+                    return inner
+
+                live = [j for j in range(g) if steps[j]]
+                self.stats["ct_pt"] += sum(len(steps[j]) for j in live)
+                self.stats["rotations"] += sum(1 for j in live if (k0 + j * b) % self.slots)
+                parts = _encode_pool().map(giant, live) if len(live) > 1 else map(giant, live)
+                acc = None
+                for inner in parts:  # exact modular additions: the order does not matter
                     if acc is None:
                         acc = inner
                     else:
