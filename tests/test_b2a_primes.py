@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 
+from cipherlm.he.lattigo_ntt import _is_prime as is_prime  # Miller-Rabin, deterministic below 3.3e24
 from cipherlm import _core
 from cipherlm.mpc.ot import OTError, OTSession, bytes_per_ot, cot_mod_row_bytes
 from cipherlm.mpc.protocols.b2a import b2a_mod_primes
@@ -25,36 +26,12 @@ RNG = np.random.default_rng(20261127)  # test inputs only; OT randomness is the 
 KINDS = ("iknp", "ferret")
 
 
-def _is_prime(n: int) -> bool:
-    """Miller-Rabin with the first 12 prime bases: deterministic below 3.3e24."""
-    if n < 2:
-        return False
-    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
-    for p in bases:
-        if n % p == 0:
-            return n == p
-    d, s = n - 1, 0
-    while d % 2 == 0:
-        d, s = d // 2, s + 1
-    for a in bases:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(s - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
-
-
 @functools.lru_cache(maxsize=None)
 def ntt_prime(bits: int, skip: int = 0) -> int:
     """The (skip+1)-th largest prime q < 2^bits with q = 1 mod 2^16 (NTT-friendly up to N = 32768)."""
     q = (1 << bits) - (1 << 16) + 1
     while True:
-        if _is_prime(q):
+        if is_prime(q):
             if skip == 0:
                 return q
             skip -= 1
@@ -77,7 +54,7 @@ def test_primes_are_ntt_primes():
     for ps in PRIMES.values():
         assert len(set(ps)) == len(ps)
         for q in ps:
-            assert _is_prime(q) and q % (1 << 16) == 1 and 40 <= q.bit_length() <= 61
+            assert is_prime(q) and q % (1 << 16) == 1 and 40 <= q.bit_length() <= 61
 
 
 def _factory(kind):
