@@ -127,6 +127,23 @@ def test_encrypt_decrypt_round_trip(lat):
             be.encode_slots(ctx, bad)
 
 
+def test_tiled_encoding_is_the_repeated_vector(lat):
+    """encode_slots(..., tile=True) of P values (sparse dimension log2 P) is bit for bit the
+    encoding of the vector repeated over all slots (real and complex), and decrypts to it."""
+    _mod, be, ctx, keys, _gk = lat
+    for P, v in ((64, _vec(4, 64)), (8, _vec(5, 8) + 1j * _vec(6, 8)), (N // 2, _vec(7))):
+        full = np.tile(v, (N // 2) // P)
+        a = be.encode_slots(ctx, v, level=0, scale_bits=35, tile=True)
+        b = be.encode_slots(ctx, full, level=0, scale_bits=35)
+        assert (a.coefficients() == b.coefficients()).all()
+        got = be.decode_slots(ctx, keys.decrypt(keys.encrypt(a)), complex_out=True)
+        assert np.abs(got - full).max() < TOL
+    assert not (be.encode_slots(ctx, _vec(4, 64), level=0, tile=True).coefficients()
+                == be.encode_slots(ctx, _vec(4, 64), level=0).coefficients()).all()  # zero-padded: another one
+    with pytest.raises(HEError, match="power-of-two"):
+        be.encode_slots(ctx, np.ones(12), tile=True)
+
+
 def test_rotations_and_hoisted(lat):
     _mod, be, ctx, keys, gk = lat
     x = _vec(4)

@@ -160,7 +160,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_lt_new": (_i64, _p_i64, _int, _p_dbl, _int, _dbl, _int, _p_i64),
     "clg_lt_galois_elements": (_i64, _p_u64, _int, _p_int),
     "clg_lt_eval": (_i64, _i64, _i64, _p_i64),
-    "clg_encode": (_i64, _p_dbl, _p_dbl, _i64, _int, _dbl, _p_i64),
+    "clg_encode": (_i64, _p_dbl, _p_dbl, _i64, _int, _dbl, _int, _p_i64),
     "clg_decode": (_i64, _p_dbl, _p_dbl, _i64),
     "clg_encrypt_sk": (_i64, _i64, _p_i64),
     "clg_encrypt_pk": (_i64, _i64, _int, _p_i64),
@@ -785,13 +785,18 @@ class LattigoBackend(HEBackend):
         raise NotImplementedError("Lattigo backend: coefficient packing is a BFV operation (CKKS only here)")
 
     def encode_slots(self, ctx: LattigoContext, values, *, level=None, ntt: bool = True,
-                     scale_bits: float | None = None) -> LattigoPlaintext:
+                     scale_bits: float | None = None, tile: bool = False) -> LattigoPlaintext:
         """CKKS-encode up to N/2 real or complex values (the rest are zero) at ``level``
         (default: the top), with scale 2^``scale_bits`` (default: the context's).  ``ntt`` is
-        ignored: Lattigo's CKKS plaintexts are always in NTT form."""
+        ignored: Lattigo's CKKS plaintexts are always in NTT form.  ``tile``: the values (a
+        power-of-two count) repeated over all N/2 slots, encoded at that sparse dimension:
+        the same plaintext as encoding ``np.tile(values, N / 2 / len(values))``, with an FFT of
+        len(values) points instead of N/2."""
         v = np.asarray(values)
         if v.ndim != 1 or not 1 <= v.size <= ctx.slots:
             raise HEError(f"expected 1..{ctx.slots} slot values, got shape {v.shape}")
+        if tile and v.size & (v.size - 1):
+            raise HEError(f"a tiled encoding takes a power-of-two count of values, got {v.size}")
         lvl = ctx.max_level if level is None else int(level)
         re = np.ascontiguousarray(v.real, dtype=np.float64)
         if not np.all(np.isfinite(re)):
@@ -801,7 +806,7 @@ class LattigoBackend(HEBackend):
             im = np.ascontiguousarray(v.imag, dtype=np.float64)
             im_p = im.ctypes.data_as(_p_dbl)
         sb = 0.0 if scale_bits is None else float(scale_bits)
-        h = _new("clg_encode", ctx.handle, re.ctypes.data_as(_p_dbl), im_p, int(v.size), lvl, sb)
+        h = _new("clg_encode", ctx.handle, re.ctypes.data_as(_p_dbl), im_p, int(v.size), lvl, sb, int(bool(tile)))
         return LattigoPlaintext(h, ctx)
 
     def decode_slots(self, ctx: LattigoContext, pt: LattigoPlaintext, *, n: int | None = None,

@@ -312,8 +312,8 @@ class _Eval:
     def pt(self, vec, level: int, scale: float):
         """A plaintext of a full slot vector, or of a period vector (the same for every row)."""
         v = np.asarray(vec, np.float64)
-        if v.size == self.P:
-            v = np.tile(v, self.R)
+        if v.size == self.P:  # repeated over the R rows: a sparse (tiled) encoding, the same plaintext
+            return self.be.encode_slots(self.ctx, v, level=level, scale_bits=math.log2(scale), tile=True)
         return self.be.encode_slots(self.ctx, v, level=level, scale_bits=math.log2(scale))
 
     def pts(self, vecs: list, level: int, scale: float) -> list:

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -499,14 +500,19 @@ func clg_gen_galois_keys(skh C.int64_t, els *C.uint64_t, n C.int, out *C.int64_t
 // ----------------------------------------------------------------------------- encoding
 
 // clg_encode: slot values (re, im; im may be NULL) -> plaintext at `level` with scale 2^logScale
-// (logScale <= 0: the default scale).
+// (logScale <= 0: the default scale).  tile != 0: the n values (a power of two) repeated over all
+// slots, encoded at the sparse dimension log2(n) (a polynomial in X^(N/2n): bit-identical to
+// encoding the repeated vector, with an FFT of n points instead of N/2).
 //
 //export clg_encode
 func clg_encode(h C.int64_t, re *C.double, im *C.double, n C.int64_t, level C.int, logScale C.double,
-	out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	tile C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
 		if n < 1 || int(n) > c.params.MaxSlots() {
 			return fmt.Errorf("%d values for %d slots", int64(n), c.params.MaxSlots())
+		}
+		if tile != 0 && n&(n-1) != 0 {
+			return fmt.Errorf("tiled encoding of %d values: not a power of two", int64(n))
 		}
 		lvl := int(level)
 		if lvl < 0 || lvl > c.params.MaxLevel() {
@@ -520,14 +526,19 @@ func clg_encode(h C.int64_t, re *C.double, im *C.double, n C.int64_t, level C.in
 			pt.Scale = rlwe.NewScale(math.Exp2(float64(logScale)))
 		}
 		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), int(n))
+		width := c.params.MaxSlots()
+		if tile != 0 {
+			width = int(n)
+			pt.LogDimensions = ring.Dimensions{Rows: 0, Cols: bits.Len(uint(n)) - 1}
+		}
 		var err error
 		if im == nil {
-			v := make([]float64, c.params.MaxSlots())
+			v := make([]float64, width)
 			copy(v, r)
 			err = c.encoder.Encode(v, pt)
 		} else {
 			ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
-			v := make([]complex128, c.params.MaxSlots())
+			v := make([]complex128, width)
 			for k := range r {
 				v[k] = complex(r[k], ii[k])
 			}
@@ -536,6 +547,7 @@ func clg_encode(h C.int64_t, re *C.double, im *C.double, n C.int64_t, level C.in
 		if err != nil {
 			return err
 		}
+		pt.LogDimensions = c.params.LogMaxDimensions() // a full-slot plaintext from here on
 		*out = C.int64_t(put(&ptObj{ctx: c, pt: pt}))
 		return nil
 	})
