@@ -1600,17 +1600,36 @@ func clg_galois_keys_compressed(skh C.int64_t, els *C.uint64_t, n C.int, out **C
 			return err
 		}
 		slices.Sort(gs)
-		kg := rlwe.NewKeyGenerator(s.ctx.params)
+		// one key per element, made on all cores (a key generator per goroutine), written in order
+		keys := make([][]byte, len(gs))
+		errs := make([]error, len(gs))
+		w := max(1, min(runtime.NumCPU(), len(gs)))
+		var wg sync.WaitGroup
+		for t := 0; t < w; t++ {
+			wg.Add(1)
+			go func(t int) {
+				defer wg.Done()
+				kg := rlwe.NewKeyGenerator(s.ctx.params)
+				for i := t; i < len(gs); i += w {
+					gk := kg.GenGaloisKeyNew(gs[i], s.sk, compressedKey)
+					if gk.Seed == nil || !gk.IsCompressed() {
+						errs[i] = errors.New("Lattigo returned an uncompressed key")
+						continue
+					}
+					kb := binary.LittleEndian.AppendUint64(nil, gs[i])
+					kb = append(kb, gk.Seed[:]...)
+					keys[i] = writePolys(kb, gkPolys(gk))
+				}
+			}(t)
+		}
+		wg.Wait()
 		b := []byte{'C', 'L', 'G', 'K', wireVersion, 1, 0, 0}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(gs)))
-		for _, g := range gs {
-			gk := kg.GenGaloisKeyNew(g, s.sk, compressedKey)
-			if gk.Seed == nil || !gk.IsCompressed() {
-				return errors.New("Lattigo returned an uncompressed key")
+		for i := range gs {
+			if errs[i] != nil {
+				return errs[i]
 			}
-			b = binary.LittleEndian.AppendUint64(b, g)
-			b = append(b, gk.Seed[:]...)
-			b = writePolys(b, gkPolys(gk))
+			b = append(b, keys[i]...)
 		}
 		bytesOut(b, out, outLen)
 		return nil
