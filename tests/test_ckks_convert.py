@@ -328,6 +328,20 @@ def test_batched_conversions_equal_single_ones_in_one_set_of_rounds(monkeypatch)
     assert sum(v["rounds"] for v in st0.values()) > sum(v["rounds"] for v in single[0].values())
 
 
+@pytest.mark.parametrize("msg", [{"cts": b"x"}, {"cts": []}, {"cts": [b"a", b"b", b"c"]}, {}])
+def test_batched_conversion_refuses_a_malformed_message(msg):
+    """A peer's message of ciphertexts without a list of the announced count gives the
+    module's ValueError (the channel itself refuses a message that is not a dict)."""
+    def server(ctx, side):
+        ctx.send(msg)
+
+    def client(ctx, side):
+        with pytest.raises(ValueError, match="expected a list of 2 ciphertexts"):
+            cc.ckks_to_shares_many(ctx, None, side, 2)
+
+    run(SMALL, server, client)
+
+
 # ----------------------------------------------------------------------------- views
 def _client_views(params, messages, mask="uniform", R=2.0 ** 12, scale_bits=None):
     """The client's decrypted polynomial (N,) for each message (slot vector)."""

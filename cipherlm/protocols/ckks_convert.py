@@ -482,6 +482,16 @@ def batch_size(n: int) -> int:
     return max(1, BATCH_COEFFS // int(n))
 
 
+def _peer_ciphertexts(ctx, count: int, sender: str) -> list:
+    """The batched conversions' one message of ``count`` serialised ciphertexts from the peer,
+    checked for its shape (each blob is validated when it is loaded; the channel hands over
+    dicts only)."""
+    blobs = ctx.recv().get("cts")
+    if not isinstance(blobs, list) or len(blobs) != count:
+        raise ValueError(f"expected a list of {count} ciphertexts from the {sender}")
+    return blobs
+
+
 def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood_bits: int | None = None,
                    guard: int = GUARD_BITS, complex_slots: bool = False) -> AShare:
     """BLB Algorithm 1.  The server passes its ciphertext (consumed: switched to one prime),
@@ -519,10 +529,7 @@ def ckks_to_shares_many(ctx, cts, side: CKKSSide, count: int, *, n_slots: int | 
                 ctx.send({"cts": [mk[0] for mk in masked]})
                 x, scales = np.stack([mk[1] for mk in masked]), [mk[2] for mk in masked]
             else:
-                datas = ctx.recv().get("cts")
-                if not isinstance(datas, list) or len(datas) != hi - lo:
-                    raise ValueError(f"expected a list of {hi - lo} ciphertexts from the server")
-                dec = [client_decrypt(side, d) for d in datas]
+                dec = [client_decrypt(side, d) for d in _peer_ciphertexts(ctx, hi - lo, "server")]
                 x, scales = np.stack([d[0] for d in dec]), [d[1] for d in dec]
         out.append(decode_shares(ctx, x, q, scales, n_slots, frac=frac, guard=guard,
                                  complex_slots=complex_slots, generator=gen).data)
@@ -633,10 +640,7 @@ def shares_to_ckks_many(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None 
             if not server:
                 ctx.send({"cts": [side.keys.encrypt_seeded(pt) for pt in pts]})
                 continue
-            datas = ctx.recv().get("cts")
-            if not isinstance(datas, list) or len(datas) != len(pts):
-                raise ValueError(f"expected a list of {len(pts)} ciphertexts from the client")
-            for data, pt in zip(datas, pts):
+            for data, pt in zip(_peer_ciphertexts(ctx, len(pts), "client"), pts):
                 ct = b.ciphertext_from_bytes(hc, data, level=lvl)
                 b.add_plain_inplace(hc, ct, pt)
                 cts.append(ct)

@@ -76,9 +76,9 @@ def b2a_mod_primes(ctx, b: np.ndarray, primes, factors=None) -> np.ndarray:
     prime and gets r (uniform mod q_i); party 1 chooses with b1 and gets
     r + b1 b0 mod q_i.  Shares of b0 b1: -r and r + b0 b1; each party outputs
     b_p - 2 t_p mod q_i.  With factors c_i: correlation c_i b0, outputs
-    c_i b_p - 2 t_p (c_i b_p is 0 or c_i: no modular product).  Used by BLB's MPC -> CKKS conversion (Algorithm 2,
-    section 6 / Appendix C.3) to bring the coefficient-wrap bits into every prime
-    of the ciphertext level.
+    c_i b_p - 2 t_p (c_i b_p is 0 or c_i: no modular product).  Used by BLB's
+    MPC -> CKKS conversion (Algorithm 2, section 6 / Appendix C.3) to bring the
+    coefficient-wrap bits into every prime of the ciphertext level.
 
     Wire per bit: one correlated OT (IKNP 16 bytes, Ferret 1 bit) plus the
     sender's corrections, sum_i ceil(bitlen(q_i) / 8) bytes (a chosen OT of the k
