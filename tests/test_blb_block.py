@@ -67,17 +67,31 @@ def _blocks(g):
 ROWS: list[dict] = []
 
 
-def _evaluate(fam, bid, family="bert"):
-    g, p, vals, params, gains = fam
+_PARAMS: dict = {}
+
+
+def _params(fam, attention):
+    """{block id: BlockParams} for an attention packing (the fixture's are "auto")."""
+    g, p = fam[0], fam[1]
+    if attention == "auto":
+        return fam[3]
+    key = (id(g), attention)
+    if key not in _PARAMS:
+        _PARAMS[key] = {x.block: x for x in bp.run(g, params=p, tokens=TOKENS, attention=attention)}
+    return _PARAMS[key]
+
+
+def _evaluate(fam, bid, family="bert", attention="auto"):
+    g, p, vals, _, gains = fam
     b = next(x for x in g.meta["blb_blocks"] if x["id"] == bid)
-    pp = params[bid]
+    pp = _params(fam, attention)[bid]
     ctx = lattigo.LattigoContext(pp.he_params)
     be = lattigo.LattigoBackend()
     keys = be.keygen(ctx)
     stats: dict = {}
     t0 = time.perf_counter()
     out = blb_block.evaluate_block(g, b, {i["value"]: vals[i["value"]] for i in b["inputs"]}, p, ctx, be, keys,
-                                   scale_bits=pp.scale_bits, stats=stats)
+                                   scale_bits=pp.scale_bits, stats=stats, attention=attention)
     secs = time.perf_counter() - t0
     model = bp.NoiseModel(pp.ring_degree, pp.scale_bits)
     rows = []
@@ -88,8 +102,8 @@ def _evaluate(fam, bid, family="bert"):
         assert (np.isfinite(y) == fin).all(), v
         y, ref = y[fin], ref[fin]
         err = float(np.abs(y - ref).max())
-        bound, mag_bound, target = predicted_max_error(g, b, v, pp, gains, TOKENS)
-        rows.append(dict(family=family, block=bid, where=b["role"] if b["layer"] is None else f"L{b['layer']}", value=v,
+        bound, mag_bound, target = predicted_max_error(g, b, v, pp, gains, TOKENS, attention)
+        rows.append(dict(family=family, block=bid, packing=stats["attention"], where=b["role"] if b["layer"] is None else f"L{b['layer']}", value=v,
                          N=pp.ring_degree, s=pp.scale_bits, depth=pp.depth, err=err, mag=float(np.abs(ref).max()),
                          mag_bound=mag_bound, bound=bound, target=target,
                          secs=secs, level=stats["levels"][v], fresh=model.input()))
@@ -97,11 +111,13 @@ def _evaluate(fam, bid, family="bert"):
     return rows, stats
 
 
-CASES = [("bert", b) for b in (0, 1, 2, 3, 4, 5, 11)] + [("llama", b) for b in (0, 1, 3, 5, 11)]
+#: BERT's attention blocks (1: Q K^T, 3: P V) in both packings ("auto" is section 5's at 8 tokens)
+CASES = ([("bert", b, "auto") for b in (0, 1, 2, 3, 4, 5, 11)] + [("bert", b, "rows") for b in (1, 3)]
+         + [("llama", b, "auto") for b in (0, 1, 3, 5, 11)])
 
 
-@pytest.mark.parametrize("family,bid", CASES)
-def test_block_matches_plaintext_within_the_noise_model(family, bid):
+@pytest.mark.parametrize("family,bid,attention", CASES)
+def test_block_matches_plaintext_within_the_noise_model(family, bid, attention):
     """(1) max |CKKS - plain| <= 16 sigma of the model at the model's magnitude bounds (its
     absolute prediction for that output); (2) the error is CKKS noise: above a tenth of one
     fresh encryption's std (no plaintext shortcut); (3) the model's prediction is within the
@@ -109,11 +125,17 @@ def test_block_matches_plaintext_within_the_noise_model(family, bid):
     is the error."""
     fam = _family(family)
     assert bid in {b["id"] for b in _blocks(fam[0])}
-    rows, stats = _evaluate(fam, bid, family)
-    pp = fam[3][bid]
+    rows, stats = _evaluate(fam, bid, family, attention)
+    pp = _params(fam, attention)[bid]
+    want = "rows" if family == "llama" or attention == "rows" or bid not in (1, 3) else "fused"
+    # section 5's packing re-packs Q and K (block 1) and P V's output (block 3) through the io
+    assert stats["attention"] == want and (stats["relayouts"] > 0) == (want == "fused")
     # the block uses exactly its depth and ends at the output modulus blb_params reserves
-    assert stats["top_level"] - min(stats["levels"].values()) == pp.depth
-    assert min(stats["levels"].values()) == len(pp.output_primes) - 1
+    # (section 5's packing: the deepest value may be inside, P V's product before its repack)
+    assert stats["top_level"] - stats["deepest"] == pp.depth
+    if stats["attention"] == "rows":
+        assert stats["top_level"] - min(stats["levels"].values()) == pp.depth
+    assert stats["deepest"] == len(pp.output_primes) - 1 <= min(stats["levels"].values())
     for r in rows:
         assert r["err"] >= 0.1 * r["fresh"], r
         assert r["bound"] <= r["target"] * (1 + 1e-9), r
@@ -145,10 +167,11 @@ def test_table(bert):
     """The table of docs/blb.md (printed with -s)."""
     if not ROWS:
         pytest.skip("no block evaluated in this run")
-    lines = ["| model | block | where | output | N | scale | max abs value (bound) | max err | 16 sigma model | "
-             "ratio | target | ratio | time (s) |", "|---" * 13 + "|"]
+    lines = ["| model | block | where | packing | output | N | scale | max abs value (bound) | max err | "
+             "16 sigma model | ratio | target | ratio | time (s) |", "|---" * 14 + "|"]
     for r in ROWS:
-        lines.append(f"| {r['family']} | {r['block']} | {r['where']} | {r['value']} | {r['N']} | 2^{r['s']} | "
+        lines.append(f"| {r['family']} | {r['block']} | {r['where']} | {r['packing']} | {r['value']} | {r['N']} | "
+                     f"2^{r['s']} | "
                      f"{r['mag']:.3g} ({r['mag_bound']:.3g}) | {r['err']:.2e} | {r['bound']:.2e} | "
                      f"{r['err'] / r['bound']:.2g} | {r['target']:.2e} | {r['err'] / r['target']:.2g} | {r['secs']:.1f} |")
     print("\n" + "\n".join(lines))

@@ -31,9 +31,14 @@ def test_every_block_secure_and_within_target(name):
     params = bp.run(g, tokens=16)
     blocks = {b["id"]: b for b in g.meta["blb_blocks"]}
     assert [p.block for p in params] == sorted(blocks)
+    prod = g.producers()
     for p in params:
         b = blocks[p.block]
-        assert p.depth == b["depth"] and len(p.chain) == len(p.output_primes) + p.depth
+        fused = bp.block_fused(g, b, "auto", 16)  # section 5's packing: the attention blocks of the encoders
+        assert fused == (name in ("bert", "minilm") and bp.block_attention(g, b) is not None)
+        depth = blb_fusion.block_depth([g.node(n) for n in b["nodes"]], prod, fused=fused)[0]
+        assert p.depth == depth and len(p.chain) == len(p.output_primes) + p.depth
+        assert depth == b["depth"] or fused
         assert p.chain[len(p.output_primes):] == (p.scale_bits,) * p.depth
         assert sum(p.output_primes) >= p.scale_bits + bp.OUT_VALUE_BITS + 2
         assert max(p.chain + p.special) <= 60
@@ -42,8 +47,25 @@ def test_every_block_secure_and_within_target(name):
         assert p.predicted_std <= p.target
         # the scale is the smallest that meets the target at this ring degree
         if p.scale_bits > bp.MIN_SCALE_BITS:
-            err = bp.block_error(g, b, bp.NoiseModel(p.ring_degree, p.scale_bits - 1), tokens=16)
+            err = bp.block_error(g, b, bp.NoiseModel(p.ring_degree, p.scale_bits - 1), tokens=16, fused=fused)
             assert err > p.target
+
+
+def test_attention_packing_choice_and_fused_depth():
+    """"auto" takes the packing that converts fewer ciphertexts (`attention_cts`): the rows at a
+    few tokens, section 5's from a few dozen; the fused product's depth is the protocol's
+    (`blb_matmul.counts`: 4 from fresh operands, the paper's)."""
+    from cipherlm.protocols.ckks import blb_matmul
+
+    assert bp.attention_packing("auto", 4, 12, 64) == "rows"
+    assert bp.attention_packing("auto", 128, 12, 64) == "fused"
+    assert bp.attention_packing("rows", 128, 12, 64) == "rows"
+    # BERT-base at 128 tokens: the pair grid converts 4112 ciphertexts per layer, section 5's 240
+    assert (bp.attention_cts("rows", 128, 12, 64), bp.attention_cts("fused", 128, 12, 64)) == (4112, 240)
+    with pytest.raises(ValueError, match="attention packing"):
+        bp.attention_packing("diagonal", 8, 4, 16)
+    assert blb_fusion.FUSED_MATMUL_DEPTH == blb_matmul.counts(8192, 12, 128, 64)["depth"] == 4
+    assert blb_fusion.fused_matmul_depth(1, 0) == 4 and blb_fusion.fused_matmul_depth(2, 0) == 5
 
 
 def test_deeper_blocks_need_more_modulus():

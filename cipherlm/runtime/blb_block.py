@@ -95,6 +95,8 @@ import numpy as np
 from ..compile.ir import Graph
 from ..compile.passes import blb_params
 from ..compile.passes.blb_fusion import _only_folded, _shapes, block_depth
+from ..protocols.ckks import blb_matmul
+from ..protocols.ckks.evaluator import CkksEvaluator
 
 SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache")
 
@@ -198,6 +200,52 @@ def _pair_index(R: int, nq: int, nk: int, shifts, T: int, S: int):
     return t, s, (t < T) & (s < S)
 
 
+#: section 5's multi-head packings (`protocols.ckks.blb_matmul`), as layout names
+#: "kind/n/k/groups": mh_cols (spatial-first: Q, K, P), mh_rows (reduce-first: V), mh_diag
+#: (the fused MatMul's diagonal packing: Q K^T's scores, P V's output)
+MH_KINDS = ("mh_cols", "mh_rows", "mh_diag")
+
+
+def mh_name(kind: str, L: "blb_matmul.MHLayout") -> str:
+    return f"{kind}/{L.n}/{L.k}/{L.groups}"
+
+
+def mh_layout(layout: str, slots: int, heads: int) -> tuple[str, "blb_matmul.MHLayout"] | None:
+    """(kind, MHLayout) of a layout name of `MH_KINDS`, None for the other layouts; ValueError
+    for a malformed one (a peer's header)."""
+    kind, _, rest = str(layout).partition("/")
+    if kind not in MH_KINDS:
+        return None
+    try:
+        n, k, groups = (int(x) for x in rest.split("/"))
+    except ValueError:
+        raise ValueError(f"malformed packing {layout!r}") from None
+    if not (0 < n <= slots and 0 < k <= slots):
+        raise ValueError(f"packing {layout!r} out of range")
+    return kind, blb_matmul.MHLayout(int(slots), int(heads), n, k, groups)
+
+
+def attention_layouts(graph: Graph, block: dict, slots: int, tokens: int,
+                      attention: str = "auto") -> dict[str, "blb_matmul.MHLayout"]:
+    """{qk / av node name: its MHLayout} when the block's attention runs in section 5's packing
+    (`blb_params.block_fused`; Q K^T: n = T, k = head_dim; P V: n = k = max(T, head_dim), so that
+    V's head_dim columns fit the n x n output), else {}.  A causal mask or keys other than the
+    queries (a KV cache) keep the rows packing."""
+    if not blb_params.block_fused(graph, block, attention, tokens):
+        return {}
+    out = {}
+    for name in block["nodes"]:
+        n = graph.node(name)
+        if n.op not in ("qk", "av"):
+            continue
+        if n.attrs.get("causal"):
+            raise NotImplementedError(f"{n.name}: a causal mask in section 5's packing (use attention='rows')")
+        H, hd = int(n.attrs["heads"]), int(n.attrs["head_dim"])
+        m = int(tokens) if n.op == "qk" else max(int(tokens), hd)
+        out[n.name] = blb_matmul.make_layout(slots, H, m, hd if n.op == "qk" else m)
+    return out
+
+
 def value_shape(x) -> tuple:
     """The shape of a block input: an array, an `AShare`, or anything with ``shape`` / ``rows``."""
     if hasattr(x, "shape"):
@@ -237,10 +285,15 @@ def chunk_widths(width: int, period: int) -> list[int]:
     return [min(period, width - k) for k in range(0, max(1, width), period)]
 
 
-def block_steps(graph: Graph, block: dict, period: int, slots: int) -> list[int]:
+def block_steps(graph: Graph, block: dict, period: int, slots: int, tokens: int | None = None,
+                attention: str = "rows") -> list[int]:
     """Every rotation step `evaluate_block` uses for this block at period P on ``slots`` slots
-    (steps in [1, slots))."""
+    (steps in [1, slots)); with ``tokens`` and an ``attention`` packing, section 5's steps
+    (`attention_layouts`) as well."""
     steps: set[int] = set()
+    mh = attention_layouts(graph, block, slots, tokens, attention) if tokens else {}
+    for L in mh.values():
+        steps.update(blb_matmul.rotation_steps(L))
     shapes = _shapes(graph)
     expand = kv_expansion(graph, block)
     for name in block["nodes"]:
@@ -254,6 +307,8 @@ def block_steps(graph: Graph, block: dict, period: int, slots: int) -> list[int]
             steps.update(rot_sum_steps(period))
             if float(n.attrs.get("scale", 1.0)) != 1.0:
                 steps.update(-s for s in rot_sum_steps(min(period, int(shapes[n.inputs[0]][-1]))))
+        elif n.op in ("qk", "av") and n.name in mh:
+            continue
         elif n.op in ("qk", "av"):
             if n.op == "qk":
                 steps.update(rot_sum_steps(int(n.attrs["head_dim"])))
@@ -265,30 +320,42 @@ def block_steps(graph: Graph, block: dict, period: int, slots: int) -> list[int]
     return sorted({s % slots for s in steps} - {0})
 
 
-def assign_layouts(graph: Graph, block: dict) -> dict[str, str]:
+def assign_layouts(graph: Graph, block: dict, mh: dict | None = None) -> dict[str, str]:
     """{value: layout} for the block's values and inputs (default ``row``): P V's
     probabilities and whatever slot-wise operations produce them are ``head``; Q K^T's
-    output ``headsum``."""
+    output ``headsum``.  With section 5's packing (``mh``, `attention_layouts`): the
+    probabilities and their slot-wise producers' inputs ``mh_cols``, Q K^T's block inputs
+    ``mh_cols``, P V's V input ``mh_rows``, both outputs ``mh_diag`` (a Q / K / V computed
+    in the block is re-packed where the product reads it: `_Eval.relayout`)."""
     names = list(block["nodes"])
     prod = {v: graph.node(n) for n in names for v in graph.node(n).outputs}
     lay: dict[str, str] = {}
+    mh = mh or {}
     for name in names:
         n = graph.node(name)
-        if n.op == "qk":
+        if n.name in mh:
+            L = mh[n.name]
+            lay[n.out] = mh_name("mh_diag", L)
+            ins = n.inputs[:2] if n.op == "qk" else n.inputs[1:2]
+            for v, kind in zip(ins, ("mh_cols", "mh_cols") if n.op == "qk" else ("mh_rows",)):
+                if v not in prod:
+                    lay[v] = mh_name(kind, L)
+        elif n.op == "qk":
             lay[n.out] = "headsum"
-    todo = [graph.node(n).inputs[0] for n in names if graph.node(n).op == "av"]
+    todo = [(graph.node(n).inputs[0], mh_name("mh_cols", mh[n]) if n in mh else "head")
+            for n in names if graph.node(n).op == "av"]
     while todo:
-        v = todo.pop()
-        if lay.get(v, "head") != "head":
-            raise NotImplementedError(f"{v}: needed in the 'head' layout of P V but produced as {lay[v]}")
-        lay[v] = "head"
+        v, want = todo.pop()
+        if lay.get(v, want) != want:
+            raise NotImplementedError(f"{v}: needed in the {want!r} layout of P V but produced as {lay[v]}")
+        lay[v] = want
         p = prod.get(v)
         if p is None:
             continue  # a block input: encoded in that layout
         if p.op not in ("mul", "add", "sub"):
-            raise NotImplementedError(f"{p.name} ({p.op}): cannot produce the probabilities of P V in the 'head' "
+            raise NotImplementedError(f"{p.name} ({p.op}): cannot produce the probabilities of P V in the {want!r} "
                                       "layout (only slot-wise mul / add / sub of block inputs can)")
-        todo.extend(p.inputs)
+        todo.extend((u, want) for u in p.inputs)
     for name in names:
         for v in graph.node(name).inputs + graph.node(name).outputs:
             lay.setdefault(v, "row")
@@ -305,8 +372,11 @@ class _Eval:
         self.R = self.slots // period  # rows per ciphertext
         self.scale = 2.0 ** scale_bits
         self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the pair layouts
-        self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0, "encode_weights_s": 0.0}
+        self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0, "relayouts": 0,
+                      "encode_weights_s": 0.0}
         self._babies: dict[tuple, tuple] = {}  # (id(ct), b) -> (ct, its baby-step rotations), shared by projections
+        self._ck: CkksEvaluator | None = None   # section 5's products (`fused`)
+        self._relaid: dict[tuple[str, str], Packed] = {}
 
     # ---- primitives
     def pt(self, vec, level: int, scale: float):
@@ -385,6 +455,9 @@ class _Eval:
         if a.dtype != np.uint64:
             a = a.astype(np.float64)
         P, R = self.P, self.R
+        mh = mh_layout(layout, self.slots, self.hh[0]) if self.hh else None
+        if mh is not None:
+            return self._mh_vectors(a, *mh), False, ()
         if layout == "row":
             C = a.shape[-1]
             rows = a.reshape(-1, C)
@@ -415,6 +488,34 @@ class _Eval:
             return out.reshape(nq, nk, len(shifts), R * P), False, tuple(shifts)
         raise NotImplementedError(f"cannot encode a block input in the {layout!r} layout")
 
+    def _mh_heads(self, a: np.ndarray) -> np.ndarray:
+        """(H, T, C) of a value given as rows (T, H hd) or per head (H, T, C)."""
+        H = self.hh[0]
+        if a.ndim == 2:
+            if a.shape[-1] % H:
+                raise NotImplementedError(f"a value of width {a.shape[-1]} split into {H} heads")
+            return a.reshape(a.shape[0], H, -1).transpose(1, 0, 2)
+        if a.ndim != 3 or a.shape[0] != H:
+            raise NotImplementedError(f"section 5's packing for a value of shape {a.shape}")
+        return a
+
+    def _mh_vectors(self, a: np.ndarray, kind: str, L: "blb_matmul.MHLayout") -> np.ndarray:
+        """Slot vectors (J, slots) of a value in section 5's packing (`blb_matmul.pack_columns`:
+        Q, K, P, with the query / token axis padded to n and a (H, T, 1) reciprocal repeated
+        over the k columns; `pack_rows`: V).  Copies and zeros only (shares keep their dtype)."""
+        m = self._mh_heads(a)
+        if kind == "mh_rows":
+            return blb_matmul.pack_rows(m, L)
+        if kind != "mh_cols":
+            raise NotImplementedError(f"cannot encode a block input in the {kind!r} layout")
+        if m.shape[-1] == 1 and L.k > 1:
+            m = np.broadcast_to(m, m.shape[:2] + (L.k,))
+        if m.shape[1] > L.n:
+            raise ValueError(f"{m.shape[1]} rows for a packing of n = {L.n}")
+        full = np.zeros((m.shape[0], L.n, m.shape[2]), m.dtype)
+        full[:, :m.shape[1]] = m
+        return blb_matmul.pack_columns(full, L)
+
     def encrypt(self, name: str, arr, layout: str, level: int, scale: float) -> Packed:
         """Block input ``name`` at (level, scale): through ``self.io`` (the conversion)."""
         return self.io.encrypt(self, name, arr, layout, level, scale)
@@ -438,6 +539,16 @@ class _Eval:
             if x.heads:
                 out = out.reshape(out.shape[0], -1, hd or self.hh[1]).transpose(1, 0, 2)
             return out
+        mh = mh_layout(x.layout, self.slots, self.hh[0]) if self.hh else None
+        if mh is not None:
+            kind, L = mh
+            if kind != "mh_diag":
+                raise NotImplementedError(f"decoding a {kind!r} value")
+            Y = blb_matmul.unpack_diagonals(dec.reshape(L.n_out, self.slots), L)  # (H, n, n)
+            if len(x.shape) == 3:  # Q K^T's scores (H, T, S)
+                return Y[:, :x.shape[1], :x.shape[2]]
+            T, W = x.shape  # P V's output, (T, H hd)
+            return np.ascontiguousarray(Y[:, :T, :W // L.heads].transpose(1, 0, 2)).reshape(T, W)
         if x.layout != "headsum":
             raise NotImplementedError(f"decoding a {x.layout!r} value")
         H, hd = self.hh
@@ -695,6 +806,44 @@ class _Eval:
                     cts[a, b, ui] = summed
         return Packed(cts, "headsum", (H, T, S), keep=None if keep.all() else keep, shifts=shifts)
 
+    # ---- section 5's packing
+    def relayout(self, name: str, x: Packed, layout: str) -> Packed:
+        """``x`` in another packing: out to the io and back in (in the 2pc mode a conversion
+        round trip, CKKS -> shares -> CKKS, with the change of packing a local permutation of
+        each party's shares: BLB section 5.2's repack); fresh, at the top level and the
+        block's scale.  Once per value and layout."""
+        key = (name, layout)
+        if key not in self._relaid:
+            self.stats["relayouts"] += 1
+            vals = self.decrypt(name, x)
+            self._relaid[key] = self.encrypt(name, vals, layout, self.ctx.max_level, self.scale)
+        return self._relaid[key]
+
+    def ck(self) -> CkksEvaluator:
+        if self._ck is None:
+            self._ck = CkksEvaluator(self.be, self.ctx, self.evk, levels_only=True)
+        return self._ck
+
+    def fused(self, a: Packed, b: Packed, L: "blb_matmul.MHLayout", scale: float, out_shape: tuple) -> Packed:
+        """Section 5's fused ct-ct MatMul (`blb_matmul.fused_matmul`, BSGS, multi-head): ``a`` in
+        mh_cols, ``b`` in mh_cols (K: Q K^T) or mh_rows (V: P V); the result in mh_diag, times
+        a public ``scale`` on the ciphertexts' scale (no level)."""
+        for x, kinds in ((a, ("mh_cols",)), (b, ("mh_cols", "mh_rows"))):
+            got = mh_layout(x.layout, self.slots, self.hh[0])
+            if got is None or got[0] not in kinds or got[1] != L:
+                raise NotImplementedError(f"a fused product of a {x.layout!r} operand (want {kinds} of {L})")
+        ck = self.ck()
+        ck.stats.counts.clear()
+        out = blb_matmul.fused_matmul(ck, list(a.cts), list(b.cts), L)
+        for kind, key in (("rotate", "rotations"), ("mul", "ct_ct"), ("mul_plain", "ct_pt"), ("rescale", "rescales")):
+            self.stats[key] += ck.stats.counts.get(kind, 0)
+        cts = np.empty(len(out), object)
+        for i, ct in enumerate(out):
+            if scale != 1.0:
+                self.be.scale_message_inplace(self.ctx, ct, 1.0 / scale)
+            cts[i] = ct
+        return Packed(cts, mh_name("mh_diag", L), out_shape)
+
     def rope(self, x: Packed, attrs: dict, positions: np.ndarray) -> Packed:
         """RoPE per row t (position positions[t]): x cos + rot(x, a) sin1 + rot(x, -a) sin2 with
         a = hd / 2 (rotate_half) or 1 (interleaved pairs), the signs, masks and each row's
@@ -843,9 +992,21 @@ def block_heads(graph: Graph, block: dict) -> tuple[int, int] | None:
                  if n.op in ("qk", "av")), None)
 
 
+def block_tokens(inputs: dict) -> int:
+    """T: the rows of the block's first two-dimensional input (a (T, C) activation), else the
+    query axis of a (H, T, S) one."""
+    shapes = [value_shape(x) for x in inputs.values()]
+    two = [sh[0] for sh in shapes if len(sh) == 2]
+    if two:
+        return int(two[0])
+    three = [sh[1] for sh in shapes if len(sh) == 3]
+    return int(three[0]) if three else 1
+
+
 def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
                    ctx, be, keys, evk=None, *, scale_bits: int | None = None, positions=None, pos0: int = 0,
-                   stats: dict | None = None, io=None) -> dict[str, np.ndarray]:
+                   stats: dict | None = None, io=None, attention: str = "auto",
+                   tokens: int | None = None) -> dict[str, np.ndarray]:
     """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
     value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
     (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
@@ -857,7 +1018,10 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     given, receives the counts of products, rotations and rescales, the period and the levels.
     ``io``: how inputs become ciphertexts and outputs come back (`LocalIO(keys)` by default;
     the 2pc mode's conversions: `runtime.twopc_blb`); with an ``io``, ``keys`` may be None
-    and the inputs / outputs are whatever the io takes and returns (shares)."""
+    and the inputs / outputs are whatever the io takes and returns (shares).  ``attention``:
+    the packing of Q K^T / P V (`blb_params.ATTENTION_PACKINGS`, resolved at ``tokens``,
+    default `block_tokens` of the inputs); it must be the one ``params`` were chosen for
+    (`blb_params.run(..., attention=, tokens=)`: section 5's products take more levels)."""
     check_block(graph, block)
     nodes = [graph.node(n) for n in block["nodes"]]
     missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
@@ -877,16 +1041,19 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
                 a = a.reshape(a.shape[0], -1, hd)
             inputs[v] = np.repeat(a, r, axis=1).reshape(a.shape[0], -1)
     period = block_period(graph, block, inputs)
+    tokens = block_tokens(inputs) if tokens is None else int(tokens)
+    mh = attention_layouts(graph, block, ctx.slots, tokens, attention)
     if evk is None:
-        evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots))
+        evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots, tokens, attention))
     if scale_bits is None:
         scale_bits = round(math.log2(ctx.q_moduli[ctx.max_level]))
     ev = _Eval(ctx, be, io if io is not None else LocalIO(keys), evk, period, scale_bits, block_heads(graph, block))
-    lay = assign_layouts(graph, block)
-    _, _, folded = block_depth(nodes, prod)
+    lay = assign_layouts(graph, block, mh)
+    _, _, folded = block_depth(nodes, prod, fused=bool(mh))
 
     cts: dict[str, Packed] = {}
     top = ctx.max_level
+    deepest = top  # the lowest level any value of the block reaches
 
     fresh: dict[tuple, Packed] = {}
 
@@ -903,6 +1070,10 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         if key not in fresh:  # one encryption per input, level and scale
             fresh[key] = ev.encrypt(v, inputs[v], lay.get(v, "row"), level, scale)
         return fresh[key]
+
+    def as_layout(v: str, x: Packed, layout: str) -> Packed:
+        """``x`` (value ``v``) in ``layout`` (`_Eval.relayout` when it is in another one)."""
+        return x if x.layout == layout else ev.relayout(v, x, layout)
 
     def pair(n):
         a_in, b_in = n.inputs[0], n.inputs[-1]
@@ -936,7 +1107,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             if r > 1:  # K / V of grouped-query attention: each KV head's rows once per query head
                 w = np.repeat(w.reshape(-1, hd, w.shape[1]), r, axis=0).reshape(-1, w.shape[1])
                 bias = None if bias is None else np.repeat(bias.reshape(-1, hd), r, axis=0).reshape(-1)
-            out = ev.linear(get(src), w, bias)
+            out = ev.linear(as_layout(src, get(src), "row"), w, bias)
             out.rep = (r, hd)
         elif op == "affine":
             x = get(n.inputs[0])
@@ -948,6 +1119,17 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             out = x
         elif op == "reduce_sum":
             out = ev.reduce_sum(get(n.inputs[0]), float(n.attrs.get("scale", 1.0)))
+        elif op == "qk" and n.name in mh:
+            L = mh[n.name]
+            cols = mh_name("mh_cols", L)
+            q = as_layout(n.inputs[0], get(n.inputs[0]), cols)
+            k = as_layout(n.inputs[1], get(n.inputs[1]), cols)
+            out = ev.fused(q, k, L, float(n.attrs.get("scale", 1.0)), (int(n.attrs["heads"]), q.shape[0], k.shape[0]))
+        elif op == "av" and n.name in mh:
+            L = mh[n.name]
+            v = as_layout(n.inputs[1], get(n.inputs[1]), mh_name("mh_rows", L))
+            p_ = cts[n.inputs[0]] if n.inputs[0] in cts else get(n.inputs[0])
+            out = ev.fused(p_, v, L, 1.0, (p_.shape[1], int(n.attrs["heads"]) * int(n.attrs["head_dim"])))
         elif op == "qk":
             q = get(n.inputs[0])
             k = cts[n.inputs[1]] if n.inputs[1] in cts else get(n.inputs[1], q)
@@ -976,6 +1158,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         else:  # pragma: no cover - SUPPORTED is checked above
             raise NotImplementedError(op)
         cts[n.out] = out
+        deepest = min(deepest, ev.level_of(out))
 
     result = {}
     levels = {}
@@ -986,18 +1169,20 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         result[v] = ev.decrypt(v, cts[v])
         levels[v] = ev.level_of(cts[v])
     if stats is not None:
-        stats.update(ev.stats, period=period, levels=levels, top_level=top)
+        stats.update(ev.stats, period=period, levels=levels, top_level=top, deepest=deepest,
+                     attention="fused" if mh else "rows")
     return result
 
 
 def predicted_max_error(graph, block, value: str, bparams, gains: dict | None = None,
-                        tokens: int = 128) -> tuple[float, float, float]:
+                        tokens: int = 128, attention: str = "auto") -> tuple[float, float, float]:
     """(the noise model's predicted maximum error of one output ``value``, absolute, value
     units: ``blb_params.SIGMAS`` x its std; its magnitude bound; the target the parameters
     were chosen for, 2^-(f+1) max(1, its floor)): `blb_params.output_errors` for that output,
     what `evaluate_block`'s error is checked against (`tests/test_blb_block.py`,
     `benchmarks/blb_block_errors.py`).  ``bparams``: the block's `blb_params.BlockParams`."""
     model = blb_params.NoiseModel(bparams.ring_degree, bparams.scale_bits)
+    fused = blb_params.block_fused(graph, block, attention, tokens)
     sigma, mag, floor = blb_params.output_errors(graph, {**block, "outputs": [{"value": value}]}, model, gains,
-                                                 tokens)[value]
+                                                 tokens, fused)[value]
     return blb_params.SIGMAS * sigma, mag, blb_params.SIGMAS * bparams.target * max(1.0, floor)

@@ -177,13 +177,32 @@ def _is_norm_piece(n: Node) -> bool:
     return bool(src) and src[0] in ("layer_norm", "rms_norm")
 
 
-def block_depth(nodes: list[Node], producers: dict[str, Node]) -> tuple[int, dict[str, int], list[str]]:
+#: levels of Q K^T / P V in the multi-head packing of BLB section 5 (`protocols.ckks.blb_matmul`)
+#: on top of their operands': the first operand's giant-step mask (1) and the second's step-1
+#: and baby-step masks (2) in parallel, then the ct-ct product and step 3's mask (2): from fresh
+#: operands 4, the paper's "multiplication depth of our protocol is 4"
+FUSED_A_MASKS, FUSED_B_MASKS, FUSED_AFTER = 1, 2, 2
+FUSED_MATMUL_DEPTH = max(FUSED_A_MASKS, FUSED_B_MASKS) + FUSED_AFTER
+
+
+def fused_matmul_depth(d_a: int, d_b: int) -> int:
+    """The level of section 5's product of operands at depths d_a, d_b (`FUSED_A_MASKS`)."""
+    return max(d_a + FUSED_A_MASKS, d_b + FUSED_B_MASKS) + FUSED_AFTER
+
+
+def block_depth(nodes: list[Node], producers: dict[str, Node],
+                fused: bool = False) -> tuple[int, dict[str, int], list[str]]:
     """(depth, {value: depth}, names of affines folded into projections). Inputs 0; a
     projection, Q K^T, P V, a product of two values, RoPE's cos / sin products and a
     gamma cost one level; a sum with a scale (a mean) one (its mask carries the 1/d);
     sums with scale 1, broadcasts, additions and layout none. A gamma / beta whose
     value reaches a projection in the block is folded into its weights there (depth of
-    its input), as `fold_norms` does for RMSNorm."""
+    its input), as `fold_norms` does for RMSNorm.
+
+    ``fused``: Q K^T and P V in section 5's multi-head packing (`runtime.blb_block`): an
+    operand computed in the block in the row layout (Q, K; V) and a result read in the block
+    (P V's output by the output projection) change packing through a conversion round trip
+    (fresh, depth 0), and each product is at `fused_matmul_depth` of its operands."""
     names = {n.name for n in nodes}
     d: dict[str, int] = {}
     folded = []
@@ -196,12 +215,18 @@ def block_depth(nodes: list[Node], producers: dict[str, Node]) -> tuple[int, dic
             if p.name not in folded:
                 folded.append(p.name)
             return din(p.inputs[0])
+        if fused and p.op in ("qk", "av"):
+            return 0  # re-packed into the row layout through the conversions
         return d[v]
 
     for n in nodes:
         ins = [din(v, n.op == "linear") for v in n.inputs] or [0]
         x = max(ins)
-        if n.op in ("linear", "qk", "av", "mul", "rope"):
+        if fused and n.op == "qk":
+            x = fused_matmul_depth(0, 0)
+        elif fused and n.op == "av":
+            x = fused_matmul_depth(ins[0], 0)
+        elif n.op in ("linear", "qk", "av", "mul", "rope"):
             x += 1
         elif n.op == "affine":
             x += 1 if n.attrs.get("gamma") else 0

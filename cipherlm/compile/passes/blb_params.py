@@ -81,7 +81,8 @@ from ...he.errors import HEError
 from ...he.params import HES_128_CLASSIC_MAX_LOGQ, HEParams, check_security
 from ...mpc.nonlinear.common import COMPARE_BOUND
 from ..ir import Graph
-from .blb_fusion import _shapes, core_name
+from ...protocols.ckks import blb_matmul
+from .blb_fusion import FUSED_A_MASKS, FUSED_B_MASKS, _shapes, block_depth, core_name
 
 RING_DEGREES = (8192, 16384, 32768)
 MAX_PRIME_BITS = 60
@@ -203,11 +204,17 @@ def product_magnitude(node, ma: float, mb: float, producers: dict) -> float:
 
 
 def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str, float] | None = None,
-                  tokens: int = TOKENS) -> dict[str, tuple[float, float, float]]:
+                  tokens: int = TOKENS, fused: bool = False) -> dict[str, tuple[float, float, float]]:
     """{output value: (predicted std, absolute; its magnitude bound; its floor)}: the module
     doc's rules walked over the block's nodes in order (``tokens`` = T = S for the symbolic
     lengths).  The floor is 1, except for a norm's sum of squares of d values: d VAR_MIN, its
-    smallest value in rsqrt's contract; the target is 2^-(f+1) max(1, floor)."""
+    smallest value in rsqrt's contract; the target is 2^-(f+1) max(1, floor).
+
+    ``fused``: Q K^T / P V in section 5's packing (`blb_fusion.block_depth`): an operand
+    computed in the block in the row layout, and a product read in the block, pass through a
+    conversion round trip (its error plus a fresh input's); the product is preceded by the
+    masked inner rotations of one operand and followed by step 3's masked rotations (two
+    plaintext products by 0 / 1 masks; `blb_fusion.FUSED_A_MASKS`)."""
     names = set(block["nodes"])
     prod = graph.producers()
     shapes = _shapes(graph)
@@ -221,7 +228,18 @@ def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str,
         return p is not None and p.name in names
 
     def s(v: str) -> float:
-        return sig[v] if inside(v) else model.input()
+        if not inside(v):
+            return model.input()
+        if fused and prod[v].op in ("qk", "av"):  # back in the row layout through the conversions
+            return _rss(sig[v], model.input())
+        return sig[v]
+
+    def relaid(v: str) -> float:
+        """An operand of a fused product: re-packed through the conversions if computed in
+        the row layout in the block (not a product of slot-wise values already in its packing)."""
+        if fused and inside(v) and prod[v].op not in ("mul", "add", "sub"):
+            return _rss(s(v), model.input())
+        return s(v)
 
     def m(v: str) -> float:
         if v not in mag:
@@ -244,6 +262,16 @@ def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str,
             g = gains.get(n.name, math.sqrt(d_in) * WEIGHT_RMS)
             rot = 2 * math.ceil(math.sqrt(d_in))
             out = model.plain_product(ins[0], g, terms=d_in, rotations=rot)
+        elif op in ("qk", "av") and fused:
+            inner = int(n.attrs["head_dim"]) if op == "qk" else tokens
+            sa, sb = relaid(n.inputs[0]), relaid(n.inputs[1])
+            for _ in range(FUSED_B_MASKS):  # step 1's and the baby steps' masked inner rotations
+                sb = model.plain_product(sb, 1.0, rotations=2)
+            for _ in range(FUSED_A_MASKS):  # the giant steps' masked inner rotations
+                sa = model.plain_product(sa, 1.0, rotations=2)
+            out = model.ct_product(sa, sb, m(n.inputs[0]), m(n.inputs[1]), inner,
+                                   scale=float(n.attrs.get("scale", 1.0)))
+            out = model.plain_product(out, 1.0, terms=4, rotations=4)  # step 3: up to 4 masked rotations
         elif op in ("qk", "av"):
             inner = int(n.attrs["head_dim"]) if op == "qk" else tokens
             rot = 2 * math.ceil(math.sqrt(inner))
@@ -281,10 +309,75 @@ def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str,
 
 
 def block_error(graph: Graph, block: dict, model: NoiseModel, gains: dict[str, float] | None = None,
-                tokens: int = TOKENS) -> float:
+                tokens: int = TOKENS, fused: bool = False) -> float:
     """The largest predicted std over the block's outputs, each relative to max(1, its floor)
     (`output_errors`): what `choose_params` holds below the target."""
-    return max(s / max(1.0, f) for s, _, f in output_errors(graph, block, model, gains, tokens).values())
+    return max(s / max(1.0, f) for s, _, f in output_errors(graph, block, model, gains, tokens, fused).values())
+
+
+# ------------------------------------------------------------------ attention packing
+#: how Q K^T and P V are packed in a block (docs/blb.md): "rows", the stacked rows on a pair grid
+#: (`runtime.blb_block`); "fused", section 5's multi-head packing with the fused MatMul
+#: (`protocols.ckks.blb_matmul`); "auto", the one that converts fewer ciphertexts (`attention_packing`)
+ATTENTION_PACKINGS = ("auto", "rows", "fused")
+#: the slots `attention_packing` counts at (N = 16384, the blocks' usual ring)
+REFERENCE_SLOTS = 8192
+
+
+def attention_cts(packing: str, tokens: int, heads: int, head_dim: int, slots: int = REFERENCE_SLOTS) -> int:
+    """Ciphertexts one layer's attention core converts (both directions) in ``packing``:
+
+    * rows: Q K^T's scores and P V's probabilities on the pair grid (nq^2 U each, R = slots / P
+      rows per ciphertext, U the row shifts), the reciprocal (nq);
+    * fused: Q and K out of the row layout and into section 5's (2 nq + 2 J_qk), the scores in
+      diagonal packing (T / c), the probabilities, the reciprocal and V in P V's packing (3 J_av,
+      n = max(T, head_dim) so that V's columns fit), P V's output out and back (n / c + nq)."""
+    T, P = int(tokens), 1 << max(0, math.ceil(math.log2(heads * head_dim)))
+    R = max(1, slots // P)
+    nq = -(-T // R)
+    if packing == "rows":
+        U = R if T >= R else min(R, 2 * T - 1)
+        return 2 * nq * nq * U + nq
+    if packing != "fused":
+        raise ValueError(f"attention packing {packing!r}: one of rows, fused")
+    qk = blb_matmul.make_layout(slots, heads, T, head_dim)
+    n = max(T, head_dim)
+    av = blb_matmul.make_layout(slots, heads, n, n)
+    return 2 * nq + 2 * qk.n_cts + qk.n_out + 3 * av.n_cts + av.n_out + nq
+
+
+def attention_packing(choice: str, tokens: int, heads: int, head_dim: int) -> str:
+    """``choice`` resolved: "auto" -> the packing with fewer converted ciphertexts at
+    `REFERENCE_SLOTS` (`attention_cts`; rows at a few tokens, fused from a few dozen)."""
+    if choice not in ATTENTION_PACKINGS:
+        raise ValueError(f"attention packing {choice!r}: one of {', '.join(ATTENTION_PACKINGS)}")
+    if choice != "auto":
+        return choice
+    try:
+        fused = attention_cts("fused", tokens, heads, head_dim)
+    except ValueError:  # the heads of one token row do not fit the slots
+        return "rows"
+    return "fused" if fused < attention_cts("rows", tokens, heads, head_dim) else "rows"
+
+
+def block_attention(graph: Graph, block: dict) -> tuple[int, int] | None:
+    """(heads, head_dim) of the block's Q K^T / P V, or None."""
+    for name in block["nodes"]:
+        n = graph.node(name)
+        if n.op in ("qk", "av"):
+            return int(n.attrs["heads"]), int(n.attrs["head_dim"])
+    return None
+
+
+def block_fused(graph: Graph, block: dict, attention: str, tokens: int) -> bool:
+    """Whether the block's attention products run in section 5's packing ("auto": not for a
+    decoder, whose causal scores and KV cache the rows packing handles)."""
+    hh = block_attention(graph, block)
+    if hh is None:
+        return False
+    if attention == "auto" and any(n.op == "qk" and n.attrs.get("causal") for n in graph.nodes):
+        return False
+    return attention_packing(attention, tokens, *hh) == "fused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,18 +481,23 @@ def share_sets(params: list[BlockParams | None]) -> list[BlockParams | None]:
 
 def run(graph: Graph, *, params: dict[str, np.ndarray] | None = None, tokens: int = TOKENS,
         min_slots: int = 4096, value_bits: int = VALUE_BITS, frac: int = MPC_FRAC,
-        strict: bool = True) -> list[BlockParams | None]:
+        strict: bool = True, attention: str = "auto") -> list[BlockParams | None]:
     """Parameters for every fused block of a `blb_fusion` graph (``params``: the bound weights,
     `compile.bind`, for the projections' and gammas' real gains; without them the defaults
     sqrt(d_in) WEIGHT_RMS and GAMMA_MAX).  A block with no secure set raises HEError, or is
-    None with ``strict=False``."""
+    None with ``strict=False``.  ``attention``: the packing of Q K^T / P V
+    (`ATTENTION_PACKINGS`; a block in section 5's packing has its depth and noise from
+    ``block_depth(..., fused=True)`` / ``output_errors(..., fused=True)``)."""
     if "blb_blocks" not in graph.meta:
         raise ValueError("run passes.blb_fusion first")
     gains = gains_of(graph, params)
+    prod = graph.producers()
     out = []
     for b in graph.meta["blb_blocks"]:
+        fused = block_fused(graph, b, attention, tokens)
+        depth = block_depth([graph.node(n) for n in b["nodes"]], prod, fused=True)[0] if fused else b["depth"]
         try:
-            out.append(choose_params(b["depth"], lambda m, b=b: block_error(graph, b, m, gains, tokens),
+            out.append(choose_params(depth, lambda m, b=b, f=fused: block_error(graph, b, m, gains, tokens, f),
                                      block=b["id"], min_slots=min_slots, frac=frac, value_bits=value_bits))
         except HEError:
             if strict:

@@ -191,19 +191,26 @@ def make_layout(slots: int, heads: int, n: int, k: int, groups: int | None = Non
     return MHLayout(int(slots), int(heads), int(n), int(kp), int(groups))
 
 
+def _values(x) -> np.ndarray:
+    """Floats, or one party's additive shares (uint64, kept: the packings are copies and zeros
+    only, and 0 is a share of 0)."""
+    a = np.asarray(x)
+    return a if a.dtype == np.uint64 else a.astype(np.float64)
+
+
 def pack_columns(mats, layout: MHLayout) -> np.ndarray:
     """Multi-head spatial-first packing of H matrices (n x k'), k' <= k: (J, S) slot vectors,
     group g of vector j holds column j c + g of every head (Q, K, P)."""
-    m = np.asarray(mats, np.float64)
+    m = _values(mats)
     H, n, kk = m.shape
     L = layout
     if H != L.heads or n != L.n or kk > L.k:
         raise ValueError(f"expected ({L.heads}, {L.n}, <= {L.k}) matrices, got {m.shape}")
-    full = np.zeros((H, n, L.k))
+    full = np.zeros((H, n, L.k), m.dtype)
     full[:, :, :kk] = m
     # (J, c, H, n): [j, g, h, t] = A_h[t, j c + g]
     blocks = full.transpose(2, 0, 1).reshape(L.n_cts, L.groups, H, n)
-    out = np.zeros((L.n_cts, L.slots))
+    out = np.zeros((L.n_cts, L.slots), m.dtype)
     out[:, : L.groups * L.group_slots] = blocks.reshape(L.n_cts, -1)
     return out
 
@@ -211,12 +218,12 @@ def pack_columns(mats, layout: MHLayout) -> np.ndarray:
 def pack_rows(mats, layout: MHLayout) -> np.ndarray:
     """Multi-head reduce-first packing of H matrices (k' x n'), k' <= k, n' <= n (columns padded
     with zeros to n): group g of vector j holds row j c + g of every head (K^T, V)."""
-    m = np.asarray(mats, np.float64)
+    m = _values(mats)
     H, kk, nn = m.shape
     L = layout
     if H != L.heads or kk > L.k or nn > L.n:
         raise ValueError(f"expected ({L.heads}, <= {L.k}, <= {L.n}) matrices, got {m.shape}")
-    full = np.zeros((H, L.k, L.n))
+    full = np.zeros((H, L.k, L.n), m.dtype)
     full[:, :kk, :nn] = m
     return pack_columns(full.transpose(0, 2, 1), layout)
 
@@ -225,9 +232,9 @@ def unpack_diagonals(vecs, layout: MHLayout, cols: int | None = None) -> np.ndar
     """Output slot vectors (n / c, S) in diagonal packing -> the H matrices (n x n), or their
     first ``cols`` columns."""
     L = layout
-    v = np.asarray(vecs, np.float64)[:, : L.groups * L.group_slots].reshape(L.n_out, L.groups, L.heads, L.n)
+    v = _values(vecs)[:, : L.groups * L.group_slots].reshape(L.n_out, L.groups, L.heads, L.n)
     diag = v.reshape(L.n, L.heads, L.n)  # [delta, h, t]: delta = q c + g
-    Y = np.zeros((L.heads, L.n, L.n))
+    Y = np.zeros((L.heads, L.n, L.n), v.dtype)
     t = np.arange(L.n)
     for d in range(L.n):
         Y[:, t, (t + d) % L.n] = diag[d]

@@ -93,19 +93,25 @@ class CkksEvaluator:
     ``refresher(list of ciphertexts, bound) -> list of ciphertexts at the top level``
     (the client-aided refresh, `refresh.ClientRefresher`)."""
 
-    def __init__(self, backend, ctx, eval_keys, bootstrap_keys=None, refresher: Callable | None = None):
+    def __init__(self, backend, ctx, eval_keys, bootstrap_keys=None, refresher: Callable | None = None, *,
+                 levels_only: bool = False):
         self.be, self.ctx, self.keys = backend, ctx, eval_keys
         self.bootstrap_keys = bootstrap_keys
         self.refresher = refresher
-        if bootstrap_keys is None and refresher is None:
+        #: ``levels_only``: no refresh at all (a BLB block sized by its depth, `runtime.blb_block`):
+        #: an operation that would need one raises HEError
+        self.levels_only = bool(levels_only)
+        if levels_only and (bootstrap_keys is not None or refresher is not None):
+            raise HEError("a levels-only evaluator takes no bootstrapping keys or refresher")
+        if bootstrap_keys is None and refresher is None and not levels_only:
             raise HEError("the fhe evaluator needs bootstrapping keys or a client refresher")
         if bootstrap_keys is not None and refresher is not None:
             raise HEError("the fhe evaluator refreshes by bootstrapping or by the client, not both")
         self.top = bootstrap_keys.output_level if bootstrap_keys is not None else ctx.max_level
         #: levels never consumed: a client refresh masks at refresh.MIN_LEVEL or above
         self.floor = 0 if refresher is None else MIN_LEVEL
-        #: "bootstrap" or "client"
-        self.refresh_path = "bootstrap" if refresher is None else "client"
+        #: "bootstrap", "client" or "none" (levels only)
+        self.refresh_path = "none" if levels_only else ("bootstrap" if refresher is None else "client")
         self.stats = EvalStats()
         self._prime_bits = [math.log2(q) for q in ctx.q_moduli]
 
@@ -162,6 +168,9 @@ class CkksEvaluator:
                           f"{self.top - self.floor}: split it (approximation too deep)")
         if t.level >= levels + self.floor and factor == 1.0:
             return t
+        if self.levels_only:
+            raise HEError(f"{label or 'an operation'} needs {levels} levels, {t.level} left, and this evaluator "
+                          "does not refresh")
         f = pow2_at_least(t.bound)
         with self.timer("bootstrap" if self.refresher is None else "client_refresh"):
             self.stats.refreshes.append((label, t.level))
