@@ -1,5 +1,5 @@
 """`cipherlm bench blb` (issue 16 item 6, `cipherlm.bench.blb`): the tiny BERT (1 layer, 4
-tokens) through both rows (BFV+MPC, BLB) in process: the report's structure, bytes / flights
+tokens) through the three rows (BFV+MPC, BLB, BLB+fused) in process: the report's structure, bytes / flights
 equal to the channel counters they come from (set-up excluded), the Figure 11-like breakdown
 summing to them, the hidden-state errors against the plaintext executor, and the modelled
 times from `NetworkModel.seconds` at the BLB paper's section 7.1 settings.  No timing
@@ -42,9 +42,10 @@ def test_report_structure(bench):
     assert m["cores"] >= 1 and len(m["load_average"]) == 3 and len(m["load_average_end"]) == 3
     assert set(written["networks"]) == {"LAN", "WAN1", "WAN2", "WAN3"}
     rows = _rows(written)
-    assert set(rows) == {("tiny", "BFV+MPC"), ("tiny", "BLB"), ("gpt2", "BFV+MPC"), ("gpt2", "BLB")}
-    assert rows[("gpt2", "BLB")]["status"] == blb.NOT_SUPPORTED
-    assert "bytes" not in rows[("gpt2", "BLB")]
+    assert set(rows) == {(w, v) for w in ("tiny", "gpt2") for v in blb.VARIANTS}
+    for v in ("BLB", "BLB+fused"):
+        assert rows[("gpt2", v)]["status"] == blb.NOT_SUPPORTED
+        assert "bytes" not in rows[("gpt2", v)]
     for v in blb.VARIANTS:
         r = rows[("tiny", v)]
         assert r["status"] == "ok" and r["layers"] == 1 and r["tokens"] == TOKENS
@@ -56,6 +57,10 @@ def test_report_structure(bench):
     assert set(written["ratios"]) == {"tiny"}
     assert written["ratios"]["tiny"]["bytes"] == pytest.approx(
         rows[("tiny", "BFV+MPC")]["bytes"] / rows[("tiny", "BLB")]["bytes"])
+    assert written["ratios_fused"]["tiny"]["bytes"] == pytest.approx(
+        rows[("tiny", "BFV+MPC")]["bytes"] / rows[("tiny", "BLB+fused")]["bytes"])
+    # the two BLB rows differ in the attention packing only: the same fused blocks
+    assert rows[("tiny", "BLB+fused")]["he_blocks"]["count"] == rows[("tiny", "BLB")]["he_blocks"]["count"]
 
 
 def _b(c):

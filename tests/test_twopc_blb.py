@@ -34,8 +34,11 @@ def _bert():
     return config, normalize_weights(config, w)
 
 
-@pytest.fixture(scope="module")
-def bert_run():
+@pytest.fixture(scope="module", params=["rows", "fused"])
+def bert_run(request):
+    """The forward with Q K^T / P V on the rows' pair grid and in section 5's packing (its
+    re-packs of Q, K and P V's output through conversion round trips)."""
+    attention = request.param
     if not lattigo.available():
         pytest.skip(lattigo.unavailable_reason())
     config, w = _bert()
@@ -49,17 +52,18 @@ def bert_run():
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
-        enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter)
+        enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter,
+                                  attention=attention if ctx.party == 1 else "auto")
         assert isinstance(enc, twopc_blb.BLBEncoder)
         h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
         return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats
 
     r0, r1 = run_inprocess(party, timeout=1200)
-    return ref, r0, r1
+    return ref, r0, r1, attention
 
 
 def test_blb_forward_matches_plaintext(bert_run):
-    ref, (h, _, _), (h1, _, _) = bert_run
+    ref, (h, _, _), (h1, _, _), _ = bert_run
     assert h1 is None
     assert h.shape == ref.shape == (TOKENS, _BERT["hidden_size"])
     err = np.abs(h - ref)
@@ -70,7 +74,7 @@ def test_blb_forward_matches_plaintext(bert_run):
 
 
 def test_blb_bytes_are_conversions_cores_and_setup(bert_run):
-    _, (_, s0, blocks), (_, s1, _) = bert_run
+    _, (_, s0, blocks), (_, s1, _), attention = bert_run
     for cls in ("conversions", "setup", "softmax", "norm", "activation"):
         assert s0[cls]["bytes"] > 0, cls
     # no HE product of the layer-by-layer pipeline runs: projections are inside the blocks
@@ -105,10 +109,30 @@ def test_units_put_every_input_before_its_use():
     {"layout": "row", "shape": [4, 8], "grid": [1 << 21], "rep": [1, 0]},
     {"layout": "row", "shape": "x", "grid": [4], "rep": [1, 0]},
     {"layout": "row", "shape": [4, 8], "grid": [4]},
+    {"layout": "mh_diag/8/8", "shape": [4, 8, 8], "grid": [1], "rep": [1, 0], "present": b"\xff"},  # no groups
+    {"layout": "mh_diag/8/8/3", "shape": [4, 8, 8], "grid": [1], "rep": [1, 0], "present": b"\xff"},  # 3 does not divide 8
+    {"layout": "mh_diag/8/8/8", "shape": [4, 8, 8], "grid": [2], "rep": [1, 0], "present": b"\xff"},  # n / c = 1
+    {"layout": "mh_cols/8/8/8", "shape": [4, 8, 8], "grid": [1], "rep": [1, 0], "present": b"\xff"},  # an input packing
+    {"layout": "mh_diag/99999/8/1", "shape": [4, 8, 8], "grid": [1], "rep": [1, 0], "present": b"\xff"},
 ])
 def test_client_rejects_malformed_output_headers(msg):
+    ev = twopc_blb._Eval(_Ctx(), None, None, None, 64, 40, (4, 12))
     with pytest.raises(twopc_blb.BLBError):
-        twopc_blb._client_packed({"op": "out", "value": "v", **msg})
+        twopc_blb._client_packed({"op": "out", "value": "v", **msg}, ev)
+    assert twopc_blb._client_packed({"op": "out", "value": "v", "layout": "mh_diag/8/8/8", "shape": [4, 8, 8],
+                                     "grid": [1], "rep": [1, 0], "present": b"\x80"}, ev).layout == "mh_diag/8/8/8"
+
+
+class _Ctx:
+    slots = 8192
+
+
+def test_client_checks_input_layouts():
+    ev = twopc_blb._Eval(_Ctx(), None, None, None, 64, 40, (4, 12))
+    for ok in ("row", "head", "mh_cols/8/12/4", "mh_rows/12/12/4"):
+        assert twopc_blb._input_layout(ev, ok), ok
+    for bad in ("headsum", "mh_diag/8/8/8", "mh_cols/8/12", "mh_cols/8/12/5", "mh_cols/a/b/c", None, 3):
+        assert not twopc_blb._input_layout(ev, bad), bad
 
 
 def test_fusion_in_the_public_plan():

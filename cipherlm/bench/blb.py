@@ -60,7 +60,12 @@ from cipherlm.runtime.twopc_executors import make_twopc_executor
 DEFAULT_WORKLOADS = "minilm,gpt2"
 #: workload -> (default layers, default tokens)
 WORKLOADS = {"tiny": (1, 4), "minilm": (1, 8), "bert-base": (1, 8), "gpt2": (1, 8)}
-VARIANTS = ("BFV+MPC", "BLB")
+#: Table 11's ablation rows: the layer-by-layer baseline; + FineGrainFusion and the CKKS
+#: conversions (Q K^T / P V on the rows' pair grid); + section 5's fused MatMul (their
+#: multi-head packing, `compile.passes.blb_params.ATTENTION_PACKINGS`)
+VARIANTS = ("BFV+MPC", "BLB", "BLB+fused")
+#: the server's attention packing of each BLB row
+ATTENTION = {"BLB": "rows", "BLB+fused": "fused"}
 #: BLB section 7.1 ("Test Environment", Linux tc): row label -> `net.netmodel.PRESETS` name
 #: (1 Gbps / 0.3 ms RTT; 400 Mbps / 4 ms; 100 Mbps / 4 ms; 100 Mbps / 80 ms, as RTTs)
 NETWORKS = {"LAN": "blb-LAN", "WAN1": "blb-WAN1", "WAN2": "blb-WAN2", "WAN3": "blb-WAN3"}
@@ -79,7 +84,7 @@ GPT2_BASE_CONFIG = {
     "vocab_size": 50257, "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
 }
 #: the plan's fusion of each row (`runtime.twopc.public_plan(..., fusion=)`)
-FUSION = {"BFV+MPC": "none", "BLB": "blb"}
+FUSION = {"BFV+MPC": "none", "BLB": "blb", "BLB+fused": "blb"}
 
 TINY_CONFIG = {
     "model_type": "bert", "hidden_size": 48, "num_attention_heads": 4, "num_hidden_layers": 1,
@@ -161,7 +166,7 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: int(v) - int(before.get(k, 0)) for k, v in after.items()}
 
 
-def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray) -> dict:
+def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray, attention: str = "auto") -> dict:
     """One party of one row: the encoder pass between the channel counters (set-up warmed
     up first, outside the pass: base OTs and the BFV keys, both rows alike).  The plan's
     ``fusion`` picks the executor (`TwoPCEncoder` or `twopc_blb.BLBEncoder`)."""
@@ -169,7 +174,8 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray) -> dict:
     from ..runtime import twopc
 
     meter = twopc.OpMeter(ctx.chan)
-    enc = make_twopc_executor(ctx, config, server if ctx.party == 1 else None, plan, meter=meter)
+    enc = make_twopc_executor(ctx, config, server if ctx.party == 1 else None, plan, meter=meter,
+                              attention=attention)
     if type(enc).__name__ != {"none": "TwoPCEncoder", "blb": "BLBEncoder"}[plan["fusion"]]:
         raise RuntimeError(f"fusion {plan['fusion']!r} gave {type(enc).__name__}")
     with meter("setup"):
@@ -230,9 +236,9 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     config, w = prep["config"], prep["weights"]
-    server = twopc.server_weights(config, w, keep_bound=variant == "BLB")
+    server = twopc.server_weights(config, w, keep_bound=FUSION[variant] == "blb")
     plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant])
-    args = (config, server, plan, prep["ids"])
+    args = (config, server, plan, prep["ids"], ATTENTION.get(variant, "auto"))
     r0, r1 = run_inprocess(_party, args0=args, args1=args, timeout=timeout)
     ch, sp = r0["channel"], r0["setup_pass"]
     excl = {k: ch[k] - sp.get(k, 0) for k in ch}
@@ -257,7 +263,7 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
         "by_class": by_class,
         "max_abs_error": float(np.abs(np.asarray(r0["output"], np.float64) - prep["ref"]).max()),
     }
-    if variant == "BLB":  # the server's view of each HE block: its time (HE evaluation + conversions) and traffic
+    if FUSION[variant] == "blb":  # the server's view of each HE block: its time (HE evaluation + conversions) and traffic
         blocks = [{"block": int(b["block"]), "seconds": float(b["seconds"]), "bytes": _bytes(b), "flights": _flights(b)}
                   for b in r1["block_stats"]]
         row["he_blocks"] = {"count": len(blocks), "seconds": sum(b["seconds"] for b in blocks), "blocks": blocks}
@@ -310,7 +316,7 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         _log(f"{w}: preparing (layers {layers or 'default'}, tokens {tokens or 'default'}) ...")
         prep = prepare(w, layers, tokens, seed=seed)
         for v in variants:
-            if "unsupported" in prep and v == "BLB":
+            if "unsupported" in prep and FUSION.get(v) == "blb":
                 row = unsupported_row(prep, v)
                 _log(f"{w} / {v}: {NOT_SUPPORTED} ({prep['unsupported']})")
             elif "unsupported" in prep:
@@ -338,6 +344,7 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         "categories": {k: list(v) for k, v in CATEGORIES.items()},
         "rows": rows,
         "ratios": ratios(rows),
+        "ratios_fused": ratios(rows, "BLB+fused"),
     }
     if echo:
         print(format_table(rows), flush=True)
@@ -361,12 +368,12 @@ def _jsonable(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def ratios(rows: list[dict]) -> dict:
-    """Per workload with both rows run: BFV+MPC / BLB for bytes, flights and each network's seconds."""
+def ratios(rows: list[dict], variant: str = "BLB") -> dict:
+    """Per workload with both rows run: BFV+MPC / ``variant`` for bytes, flights and each network's seconds."""
     out = {}
     by = {(r["workload"], r["variant"]): r for r in rows if r.get("status") == "ok"}
     for (w, v), base in by.items():
-        blb = by.get((w, "BLB"))
+        blb = by.get((w, variant))
         if v != "BFV+MPC" or blb is None:
             continue
         q = lambda a, b: (a / b) if b else None  # noqa: E731
@@ -383,9 +390,9 @@ def format_rows(rows: list[dict]) -> str:
     out = []
     for r in rows:
         if r.get("status") != "ok":
-            out.append(f"{r['workload']:10} {r['variant']:8} {r['status']}: {r.get('reason', '')}")
+            out.append(f"{r['workload']:10} {r['variant']:9} {r['status']}: {r.get('reason', '')}")
             continue
-        out.append(f"{r['workload']:10} {r['variant']:8} {r['layers']} layer(s) x {r['tokens']} tokens: "
+        out.append(f"{r['workload']:10} {r['variant']:9} {r['layers']} layer(s) x {r['tokens']} tokens: "
                    f"{r['bytes'] / 1e6:.2f} MB, {r['flights']} flights ({r['rounds']} client rounds), "
                    f"{r['seconds']:.1f} s wall ({r['compute_seconds']:.1f} s without set-up), "
                    f"max err {r['max_abs_error']:.2e}; set-up {r['setup']['bytes'] / 1e6:.2f} MB")
@@ -398,23 +405,23 @@ def format_rows(rows: list[dict]) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """The Table 11-like summary: bytes, flights, compute and the modelled LAN / WAN seconds."""
-    head = (f"{'workload':10} {'row':8} {'L':>2} {'T':>4} {'MB':>9} {'flights':>7} {'compute s':>9} "
+    head = (f"{'workload':10} {'row':9} {'L':>2} {'T':>4} {'MB':>9} {'flights':>7} {'compute s':>9} "
             + " ".join(f"{k + ' s':>8}" for k in NETWORKS) + f" {'setup MB':>9} {'max err':>8}")
     out = [head]
     for r in rows:
         if r.get("status") != "ok":
-            out.append(f"{r['workload']:10} {r['variant']:8} {r['layers']:2d} {r['tokens']:4d} {r['status']}")
+            out.append(f"{r['workload']:10} {r['variant']:9} {r['layers']:2d} {r['tokens']:4d} {r['status']}")
             continue
-        out.append(f"{r['workload']:10} {r['variant']:8} {r['layers']:2d} {r['tokens']:4d} {r['bytes'] / 1e6:9.2f} "
+        out.append(f"{r['workload']:10} {r['variant']:9} {r['layers']:2d} {r['tokens']:4d} {r['bytes'] / 1e6:9.2f} "
                    f"{r['flights']:7d} {r['compute_seconds']:9.1f} "
                    + " ".join(f"{r['network'][k]:8.1f}" for k in NETWORKS)
                    + f" {r['setup']['bytes'] / 1e6:9.2f} {r['max_abs_error']:8.1e}")
     cats = list(CATEGORIES) + ["other"]
     out.append("")
-    out.append(f"{'bytes (MB)':19} " + " ".join(f"{c:>11}" for c in cats))
+    out.append(f"{'bytes (MB)':20} " + " ".join(f"{c:>11}" for c in cats))
     for r in rows:
         if r.get("status") == "ok":
-            out.append(f"{r['workload'] + ' ' + r['variant']:19} "
+            out.append(f"{r['workload'] + ' ' + r['variant']:20} "
                        + " ".join(f"{r['breakdown'][c] / 1e6:11.2f}" for c in cats))
     return "\n".join(out)
 

@@ -277,8 +277,12 @@ class BLBRunner:
     """Both parties' side of the HE blocks: key sets, and per block the server's evaluation
     (`run_block`) or the client's answers to its headers (`serve_block`)."""
 
-    def __init__(self, ctx, graph, params: dict | None, meter):
+    def __init__(self, ctx, graph, params: dict | None, meter, attention: str = "auto"):
         self.ctx, self.graph, self.params, self.meter = ctx, graph, params, meter
+        if attention not in blb_params.ATTENTION_PACKINGS:
+            raise BLBError(f"unknown attention packing {attention!r}; one of {blb_params.ATTENTION_PACKINGS}")
+        #: the server's packing of Q K^T / P V (`blb_params.ATTENTION_PACKINGS`); the client follows its headers
+        self.attention = attention
         self.be = _backend()
         self.sets: dict[tuple, _KeySet] = {}
         self._bparams: dict[int, list] = {}  # tokens -> blb_params.run(...) (server)
@@ -291,7 +295,8 @@ class BLBRunner:
     # -- keys
     def _block_params(self, block: dict, tokens: int) -> blb_params.BlockParams:
         if tokens not in self._bparams:
-            self._bparams[tokens] = blb_params.share_sets(blb_params.run(self.graph, params=self.params, tokens=tokens))
+            self._bparams[tokens] = blb_params.share_sets(blb_params.run(self.graph, params=self.params, tokens=tokens,
+                                                                         attention=self.attention))
         return self._bparams[tokens][block["id"]]
 
     def _ensure_keys(self, bp: blb_params.BlockParams, steps: list[int]) -> _KeySet:
@@ -363,7 +368,7 @@ class BLBRunner:
     def _server_block(self, block: dict, inputs: dict, tokens: int) -> dict:
         bp = self._block_params(block, tokens)
         period = blb_block.block_period(self.graph, block, inputs)
-        steps = blb_block.block_steps(self.graph, block, period, bp.ring_degree // 2)
+        steps = blb_block.block_steps(self.graph, block, period, bp.ring_degree // 2, tokens, self.attention)
         have = self.sets.get(_set_key(bp))
         keys = have is None or not set(steps) <= have.steps
         with self.meter("conversions", block["name"]):
@@ -372,7 +377,8 @@ class BLBRunner:
                            "keys": keys})
         ks = self._ensure_keys(bp, steps)
         out = blb_block.evaluate_block(self.graph, block, inputs, self.params, ks.hectx, self.be, None, ks.evk,
-                                       scale_bits=bp.scale_bits, io=ConversionIO(self, ks, block))
+                                       scale_bits=bp.scale_bits, io=ConversionIO(self, ks, block),
+                                       attention=self.attention, tokens=tokens)
         with self.meter("conversions", block["name"]):
             self.ctx.send({"op": "end"})
         return out
@@ -411,7 +417,9 @@ class BLBRunner:
         ev = _Eval(ks.hectx, self.be, None, None, P, scale_bits, blb_block.block_heads(self.graph, block))
         names = {i["value"] for i in block["inputs"]}
         outs = {o["value"] for o in block["outputs"]}
+        inside = {v for n in block["nodes"] for v in self.graph.node(n).outputs}  # values the block computes
         out: dict[str, AShare] = {}
+        relaid: dict[str, AShare] = {}  # block values out to shares for a change of packing (`_Eval.relayout`)
         while True:
             msg = ctx.recv()
             op = msg.get("op") if isinstance(msg, dict) else None
@@ -419,7 +427,10 @@ class BLBRunner:
                 return out
             if op == "in":
                 v, layout = msg.get("value"), msg.get("layout")
-                if v not in names or not isinstance(inputs.get(v), AShare) or layout not in ("row", "head"):
+                share = relaid.get(v) if isinstance(v, str) else None
+                if share is None and v in names:
+                    share = inputs.get(v)
+                if not isinstance(share, AShare) or not _input_layout(ev, layout):
                     raise BLBError(f"block {block['id']}: the server asked to convert {v!r} ({layout!r})")
                 try:
                     level, scale = int(msg["level"]), float(msg["scale"])
@@ -427,14 +438,29 @@ class BLBRunner:
                     raise BLBError(f"block {block['id']}: malformed header: {e}") from None
                 if not 0 <= level <= ks.hectx.max_level or not 1.0 <= scale < 2.0 ** 120:
                     raise BLBError(f"block {block['id']}: level {level} / scale out of range")
-                convert_in(ctx, ks, ev, inputs[v], layout, level, scale)
-            elif op == "out" and msg.get("value") in outs:
-                out[msg["value"]] = convert_out(ctx, ks, ev, _client_packed(msg))
+                convert_in(ctx, ks, ev, share, layout, level, scale)
+            elif op == "out" and msg.get("value") in outs | inside:
+                got = convert_out(ctx, ks, ev, _client_packed(msg, ev))
+                if msg["value"] in outs:
+                    out[msg["value"]] = got
+                relaid[msg["value"]] = got
             else:
                 raise BLBError(f"block {block['id']}: unexpected message from the server")
 
 
-def _client_packed(msg: dict) -> Packed:
+def _input_layout(ev: _Eval, layout) -> bool:
+    """Whether a block input may be asked for in ``layout``: rows, P V's pair grid, or one of
+    section 5's packings (well formed for this block's heads and slots)."""
+    if layout in ("row", "head"):
+        return True
+    try:
+        mh = blb_block.mh_layout(layout, ev.slots, ev.hh[0]) if ev.hh and isinstance(layout, str) else None
+    except ValueError:
+        return False
+    return mh is not None and mh[0] in ("mh_cols", "mh_rows")
+
+
+def _client_packed(msg: dict, ev: _Eval) -> Packed:
     """The metadata of an output `Packed` from its header (no ciphertexts)."""
     try:
         layout = msg["layout"]
@@ -442,7 +468,10 @@ def _client_packed(msg: dict) -> Packed:
         rep = tuple(int(r) for r in msg["rep"])
         shifts = tuple(int(u) for u in msg.get("shifts", ()))
         size = math.prod(grid)
-        if layout not in _LAYOUTS or len(rep) != 2 or not 0 < size <= 1 << 20:
+        mh = blb_block.mh_layout(layout, ev.slots, ev.hh[0]) if ev.hh and isinstance(layout, str) else None
+        if mh is not None and (mh[0] != "mh_diag" or grid != (mh[1].n_out,)):
+            raise BLBError("malformed output header")
+        if (layout not in _LAYOUTS and mh is None) or len(rep) != 2 or not 0 < size <= 1 << 20:
             raise BLBError("malformed output header")
         present = np.unpackbits(np.frombuffer(msg["present"], np.uint8))
         if present.size < size:
@@ -497,7 +526,8 @@ class BLBEncoder(TwoPCEncoder):
     """An encoder's 2pc executor with BLB fusion (module doc): the same embedding, sentence
     embedding and classifier as `TwoPCEncoder`; the layers as fused HE blocks and MPC cores."""
 
-    def __init__(self, ctx, config: dict, server: ServerModel | None, plan=None, meter=None, progress=None):
+    def __init__(self, ctx, config: dict, server: ServerModel | None, plan=None, meter=None, progress=None,
+                 attention: str = "auto"):
         super().__init__(ctx, config, server, plan, meter, progress)
         g0 = build_graph(config)
         self.blb_graph = blb_fusion.run(g0)
@@ -509,7 +539,7 @@ class BLBEncoder(TwoPCEncoder):
         self.blb_params = bound
         self.blb_backend = BLBSharesBackend(ctx, self.blb_graph, None if server is None else server.params,
                                             self._embed_word)
-        self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter)
+        self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter, attention)
         self._units = units(self.blb_graph)
 
     def encode_shares(self, ids, n: int) -> AShare:

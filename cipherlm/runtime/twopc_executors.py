@@ -10,9 +10,10 @@ from .twopc_blb import BLBEncoder
 
 
 def make_twopc_executor(ctx, config: dict, server: ServerModel | None, plan: dict | None = None, meter=None,
-                        progress=None) -> TwoPCExecutor:
+                        progress=None, attention: str = "auto") -> TwoPCExecutor:
     """The executor of ``plan`` (`twopc.public_plan`) for this party (server: its `ServerModel`;
-    client: None)."""
+    client: None).  ``attention``: BLB's packing of Q K^T / P V (the server's choice,
+    `compile.passes.blb_params.ATTENTION_PACKINGS`; the client follows the server's headers)."""
     cls = TwoPCEncoder if config.get("model_type") in ENCODER_TYPES else TwoPCDecoder
     fusion = (plan or {}).get("fusion", "none")
     if fusion not in FUSIONS:
@@ -20,7 +21,7 @@ def make_twopc_executor(ctx, config: dict, server: ServerModel | None, plan: dic
     if fusion == "blb":
         if cls is not TwoPCEncoder:
             raise TwoPCError("BLB fusion runs encoders only so far")
-        cls = BLBEncoder
+        return BLBEncoder(ctx, config, server, plan, meter=meter, progress=progress, attention=attention)
     return cls(ctx, config, server, plan, meter=meter, progress=progress)
 
 
