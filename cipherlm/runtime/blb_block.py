@@ -509,7 +509,10 @@ class _Eval:
         if kind != "mh_cols":
             raise NotImplementedError(f"cannot encode a block input in the {kind!r} layout")
         if m.shape[-1] == 1 and L.k > 1:
-            m = np.broadcast_to(m, m.shape[:2] + (L.k,))
+            # a (H, T, 1) value (the softmax's reciprocal): the same in every column, so one
+            # ciphertext (each group holding it) serves all J of the other operand (`binary`)
+            m = np.broadcast_to(m, m.shape[:2] + (L.groups,))
+            L = blb_matmul.MHLayout(L.slots, L.heads, L.n, L.groups, L.groups)
         if m.shape[1] > L.n:
             raise ValueError(f"{m.shape[1]} rows for a packing of n = {L.n}")
         full = np.zeros((m.shape[0], L.n, m.shape[2]), m.dtype)

@@ -88,6 +88,9 @@ IN_SCALE_BITS = 50
 OUT_SCALE_BITS = 38
 #: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
 EXP_CLIP = 16.0
+#: the most rotation keys the client makes for one request of the server (bounds the client's
+#: work; section 5's packing at 128 tokens asks for ~170 per set at N = 16384, ~320 at 32768)
+MAX_ROTATION_KEYS = 512
 #: fraction bits of the public scalings inside the cores (1/d of a norm's mean square)
 CORE_SCALE_FRAC = 24
 _LAYOUTS = ("row", "head", "headsum")
@@ -342,7 +345,7 @@ class BLBRunner:
                 ks = self.sets[key] = _KeySet(hc, CKKSSide(self.be, hc, keys, None, server=1))
                 out["pk"] = keys.public_key_bytes()
                 out["relin"] = keys.relin_key_bytes()
-            if any(not 0 < s < ks.hectx.slots for s in steps) or len(steps) > 256:
+            if any(not 0 < s < ks.hectx.slots for s in steps) or len(steps) > MAX_ROTATION_KEYS:
                 raise BLBError("the server asked for rotation keys out of range")
             if steps:
                 out["galois"] = ks.side.keys.galois_keys_bytes(steps)
