@@ -60,8 +60,8 @@ def test_attention_packing_choice_and_fused_depth():
     assert bp.attention_packing("auto", 4, 12, 64) == "rows"
     assert bp.attention_packing("auto", 128, 12, 64) == "fused"
     assert bp.attention_packing("rows", 128, 12, 64) == "rows"
-    # BERT-base at 128 tokens: the pair grid converts 4112 ciphertexts per layer, section 5's 240
-    assert (bp.attention_cts("rows", 128, 12, 64), bp.attention_cts("fused", 128, 12, 64)) == (4112, 240)
+    # BERT-base at 128 tokens: the pair grid converts 4112 ciphertexts per layer, section 5's 209
+    assert (bp.attention_cts("rows", 128, 12, 64), bp.attention_cts("fused", 128, 12, 64)) == (4112, 209)
     with pytest.raises(ValueError, match="attention packing"):
         bp.attention_packing("diagonal", 8, 4, 16)
     assert blb_fusion.FUSED_MATMUL_DEPTH == blb_matmul.counts(8192, 12, 128, 64)["depth"] == 4

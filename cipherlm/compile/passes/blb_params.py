@@ -330,8 +330,9 @@ def attention_cts(packing: str, tokens: int, heads: int, head_dim: int, slots: i
     * rows: Q K^T's scores and P V's probabilities on the pair grid (nq^2 U each, R = slots / P
       rows per ciphertext, U the row shifts), the reciprocal (nq);
     * fused: Q and K out of the row layout and into section 5's (2 nq + 2 J_qk), the scores in
-      diagonal packing (T / c), the probabilities, the reciprocal and V in P V's packing (3 J_av,
-      n = max(T, head_dim) so that V's columns fit), P V's output out and back (n / c + nq)."""
+      diagonal packing (T / c), the probabilities and V in P V's packing (2 J_av, n = max(T,
+      head_dim) so that V's columns fit), the reciprocal (1: the same in every column), P V's
+      output out and back (n / c + nq)."""
     T, P = int(tokens), 1 << max(0, math.ceil(math.log2(heads * head_dim)))
     R = max(1, slots // P)
     nq = -(-T // R)
@@ -343,7 +344,7 @@ def attention_cts(packing: str, tokens: int, heads: int, head_dim: int, slots: i
     qk = blb_matmul.make_layout(slots, heads, T, head_dim)
     n = max(T, head_dim)
     av = blb_matmul.make_layout(slots, heads, n, n)
-    return 2 * nq + 2 * qk.n_cts + qk.n_out + 3 * av.n_cts + av.n_out + nq
+    return 2 * nq + 2 * qk.n_cts + qk.n_out + 2 * av.n_cts + 1 + av.n_out + nq
 
 
 def attention_packing(choice: str, tokens: int, heads: int, head_dim: int) -> str:
