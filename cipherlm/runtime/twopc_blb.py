@@ -88,9 +88,13 @@ IN_SCALE_BITS = 50
 OUT_SCALE_BITS = 38
 #: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
 EXP_CLIP = 16.0
-#: the most rotation keys the client makes for one request of the server (bounds the client's
+#: the most rotation keys the client makes for one block of the server's (bounds the client's
 #: work; section 5's packing at 128 tokens asks for ~170 per set at N = 16384, ~320 at 32768)
 MAX_ROTATION_KEYS = 512
+#: rotation keys per message, so that one stays well below the channel's 1 GiB frame limit (a
+#: compressed key is ~6 MB at N = 16384 and 7 primes, ~4x that at N = 32768; the ~200 keys of
+#: section 5's packing at 128 tokens in one message took 1.24 GB)
+KEYS_PER_MESSAGE = 16
 #: fraction bits of the public scalings inside the cores (1/d of a norm's mean square)
 CORE_SCALE_FRAC = 24
 _LAYOUTS = ("row", "head", "headsum")
@@ -311,20 +315,23 @@ class BLBRunner:
         if ks is not None and not missing:
             return ks
         ctx, be = self.ctx, self.be
+        # the rotation keys in batches of KEYS_PER_MESSAGE (a message stays below the channel's frame limit)
+        batches = [missing[i:i + KEYS_PER_MESSAGE] for i in range(0, len(missing), KEYS_PER_MESSAGE)] or [[]]
         with self.meter("setup"), ctx.step("blb_setup"):
-            ctx.send({"op": "keys", "n": bp.ring_degree, "chain": list(bp.chain), "special": list(bp.special),
-                      "steps": missing})
-            msg = ctx.recv()
-            if ks is None:
-                hc = _context(*key)
-                side = CKKSSide(be, hc, None, be.load_public_key(hc, msg["pk"]), server=1)
-                ks = self.sets[key] = _KeySet(hc, side)
-                ks.evk = be.relin_keys_from_bytes(hc, msg["relin"])
-            if missing:
-                gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=missing,
-                                                max_keys=len(missing))
-                ks.evk = ks.evk.merged(gal)
-                ks.steps.update(missing)
+            for i, batch in enumerate(batches):
+                ctx.send({"op": "keys", "n": bp.ring_degree, "chain": list(bp.chain), "special": list(bp.special),
+                          "steps": batch, "more": i + 1 < len(batches)})
+                msg = ctx.recv()
+                if ks is None:
+                    hc = _context(*key)
+                    side = CKKSSide(be, hc, None, be.load_public_key(hc, msg["pk"]), server=1)
+                    ks = self.sets[key] = _KeySet(hc, side)
+                    ks.evk = be.relin_keys_from_bytes(hc, msg["relin"])
+                if batch:
+                    gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=batch,
+                                                    max_keys=len(batch))
+                    ks.evk = ks.evk.merged(gal)
+                    ks.steps.update(batch)
         return ks
 
     def _answer_keys(self, msg: dict) -> None:
@@ -345,7 +352,7 @@ class BLBRunner:
                 ks = self.sets[key] = _KeySet(hc, CKKSSide(self.be, hc, keys, None, server=1))
                 out["pk"] = keys.public_key_bytes()
                 out["relin"] = keys.relin_key_bytes()
-            if any(not 0 < s < ks.hectx.slots for s in steps) or len(steps) > MAX_ROTATION_KEYS:
+            if any(not 0 < s < ks.hectx.slots for s in steps) or len(steps) > KEYS_PER_MESSAGE:
                 raise BLBError("the server asked for rotation keys out of range")
             if steps:
                 out["galois"] = ks.side.keys.galois_keys_bytes(steps)
@@ -396,10 +403,16 @@ class BLBRunner:
             raise BLBError(f"expected the server's header of block {block['id']}")
         if head.get("keys"):
             with self.meter("setup"):
-                msg = ctx.recv()
-                if not isinstance(msg, dict) or msg.get("op") != "keys":
-                    raise BLBError(f"block {block['id']}: expected the server's key request")
-                self._answer_keys(msg)
+                more, requests = True, 0
+                while more:  # one request per batch of rotation keys (`KEYS_PER_MESSAGE`)
+                    msg = ctx.recv()
+                    if not isinstance(msg, dict) or msg.get("op") != "keys":
+                        raise BLBError(f"block {block['id']}: expected the server's key request")
+                    requests += 1
+                    if requests > MAX_ROTATION_KEYS // KEYS_PER_MESSAGE + 1:
+                        raise BLBError(f"block {block['id']}: too many key requests")
+                    more = bool(msg.get("more"))
+                    self._answer_keys(msg)
         # the rest is one "conversions" interval (its seconds include waiting for the server's
         # HE evaluation)
         with self.meter("conversions", block["name"]):
