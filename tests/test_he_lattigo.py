@@ -290,9 +290,9 @@ def test_serialisation_round_trip(lat):
     z = be.encrypt_zero(ctx, pk, be.level(ctx, 2))
     be.add_inplace(ctx, ct2, z)
     assert np.abs(_dec(be, ctx, keys, ct2) - x).max() < TOL
-    # seeded symmetric encryption: a 32-byte seed instead of c1, half the bytes, same message
+    # seeded symmetric encryption: a 32-byte seed instead of c1, c0 bit-packed, same message
     sblob = keys.encrypt_seeded(be.encode_slots(ctx, x))
-    assert len(sblob) == 20 + 32 + 2 * N * 8
+    assert len(sblob) == 20 + 32 + N * (60 + 40) // 8 == _seeded_len(ctx, 1)
     cs = be.ciphertext_from_bytes(ctx, sblob, level=be.level(ctx, 2))
     assert np.abs(_dec(be, ctx, keys, cs) - x).max() < TOL
     assert np.abs(_dec(be, ctx, keys, be.rotate_rows(ctx, cs, 1, gk)) - np.roll(x, -1)).max() < TOL
@@ -305,6 +305,107 @@ def test_serialisation_round_trip(lat):
     tampered = bytearray(sblob)
     tampered[20] ^= 1  # another seed: loads (it is just bytes) but no longer decrypts to x
     assert np.abs(_dec(be, ctx, keys, be.ciphertext_from_bytes(ctx, bytes(tampered))) - x).max() > 1
+
+
+def _seeded_len(ctx, level):
+    """The seeded layout's length, from the primes: header + seed + ceil(N b_j / 8) per row."""
+    return 20 + 32 + sum(-(-ctx.n * (q - 1).bit_length() // 8) for q in ctx.q_moduli[: level + 1])
+
+
+def _seeded_rows(ctx, blob, level):
+    """c0's rows of a seeded blob, unpacked here from the documented layout (big integers):
+    row j holds N values of b_j = bitlen(q_j - 1) bits, LSB first, padded to whole bytes."""
+    rows, off = [], 52
+    for q in ctx.q_moduli[: level + 1]:
+        w = (q - 1).bit_length()
+        rl = -(-ctx.n * w // 8)
+        v = int.from_bytes(blob[off:off + rl], "little")
+        rows.append([(v >> (i * w)) & ((1 << w) - 1) for i in range(ctx.n)])
+        off += rl
+    assert off == len(blob)
+    return np.array(rows, np.uint64)
+
+
+def _set_seeded_coeff(ctx, blob, row, i, value):
+    """``blob`` with c0's coefficient i of ``row`` replaced by ``value`` (< 2^b_row)."""
+    b, off = bytearray(blob), 52
+    for q in ctx.q_moduli[:row]:
+        off += -(-ctx.n * (q - 1).bit_length() // 8)
+    w = (ctx.q_moduli[row] - 1).bit_length()
+    rl = -(-ctx.n * w // 8)
+    v = int.from_bytes(b[off:off + rl], "little")
+    v = (v & ~(((1 << w) - 1) << (i * w))) | (int(value) << (i * w))
+    b[off:off + rl] = v.to_bytes(rl, "little")
+    return bytes(b)
+
+
+def test_seeded_bit_packed_layout(lat):
+    """The seeded layout (wire version 2): c0's row j bit-packed with bitlen(q_j - 1) bits a
+    coefficient, at every level of a chain whose primes are not byte multiples (Lattigo's
+    "35-bit" prime here has 36 bits: the length follows the primes, not the requested bits).
+    Round trips decrypt to the values; a length off by one, an unreduced coefficient in any
+    row, a level that does not match the length, and the old version byte are refused."""
+    mod, be, _ctx, _keys, _gk = lat
+    ctx = be.context(mod.ckks_params("lattigo-packed-8192", N, (50, 35, 27, 45)))
+    keys = be.keygen(ctx)
+    load = lambda d, **kw: be.ciphertext_from_bytes(ctx, d, **kw)
+    assert ctx.max_level == 2
+    for lvl in range(ctx.max_level + 1):
+        x = _vec(20 + lvl)
+        blob = keys.encrypt_seeded(be.encode_slots(ctx, x, level=lvl))
+        assert blob[:4] == b"CLGS" and blob[4] == 2 and blob[6] == lvl
+        assert len(blob) == _seeded_len(ctx, lvl) == be.seeded_ciphertext_bytes(ctx, lvl)
+        assert len(blob) < 52 + 8 * N * (lvl + 1) - N * (lvl + 1)  # at least a byte a coefficient saved
+        ct = load(blob, level=lvl)
+        assert np.abs(_dec(be, ctx, keys, ct) - x).max() < 1e-3  # scale 2^27
+        c0 = _seeded_rows(ctx, blob, lvl)
+        assert np.array_equal(be.ciphertext_to_numpy(ct)[0], c0)
+        full = be.ciphertext_to_bytes(ct)  # the unseeded layout: unchanged, 8 bytes a word
+        assert full[:5] == b"CLGC\x02" and len(full) == 20 + 2 * (lvl + 1) * N * 8
+        assert np.array_equal(np.frombuffer(full[20:20 + c0.nbytes], np.uint64).reshape(c0.shape), c0)
+        # the seeded blob of a raw plaintext (BLB Algorithm 2): c0 re-packed on the Python side
+        coeffs = np.array([np.random.default_rng(lvl).integers(0, q, N, dtype=np.uint64)
+                           for q in ctx.q_moduli[: lvl + 1]])
+        rblob = keys.encrypt_seeded(be.plaintext_from_coeffs(ctx, coeffs, scale=2.0 ** 30))
+        assert len(rblob) == len(blob) and struct.unpack_from("<d", rblob, 12)[0] == 2.0 ** 30
+        got = be.decrypt_coeffs(ctx, keys, load(rblob, level=lvl))
+        for j, q in enumerate(ctx.q_moduli[: lvl + 1]):  # m + e, e small (fresh encryption)
+            d = (got[j].astype(object) - coeffs[j].astype(object)) % q
+            assert max(min(int(v), q - int(v)) for v in d) < 2 ** 12
+        # length: one byte short or long, the seed alone, and another level's length
+        for bad in (blob[:-1], blob + b"\0", blob[:52], blob[:20]):
+            with pytest.raises(HEError):
+                load(bad)
+        with pytest.raises(HEError, match="expected"):
+            load(blob + b"\0")
+        for other in range(ctx.max_level + 1):
+            if other != lvl:
+                hb = bytearray(blob)
+                hb[6] = other  # the header's level no longer matches the rows
+                with pytest.raises(HEError, match="expected"):
+                    load(bytes(hb))
+        # an unreduced coefficient (q_j itself, and the largest b_j-bit value) in every row
+        for j, q in enumerate(ctx.q_moduli[: lvl + 1]):
+            w = (q - 1).bit_length()
+            for i, v in ((0, q), (N - 1, (1 << w) - 1), (N // 2, q + 1)):
+                with pytest.raises(HEError, match="not reduced"):
+                    load(_set_seeded_coeff(ctx, blob, j, i, v))
+            ok = _set_seeded_coeff(ctx, blob, j, N - 1, q - 1)  # the largest residue loads
+            assert be.ciphertext_to_numpy(load(ok))[0, j, N - 1] == q - 1
+        # the previous wire version (1, 8-byte words) gets the magic/version error
+        old = bytearray(blob)
+        old[4] = 1
+        with pytest.raises(HEError, match="bad magic or version"):
+            load(bytes(old))
+        words = bytes(old[:52]) + c0.astype("<u8").tobytes()  # a complete version-1 blob
+        with pytest.raises(HEError, match="bad magic or version"):
+            load(words)
+        fold = bytearray(full)
+        fold[4] = 1
+        with pytest.raises(HEError, match="bad magic or version"):
+            load(bytes(fold))
+    with pytest.raises(HEError):
+        be.seeded_ciphertext_bytes(ctx, ctx.max_level + 1)
 
 
 def _expect_heerror(fn, data):
@@ -328,7 +429,7 @@ def test_malformed_bytes_give_heerror(lat):
         struct.pack_into(fmt, b, off, value)
         return bytes(b)
 
-    for off, fmt, value in [(4, "B", 2), (5, "B", 2), (5, "B", 0), (6, "B", 2), (6, "B", 255),
+    for off, fmt, value in [(4, "B", 1), (4, "B", 3), (5, "B", 2), (5, "B", 0), (6, "B", 2), (6, "B", 255),
                             (7, "B", 0), (8, "B", 13), (9, "B", 1), (12, "<d", float("nan")),
                             (12, "<d", float("inf")), (12, "<d", -1.0), (12, "<d", 0.0), (12, "<d", 2.0 ** 400)]:
         _expect_heerror(load, patched(off, fmt, value))

@@ -75,9 +75,10 @@ preset (`LattigoContext.from_preset`: ``"N16QP1546H192H32"``, or the INSECURE te
 `LattigoSecretKeys.bootstrapping_keys` -> `LattigoBootstrapKeys` (``close()`` frees the GBs at
 once; ``to_bytes`` / `bootstrapping_keys_from_bytes` in a validated layout), `bootstrap`.
 `encrypt_seeded` sends a 32-byte seed in place of the uniform half (the
-receiver expands it with the same code).  `cost_model` is `LATTIGO_COSTS`:
-its offload constants are measured here, its 2pc ones are SEAL's (the 2pc
-planners do not run on this backend).
+receiver expands it with the same code) and c0 bit-packed, each prime's row with
+the prime's bit length per coefficient (`seeded_ciphertext_bytes` gives the
+size).  `cost_model` is `LATTIGO_COSTS`: its offload constants are measured
+here, its 2pc ones are SEAL's (the 2pc planners do not run on this backend).
 
 Registered in ``backend._REGISTRY`` as ``"lattigo"`` with ``schemes = ("ckks",)``
 (the BFV conformance suite of tests/test_he_backend.py skips it).  Only modules
@@ -123,16 +124,21 @@ __all__ = [
     "chebyshev_coefficients",
     "ckks_params",
     "library_path",
+    "packed_row_bytes",
+    "seeded_ciphertext_bytes",
 ]
 
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 8
+_ABI_VERSION = 9
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
 _CT_HEADER = struct.Struct("<4sBBBBB3sd")  # see clattigo.go
+#: clattigo.go's wireVersion (the version byte of every blob it writes; 2: seeded c0 bit-packed)
+_WIRE_VERSION = 2
+_SEED_BYTES = 32
 _ERRLEN = 1024
 
 _i64 = ctypes.c_int64
@@ -406,6 +412,36 @@ class LattigoRawPlaintext:
         self.ntt, self.level, self.scale = ntt, int(level), float(scale)
 
 
+def packed_row_bytes(n: int, q: int) -> int:
+    """Bytes of one bit-packed row of n residues modulo q in a seeded ciphertext ("CLGS"):
+    ceil(n b / 8) with b = bit length of q - 1."""
+    return (int(n) * (int(q) - 1).bit_length() + 7) // 8
+
+
+def seeded_ciphertext_bytes(n: int, primes, level: int) -> int:
+    """The exact length of `LattigoSecretKeys.encrypt_seeded`'s blob at ``level``: the 20-byte
+    header, the 32-byte seed and c0's rows 0..level bit-packed (`packed_row_bytes`)."""
+    if not 0 <= int(level) < len(primes):
+        raise HEError(f"level {level} outside the {len(primes)} primes")
+    return _CT_HEADER.size + _SEED_BYTES + sum(packed_row_bytes(n, q) for q in list(primes)[: int(level) + 1])
+
+
+def _pack_row(row: np.ndarray, q: int) -> bytes:
+    """One row of residues < q bit-packed as clattigo.go's appendPacked writes it."""
+    w = (int(q) - 1).bit_length()
+    bits = np.unpackbits(np.ascontiguousarray(row, "<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+    return np.packbits(bits[:, :w].ravel(), bitorder="little").tobytes()
+
+
+def _unpack_row(buf: bytes, n: int, q: int) -> np.ndarray:
+    """The n residues of a row `_pack_row` wrote (the inverse; the blob came from this process)."""
+    w = (int(q) - 1).bit_length()
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")[: n * w].reshape(n, w)
+    full = np.zeros((n, 64), np.uint8)
+    full[:, :w] = bits
+    return np.packbits(full, axis=1, bitorder="little").view("<u8").reshape(n).astype(np.uint64)
+
+
 def _add_residues(a: np.ndarray, b: np.ndarray, primes) -> np.ndarray:
     """(a + b) mod each prime, row by row ((k, N) uint64 residues)."""
     qs = np.asarray([int(q) for q in primes[: a.shape[0]]], np.uint64)[:, None]
@@ -656,12 +692,18 @@ class LattigoSecretKeys(SecretKeys):
         header gets the plaintext's scale."""
         if isinstance(pt, LattigoRawPlaintext):
             zero = LattigoBackend().encode_slots(self.ctx, np.zeros(1), level=pt.level)
-            b = bytearray(_bytes_out("clg_encrypt_seeded", self._sk.h, zero.h))
-            off, n = _CT_HEADER.size + 32, self.ctx.n
-            c0 = np.frombuffer(bytes(b[off:off + 8 * n * (pt.level + 1)]), np.uint64).reshape(pt.level + 1, n)
-            b[off:off + c0.nbytes] = _add_residues(c0, pt.ntt, self.ctx.q_moduli).tobytes()
-            b[_CT_HEADER.size - 8:_CT_HEADER.size] = struct.pack("<d", float(pt.scale))
-            return bytes(b)
+            b = _bytes_out("clg_encrypt_seeded", self._sk.h, zero.h)
+            n, qs = self.ctx.n, [int(q) for q in self.ctx.q_moduli[: pt.level + 1]]
+            if len(b) != seeded_ciphertext_bytes(n, qs, pt.level):
+                raise HEError(f"seeded blob of {len(b)} bytes, expected {seeded_ciphertext_bytes(n, qs, pt.level)}")
+            off = _CT_HEADER.size + _SEED_BYTES
+            out = [b[:_CT_HEADER.size - 8], struct.pack("<d", float(pt.scale)), b[_CT_HEADER.size:off]]
+            for j, q in enumerate(qs):  # c0 row j (+ the residues, in NTT form), re-packed
+                rl = packed_row_bytes(n, q)
+                c0 = _unpack_row(b[off:off + rl], n, q)
+                out.append(_pack_row(_add_residues(c0[None], np.asarray(pt.ntt[j], np.uint64)[None], [q])[0], q))
+                off += rl
+            return b"".join(out)
         return _bytes_out("clg_encrypt_seeded", self._sk.h, pt.h)
 
     def decrypt(self, ct: LattigoCiphertext) -> LattigoPlaintext:
@@ -753,6 +795,11 @@ class LattigoBackend(HEBackend):
         if not 1 <= n_primes <= ctx.max_level + 1:
             raise HEError(f"no level with {n_primes} primes (1..{ctx.max_level + 1})")
         return int(n_primes) - 1
+
+    def seeded_ciphertext_bytes(self, ctx: LattigoContext, level: int) -> int:
+        """The exact length of a seeded ciphertext (`LattigoSecretKeys.encrypt_seeded`) at
+        ``level``: 52 + sum over its primes q_j of ceil(N bitlen(q_j - 1) / 8)."""
+        return seeded_ciphertext_bytes(ctx.n, ctx.q_moduli, level)
 
     def special_modulus(self, ctx: LattigoContext) -> int:
         return ctx.p_moduli[-1]
@@ -1104,7 +1151,7 @@ class LattigoBackend(HEBackend):
             raise HEError(f"{a.shape[1]} primes do not match level {level}")
         sb = ctx.default_scale_bits if scale_bits is None else float(scale_bits)
         sc = 2.0 ** sb if scale is None else float(scale)
-        hdr = _CT_HEADER.pack(b"CLGC", 1, 1, max(lvl, 0), 1, ctx.slots.bit_length() - 1, b"\0\0\0", sc)
+        hdr = _CT_HEADER.pack(b"CLGC", _WIRE_VERSION, 1, max(lvl, 0), 1, ctx.slots.bit_length() - 1, b"\0\0\0", sc)
         return self.ciphertext_from_bytes(ctx, hdr + a.tobytes(), level=lvl)
 
     def plaintext_to_numpy(self, pt) -> np.ndarray:

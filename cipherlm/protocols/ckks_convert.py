@@ -68,7 +68,8 @@ Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
    and coefficient, ALSZ13's C-OT per RNS prime) for its Z_q
    shares; the coefficient shares become shares mod every prime of the level.
 3. Client: encrypts its share polynomial (seeded symmetric encryption: half a
-   ciphertext on the wire), sends it; server adds its share as a plaintext
+   ciphertext on the wire; Lattigo's bit-packs c0, 52 + sum_j ceil(N bitlen(q_j - 1) / 8)
+   bytes, `LattigoBackend.seeded_ciphertext_bytes`), sends it; server adds its share as a plaintext
    (one homomorphic addition).  Result: a CKKS ciphertext of y with scale Delta.
 
 Security (Appendix A): the client's view in Algorithm 1 is the masked ciphertext,

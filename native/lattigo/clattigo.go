@@ -45,7 +45,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
-const abiVersion = 8
+const abiVersion = 9
 
 // The offload server keeps ~2.7 GB of encoded weights alive (SmolLM2) and allocates a few
 // hundred MB of short-lived ciphertexts per token: at Go's default GOGC=100 the heap grows to
@@ -1270,16 +1270,20 @@ func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, 
 //
 // Ciphertext: "CLGC" | version u8 | degree u8 | level u8 | isNTT u8 | logSlots u8 | 3 zero bytes |
 //             scale float64 LE | (degree+1)(level+1)N uint64 LE coefficients (poly, prime, index).
-// Seeded:     "CLGS" | the same 16 header bytes | 32-byte seed of c1 | (level+1)N words of c0.
+// Seeded:     "CLGS" | the same 16 header bytes | 32-byte seed of c1 | c0's rows j = 0..level,
+//             each its N coefficients bit-packed with b_j = bits.Len64(q_j - 1) bits apiece
+//             (coefficient i at bits i*b_j .. (i+1)*b_j - 1 of the row, LSB first, bytes in
+//             order), the row zero-padded to ceil(N b_j / 8) bytes (`seededLen`).
 // Public key:  "CLGP" | version u8 | 3 zero bytes | the 2 QP polys of the key, raw (prime-major).
 // Galois keys: "CLGK" | version u8 | flag u8 | 2 zero bytes | count u32 | count x (galEl u64 | key).
 //             flag 0: the key's polys raw; flag 1 (compressed): a 32-byte seed, then the degree-0
 //             polys (the uniform halves are expanded from the seed on loading).
 // Key polynomials are written in Lattigo's (NTT, Montgomery) representation; their shape is the one
 // rlwe.NewPublicKey / rlwe.NewGaloisKey allocate for the parameters, so the reader knows every size.
+// wireVersion 2: the seeded ciphertext's c0 bit-packed (version 1 wrote it as uint64 words).
 
 const (
-	wireVersion = 1
+	wireVersion = 2
 	ctHeader    = 20
 	seedLen     = 32
 	keyHeader   = 8
@@ -1300,6 +1304,80 @@ func readReduced(dst []uint64, b []byte, q uint64) error {
 			return fmt.Errorf("coefficient %d not reduced modulo %d", x, q)
 		}
 		dst[i] = x
+	}
+	return nil
+}
+
+// primeBits: the bits of a residue modulo q, bits.Len64(q - 1).
+func primeBits(q uint64) int { return bits.Len64(q - 1) }
+
+// packedRowLen: the bytes of one bit-packed row of n residues modulo q.
+func packedRowLen(n int, q uint64) int { return (n*primeBits(q) + 7) / 8 }
+
+// seededLen: the length of a seeded ciphertext ("CLGS") at `level` with ring degree n.
+func seededLen(q []uint64, n, level int) int {
+	l := ctHeader + seedLen
+	for j := 0; j <= level; j++ {
+		l += packedRowLen(n, q[j])
+	}
+	return l
+}
+
+// appendPacked appends row (every value < 2^w, 1 <= w <= 64) bit-packed with w bits a value,
+// LSB first, the last byte zero-padded.
+func appendPacked(b []byte, row []uint64, w int) []byte {
+	var acc, spill uint64 // the pending bits: acc the low 64, spill the ones above
+	n := 0                // pending bit count, < 8 between values
+	for _, x := range row {
+		acc |= x << n
+		if n > 0 {
+			spill = x >> (64 - n)
+		}
+		n += w
+		for n >= 8 {
+			b = append(b, byte(acc))
+			acc = acc>>8 | spill<<56
+			spill >>= 8
+			n -= 8
+		}
+	}
+	if n > 0 {
+		b = append(b, byte(acc))
+	}
+	return b
+}
+
+// readPacked fills dst from b (exactly packedRowLen(len(dst), q) bytes, w = primeBits(q)),
+// checking every value is < q and the padding bits are zero.
+func readPacked(dst []uint64, b []byte, q uint64) error {
+	w := primeBits(q)
+	if len(b) != packedRowLen(len(dst), q) {
+		return fmt.Errorf("packed row of %d bytes, expected %d", len(b), packedRowLen(len(dst), q))
+	}
+	mask := uint64(1)<<w - 1 // all ones for w = 64 (Go's shift by 64 gives 0)
+	var acc, spill uint64
+	n, pos := 0, 0
+	for i := range dst {
+		for n < w {
+			x := uint64(b[pos])
+			pos++
+			acc |= x << n
+			if n > 56 {
+				spill = x >> (64 - n)
+			}
+			n += 8
+		}
+		v := acc & mask
+		if v >= q {
+			return fmt.Errorf("coefficient %d not reduced modulo %d", v, q)
+		}
+		dst[i] = v
+		acc = acc>>w | spill<<(64-w)
+		spill = 0
+		n -= w
+	}
+	if acc != 0 || pos != len(b) {
+		return errors.New("nonzero padding bits in a packed row")
 	}
 	return nil
 }
@@ -1410,7 +1488,8 @@ func expandUniform(c *ctxObj, seed []byte, level int) (ring.Poly, error) {
 }
 
 // clg_encrypt_seeded: symmetric encryption whose uniform half is expanded from a fresh random
-// 32-byte seed, serialised as "CLGS" | the ciphertext header fields | seed | c0 (half the size).
+// 32-byte seed, serialised as "CLGS" | the ciphertext header fields | seed | c0 bit-packed (each
+// row j with bits.Len64(q_j - 1) bits a coefficient: under half the size).
 // From a fresh encryption (c0, c1) with c0 + c1 s = m + e: c0' = c0 + c1 s - a s, so (c0', a) also
 // decrypts to m + e, with a = expandUniform(seed).
 //
@@ -1436,12 +1515,12 @@ func clg_encrypt_seeded(skh C.int64_t, ph C.int64_t, out **C.uchar, outLen *C.in
 		rq := s.ctx.params.RingQ().AtLevel(lvl)
 		rq.MulCoeffsMontgomeryThenAdd(ct.Value[1], s.sk.Value.Q, ct.Value[0]) // sk is in Montgomery form
 		rq.MulCoeffsMontgomeryThenSub(a, s.sk.Value.Q, ct.Value[0])
-		N, L := s.ctx.params.N(), lvl+1
-		b := make([]byte, 0, ctHeader+seedLen+8*L*N)
+		N, L, q := s.ctx.params.N(), lvl+1, s.ctx.params.Q()
+		b := make([]byte, 0, seededLen(q, N, lvl))
 		b = append(b, ctHeaderBytes("CLGS", ct)...)
 		b = append(b, seed...)
 		for j := 0; j < L; j++ {
-			b = writeU64s(b, ct.Value[0].Coeffs[j][:N])
+			b = appendPacked(b, ct.Value[0].Coeffs[j][:N], primeBits(q[j]))
 		}
 		bytesOut(b, out, outLen)
 		return nil
@@ -1483,16 +1562,19 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 			return fmt.Errorf("ciphertext scale %g out of range", scale)
 		}
 		N, L := c.params.N(), level+1
+		q := c.params.Q()
 		want := ctHeader + 8*(degree+1)*L*N
-		stored := degree + 1 // polynomials written out
 		if seeded {
-			want, stored = ctHeader+seedLen+8*L*N, 1
+			want = seededLen(q, N, level)
 		}
 		if len(b) != want {
-			return fmt.Errorf("ciphertext blob of %d bytes, expected %d for level %d", len(b), want, level)
+			kind := "ciphertext"
+			if seeded {
+				kind = "seeded ciphertext"
+			}
+			return fmt.Errorf("%s blob of %d bytes, expected %d for level %d", kind, len(b), want, level)
 		}
 		ct := ckks.NewCiphertext(c.params, degree, level)
-		q := c.params.Q()
 		off := ctHeader
 		if seeded {
 			a, err := expandUniform(c, b[ctHeader:ctHeader+seedLen], level)
@@ -1501,13 +1583,21 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 			}
 			ct.Value[1].Copy(a)
 			off += seedLen
-		}
-		for i := 0; i < stored; i++ {
 			for j := 0; j < L; j++ {
-				if err := readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
-					return err
+				rl := packedRowLen(N, q[j])
+				if err := readPacked(ct.Value[0].Coeffs[j][:N], b[off:off+rl], q[j]); err != nil {
+					return fmt.Errorf("seeded ciphertext, c0 row %d: %w", j, err)
 				}
-				off += 8 * N
+				off += rl
+			}
+		} else {
+			for i := 0; i <= degree; i++ {
+				for j := 0; j < L; j++ {
+					if err := readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
+						return err
+					}
+					off += 8 * N
+				}
 			}
 		}
 		ct.IsNTT = true
