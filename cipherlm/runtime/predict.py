@@ -18,8 +18,8 @@ cost models:
   prime, 2 x N x 8 bytes + SEAL header = `CT_OUT_BYTES`, exact); an input ciphertext is
   seeded and zstd-compressed, its size varies by a few percent around `CT_IN_BYTES`
   (measured 113.9-117.7 kB at N = 8192).  Lattigo: both sizes are exact
-  (`LATTIGO_CT_OUT_BYTES`, `LATTIGO_CT_IN_BYTES`: native/lattigo's fixed layout, no
-  compression).  `MSG_OVERHEAD` per message covers the framing.
+  (`LATTIGO_CT_OUT_BYTES`, `LATTIGO_CT_IN_BYTES`: native/lattigo's fixed layout, a seeded
+  input's polynomial bit-packed at its primes' bit lengths, no compression).  `MSG_OVERHEAD` per message covers the framing.
 * **2pc**: linear classes from `linear_simd.choose_packing` (the per-layer cost model
   of both packings: `plan_blocks` bytes for Cheetah's coefficient packing, `plan_simd`
   for SIMD), one round trip per call; attention products from `plan_blocks` in the
@@ -52,8 +52,10 @@ CT_IN_BYTES = 116_000
 #: ciphertexts at OFFLOAD_CKKS, every one the same size, checked by tests/test_inspect.py):
 #: a result, 20-byte header + 2 polynomials x 1 prime x 8192 x 8 bytes
 LATTIGO_CT_OUT_BYTES = 131_092
-#: a seeded input, 20-byte header + 32-byte seed + 1 polynomial x 2 primes x 8192 x 8 bytes
-LATTIGO_CT_IN_BYTES = 131_124
+#: a seeded input, 20-byte header + 32-byte seed + 1 polynomial of 8192 coefficients per prime,
+#: bit-packed at the prime's bit length (wire version 2: the 60- and 40-bit primes Lattigo
+#: generates for OFFLOAD_CKKS): 102,452 bytes
+LATTIGO_CT_IN_BYTES = 20 + 32 + sum(-(-8192 * bits // 8) for bits in (60, 40))
 #: per offload HE backend: (result ciphertext, input ciphertext) bytes
 CT_BYTES = {"seal": (CT_OUT_BYTES, CT_IN_BYTES), "lattigo": (LATTIGO_CT_OUT_BYTES, LATTIGO_CT_IN_BYTES)}
 #: framing of one offload message (frame header, message keys, blob lengths and padding)
