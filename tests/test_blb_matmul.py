@@ -43,12 +43,12 @@ def decrypt(env, cts):
     return np.stack([be.decode_slots(ctx, sk.decrypt(c)) for c in cts])
 
 
-def run(env, ev, a, b, layout, bsgs, baby=None):
+def run(env, ev, a, b, layout, bsgs, baby=None, pool=None):
     """Encrypt, multiply, check the counters against `counts`; the decrypted slot vectors."""
     a_ct, b_ct = encrypt(env, a), encrypt(env, b)
     top = a_ct[0].level
     ev.stats.counts.clear()
-    out = M.fused_matmul(ev, a_ct, b_ct, layout, bsgs=bsgs, baby=baby)
+    out = M.fused_matmul(ev, a_ct, b_ct, layout, bsgs=bsgs, baby=baby, pool=pool, workers=3 if pool else 1)
     want = M.counts(layout.slots, layout.heads, layout.n, layout.k, layout.groups, bsgs=bsgs, baby=baby)
     got = ev.stats.counts
     assert {k: got.get(k, 0) for k in ("rotate", "mul", "mul_plain", "rescale")} == \
@@ -61,16 +61,21 @@ def run(env, ev, a, b, layout, bsgs, baby=None):
 
 @pytest.mark.parametrize("groups", [1, 2, 8])
 @pytest.mark.parametrize("bsgs", [False, True])
-def test_qk_multi_head(env, groups, bsgs):
+@pytest.mark.parametrize("threads", [False, True])
+def test_qk_multi_head(env, groups, bsgs, threads):
     """Q K^T for 2 heads, 8 tokens, head dim 8, with 1, 2 and 8 reduce indices per ciphertext
-    (step 1 and step 3 only exist for c > 1)."""
+    (step 1 and step 3 only exist for c > 1); sequential and on a thread pool of 3 workers (the
+    same counts and results: Lattigo's evaluator may be called concurrently)."""
+    import concurrent.futures
+
     rng = np.random.default_rng(groups + 10 * bsgs)
     n, d = 8, 8
     Q, K = rng.normal(size=(H, n, d)) / 2, rng.normal(size=(H, n, d)) / 2
     L = M.make_layout(512, H, n, d, groups)
     assert L.groups == groups
     ev = evaluator(env, L)
-    vecs, _ = run(env, ev, M.pack_columns(Q, L), M.pack_columns(K, L), L, bsgs)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        vecs, _ = run(env, ev, M.pack_columns(Q, L), M.pack_columns(K, L), L, bsgs, pool=pool if threads else None)
     want = Q @ K.transpose(0, 2, 1)
     got = M.unpack_diagonals(vecs, L)
     assert np.abs(got - want).max() < TOL

@@ -837,7 +837,7 @@ class _Eval:
                 raise NotImplementedError(f"a fused product of a {x.layout!r} operand (want {kinds} of {L})")
         ck = self.ck()
         ck.stats.counts.clear()
-        out = blb_matmul.fused_matmul(ck, list(a.cts), list(b.cts), L)
+        out = blb_matmul.fused_matmul(ck, list(a.cts), list(b.cts), L, pool=_encode_pool(), workers=_ENCODE_WORKERS)
         for kind, key in (("rotate", "rotations"), ("mul", "ct_ct"), ("mul_plain", "ct_pt"), ("rescale", "rescales")):
             self.stats[key] += ck.stats.counts.get(kind, 0)
         cts = np.empty(len(out), object)

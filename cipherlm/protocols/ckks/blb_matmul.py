@@ -383,42 +383,57 @@ def _inner_rots(ev: CkksEvaluator, L: MHLayout, ct, amounts) -> dict:
 
 
 def fused_matmul(ev: CkksEvaluator, a_cts: Sequence, b_cts: Sequence, layout: MHLayout,
-                 bsgs: bool = True, baby: int | None = None) -> list:
+                 bsgs: bool = True, baby: int | None = None, pool=None, workers: int = 1) -> list:
     """Y_h = A_h B_h for every head: ``a_cts`` in `pack_columns` packing, ``b_cts`` in
     `pack_rows` packing (J ciphertexts each), the result as n / c ciphertexts in diagonal
     packing (`unpack_diagonals`).  ``bsgs``: Appendix C.1's baby-step giant-step with the giant
-    rotation fused into step 3 (``baby``: beta, default `best_baby`)."""
+    rotation fused into step 3 (``baby``: beta, default `best_baby`).  ``pool`` (an executor
+    whose calls may run the backend concurrently, e.g. Lattigo >= 6.2) and ``workers``: the
+    per-ciphertext rotations and the (baby, giant) products spread over that many threads;
+    the same operations and counts (the sums are exact modular additions, in any order)."""
     L = layout
     if len(a_cts) != L.n_cts or len(b_cts) != L.n_cts:
         raise ValueError(f"expected {L.n_cts} ciphertexts per operand, got {len(a_cts)} and {len(b_cts)}")
     beta, sched = _schedule(L, bsgs, baby)
+    pmap = (lambda fn, xs: list(pool.map(fn, xs))) if pool is not None and workers > 1 else \
+        (lambda fn, xs: [fn(x) for x in xs])
     # step 1: preprocessing (group g of B rotated by g within its segments)
-    bp = [_rotate_masked(ev, L, b, _prep_pieces(L)) for b in b_cts] if L.groups > 1 else list(b_cts)
+    bp = pmap(lambda b: _rotate_masked(ev, L, b, _prep_pieces(L)), b_cts) if L.groups > 1 else list(b_cts)
     # step 2: baby inner rotations of B, giant (backward) inner rotations of A, all hoisted
     babies = sorted({b for b, _ in sched})
     giants = sorted({G for _, G in sched})
-    b_rot = [_inner_rots(ev, L, x, babies) for x in bp]
-    a_rot = [_inner_rots(ev, L, x, [(L.n - G) % L.n for G in giants]) for x in a_cts]
+    b_rot = pmap(lambda x: _inner_rots(ev, L, x, babies), bp)
+    a_rot = pmap(lambda x: _inner_rots(ev, L, x, [(L.n - G) % L.n for G in giants]), a_cts)
     a_rot = [{G: r[(L.n - G) % L.n] for G in giants} for r in a_rot]
-    out = [None] * L.n_out
 
-    def put(q, term):
-        out[q] = term if out[q] is None else ev.add_ct(out[q], term)
+    def products(items) -> list:
+        """The outputs' partial sums over the (baby, giant) pairs ``items``."""
+        out = [None] * L.n_out
 
-    for b, G in sched:
-        acc = None
-        for j in range(L.n_cts):
-            p = ev.mul_ct(a_rot[j][G], b_rot[j][b])
-            acc = p if acc is None else ev.add_ct(acc, p)
-        x = b + G
-        # step 3 (with the postponed giant rotation): shift groups to their diagonals' places
-        if x % L.groups == 0 and G == 0:
-            put(x // L.groups, acc)
-            continue
-        pieces = _final_pieces(L, x, G)
-        rots = ev.rot_many(acc, [s for _, s, _ in pieces])
-        for r, (q, _, margs) in zip(rots, pieces):
-            put(q, ev.mul_plain_ct(r, _mask(L, *margs)))
+        def put(q, term):
+            out[q] = term if out[q] is None else ev.add_ct(out[q], term)
+
+        for b, G in items:
+            acc = None
+            for j in range(L.n_cts):
+                p = ev.mul_ct(a_rot[j][G], b_rot[j][b])
+                acc = p if acc is None else ev.add_ct(acc, p)
+            x = b + G
+            # step 3 (with the postponed giant rotation): shift groups to their diagonals' places
+            if x % L.groups == 0 and G == 0:
+                put(x // L.groups, acc)
+                continue
+            pieces = _final_pieces(L, x, G)
+            rots = ev.rot_many(acc, [s for _, s, _ in pieces])
+            for r, (q, _, margs) in zip(rots, pieces):
+                put(q, ev.mul_plain_ct(r, _mask(L, *margs)))
+        return out
+
+    k = max(1, min(workers if pool is not None else 1, len(sched)))
+    parts = pmap(products, [sched[i::k] for i in range(k)])
+    out = parts[0]
+    for part in parts[1:]:
+        out = [y if x is None else x if y is None else ev.add_ct(x, y) for x, y in zip(out, part)]
     return out
 
 

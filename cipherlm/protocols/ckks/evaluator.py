@@ -23,6 +23,7 @@ polynomial evaluations, and seconds per kind.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -113,12 +114,14 @@ class CkksEvaluator:
         #: "bootstrap", "client" or "none" (levels only)
         self.refresh_path = "none" if levels_only else ("bootstrap" if refresher is None else "client")
         self.stats = EvalStats()
+        self._count_lock = threading.Lock()
         self._prime_bits = [math.log2(q) for q in ctx.q_moduli]
 
     # ---- bookkeeping
 
     def _count(self, kind: str, n: int = 1) -> None:
-        self.stats.counts[kind] += n
+        with self._count_lock:  # operations may run on several threads (`blb_matmul.fused_matmul`'s pool)
+            self.stats.counts[kind] += n
 
     class _Timer:
         def __init__(self, ev, kind):
