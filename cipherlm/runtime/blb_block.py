@@ -39,9 +39,17 @@ heads x head_dim), and a ciphertext holds R = N / (2P) periods):
 
 The old layout (one row per ciphertext, repeated over all its periods) is the case R = 1 of
 this one; stacking divides the ciphertexts of a (T, C) value by R and the products of Q K^T
-and P V by R, for d_in + d_out - 1 diagonals per projection instead of P (the paper's
-spatial-first packing with the fused MatMul of section 5, `protocols.ckks.blb_matmul`, is
-denser still: not wired into the blocks yet).
+and P V by R, for d_in + d_out - 1 diagonals per projection instead of P.
+
+**Section 5's packing for Q K^T and P V** (``attention="fused"``, or "auto" where it converts
+fewer ciphertexts: `blb_params.attention_packing`; `attention_layouts`): the operands in BLB's
+multi-head packings (`protocols.ckks.blb_matmul`; layout names ``mh_cols/n/k/c``,
+``mh_rows/...``, ``mh_diag/...``: `mh_layout`) and the products by its fused ct-ct MatMul
+with BSGS (`_Eval.fused`).  The projections stay in stacked rows, so Q and K and P V's
+output change packing where they are read (`_Eval.relayout`: out through the io and back
+in, fresh at the top level; in the 2pc mode a conversion round trip whose repack is a local
+permutation of the shares, section 5.2).  Depth and noise: `blb_fusion.block_depth(...,
+fused=True)`, `blb_params.output_errors(..., fused=True)`.  Not with a causal mask.
 
 **Operators** (levels: every product is rescaled once, so a block uses exactly its
 `blb_fusion.block_depth` levels and ends at the output modulus `blb_params` reserves;
