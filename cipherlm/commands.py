@@ -1079,10 +1079,13 @@ def demo_fhe(args, report, t0) -> int:
 def cmd_bench(args) -> int:
     from cipherlm.report import RunReport
 
-    if args.what == "blb":  # its own report (rows of two pipelines, the machine's load; --report FILE)
+    if args.what == "blb":  # its own report (rows of the three pipelines, the machine's load; --report FILE)
         from cipherlm.bench import blb
 
-        blb.run(args)
+        try:
+            blb.run(args)
+        except ValueError as e:  # an unknown workload or row
+            raise UserError(str(e)) from None
         return 0
     t0 = time.perf_counter()
     mode = {"offload": "offload", "fhe": "fhe", "aegis": "fhe"}.get(args.what, "2pc")

@@ -143,3 +143,16 @@ def test_cli_bench_blb_gpt2_not_supported(tmp_path, capsys):
     rows = _rows(json.loads(path.read_text()))
     assert rows[("gpt2", "BLB")]["status"] == blb.NOT_SUPPORTED
     assert blb.NOT_SUPPORTED in capsys.readouterr().out
+
+
+def test_cli_bench_blb_variants(tmp_path, capsys):
+    """--variants picks the rows (here the two BLB rows of a decoder: nothing runs); an unknown
+    row is a clear error."""
+    from cipherlm.cli import main
+
+    path = tmp_path / "rows.json"
+    assert main(["bench", "blb", "--workloads", "gpt2", "--variants", "BLB,BLB+fused", "--report", str(path)]) == 0
+    rows = _rows(json.loads(path.read_text()))
+    assert set(rows) == {("gpt2", "BLB"), ("gpt2", "BLB+fused")}
+    assert main(["bench", "blb", "--workloads", "gpt2", "--variants", "BLB,bolt"]) == 2
+    assert "unknown bench blb rows ['bolt']" in capsys.readouterr().err

@@ -428,8 +428,13 @@ def format_table(rows: list[dict]) -> str:
 
 def run(args) -> dict:
     """`cipherlm bench blb` (the CLI's arguments)."""
+    variants = getattr(args, "variants", None)
+    variants = VARIANTS if not variants else tuple(v.strip() for v in variants.split(",") if v.strip())
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown bench blb rows {unknown}; one of {', '.join(VARIANTS)}")
     return run_blb_bench(args.workloads, args.layers, args.tokens, getattr(args, "report", None),
-                         embedding=getattr(args, "embedding", None) or "onehot-linear",
+                         variants=variants, embedding=getattr(args, "embedding", None) or "onehot-linear",
                          seed=getattr(args, "seed", 0) or 0, command=sys.argv)
 
 
