@@ -48,12 +48,17 @@ depends on the client's data or on the weights beyond the public parameters.
   the layouts differ (row -> head for P V's probabilities); the paper carries some of
   them as ciphertexts (not yet here).
 
-**Not yet** (docs/blb.md "Not yet"): the paper's spatial-first packing with the fused
-MatMul (`blb_block`'s stacked rows copy each probability over hd slots and leave Q K^T's
-scores in H of every P slots, and every conversion moves a whole ring of N coefficients,
-so the bytes are above the paper's), batching the conversions of one value into one
-protocol run, causal masks and decoders (the scores' -inf), and carrying ciphertexts
-between blocks of one parameter set.
+* Q K^T and P V in section 5's multi-head packing (the server's ``attention``,
+  `blb_params.ATTENTION_PACKINGS`, "auto" by default): Q, K and P V's output change packing
+  through a conversion round trip inside the block (`blb_block._Eval.relayout`); the
+  client answers the "out" of a block value and the later "in" of the same value in
+  another packing (a local permutation of its shares), each checked against the block's
+  values and packings.
+
+**Not yet** (docs/blb.md "Not yet"): the paper's spatial-first packing for the projections
+and norms (stacked rows here: every conversion moves a whole ring of N coefficients, a
+(T, 1) value as many as a (T, d) one, so the bytes are above the paper's), causal masks and
+decoders (the scores' -inf), and carrying ciphertexts between blocks of one parameter set.
 """
 
 from __future__ import annotations
