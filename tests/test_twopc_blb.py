@@ -195,3 +195,27 @@ def test_classify_over_tcp_with_blb():
         assert np.abs(logits - ref).max() < 0.05, (logits, ref)
     finally:
         server.shutdown()
+
+
+def test_client_converts_back_only_what_it_was_given():
+    """A change of packing is an "out" of a block value then an "in" of the same value: the
+    client refuses an "in" of a value the block computes but did not send out first (it holds
+    no share of it), and an "out" of a value that is not the block's."""
+    g = blb_fusion.run(build_graph(_bert()[0]))
+    blk = next(b for b in g.meta["blb_blocks"] if any(g.node(n).op == "qk" for n in b["nodes"]))
+    q = next(g.node(n) for n in blk["nodes"] if g.node(n).op == "qk").inputs[0]  # Q: computed in the block
+    key = (8192, (60, 40, 40), (60,))
+    head = {"n": key[0], "chain": list(key[1]), "special": list(key[2]), "period": 64, "scale_bits": 40}
+    for msg, why in (({"op": "in", "value": q, "layout": "mh_cols/4/12/4", "level": 0, "scale": 2.0 ** 40},
+                      f"asked to convert '{q}'"),
+                     ({"op": "out", "value": "L1.q", "layout": "row"}, "unexpected message")):
+        class Ctx:
+            party = 0
+
+            def recv(self, msgs=[msg]):
+                return msgs.pop(0)
+
+        runner = twopc_blb.BLBRunner(Ctx(), g, None, None)
+        runner.sets[key] = twopc_blb._KeySet(twopc_blb._context(*key), None)
+        with pytest.raises(twopc_blb.BLBError, match=why):
+            runner._answer_block(blk, {}, head)
