@@ -285,8 +285,16 @@ def inspect_blb(config: dict, all_layers: bool = False, tokens: int | None = Non
     from cipherlm.compile.passes import blb_fusion, blb_params
 
     g = blb_fusion.run(build_graph(config))
-    params = blb_params.run(g, tokens=int(tokens or blb_params.TOKENS), strict=False)
-    return (blb_fusion.format_blocks(g, all_layers=all_layers) + "\n"
+    T = int(tokens or blb_params.TOKENS)
+    params = blb_params.run(g, tokens=T, strict=False)
+    att = next((hh for b in g.meta["blb_blocks"] if (hh := blb_params.block_attention(g, b))), None)
+    packing = ""
+    if att is not None:
+        chosen = "rows" if not any(blb_params.block_fused(g, b, "auto", T) for b in g.meta["blb_blocks"]) else "fused"
+        cts = {p: blb_params.attention_cts(p, T, *att) for p in ("rows", "fused")}
+        packing = (f"\nattention packing at {T} tokens: {chosen} (ciphertexts the attention core converts per "
+                   f"layer: rows {cts['rows']}, section 5's fused {cts['fused']}; docs/blb.md)")
+    return (blb_fusion.format_blocks(g, all_layers=all_layers) + packing + "\n"
             + blb_params.format_params(g, params, all_layers=all_layers)
             + f"\n  (projection gains sqrt(d_in) x {blb_params.WEIGHT_RMS}, |gamma| <= {blb_params.GAMMA_MAX:g}, "
             f"values <= 2^{blb_params.VALUE_BITS}: the defaults of passes.blb_params; docs/blb.md)")

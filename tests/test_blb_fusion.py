@@ -262,6 +262,9 @@ def test_cli_inspect_fusion_blb(tmp_path, capsys):
     assert "BLB fused blocks" in out and "5 per layer" in out and "Phi (gelu gate) -> rsqrt" in out
     assert "layers 1..2: the same blocks" in out
     assert "CKKS parameters per block" in out and "  16384 " in out
+    assert "attention packing at 16 tokens: fused" in out  # (inspect's default tokens) section 5's converts less
+    assert cli.main(["inspect", str(tmp_path), "--fusion", "blb", "--tokens", "2"]) == 0
+    assert "attention packing at 2 tokens: rows" in capsys.readouterr().out
     assert cli.main(["inspect", str(tmp_path), "--fusion", "blb", "--all"]) == 0
     blocks, params = capsys.readouterr().out.split("CKKS parameters per block")
     assert sum(" L2 " in line for line in blocks.splitlines()) == 5
