@@ -248,9 +248,8 @@ def attention_layouts(graph: Graph, block: dict, slots: int, tokens: int,
             continue
         if n.attrs.get("causal"):
             raise NotImplementedError(f"{n.name}: a causal mask in section 5's packing (use attention='rows')")
-        H, hd = int(n.attrs["heads"]), int(n.attrs["head_dim"])
-        m = int(tokens) if n.op == "qk" else max(int(tokens), hd)
-        out[n.name] = blb_matmul.make_layout(slots, H, m, hd if n.op == "qk" else m)
+        qk, av = blb_params.attention_mh_layouts(slots, tokens, int(n.attrs["heads"]), int(n.attrs["head_dim"]))
+        out[n.name] = qk if n.op == "qk" else av
     return out
 
 
@@ -509,8 +508,8 @@ class _Eval:
 
     def _mh_vectors(self, a: np.ndarray, kind: str, L: "blb_matmul.MHLayout") -> np.ndarray:
         """Slot vectors (J, slots) of a value in section 5's packing (`blb_matmul.pack_columns`:
-        Q, K, P, with the query / token axis padded to n and a (H, T, 1) reciprocal repeated
-        over the k columns; `pack_rows`: V).  Copies and zeros only (shares keep their dtype)."""
+        Q, K, P, with the query / token axis padded to n, and a (H, T, 1) reciprocal as one
+        vector with it in every group; `pack_rows`: V).  Copies and zeros only (shares keep their dtype)."""
         m = self._mh_heads(a)
         if kind == "mh_rows":
             return blb_matmul.pack_rows(m, L)
@@ -997,11 +996,6 @@ def kv_expansion(graph: Graph, block: dict) -> dict[str, tuple[int, int]]:
     return expand
 
 
-def block_heads(graph: Graph, block: dict) -> tuple[int, int] | None:
-    """(heads, head_dim) of the block's attention nodes (the ``head`` layout), or None."""
-    return next(((int(n.attrs["heads"]), int(n.attrs["head_dim"])) for n in map(graph.node, block["nodes"])
-                 if n.op in ("qk", "av")), None)
-
 
 def block_tokens(inputs: dict) -> int:
     """T: the rows of the block's first two-dimensional input (a (T, C) activation), else the
@@ -1058,7 +1052,7 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots, tokens, attention))
     if scale_bits is None:
         scale_bits = round(math.log2(ctx.q_moduli[ctx.max_level]))
-    ev = _Eval(ctx, be, io if io is not None else LocalIO(keys), evk, period, scale_bits, block_heads(graph, block))
+    ev = _Eval(ctx, be, io if io is not None else LocalIO(keys), evk, period, scale_bits, blb_params.block_attention(graph, block))
     lay = assign_layouts(graph, block, mh)
     _, _, folded = block_depth(nodes, prod, fused=bool(mh))
 

@@ -435,7 +435,7 @@ class BLBRunner:
             raise BLBError(f"block {block['id']}: no key set for the server's parameters")
         if P < 1 or P & (P - 1) or P > ks.hectx.slots:
             raise BLBError(f"block {block['id']}: bad period {P}")
-        ev = _Eval(ks.hectx, self.be, None, None, P, scale_bits, blb_block.block_heads(self.graph, block))
+        ev = _Eval(ks.hectx, self.be, None, None, P, scale_bits, blb_params.block_attention(self.graph, block))
         names = {i["value"] for i in block["inputs"]}
         outs = {o["value"] for o in block["outputs"]}
         inside = {v for n in block["nodes"] for v in self.graph.node(n).outputs}  # values the block computes

@@ -324,6 +324,14 @@ ATTENTION_PACKINGS = ("auto", "rows", "fused")
 REFERENCE_SLOTS = 8192
 
 
+def attention_mh_layouts(slots: int, tokens: int, heads: int, head_dim: int):
+    """(Q K^T's, P V's) `blb_matmul.MHLayout` in section 5's packing: Q K^T n = T, k = head_dim;
+    P V n = k = max(T, head_dim), so that V's head_dim columns fit the n x n output (section
+    5.2's zero padding)."""
+    n = max(int(tokens), int(head_dim))
+    return (blb_matmul.make_layout(slots, heads, int(tokens), head_dim), blb_matmul.make_layout(slots, heads, n, n))
+
+
 def attention_cts(packing: str, tokens: int, heads: int, head_dim: int, slots: int = REFERENCE_SLOTS) -> int:
     """Ciphertexts one layer's attention core converts (both directions) in ``packing``:
 
@@ -341,9 +349,7 @@ def attention_cts(packing: str, tokens: int, heads: int, head_dim: int, slots: i
         return 2 * nq * nq * U + nq
     if packing != "fused":
         raise ValueError(f"attention packing {packing!r}: one of rows, fused")
-    qk = blb_matmul.make_layout(slots, heads, T, head_dim)
-    n = max(T, head_dim)
-    av = blb_matmul.make_layout(slots, heads, n, n)
+    qk, av = attention_mh_layouts(slots, T, heads, head_dim)
     return 2 * nq + 2 * qk.n_cts + qk.n_out + 2 * av.n_cts + 1 + av.n_out + nq
 
 
