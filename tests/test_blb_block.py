@@ -81,7 +81,7 @@ def _params(fam, attention):
     return _PARAMS[key]
 
 
-def _evaluate(fam, bid, family="bert", attention="auto"):
+def _evaluate(fam, bid, family="bert", attention="auto", period=None):
     g, p, vals, _, gains = fam
     b = next(x for x in g.meta["blb_blocks"] if x["id"] == bid)
     pp = _params(fam, attention)[bid]
@@ -91,7 +91,7 @@ def _evaluate(fam, bid, family="bert", attention="auto"):
     stats: dict = {}
     t0 = time.perf_counter()
     out = blb_block.evaluate_block(g, b, {i["value"]: vals[i["value"]] for i in b["inputs"]}, p, ctx, be, keys,
-                                   scale_bits=pp.scale_bits, stats=stats, attention=attention)
+                                   scale_bits=pp.scale_bits, stats=stats, attention=attention, period=period)
     secs = time.perf_counter() - t0
     model = bp.NoiseModel(pp.ring_degree, pp.scale_bits)
     rows = []
@@ -140,6 +140,54 @@ def test_block_matches_plaintext_within_the_noise_model(family, bid, attention):
         assert r["err"] >= 0.1 * r["fresh"], r
         assert r["bound"] <= r["target"] * (1 + 1e-9), r
         assert r["err"] <= r["bound"], r
+
+
+@pytest.mark.parametrize("bid", (0, 1, 3, 4, 5))
+def test_blocks_in_column_chunks_match_plaintext(bert, bid):
+    """At period 16 every row value of the tiny BERT (hidden 48, FFN 96) is split into column
+    chunks of 16 slots (3 and 6 chunks): the projections run per (output, input) chunk, the
+    norms' sums add the chunks before rotating, the element-wise products run per chunk.  The
+    outputs match the plaintext executor within the same noise model, at the same depth."""
+    rows, stats = _evaluate(bert, bid, period=16)
+    pp = bert[3][bid]
+    assert stats["period"] == 16
+    assert stats["top_level"] - stats["deepest"] == pp.depth
+    for r in rows:
+        assert r["err"] >= 0.1 * r["fresh"], r
+        assert r["err"] <= r["bound"], r
+
+
+def test_period_is_the_fewest_ciphertexts():
+    """`block_period` at BERT-base's shapes, 128 tokens, 8192 slots: the FFN-in block (no core
+    width) at 64 slots per row, 73 ciphertexts in and out against 256 at 4096 (d_ff's power of
+    two); the softmax block at 16 (its (H T, 1) row sums fill 3 ciphertexts, not 24); Q K^T's
+    block at heads x head_dim = 1024 in the rows packing, 64 where section 5's packing
+    re-packs Q and K.  A period below the core width is refused."""
+    from cipherlm.bench.twopc import BERT_BASE_CONFIG
+
+    g = blb_fusion.run(build_graph(dict(BERT_BASE_CONFIG, num_hidden_layers=1)))
+    shapes = blb_fusion._shapes(g)
+    T, slots = 128, 8192
+
+    def inputs(b):
+        return {i["value"]: np.zeros([d if isinstance(d, int) else T for d in shapes[i["value"]]]) for i in b["inputs"]}
+
+    def cts(b, P):
+        return sum(-(-n // (slots // P)) * -(-c // P) for n, c in blb_block._row_values(g, b, inputs(b)))
+
+    blocks = {b["id"]: b for b in g.meta["blb_blocks"]}
+    ffn_in = next(b for b in blocks.values() if any(n.endswith("ffn.up") for n in b["nodes"]))
+    assert blb_block.block_period(g, ffn_in, inputs(ffn_in), slots) == 64
+    assert (cts(ffn_in, 64), cts(ffn_in, 4096)) == (73, 256)
+    soft = next(b for b in blocks.values() if any(n.endswith("softmax.sum") for n in b["nodes"]))
+    assert blb_block.block_period(g, soft, inputs(soft), slots) == 16 and cts(soft, 16) == 51
+    qkb = next(b for b in blocks.values() if any(g.node(n).op == "qk" for n in b["nodes"]))
+    qk = next(n for n in qkb["nodes"] if g.node(n).op == "qk")
+    assert blb_block.core_period(g, qkb) == 1024 == blb_block.block_period(g, qkb, inputs(qkb), slots)
+    assert blb_block.block_period(g, qkb, inputs(qkb), slots, fused={qk: None}) == 64
+    fam = _family("bert")
+    with pytest.raises(ValueError, match="period"):
+        _evaluate(fam, 1, attention="rows", period=16)
 
 
 def test_softmax_squarings_within_a_squaring_aware_bound(bert):

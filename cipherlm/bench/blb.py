@@ -197,7 +197,8 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray, attention: st
     setup_pass = _delta(stats1.get("setup", {}), stats0.get("setup", {}))
     return {"output": out, "seconds": seconds, "channel": _delta(chan1, chan0), "setup_pass": setup_pass,
             "by_class": by_class, "setup_total": summary1.get("setup"),
-            "block_stats": list(getattr(getattr(enc, "runner", None), "block_stats", []) or [])}
+            "block_stats": list(getattr(getattr(enc, "runner", None), "block_stats", []) or []),
+            "conversions": list(getattr(getattr(enc, "runner", None), "conversions", []) or [])}
 
 
 def _bytes(c: dict) -> int:
@@ -267,6 +268,7 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
         blocks = [{"block": int(b["block"]), "seconds": float(b["seconds"]), "bytes": _bytes(b), "flights": _flights(b)}
                   for b in r1["block_stats"]]
         row["he_blocks"] = {"count": len(blocks), "seconds": sum(b["seconds"] for b in blocks), "blocks": blocks}
+        row["conversions"] = r1["conversions"]  # the server's records: block, value, direction, cts, level, bytes
     return row
 
 

@@ -263,28 +263,71 @@ def value_shape(x) -> tuple:
     return tuple(np.shape(x))
 
 
-def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray]) -> int:
-    """P: the smallest power of two >= every width that must sit in one period (heads x
-    head_dim of the attention nodes and RoPE, the width a row sum runs over); wider values
-    (an FFN's d_ff) are split into column chunks of P (`_Eval`).  A block with none of
-    those: every width of its values, inputs and projections."""
+#: the narrowest period `block_period` considers for a block whose values can all be split into
+#: column chunks (narrower periods only add chunks: more rotations for no fewer ciphertexts)
+MIN_PERIOD = 16
+
+
+def core_period(graph: Graph, block: dict, fused=()) -> int:
+    """The smallest period the block can run at: a power of two holding every width that has
+    to sit in one period, heads x head_dim of the attention nodes in the rows packing (not
+    those named in ``fused``, in section 5's packing: their operands are re-packed,
+    `attention_layouts`) and RoPE's width; `MIN_PERIOD` for a block with none.  Every other
+    value can be split into column chunks of P (`_Eval`: a projection runs per (output chunk,
+    input chunk), a row sum adds the chunks before its rotate-and-sum, an element-wise
+    operation runs per chunk)."""
     shapes = _shapes(graph)
-    core, widths = [], [value_shape(inputs[i["value"]])[-1] for i in block["inputs"] if i["value"] in inputs]
+    core = []
+    for name in block["nodes"]:
+        n = graph.node(name)
+        if n.op in ("qk", "av") and n.name not in fused:
+            core.append(int(n.attrs["heads"]) * int(n.attrs["head_dim"]))
+        elif n.op == "rope":
+            w = shapes[n.inputs[0]][-1]
+            core.append(int(w) if isinstance(w, int) else int(n.attrs["heads"]) * int(n.attrs["head_dim"]))
+    return _pow2(max(core)) if core else MIN_PERIOD
+
+
+def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray], slots: int, fused=()) -> int:
+    """P, the slots per row of the block's row layout: among the powers of two from
+    `core_period` up to the widest value, the one whose block inputs and outputs fill the
+    fewest ciphertexts of ``slots`` slots, since every conversion moves whole ciphertexts (a
+    larger P on a tie: fewer chunks, fewer rotations).  For BERT-base's FFN-in block at 128
+    tokens and 8192 slots: 73 ciphertexts at P = 64 against 256 at P = 4096, the smallest
+    power of two that holds d_ff (the (T, 1) rsqrt input alone: 1 against 64)."""
+    lo = core_period(graph, block, fused)
+    widths = [value_shape(inputs[i["value"]])[-1] for i in block["inputs"] if i["value"] in inputs]
     for name in block["nodes"]:
         n = graph.node(name)
         last = n.shape[-1] if n.shape else 1
         if isinstance(last, int):
             widths.append(last)
-        if n.op in ("qk", "av"):
-            core.append(int(n.attrs["heads"]) * int(n.attrs["head_dim"]))
-        elif n.op == "rope":
-            core.append(int(shapes[n.inputs[0]][-1]) if isinstance(shapes[n.inputs[0]][-1], int) else last)
-        elif n.op == "reduce_sum":
-            w = shapes[n.inputs[0]][-1]
-            core.append(int(w) if isinstance(w, int) else value_shape(inputs.get(n.inputs[0], np.zeros(1)))[-1])
         if n.op == "linear":
             widths += [int(n.attrs["d_in"]), int(n.attrs["d_out"])]
-    return _pow2(max(core) if core else max(widths))
+    hi = min(max(lo, _pow2(max(widths, default=1))), slots)
+    rows = _row_values(graph, block, inputs)
+    best = (None, lo)
+    for P in (1 << k for k in range(lo.bit_length() - 1, hi.bit_length())):
+        cts = sum(-(-n // (slots // P)) * -(-c // P) for n, c in rows)
+        if best[0] is None or cts <= best[0]:
+            best = (cts, P)
+    return best[1]
+
+
+def _row_values(graph: Graph, block: dict, inputs: dict) -> list[tuple[int, int]]:
+    """(rows, width) of the block's inputs and outputs in the row layout (leading axes
+    flattened into rows): what its conversions carry.  A symbolic axis of an output's shape
+    (T, or S without a cache) reads as the inputs' tokens."""
+    shapes = _shapes(graph)
+    tokens = block_tokens(inputs)
+    out = []
+    for v in [i["value"] for i in block["inputs"]] + [o["value"] for o in block["outputs"]]:
+        sh = value_shape(inputs[v]) if v in inputs else shapes.get(v)
+        if not sh:
+            continue
+        dims = [int(d) if isinstance(d, (int, np.integer)) else tokens for d in sh]
+        out.append((int(np.prod(dims[:-1])) if len(dims) > 1 else 1, dims[-1]))
+    return out
 
 
 def chunk_widths(width: int, period: int) -> list[int]:
@@ -1011,7 +1054,7 @@ def block_tokens(inputs: dict) -> int:
 def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
                    ctx, be, keys, evk=None, *, scale_bits: int | None = None, positions=None, pos0: int = 0,
                    stats: dict | None = None, io=None, attention: str = "auto",
-                   tokens: int | None = None) -> dict[str, np.ndarray]:
+                   tokens: int | None = None, period: int | None = None) -> dict[str, np.ndarray]:
     """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
     value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
     (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
@@ -1026,7 +1069,9 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     and the inputs / outputs are whatever the io takes and returns (shares).  ``attention``:
     the packing of Q K^T / P V (`blb_params.ATTENTION_PACKINGS`, resolved at ``tokens``,
     default `block_tokens` of the inputs); it must be the one ``params`` were chosen for
-    (`blb_params.run(..., attention=, tokens=)`: section 5's products take more levels)."""
+    (`blb_params.run(..., attention=, tokens=)`: section 5's products take more levels).
+    ``period``: the slots per row (default `block_period`, the fewest ciphertexts; any power
+    of two at least the core widths works, wider values in column chunks)."""
     check_block(graph, block)
     nodes = [graph.node(n) for n in block["nodes"]]
     missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
@@ -1045,9 +1090,13 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             else:
                 a = a.reshape(a.shape[0], -1, hd)
             inputs[v] = np.repeat(a, r, axis=1).reshape(a.shape[0], -1)
-    period = block_period(graph, block, inputs)
     tokens = block_tokens(inputs) if tokens is None else int(tokens)
     mh = attention_layouts(graph, block, ctx.slots, tokens, attention)
+    if period is None:
+        period = block_period(graph, block, inputs, ctx.slots, fused=mh)
+    elif period & (period - 1) or not core_period(graph, block, mh) <= period <= ctx.slots:
+        raise ValueError(f"block {block['id']}: period {period} is not a power of two in "
+                         f"[{core_period(graph, block, mh)}, {ctx.slots}]")
     if evk is None:
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots, tokens, attention))
     if scale_bits is None:

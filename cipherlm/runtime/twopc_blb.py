@@ -63,6 +63,7 @@ decoders (the scores' -inf), and carrying ciphertexts between blocks of one para
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -263,16 +264,19 @@ class ConversionIO:
             for idx in np.ndindex(*cts.shape):
                 cts[idx] = be.encrypt_public(hc, self.ks.side.pk, ev.pt(vecs[idx], level, scale))
             return Packed(cts, layout, tuple(np.shape(arr.rows)), dirty, shifts=shifts)
-        with self.runner.meter("conversions", self.block["name"]):
+        with self.runner.meter("conversions", self.block["name"]), self.runner.record(name, "in", level) as rec:
             ctx.send({"op": "in", "value": name, "layout": layout, "level": int(level), "scale": float(scale)})
-            return convert_in(ctx, self.ks, ev, arr, layout, level, scale)
+            got = convert_in(ctx, self.ks, ev, arr, layout, level, scale)
+            rec["cts"] = int(got.cts.size)
+            return got
 
     def decrypt(self, ev: _Eval, name: str, x: Packed) -> AShare:
         if x.keep is not None:
             raise NotImplementedError(f"{name}: masked scores (-inf) cannot leave a block as shares")
         x.present = np.vectorize(lambda c: c is not None, otypes=[bool])(x.cts)
-        with self.runner.meter("conversions", self.block["name"]):
+        with self.runner.meter("conversions", self.block["name"]), self.runner.record(name, "out", 0) as rec:
             self.runner.ctx.send({"op": "out", "value": name, **_packing_header(x)})
+            rec["cts"] = int(x.present.sum())
             return convert_out(self.runner.ctx, self.ks, ev, x)
 
 
@@ -299,6 +303,10 @@ class BLBRunner:
         self.sets: dict[tuple, _KeySet] = {}
         self._bparams: dict[int, list] = {}  # tokens -> blb_params.run(...) (server)
         self.block_stats: list[dict] = []
+        #: the server's conversions, one record each: block, value, direction ("in": Algorithm 2,
+        #: "out": Algorithm 1), ciphertexts, level, bytes both ways (`record`)
+        self.conversions: list[dict] = []
+        self._block_id = -1
 
     @property
     def server(self) -> bool:
@@ -365,10 +373,21 @@ class BLBRunner:
         self._client_set = ks
 
     # -- one block
+    @contextlib.contextmanager
+    def record(self, value: str, direction: str, level: int):
+        """Count one conversion's bytes (both directions, through the channel) into `conversions`."""
+        before = self.ctx.chan.totals()
+        rec = {"block": self._block_id, "value": value, "direction": direction, "level": int(level), "cts": 0}
+        yield rec
+        after = self.ctx.chan.totals()
+        rec["bytes"] = int(sum(after[k] - before[k] for k in ("bytes_sent", "bytes_received")))
+        self.conversions.append(rec)
+
     def run_block(self, block: dict, inputs: dict, tokens: int) -> dict:
         """Both parties: the block's outputs as shares {value: AShare} from its inputs {value:
         AShare | ServerRows} (the server's own shares / rows; the client's shares)."""
         t0 = time.perf_counter()
+        self._block_id = int(block["id"])
         before = self.ctx.chan.totals()
         if self.server:
             out = self._server_block(block, inputs, tokens)
@@ -382,7 +401,8 @@ class BLBRunner:
 
     def _server_block(self, block: dict, inputs: dict, tokens: int) -> dict:
         bp = self._block_params(block, tokens)
-        period = blb_block.block_period(self.graph, block, inputs)
+        period = blb_block.block_period(self.graph, block, inputs, bp.ring_degree // 2, fused=blb_block.attention_layouts(
+            self.graph, block, bp.ring_degree // 2, tokens, self.attention))
         steps = blb_block.block_steps(self.graph, block, period, bp.ring_degree // 2, tokens, self.attention)
         have = self.sets.get(_set_key(bp))
         keys = have is None or not set(steps) <= have.steps
@@ -393,7 +413,7 @@ class BLBRunner:
         ks = self._ensure_keys(bp, steps)
         out = blb_block.evaluate_block(self.graph, block, inputs, self.params, ks.hectx, self.be, None, ks.evk,
                                        scale_bits=bp.scale_bits, io=ConversionIO(self, ks, block),
-                                       attention=self.attention, tokens=tokens)
+                                       attention=self.attention, tokens=tokens, period=period)
         with self.meter("conversions", block["name"]):
             self.ctx.send({"op": "end"})
         return out
