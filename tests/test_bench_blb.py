@@ -1,5 +1,6 @@
 """`cipherlm bench blb` (issue 16 item 6, `cipherlm.bench.blb`): the tiny BERT (1 layer, 4
-tokens) through the three rows (BFV+MPC, BLB, BLB+fused) in process: the report's structure, bytes / flights
+tokens) through the three rows (BFV+MPC, BLB, BLB+fused) in process, and a tiny GPT-2 through two:
+the report's structure, bytes / flights
 equal to the channel counters they come from (set-up excluded), the Figure 11-like breakdown
 summing to them, the hidden-state errors against the plaintext executor, and the modelled
 times from `NetworkModel.seconds` at the BLB paper's section 7.1 settings.  No timing
@@ -25,7 +26,7 @@ def bench(tmp_path_factory):
     if not lattigo.available():
         pytest.skip(lattigo.unavailable_reason())
     path = tmp_path_factory.mktemp("bench_blb") / "blb.json"
-    out = blb.run_blb_bench("tiny,gpt2", layers=1, tokens=TOKENS, report=str(path), command=["test"])
+    out = blb.run_blb_bench("tiny", layers=1, tokens=TOKENS, report=str(path), command=["test"])
     return out, json.loads(path.read_text())
 
 
@@ -42,10 +43,7 @@ def test_report_structure(bench):
     assert m["cores"] >= 1 and len(m["load_average"]) == 3 and len(m["load_average_end"]) == 3
     assert set(written["networks"]) == {"LAN", "WAN1", "WAN2", "WAN3"}
     rows = _rows(written)
-    assert set(rows) == {(w, v) for w in ("tiny", "gpt2") for v in blb.VARIANTS}
-    for v in ("BLB", "BLB+fused"):
-        assert rows[("gpt2", v)]["status"] == blb.NOT_SUPPORTED
-        assert "bytes" not in rows[("gpt2", v)]
+    assert set(rows) == {("tiny", v) for v in blb.VARIANTS}
     for v in blb.VARIANTS:
         r = rows[("tiny", v)]
         assert r["status"] == "ok" and r["layers"] == 1 and r["tokens"] == TOKENS
@@ -126,7 +124,8 @@ def test_modelled_times_follow_the_network_model(bench):
 
 
 def test_table_prints_every_row(bench):
-    text = blb.format_table(bench[0]["rows"])
+    none = blb.unsupported_row({"workload": "moe", "unsupported": "why", "layers": 1, "tokens": 4}, "BLB")
+    text = blb.format_table(bench[0]["rows"] + [none])
     assert "tiny" in text and "BLB" in text and blb.NOT_SUPPORTED in text
 
 
@@ -135,24 +134,22 @@ def test_unknown_workload():
         blb.run_blb_bench("gpt3", echo=False)
 
 
-def test_cli_bench_blb_gpt2_not_supported(tmp_path, capsys):
-    from cipherlm.cli import main
-
-    path = tmp_path / "gpt2.json"
-    assert main(["bench", "blb", "--workloads", "gpt2", "--report", str(path)]) == 0
-    rows = _rows(json.loads(path.read_text()))
-    assert rows[("gpt2", "BLB")]["status"] == blb.NOT_SUPPORTED
-    assert blb.NOT_SUPPORTED in capsys.readouterr().out
-
-
-def test_cli_bench_blb_variants(tmp_path, capsys):
-    """--variants picks the rows (here the two BLB rows of a decoder: nothing runs); an unknown
-    row is a clear error."""
+def test_cli_bench_blb_decoder_rows(tmp_path, capsys):
+    """A decoder workload (a tiny GPT-2, its logits over every position: teacher forcing) through
+    the rows ``--variants`` picks: both run, their logits near the plaintext executor's, BLB's
+    bytes are conversions and cores only; an unknown row is a clear error."""
     from cipherlm.cli import main
 
     path = tmp_path / "rows.json"
-    assert main(["bench", "blb", "--workloads", "gpt2", "--variants", "BLB,BLB+fused", "--report", str(path)]) == 0
+    assert main(["bench", "blb", "--workloads", "tiny-gpt2", "--variants", "BFV+MPC,BLB+fused", "--report",
+                 str(path)]) == 0
     rows = _rows(json.loads(path.read_text()))
-    assert set(rows) == {("gpt2", "BLB"), ("gpt2", "BLB+fused")}
-    assert main(["bench", "blb", "--workloads", "gpt2", "--variants", "BLB,bolt"]) == 2
+    assert set(rows) == {("tiny-gpt2", "BFV+MPC"), ("tiny-gpt2", "BLB+fused")}
+    for r in rows.values():
+        assert r["status"] == "ok" and r["bytes"] > 0 and r["max_abs_error"] < 0.05, r["variant"]
+    fused = rows[("tiny-gpt2", "BLB+fused")]
+    assert fused["fusion"] == "blb" and fused["breakdown"]["linear_he"] == 0 and fused["breakdown"]["conversions"] > 0
+    assert any(c["value"].endswith(".qk") for c in fused["conversions"])  # the causal scores left their block
+    assert "tiny-gpt2" in capsys.readouterr().out
+    assert main(["bench", "blb", "--workloads", "tiny-gpt2", "--variants", "BLB,bolt"]) == 2
     assert "unknown bench blb rows ['bolt']" in capsys.readouterr().err

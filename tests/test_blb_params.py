@@ -34,8 +34,8 @@ def test_every_block_secure_and_within_target(name):
     prod = g.producers()
     for p in params:
         b = blocks[p.block]
-        fused = bp.block_fused(g, b, "auto", 16)  # section 5's packing: the attention blocks of the encoders
-        assert fused == (name in ("bert", "minilm") and bp.block_attention(g, b) is not None)
+        fused = bp.block_fused(g, b, "auto", 16)  # section 5's packing: every attention block (causal too)
+        assert fused == (bp.block_attention(g, b) is not None)
         depth = blb_fusion.block_depth([g.node(n) for n in b["nodes"]], prod, fused=fused)[0]
         assert p.depth == depth and len(p.chain) == len(p.output_primes) + p.depth
         assert depth == b["depth"] or fused

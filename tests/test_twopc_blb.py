@@ -146,8 +146,69 @@ def test_fusion_in_the_public_plan():
     llama = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32, rms_norm_eps=1e-6,
                  tie_word_embeddings=False)
-    with pytest.raises(twopc.TwoPCError, match="encoders"):
-        twopc.public_plan(llama, None, fusion="blb")
+    assert twopc.public_plan(llama, None, fusion="blb")["fusion"] == "blb"  # decoders: whole passes
+    moe = dict(llama, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    with pytest.raises(twopc.TwoPCError, match="MoE"):
+        twopc.public_plan(moe, None, fusion="blb")
+
+
+_DECODERS = {
+    # GPT-2: LayerNorm, tanh-GeLU, learned positions (a server-known input), tied head
+    "gpt2": (T.GPT2Config, T.GPT2LMHeadModel, dict(vocab_size=96, n_embd=48, n_layer=1, n_head=4, n_positions=64,
+                                                     bos_token_id=0, eos_token_id=0, initializer_range=0.1)),
+    # Llama: RMSNorm, RoPE, SiLU-gated FFN, grouped-query attention (2 KV heads for 4)
+    "llama": (T.LlamaConfig, T.LlamaForCausalLM, dict(vocab_size=96, hidden_size=64, intermediate_size=128,
+                                                       num_hidden_layers=1, num_attention_heads=4,
+                                                       num_key_value_heads=2, max_position_embeddings=64,
+                                                       rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                                       initializer_range=0.1, bos_token_id=0, eos_token_id=0)),
+}
+
+
+@pytest.mark.parametrize("family,attention", [("gpt2", "auto"), ("gpt2", "rows"), ("llama", "auto")])
+def test_blb_decoder_pass_matches_plaintext(family, attention):
+    """A decoder's whole pass (teacher forcing: logits of every position) with BLB fusion in
+    the 2pc mode against the plaintext executor: the causal scores leave Q K^T's block with
+    the public mask set on the shares (section 5's packing at these sizes), the rest as for
+    the encoders; with the rows packing the masked pair-grid ciphertexts are not computed and
+    V comes back in as rows from its per-head cache layout on both sides.  Logits within the
+    fixed-point error and the same argmax at every position;
+    the next-token output opens the last argmax to the client only; generation is refused."""
+    if not lattigo.available():
+        pytest.skip(lattigo.unavailable_reason())
+    cfg_cls, model_cls, kw = _DECODERS[family]
+    cfg = cfg_cls(**kw)
+    cfg._attn_implementation = "eager"
+    _, w = build_hf(cfg, model_cls, seed=5)
+    config = cfg.to_dict()
+    w = normalize_weights(config, w)
+    n = 6
+    ids = np.random.default_rng(1).integers(0, config["vocab_size"], n)
+    g = build_graph(config)
+    ex = GraphExecutor(g, bind(g, w), dtype=np.float64)
+    ref = ex.run({"ids": ids, "positions": np.arange(n)}, {"pos0": 0, "T": n, "positions": np.arange(n)},
+                 ex.new_cache())["logits"]
+    sm = twopc_blb.server_model_blb(config, w)
+    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb")
+
+    def party(ctx):
+        dec = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan,
+                                  attention=attention if ctx.party == 1 else "auto")
+        assert isinstance(dec, twopc_blb.BLBDecoder)
+        logits = dec.forward(ids if ctx.party == 0 else None, n).reveal_float(to=0)
+        nxt = dec.forward(ids if ctx.party == 0 else None, n, last_only=True, outputs=("next_token",))
+        with pytest.raises(twopc_blb.BLBError, match="KV cache"):
+            dec.generate(ids if ctx.party == 0 else None, n, 2)
+        return logits, nxt, [r for r in dec.runner.conversions if r["value"].endswith("qk")]
+
+    (logits, nxt, _), (l1, n1, qk) = run_inprocess(party, timeout=1200)  # the server records conversions
+    assert l1 is None and n1 is None
+    assert logits.shape == ref.shape == (n, config["vocab_size"])
+    err = np.abs(logits - ref).max()
+    assert err < 0.03 * max(1.0, np.abs(ref).max()), err
+    assert (logits.argmax(-1) == ref.argmax(-1)).all()
+    assert list(nxt) == [int(ref[-1].argmax())]
+    assert qk and all(r["direction"] == "out" for r in qk)  # the masked scores did leave their block
 
 
 def test_client_checks_the_plans_fusion():

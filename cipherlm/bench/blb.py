@@ -1,16 +1,17 @@
 """`cipherlm bench blb`: the BLB ablation (issue 16 item 6, BLB paper Table 11 / Figure 11).
 
-For each workload the same random token ids go through two rows, both parties in this
+For each workload the same random token ids go through the rows, both parties in this
 process (`mpc.runner.run_inprocess`, two threads over an in-process channel), each row's
 executor picked by its plan's ``fusion`` (`runtime.twopc.public_plan`, `make_twopc_executor`):
 
-* ``BFV+MPC``: today's 2pc pipeline (`runtime.twopc.TwoPCEncoder`, Bumblebee-style: every
-  linear operator an HE product followed by the HE -> MPC conversion and a truncation;
-  Table 11's baseline);
-* ``BLB``: `runtime.twopc_blb.BLBEncoder` (FineGrainFusion + the CKKS <-> MPC conversions of
-  section 6: the fused blocks evaluated by the server in CKKS, the nonlinear cores on
-  shares).  The paper's third row (+ fused ct-ct MatMul, section 5) is not a separate
-  switch of the encoder yet.
+* ``BFV+MPC``: today's 2pc pipeline (`runtime.twopc.TwoPCEncoder` / `TwoPCDecoder`,
+  Bumblebee-style: every linear operator an HE product followed by the HE -> MPC conversion
+  and a truncation; Table 11's baseline);
+* ``BLB``: `runtime.twopc_blb.BLBEncoder` / `BLBDecoder` (FineGrainFusion + the CKKS <-> MPC
+  conversions of section 6: the fused blocks evaluated by the server in CKKS, the nonlinear
+  cores on shares), Q K^T / P V on the rows' pair grid;
+* ``BLB+fused``: the same with Q K^T / P V in section 5's multi-head packing and fused ct-ct
+  MatMul (Table 11's third row; `ATTENTION`).
 
 Per row (the client's channel, exact counters, `net.channel`):
 
@@ -32,15 +33,19 @@ Per row (the client's channel, exact counters, `net.channel`):
   (the softmax / norm / activation cores on shares), ``linear_he`` (BFV+MPC's HE ciphertext
   transfers of the linear layers and attention products; BLB has none outside the blocks),
   ``embedding`` and ``other``; ``by_class`` is the meter's finer table;
-* ``max_abs_error``: the hidden states against the plaintext executor
-  (`runtime.graph_executor.GraphExecutor`, float64) on the same ids.
+* ``max_abs_error``: the hidden states (decoders: the logits of every position, one
+  teacher-forcing pass) against the plaintext executor (`runtime.graph_executor.GraphExecutor`,
+  float64) on the same ids.
 
 Workloads (`WORKLOADS`): ``minilm`` (all-MiniLM-L6-v2, real weights; default 1 of its 6
 layers, 8 tokens), ``bert-base`` (BERT-base shape, random weights initialised like Hugging
 Face's, `bench.twopc.random_bert_weights`; default 1 layer, 8 tokens), ``tiny`` (a tiny random
-BERT, d = 48, for tests; 1 layer, 4 tokens) and ``gpt2`` (the 2pc plan refuses BLB fusion for
-decoders so far: reported as "not supported yet" with the plan's reason, nothing is run).  The defaults fit a 2-vCPU machine; the issue's
-sizes (BERT-base 128 tokens, MiniLM 6 layers 128 tokens) are ``--tokens`` / ``--layers``.
+BERT, d = 48, for tests; 1 layer, 4 tokens), ``gpt2`` (GPT2-base shape, random weights at
+GPT-2's initialisation scale, `bench.twopc.random_gpt2_weights`; the whole pass to the logits
+of every position, the tied LM head included; default 1 layer, 8 tokens) and ``tiny-gpt2`` (d =
+48, for tests).  A workload the 2pc plan refuses (none now) is reported as "not supported yet"
+with the plan's reason.  The defaults fit a 2-vCPU machine; the issue's sizes (BERT-base 128
+tokens, MiniLM 6 layers 128 tokens, GPT2-base 64 tokens) are ``--tokens`` / ``--layers``.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from cipherlm.runtime.twopc_executors import make_twopc_executor
 #: `cipherlm bench blb` without --workloads
 DEFAULT_WORKLOADS = "minilm,gpt2"
 #: workload -> (default layers, default tokens)
-WORKLOADS = {"tiny": (1, 4), "minilm": (1, 8), "bert-base": (1, 8), "gpt2": (1, 8)}
+WORKLOADS = {"tiny": (1, 4), "tiny-gpt2": (1, 4), "minilm": (1, 8), "bert-base": (1, 8), "gpt2": (1, 8)}
 #: Table 11's ablation rows: the layer-by-layer baseline; + FineGrainFusion and the CKKS
 #: conversions (Q K^T / P V on the rows' pair grid); + section 5's fused MatMul (their
 #: multi-head packing, `compile.passes.blb_params.ATTENTION_PACKINGS`)
@@ -78,7 +83,8 @@ CATEGORIES = {
 }
 NOT_SUPPORTED = "not supported yet"
 
-#: GPT2-base's shape (the issue's decoder workload; only its config is used: BLB is refused)
+#: GPT2-base's shape (the issue's decoder workload; random weights at GPT-2's initialisation
+#: scale, `random_gpt2_weights`)
 GPT2_BASE_CONFIG = {
     "model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "n_ctx": 1024,
     "vocab_size": 50257, "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
@@ -91,6 +97,8 @@ TINY_CONFIG = {
     "intermediate_size": 96, "hidden_act": "gelu", "layer_norm_eps": 1e-12, "vocab_size": 120,
     "max_position_embeddings": 64, "type_vocab_size": 2, "position_embedding_type": "absolute",
 }
+#: a tiny GPT-2 (d = 48, for tests)
+TINY_GPT2_CONFIG = dict(GPT2_BASE_CONFIG, n_embd=48, n_head=4, n_layer=1, n_positions=64, n_ctx=64, vocab_size=96)
 #: the tiny BERT's weight scale (0.1 like tests/test_twopc_blb.py's initializer_range, so that
 #: attention is not uniform; BERT's own 0.02 for bert-base)
 TINY_STD = 0.1
@@ -104,13 +112,13 @@ def _log(msg: str) -> None:
 
 
 def prepare(workload: str, layers: int | None = None, tokens: int | None = None, seed: int = 0) -> dict:
-    """Config, weights, token ids and the plaintext reference of one workload (encoders), or
+    """Config, weights, token ids and the plaintext reference of one workload, or
     the reason it is not run (``{"unsupported": reason}``)."""
     from ..compile import bind, build_graph
     from ..models import normalize_weights
     from ..runtime import twopc
     from ..runtime.graph_executor import GraphExecutor
-    from .twopc import BERT_BASE_CONFIG, random_bert_weights
+    from .twopc import BERT_BASE_CONFIG, random_bert_weights, random_gpt2_weights
 
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
@@ -119,13 +127,13 @@ def prepare(workload: str, layers: int | None = None, tokens: int | None = None,
     if L < 1 or T < 1:
         raise ValueError("layers and tokens must be positive")
     base = {"workload": workload, "layers": L, "tokens": T}
-    if workload == "gpt2":  # the 2pc plan refuses BLB fusion for decoders: its reason is the row's
-        try:
-            twopc.public_plan(GPT2_BASE_CONFIG, None, embedding="onehot-linear", fusion="blb")
-        except twopc.TwoPCError as e:
-            return {**base, "unsupported": str(e)}
-        raise ValueError("gpt2: the 2pc plan now accepts BLB fusion for decoders; run it here")
-    if workload == "minilm":
+    if workload in ("gpt2", "tiny-gpt2"):
+        cfg = GPT2_BASE_CONFIG if workload == "gpt2" else TINY_GPT2_CONFIG
+        config = dict(cfg, n_layer=L)
+        weights = normalize_weights(config, random_gpt2_weights(config, L, seed=seed,
+                                                                std=0.02 if workload == "gpt2" else TINY_STD))
+        lo = 0
+    elif workload == "minilm":
         from ..models import load_model
 
         lm = load_model("minilm-l6")
@@ -147,15 +155,17 @@ def prepare(workload: str, layers: int | None = None, tokens: int | None = None,
             k = TINY_STD / 0.02
             weights = {n: (a if "LayerNorm" in n else (a * k).astype(np.float32)) for n, a in weights.items()}
         lo = 1000 if workload == "bert-base" else 0
-    if twopc.model_kind(config)[0] != "encoder":
-        return {**base, "unsupported": "BLBEncoder runs encoders only"}
-    if T > config["max_position_embeddings"]:
-        raise ValueError(f"{workload}: at most {config['max_position_embeddings']} tokens")
+    kind, _, max_pos = twopc.model_kind(config)
+    if T > max_pos:
+        raise ValueError(f"{workload}: at most {max_pos} tokens")
     ids = np.random.default_rng(seed + 1).integers(lo, config["vocab_size"], T).astype(np.int64)
     g = build_graph(config)
-    ref = GraphExecutor(g, bind(g, weights), dtype=np.float64).run(
-        {"ids": ids, "positions": np.arange(T), "token_types": np.zeros(T, np.int64)},
-        {"pos0": 0, "T": T, "positions": np.arange(T)})["hidden"]
+    ex = GraphExecutor(g, bind(g, weights), dtype=np.float64)
+    pass_ctx = {"pos0": 0, "T": T, "positions": np.arange(T)}
+    if kind == "encoder":
+        ref = ex.run({"ids": ids, "positions": np.arange(T), "token_types": np.zeros(T, np.int64)}, pass_ctx)["hidden"]
+    else:  # a decoder's whole pass (teacher forcing): the logits of every position
+        ref = ex.run({"ids": ids, "positions": np.arange(T)}, pass_ctx, ex.new_cache())["logits"]
     return {**base, "config": config, "weights": weights, "ids": ids, "ref": np.asarray(ref, np.float64)}
 
 
@@ -176,7 +186,8 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray, attention: st
     meter = twopc.OpMeter(ctx.chan)
     enc = make_twopc_executor(ctx, config, server if ctx.party == 1 else None, plan, meter=meter,
                               attention=attention)
-    if type(enc).__name__ != {"none": "TwoPCEncoder", "blb": "BLBEncoder"}[plan["fusion"]]:
+    want = {"none": ("TwoPCEncoder", "TwoPCDecoder"), "blb": ("BLBEncoder", "BLBDecoder")}[plan["fusion"]]
+    if type(enc).__name__ not in want:
         raise RuntimeError(f"fusion {plan['fusion']!r} gave {type(enc).__name__}")
     with meter("setup"):
         he_session(ctx)
@@ -184,7 +195,8 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray, attention: st
     n = int(ids.size)
     summary0, stats0, chan0 = meter.summary(), meter.stats(), ctx.chan.totals()
     t0 = time.perf_counter()
-    h = enc.encode_shares(ids if ctx.party == 0 else None, n)
+    mine = ids if ctx.party == 0 else None
+    h = enc.encode_shares(mine, n) if enc.graph.kind == "encoder" else enc.forward(mine, n)  # decoders: logits
     seconds = time.perf_counter() - t0
     summary1, stats1, chan1 = meter.summary(), meter.stats(), ctx.chan.totals()
     out = h.reveal_float(to=0)
@@ -230,7 +242,7 @@ def network_seconds(compute_seconds: float, total_bytes: int, flights: int) -> d
 
 
 def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeout: float = 7200.0) -> dict:
-    """One ablation row (JSON-able) of a prepared encoder workload."""
+    """One ablation row (JSON-able) of a prepared workload."""
     from ..mpc.runner import run_inprocess
     from ..runtime import twopc
 

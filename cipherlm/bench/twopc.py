@@ -70,6 +70,32 @@ def random_bert_weights(cfg: dict, layers: int, seed: int = 0) -> dict[str, np.n
     return w
 
 
+def random_gpt2_weights(cfg: dict, layers: int, seed: int = 0, std: float = 0.02) -> dict[str, np.ndarray]:
+    """Hugging Face-named GPT-2 weights (Conv1D layout: (in, out)) drawn like GPT-2's
+    initialisation (normal, std 0.02; norms 1 + small noise), for the first ``layers`` blocks;
+    the head is tied to the token embedding (`models.normalize_weights`).  Public benchmark
+    data, not secrets."""
+    rng = np.random.default_rng(seed)
+    d = cfg["n_embd"]
+    f = cfg.get("n_inner") or 4 * d
+
+    def normal(*shape):
+        return rng.normal(0, std, shape).astype(np.float32)
+
+    w = {"transformer.wte.weight": normal(cfg["vocab_size"], d), "transformer.wpe.weight": normal(cfg["n_positions"], d),
+         "transformer.ln_f.weight": (1 + normal(d)).astype(np.float32), "transformer.ln_f.bias": normal(d)}
+    for i in range(layers):
+        p = f"transformer.h.{i}"
+        for name, (n_in, n_out) in {"attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, f),
+                                    "mlp.c_proj": (f, d)}.items():
+            w[f"{p}.{name}.weight"] = normal(n_in, n_out)
+            w[f"{p}.{name}.bias"] = normal(n_out)
+        for ln in ("ln_1", "ln_2"):
+            w[f"{p}.{ln}.weight"] = (1 + normal(d)).astype(np.float32)
+            w[f"{p}.{ln}.bias"] = normal(d)
+    return w
+
+
 def _text_ids(tokenizer, n: int) -> np.ndarray:
     from ..models.data import load_polarity
 

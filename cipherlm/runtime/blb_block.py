@@ -49,7 +49,8 @@ with BSGS (`_Eval.fused`).  The projections stay in stacked rows, so Q and K and
 output change packing where they are read (`_Eval.relayout`: out through the io and back
 in, fresh at the top level; in the 2pc mode a conversion round trip whose repack is a local
 permutation of the shares, section 5.2).  Depth and noise: `blb_fusion.block_depth(...,
-fused=True)`, `blb_params.output_errors(..., fused=True)`.  Not with a causal mask.
+fused=True)`, `blb_params.output_errors(..., fused=True)`.  A causal mask (a decoder's
+prefill, keys = queries): every pair is computed and the mask applies at the output (below).
 
 **Operators** (levels: every product is rescaled once, so a block uses exactly its
 `blb_fusion.block_depth` levels and ends at the output modulus `blb_params` reserves;
@@ -76,8 +77,10 @@ additions bring both operands to the lower level, whose scales agree by construc
   interleaved pairs; signs and masks in the plaintexts at position t), one level;
 * ``kv_cache``: prefill into an empty cache (its values are this block's K and V: the same
   ciphertexts, decoded as (H, S, hd));
-* a causal mask on ``qk``: public, so a pair-grid ciphertext none of whose pairs is kept is
-  not computed, and the masked (t, s) decode as -inf.
+* a causal mask on ``qk``: public (`score_mask`), so a pair-grid ciphertext none of whose
+  pairs is kept is not computed (the rows packing), and the masked (t, s) decode as -inf
+  (``Packed.keep``; the 2pc mode's conversion sets them to a public constant on the shares,
+  `runtime.twopc_blb.MASKED_SCORE`: -inf cannot be a share).
 
 * grouped-query attention: K and V are carried with each KV head repeated for its H / H_kv
   query heads, by repeating the projection's rows (no extra operation, the same noise) or,
@@ -106,7 +109,7 @@ from ..compile.passes.blb_fusion import _only_folded, _shapes, block_depth
 from ..protocols.ckks import blb_matmul
 from ..protocols.ckks.evaluator import CkksEvaluator
 
-SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache")
+SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache", "split")
 
 
 @dataclasses.dataclass
@@ -237,8 +240,9 @@ def attention_layouts(graph: Graph, block: dict, slots: int, tokens: int,
                       attention: str = "auto") -> dict[str, "blb_matmul.MHLayout"]:
     """{qk / av node name: its MHLayout} when the block's attention runs in section 5's packing
     (`blb_params.block_fused`; Q K^T: n = T, k = head_dim; P V: n = k = max(T, head_dim), so that
-    V's head_dim columns fit the n x n output), else {}.  A causal mask or keys other than the
-    queries (a KV cache) keep the rows packing."""
+    V's head_dim columns fit the n x n output), else {}.  A causal mask is applied at the output
+    (`score_mask`); keys other than the queries (a KV cache that is not empty) keep the rows
+    packing."""
     if not blb_params.block_fused(graph, block, attention, tokens):
         return {}
     out = {}
@@ -246,8 +250,6 @@ def attention_layouts(graph: Graph, block: dict, slots: int, tokens: int,
         n = graph.node(name)
         if n.op not in ("qk", "av"):
             continue
-        if n.attrs.get("causal"):
-            raise NotImplementedError(f"{n.name}: a causal mask in section 5's packing (use attention='rows')")
         qk, av = blb_params.attention_mh_layouts(slots, tokens, int(n.attrs["heads"]), int(n.attrs["head_dim"]))
         out[n.name] = qk if n.op == "qk" else av
     return out
@@ -261,6 +263,18 @@ def value_shape(x) -> tuple:
     if rows is not None:
         return tuple(np.shape(rows))
     return tuple(np.shape(x))
+
+
+def score_mask(attrs: dict, T: int, S: int, pos0: int = 0) -> np.ndarray:
+    """The (T, S) scores a Q K^T node keeps (public): all, or the causal ones (key position <=
+    query position pos0 + t), within a sliding window if the model has one."""
+    keep = np.ones((T, S), bool)
+    if attrs.get("causal"):
+        qpos, kpos = pos0 + np.arange(T)[:, None], np.arange(S)[None, :]
+        keep = kpos <= qpos
+        if attrs.get("sliding_window") is not None:
+            keep &= (qpos - kpos) < int(attrs["sliding_window"])
+    return keep
 
 
 #: the narrowest period `block_period` considers for a block whose values can all be split into
@@ -351,8 +365,10 @@ def block_steps(graph: Graph, block: dict, period: int, slots: int, tokens: int 
         if n.op == "linear":
             r = expand.get(n.out, (1, 0))[0]
             d_in = min(int(n.attrs["d_in"]), period)
-            for d_out in set(chunk_widths(int(n.attrs["d_out"]) * r, period)):
-                steps.update(linear_steps(d_in, d_out, slots))
+            sp = split_of(graph, block, n)
+            for size in (sp.attrs["sizes"] if sp is not None else (int(n.attrs["d_out"]) * r,)):
+                for d_out in set(chunk_widths(int(size), period)):
+                    steps.update(linear_steps(d_in, d_out, slots))
         elif n.op == "reduce_sum":
             steps.update(rot_sum_steps(period))
             if float(n.attrs.get("scale", 1.0)) != 1.0:
@@ -545,6 +561,8 @@ class _Eval:
             if a.shape[-1] % H:
                 raise NotImplementedError(f"a value of width {a.shape[-1]} split into {H} heads")
             return a.reshape(a.shape[0], H, -1).transpose(1, 0, 2)
+        if a.ndim == 3 and a.shape[0] != H and H % a.shape[0] == 0:  # grouped-query K / V: each KV head per query head
+            a = np.repeat(a, H // a.shape[0], axis=0)
         if a.ndim != 3 or a.shape[0] != H:
             raise NotImplementedError(f"section 5's packing for a value of shape {a.shape}")
         return a
@@ -599,7 +617,11 @@ class _Eval:
                 raise NotImplementedError(f"decoding a {kind!r} value")
             Y = blb_matmul.unpack_diagonals(dec.reshape(L.n_out, self.slots), L)  # (H, n, n)
             if len(x.shape) == 3:  # Q K^T's scores (H, T, S)
-                return Y[:, :x.shape[1], :x.shape[2]]
+                out = Y[:, :x.shape[1], :x.shape[2]]
+                if x.keep is not None and out.dtype != np.uint64:  # shares: the io masks them (`twopc_blb`)
+                    out = out.copy()
+                    out[:, ~x.keep] = -np.inf
+                return out
             T, W = x.shape  # P V's output, (T, H hd)
             return np.ascontiguousarray(Y[:, :T, :W // L.heads].transpose(1, 0, 2)).reshape(T, W)
         if x.layout != "headsum":
@@ -611,7 +633,7 @@ class _Eval:
         d5 = dec.reshape(nq, nk, U, R, P)[..., np.arange(H) * hd]  # (nq, nk, U, R, H)
         out = np.zeros((H, T, S), dec.dtype)
         out[:, t[ok], s[ok]] = d5[ok].T
-        if x.keep is not None:
+        if x.keep is not None and out.dtype != np.uint64:
             out[:, ~x.keep] = -np.inf
         return out
 
@@ -834,12 +856,7 @@ class _Eval:
             raise NotImplementedError("qk of values not in the row layout (one chunk)")
         q, k = self.align(q, k, False)
         T, S = q.shape[0], k.shape[0]
-        keep = np.ones((T, S), bool)
-        if attrs.get("causal"):  # a public mask: the masked scores are not computed (-inf at the output)
-            qpos, kpos = pos0 + np.arange(T)[:, None], np.arange(S)[None, :]
-            keep = kpos <= qpos
-            if attrs.get("sliding_window") is not None:
-                keep &= (qpos - kpos) < int(attrs["sliding_window"])
+        keep = score_mask(attrs, T, S, pos0)  # public: the masked scores are not computed (-inf at the output)
         shifts = pair_shifts(self.R, T, S)
         nq, nk = q.cts.shape[0], k.cts.shape[0]
         t, s, ok = _pair_index(self.R, nq, nk, shifts, T, S)
@@ -1013,6 +1030,36 @@ def check_block(graph: Graph, block: dict) -> None:
             raise NotImplementedError(f"CKKS evaluation of a fused block: partial RoPE ({n.name})")
 
 
+def split_of(graph: Graph, block: dict, node):
+    """The ``split`` node of the block that alone reads a projection's output (GPT-2's fused
+    Q / K / V projection), so that the projection runs as one product per piece; else None."""
+    if node is None or node.op != "linear":
+        return None
+    readers = graph.consumers().get(node.out, [])
+    if len(readers) != 1 or readers[0].op != "split" or readers[0].name not in block["nodes"]:
+        return None
+    sp = readers[0]
+    return None if sp.attrs.get("heads") or sum(sp.attrs["sizes"]) != int(node.attrs["d_out"]) else sp
+
+
+def kv_inputs_as_rows(graph: Graph, block: dict, inputs: dict) -> dict:
+    """The block's inputs with each K / V of `kv_expansion` as rows (S, H hd): (H_kv, S, hd)
+    from the cache or (S, H_kv hd), each KV head repeated for its query heads.  Copies only, so
+    it applies to arrays and to one party's shares alike (the 2pc client lays its shares out
+    as the server does: `runtime.twopc_blb`)."""
+    out = dict(inputs)
+    for v, (r, hd) in kv_expansion(graph, block).items():
+        if v in out and (r > 1 or len(value_shape(out[v])) == 3):
+            a = out[v]
+            if isinstance(a, (list, tuple)) or not hasattr(a, "transpose"):
+                a = np.asarray(a, np.float64)
+            a = a.transpose(1, 0, 2) if len(a.shape) == 3 else a.reshape(a.shape[0], -1, hd)
+            if r > 1:
+                a = a[:, np.repeat(np.arange(a.shape[1]), r), :]
+            out[v] = a.reshape(a.shape[0], -1)
+    return out
+
+
 def kv_expansion(graph: Graph, block: dict) -> dict[str, tuple[int, int]]:
     """Grouped-query attention: {value: (H / H_kv, head_dim)} for the K / V values the block
     carries with each KV head repeated for its query heads (the projection's rows repeated:
@@ -1077,19 +1124,10 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
     if missing:
         raise ValueError(f"block {block['id']}: missing inputs {missing}")
-    inputs = dict(inputs)
+    inputs = kv_inputs_as_rows(graph, block, inputs)
     prod = graph.producers()
     in_block = {n.name for n in nodes}
     expand = kv_expansion(graph, block)
-    for v, (r, hd) in expand.items():
-        if v in inputs and (r > 1 or np.ndim(inputs[v]) == 3):
-            # (H_kv, S, hd) from the cache or (S, H_kv hd) -> rows (S, H hd), heads repeated
-            a = np.asarray(inputs[v], np.float64)
-            if a.ndim == 3:
-                a = a.transpose(1, 0, 2)
-            else:
-                a = a.reshape(a.shape[0], -1, hd)
-            inputs[v] = np.repeat(a, r, axis=1).reshape(a.shape[0], -1)
     tokens = block_tokens(inputs) if tokens is None else int(tokens)
     mh = attention_layouts(graph, block, ctx.slots, tokens, attention)
     if period is None:
@@ -1161,8 +1199,21 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             if r > 1:  # K / V of grouped-query attention: each KV head's rows once per query head
                 w = np.repeat(w.reshape(-1, hd, w.shape[1]), r, axis=0).reshape(-1, w.shape[1])
                 bias = None if bias is None else np.repeat(bias.reshape(-1, hd), r, axis=0).reshape(-1)
-            out = ev.linear(as_layout(src, get(src), "row"), w, bias)
-            out.rep = (r, hd)
+            x = as_layout(src, get(src), "row")
+            sp = split_of(graph, block, n)
+            if sp is None:
+                out = ev.linear(x, w, bias)
+                out.rep = (r, hd)
+            else:  # a fused projection (GPT-2's c_attn) read only by a split: one product per piece
+                lo = 0
+                for v, size in zip(sp.outputs, sp.attrs["sizes"]):
+                    cts[v] = ev.linear(x, w[lo:lo + size], None if bias is None else bias[lo:lo + size])
+                    lo += size
+                out = cts[sp.outputs[0]]
+        elif op == "split":
+            if split_of(graph, block, prod[n.inputs[0]]) is not n:
+                raise NotImplementedError(f"{n.name}: a split of anything but a projection it alone reads")
+            out = cts[n.out]
         elif op == "affine":
             x = get(n.inputs[0])
             g, bt = n.attrs.get("gamma"), n.attrs.get("beta")
@@ -1178,7 +1229,10 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             cols = mh_name("mh_cols", L)
             q = as_layout(n.inputs[0], get(n.inputs[0]), cols)
             k = as_layout(n.inputs[1], get(n.inputs[1]), cols)
-            out = ev.fused(q, k, L, float(n.attrs.get("scale", 1.0)), (int(n.attrs["heads"]), q.shape[0], k.shape[0]))
+            S = k.shape[-2] if len(k.shape) == 3 else k.shape[0]  # K as rows (S, H hd) or per KV head (H_kv, S, hd)
+            out = ev.fused(q, k, L, float(n.attrs.get("scale", 1.0)), (int(n.attrs["heads"]), q.shape[0], S))
+            keep = score_mask(n.attrs, q.shape[0], S, pos0)  # every pair computed; the mask at the output
+            out.keep = None if keep.all() else keep
         elif op == "av" and n.name in mh:
             L = mh[n.name]
             v = as_layout(n.inputs[1], get(n.inputs[1]), mh_name("mh_rows", L))
@@ -1206,9 +1260,12 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             out = ev.av(p_, v, n.attrs)
         elif op == "head":
             x = get(n.inputs[0])
-            if n.attrs.get("select") != "first" or x.layout != "row":
-                raise NotImplementedError(f"head {n.attrs.get('select')!r} in CKKS (only 'first')")
-            out = Packed(x.cts[:1].copy(), "row", (1,) + x.shape[1:], x.dirty)
+            sel = n.attrs.get("select")
+            if sel not in ("first", "last_or_all") or x.layout != "row":
+                raise NotImplementedError(f"head {sel!r} in CKKS (only 'first', 'last_or_all')")
+            # a decoder's "last_or_all": every row (a whole pass; the executor keeps the last one
+            # where it wants only that)
+            out = x if sel == "last_or_all" else Packed(x.cts[:1].copy(), "row", (1,) + x.shape[1:], x.dirty)
         else:  # pragma: no cover - SUPPORTED is checked above
             raise NotImplementedError(op)
         cts[n.out] = out

@@ -256,8 +256,8 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
     kind, has_moe, _ = model_kind(config)
     if fusion not in FUSIONS:
         raise TwoPCError(f"unknown fusion {fusion!r}; one of {FUSIONS}")
-    if fusion == "blb" and kind != "encoder":
-        raise TwoPCError("BLB fusion runs encoders (BERT family) in the 2pc mode so far; use --fusion none")
+    if fusion == "blb" and has_moe:
+        raise TwoPCError("BLB fusion does not run MoE layers in the 2pc mode yet; use --fusion none")
     if fusion == "blb" and server is not None and server.bound is None:
         raise TwoPCError("BLB fusion: the server model must keep its bound weights (server_weights(..., keep_bound=True))")
     plan = {"embedding": embedding_backend(embedding), "linear": {"packing": linear_packing, "network": network},

@@ -84,7 +84,7 @@ from ..protocols.ckks_convert import CKKSSide, ckks_to_shares_many, shares_to_ck
 from . import blb_block
 from .blb_block import Packed, _Eval
 from .graph_executor import needed
-from .twopc import ServerModel, TwoPCEncoder, TwoPCError
+from .twopc import ServerModel, TwoPCDecoder, TwoPCEncoder, TwoPCError
 from .twopc_backend import LN_VAR_HI, LN_VAR_LO, RMS_HI, RMS_LO, ServerRows, SharesBackend
 
 #: largest scale Algorithm 2 encodes at (coefficients Delta |y| < 2^62 for |y| < 2^12)
@@ -94,6 +94,10 @@ IN_SCALE_BITS = 50
 OUT_SCALE_BITS = 38
 #: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
 EXP_CLIP = 16.0
+#: a causal mask's scores as they leave a block (public, both parties' shares set locally): far
+#: below every kept score (|s| < 2^6 by the parameters' magnitude bound), so the max ignores them
+#: and s - max lands on the exp core's clip: weight exp(-EXP_CLIP) ~ 1e-7, below the 2^-16 ulp
+MASKED_SCORE = -2.0 ** 12
 #: the most rotation keys the client makes for one block of the server's (bounds the client's
 #: work; section 5's packing at 128 tokens asks for ~170 per set at N = 16384, ~320 at 32768)
 MAX_ROTATION_KEYS = 512
@@ -246,7 +250,12 @@ def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed) -> AShare:
     got = ckks_to_shares_many(ctx, cts, ks.side, len(present)).data  # one batch
     for idx, row in zip(present, got):
         dec[idx] = row
-    return _as_share(ctx, ev.unpack(dec, x))
+    out = ev.unpack(dec, x)
+    if x.keep is not None:  # a causal mask's scores: the public constant, as shares (-inf is none)
+        out = np.array(out, np.uint64)
+        masked = np.broadcast_to(~x.keep, out.shape)
+        out[masked] = int(fixed_encode(MASKED_SCORE, ctx.ring.frac, 64)) if ctx.party == 0 else 0
+    return _as_share(ctx, out)
 
 
 class ConversionIO:
@@ -271,8 +280,6 @@ class ConversionIO:
             return got
 
     def decrypt(self, ev: _Eval, name: str, x: Packed) -> AShare:
-        if x.keep is not None:
-            raise NotImplementedError(f"{name}: masked scores (-inf) cannot leave a block as shares")
         x.present = np.vectorize(lambda c: c is not None, otypes=[bool])(x.cts)
         with self.runner.meter("conversions", self.block["name"]), self.runner.record(name, "out", 0) as rec:
             self.runner.ctx.send({"op": "out", "value": name, **_packing_header(x)})
@@ -281,7 +288,8 @@ class ConversionIO:
 
 
 def _packing_header(x: Packed) -> dict:
-    return {"layout": x.layout, "shape": [int(s) for s in x.shape], "grid": [int(s) for s in x.cts.shape],
+    keep = {} if x.keep is None else {"keep": np.packbits(x.keep.reshape(-1)).tobytes()}
+    return {**keep, "layout": x.layout, "shape": [int(s) for s in x.shape], "grid": [int(s) for s in x.cts.shape],
             "rep": [int(r) for r in x.rep], "heads": bool(x.heads), "shifts": [int(u) for u in x.shifts],
             "present": np.packbits(x.present.reshape(-1)).tobytes()}
 
@@ -456,6 +464,7 @@ class BLBRunner:
         if P < 1 or P & (P - 1) or P > ks.hectx.slots:
             raise BLBError(f"block {block['id']}: bad period {P}")
         ev = _Eval(ks.hectx, self.be, None, None, P, scale_bits, blb_params.block_attention(self.graph, block))
+        inputs = blb_block.kv_inputs_as_rows(self.graph, block, inputs)  # as the server's `evaluate_block` does
         names = {i["value"] for i in block["inputs"]}
         outs = {o["value"] for o in block["outputs"]}
         inside = {v for n in block["nodes"] for v in self.graph.node(n).outputs}  # values the block computes
@@ -518,9 +527,18 @@ def _client_packed(msg: dict, ev: _Eval) -> Packed:
         if present.size < size:
             raise BLBError("malformed output header")
         present = present[:size].astype(bool).reshape(grid)
+        keep = None
+        if msg.get("keep") is not None:  # a causal mask over the (T, S) scores of an (H, T, S) value
+            if len(shape) != 3:
+                raise BLBError("malformed output header: a mask on a value that is not scores")
+            bits = np.unpackbits(np.frombuffer(msg["keep"], np.uint8))
+            if bits.size < shape[1] * shape[2]:
+                raise BLBError("malformed output header: short mask")
+            keep = bits[:shape[1] * shape[2]].astype(bool).reshape(shape[1:])
     except (KeyError, TypeError, ValueError) as e:
         raise BLBError(f"malformed output header: {e}") from None
-    x = Packed(np.empty(grid, object), layout, shape, False, heads=bool(msg.get("heads")), rep=rep, shifts=shifts)
+    x = Packed(np.empty(grid, object), layout, shape, False, heads=bool(msg.get("heads")), rep=rep, shifts=shifts,
+               keep=keep)
     x.present = present
     return x
 
@@ -563,15 +581,12 @@ def units(graph) -> list[tuple[str, Any]]:
     return out
 
 
-class BLBEncoder(TwoPCEncoder):
-    """An encoder's 2pc executor with BLB fusion (module doc): the same embedding, sentence
-    embedding and classifier as `TwoPCEncoder`; the layers as fused HE blocks and MPC cores."""
+class _BLBLayers:
+    """The BLB walk shared by the encoder and decoder executors: the fused graph's units (HE
+    blocks through `BLBRunner`, MPC cores on shares) from the pass inputs to one output value."""
 
-    def __init__(self, ctx, config: dict, server: ServerModel | None, plan=None, meter=None, progress=None,
-                 attention: str = "auto"):
-        super().__init__(ctx, config, server, plan, meter, progress)
-        g0 = build_graph(config)
-        self.blb_graph = blb_fusion.run(g0)
+    def _blb_init(self, ctx, config: dict, server: ServerModel | None, attention: str) -> None:
+        self.blb_graph = blb_fusion.run(build_graph(config))
         bound = None
         if server is not None:
             bound = server.bound
@@ -583,17 +598,12 @@ class BLBEncoder(TwoPCEncoder):
         self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter, attention)
         self._units = units(self.blb_graph)
 
-    def encode_shares(self, ids, n: int) -> AShare:
-        n = int(n)
-        if not 1 <= n <= self.max_positions:
-            raise TwoPCError(f"sentence length must be 1..{self.max_positions}, got {n}")
-        ctx = self._pass_ctx(0, n)
+    def _blb_run(self, vals: dict, ctx: dict, n: int, need_out: str) -> AShare:
+        """Walk the units the value ``need_out`` needs; ``vals``: the pass inputs (ids, positions,
+        ...); ``n``: the pass's tokens."""
         g = self.blb_graph
-        need_out = g.outputs["hidden"]
         need = needed(g.producers(), [need_out])
         read = {v for name in need for v in g.node(name).inputs}  # values some needed node reads
-        vals: dict[str, Any] = {"ids": self._ids_value(ids, n), "positions": ctx["positions"],
-                                "token_types": np.zeros(n, np.int64)}
         done_layers = -1
         for kind, item in self._units:
             if kind == "node":
@@ -616,10 +626,63 @@ class BLBEncoder(TwoPCEncoder):
         return vals[need_out]
 
 
+class BLBEncoder(_BLBLayers, TwoPCEncoder):
+    """An encoder's 2pc executor with BLB fusion (module doc): the same embedding, sentence
+    embedding and classifier as `TwoPCEncoder`; the layers as fused HE blocks and MPC cores."""
+
+    def __init__(self, ctx, config: dict, server: ServerModel | None, plan=None, meter=None, progress=None,
+                 attention: str = "auto"):
+        super().__init__(ctx, config, server, plan, meter, progress)
+        self._blb_init(ctx, config, server, attention)
+
+    def encode_shares(self, ids, n: int) -> AShare:
+        n = int(n)
+        if not 1 <= n <= self.max_positions:
+            raise TwoPCError(f"sentence length must be 1..{self.max_positions}, got {n}")
+        ctx = self._pass_ctx(0, n)
+        vals: dict[str, Any] = {"ids": self._ids_value(ids, n), "positions": ctx["positions"],
+                                "token_types": np.zeros(n, np.int64)}
+        return self._blb_run(vals, ctx, n, self.blb_graph.outputs["hidden"])
+
+
+class BLBDecoder(_BLBLayers, TwoPCDecoder):
+    """A decoder's 2pc executor with BLB fusion, for whole passes over a sequence (teacher
+    forcing, prefill): the causal scores leave their block with the public mask applied to the
+    shares (`MASKED_SCORE`).  No KV cache across passes yet (the blocks' ``kv_cache`` is the
+    pass's own K and V), so `generate` is refused; `forward` takes a fresh pass from position 0."""
+
+    def __init__(self, ctx, config: dict, server: ServerModel | None, plan=None, meter=None, progress=None,
+                 attention: str = "auto"):
+        super().__init__(ctx, config, server, plan, meter, progress)
+        self._blb_init(ctx, config, server, attention)
+
+    def forward(self, ids, n: int, cache=None, last_only: bool = False, outputs=("logits",)):
+        """Logit shares (n or 1, vocab) of ``n`` tokens from position 0 (``outputs=("next_token",)``:
+        the argmax opened to the client), as `TwoPCExecutor.forward` without a cache."""
+        if cache is not None and cache.length:
+            raise BLBError("BLB fusion runs whole passes from position 0 (no KV cache across passes yet)")
+        n = int(n)
+        if not 1 <= n <= self.max_positions:
+            raise TwoPCError(f"sequence length must be 1..{self.max_positions}, got {n}")
+        if tuple(outputs) not in (("logits",), ("next_token",)):
+            raise BLBError(f"outputs {outputs!r}: one of ('logits',), ('next_token',)")
+        ctx = self._pass_ctx(0, n, last_only=last_only)
+        vals: dict[str, Any] = {"ids": self._ids_value(ids, n), "positions": ctx["positions"]}
+        logits = self._blb_run(vals, ctx, n, self.blb_graph.outputs["logits"])
+        if last_only:
+            logits = logits[-1:]
+        if outputs[0] == "next_token":
+            return self.argmax_to_client(logits)
+        return logits
+
+    def generate(self, *args, **kwargs):
+        raise BLBError("generation with BLB fusion needs the KV cache across passes (not yet); use --fusion none")
+
+
 def server_model_blb(config: dict, weights: dict, classifier: tuple | None = None) -> ServerModel:
     """A `ServerModel` that keeps the bound weights of the unfused graph (BLB's blocks read them)."""
     return ServerModel(config, weights, classifier, keep_bound=True)
 
 
-__all__ = ["BLBEncoder", "BLBRunner", "BLBSharesBackend", "BLBError", "convert_in", "convert_out", "units",
+__all__ = ["BLBEncoder", "BLBDecoder", "BLBRunner", "BLBSharesBackend", "BLBError", "convert_in", "convert_out", "units",
            "server_model_blb", "IN_SCALE_BITS", "OUT_SCALE_BITS"]

@@ -6,7 +6,7 @@ both (`twopc_blb` builds on `twopc`)."""
 from __future__ import annotations
 
 from .twopc import ENCODER_TYPES, FUSIONS, ServerModel, TwoPCDecoder, TwoPCEncoder, TwoPCError, TwoPCExecutor
-from .twopc_blb import BLBEncoder
+from .twopc_blb import BLBDecoder, BLBEncoder
 
 
 def make_twopc_executor(ctx, config: dict, server: ServerModel | None, plan: dict | None = None, meter=None,
@@ -19,9 +19,8 @@ def make_twopc_executor(ctx, config: dict, server: ServerModel | None, plan: dic
     if fusion not in FUSIONS:
         raise TwoPCError(f"unknown fusion {fusion!r} in the plan; one of {FUSIONS}")
     if fusion == "blb":
-        if cls is not TwoPCEncoder:
-            raise TwoPCError("BLB fusion runs encoders only so far")
-        return BLBEncoder(ctx, config, server, plan, meter=meter, progress=progress, attention=attention)
+        blb = BLBEncoder if cls is TwoPCEncoder else BLBDecoder
+        return blb(ctx, config, server, plan, meter=meter, progress=progress, attention=attention)
     return cls(ctx, config, server, plan, meter=meter, progress=progress)
 
 

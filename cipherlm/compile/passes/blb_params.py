@@ -377,12 +377,10 @@ def block_attention(graph: Graph, block: dict) -> tuple[int, int] | None:
 
 
 def block_fused(graph: Graph, block: dict, attention: str, tokens: int) -> bool:
-    """Whether the block's attention products run in section 5's packing ("auto": not for a
-    decoder, whose causal scores and KV cache the rows packing handles)."""
+    """Whether the block's attention products run in section 5's packing (a decoder's causal
+    scores too: every pair is computed and the public mask applies at the output)."""
     hh = block_attention(graph, block)
     if hh is None:
-        return False
-    if attention == "auto" and any(n.op == "qk" and n.attrs.get("causal") for n in graph.nodes):
         return False
     return attention_packing(attention, tokens, *hh) == "fused"
 
