@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "block; bert-base: BERT-base shape, random weights, extrapolated from --layers; default "
                         "all three); bench fhe: minilm (polarity classification) and/or bert-base (one layer, "
                         "random weights); default minilm; bench blb: minilm, bert-base, gpt2 (GPT2-base shape, "
-                        "random weights, logits of every position), tiny, tiny-gpt2; default minilm,gpt2)")
+                        "random weights, the layers and the final norm), tiny, tiny-gpt2; default minilm,gpt2)")
     b.add_argument("--layers", type=int, default=None,
                    help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12); bench blb: "
                         "default 1")

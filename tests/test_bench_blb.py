@@ -135,7 +135,7 @@ def test_unknown_workload():
 
 
 def test_cli_bench_blb_decoder_rows(tmp_path, capsys):
-    """A decoder workload (a tiny GPT-2, its logits over every position: teacher forcing) through
+    """A decoder workload (a tiny GPT-2, its final norm at every position: teacher forcing) through
     the rows ``--variants`` picks: both run, their logits near the plaintext executor's, BLB's
     bytes are conversions and cores only; an unknown row is a clear error."""
     from cipherlm.cli import main

@@ -197,11 +197,15 @@ def test_blb_decoder_pass_matches_plaintext(family, attention):
         assert isinstance(dec, twopc_blb.BLBDecoder)
         logits = dec.forward(ids if ctx.party == 0 else None, n).reveal_float(to=0)
         nxt = dec.forward(ids if ctx.party == 0 else None, n, last_only=True, outputs=("next_token",))
+        hid = dec.forward(ids if ctx.party == 0 else None, n, outputs=("hidden",)).reveal_float(to=0)
         with pytest.raises(twopc_blb.BLBError, match="KV cache"):
             dec.generate(ids if ctx.party == 0 else None, n, 2)
-        return logits, nxt, [r for r in dec.runner.conversions if r["value"].endswith("qk")]
+        return logits, nxt, hid, [r for r in dec.runner.conversions if r["value"].endswith("qk")]
 
-    (logits, nxt, _), (l1, n1, qk) = run_inprocess(party, timeout=1200)  # the server records conversions
+    (logits, nxt, hid, _), (l1, n1, _, qk) = run_inprocess(party, timeout=1200)  # the server records conversions
+    href = ex.run({"ids": ids, "positions": np.arange(n)}, {"pos0": 0, "T": n, "positions": np.arange(n)},
+                  ex.new_cache(), outputs=("hidden",))["hidden"]
+    assert hid.shape == href.shape and np.abs(hid - href).max() < 0.02  # the final norm's output, no LM head
     assert l1 is None and n1 is None
     assert logits.shape == ref.shape == (n, config["vocab_size"])
     err = np.abs(logits - ref).max()

@@ -33,16 +33,16 @@ Per row (the client's channel, exact counters, `net.channel`):
   (the softmax / norm / activation cores on shares), ``linear_he`` (BFV+MPC's HE ciphertext
   transfers of the linear layers and attention products; BLB has none outside the blocks),
   ``embedding`` and ``other``; ``by_class`` is the meter's finer table;
-* ``max_abs_error``: the hidden states (decoders: the logits of every position, one
-  teacher-forcing pass) against the plaintext executor (`runtime.graph_executor.GraphExecutor`,
+* ``max_abs_error``: the hidden states (decoders: the final norm's output at every position of
+  one teacher-forcing pass; the LM head is not run) against the plaintext executor (`runtime.graph_executor.GraphExecutor`,
   float64) on the same ids.
 
 Workloads (`WORKLOADS`): ``minilm`` (all-MiniLM-L6-v2, real weights; default 1 of its 6
 layers, 8 tokens), ``bert-base`` (BERT-base shape, random weights initialised like Hugging
 Face's, `bench.twopc.random_bert_weights`; default 1 layer, 8 tokens), ``tiny`` (a tiny random
 BERT, d = 48, for tests; 1 layer, 4 tokens), ``gpt2`` (GPT2-base shape, random weights at
-GPT-2's initialisation scale, `bench.twopc.random_gpt2_weights`; the whole pass to the logits
-of every position, the tied LM head included; default 1 layer, 8 tokens) and ``tiny-gpt2`` (d =
+GPT-2's initialisation scale, `bench.twopc.random_gpt2_weights`; a whole pass to the final
+norm's output, the LM head left out as for the encoders; default 1 layer, 8 tokens) and ``tiny-gpt2`` (d =
 48, for tests).  A workload the 2pc plan refuses (none now) is reported as "not supported yet"
 with the plan's reason.  The defaults fit a 2-vCPU machine; the issue's sizes (BERT-base 128
 tokens, MiniLM 6 layers 128 tokens, GPT2-base 64 tokens) are ``--tokens`` / ``--layers``.
@@ -164,8 +164,8 @@ def prepare(workload: str, layers: int | None = None, tokens: int | None = None,
     pass_ctx = {"pos0": 0, "T": T, "positions": np.arange(T)}
     if kind == "encoder":
         ref = ex.run({"ids": ids, "positions": np.arange(T), "token_types": np.zeros(T, np.int64)}, pass_ctx)["hidden"]
-    else:  # a decoder's whole pass (teacher forcing): the logits of every position
-        ref = ex.run({"ids": ids, "positions": np.arange(T)}, pass_ctx, ex.new_cache())["logits"]
+    else:  # a decoder's whole pass (teacher forcing, prefill): the final norm's output at every position
+        ref = ex.run({"ids": ids, "positions": np.arange(T)}, pass_ctx, ex.new_cache(), outputs=("hidden",))["hidden"]
     return {**base, "config": config, "weights": weights, "ids": ids, "ref": np.asarray(ref, np.float64)}
 
 
@@ -196,7 +196,8 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray, attention: st
     summary0, stats0, chan0 = meter.summary(), meter.stats(), ctx.chan.totals()
     t0 = time.perf_counter()
     mine = ids if ctx.party == 0 else None
-    h = enc.encode_shares(mine, n) if enc.graph.kind == "encoder" else enc.forward(mine, n)  # decoders: logits
+    # decoders: the final norm's output of every position (a teacher-forcing pass up to the LM head)
+    h = enc.encode_shares(mine, n) if enc.graph.kind == "encoder" else enc.forward(mine, n, outputs=("hidden",))
     seconds = time.perf_counter() - t0
     summary1, stats1, chan1 = meter.summary(), meter.stats(), ctx.chan.totals()
     out = h.reveal_float(to=0)

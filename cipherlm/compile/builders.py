@@ -147,6 +147,7 @@ def _decoder_tail(b: GraphBuilder, a: Arch, x: str, norm_bias=None) -> None:
     embed = a.name("embed")
     logits = b.linear(x, "lm_head", d, a.vocab_size, bias=False, node="lm_head",
                       source=embed if tie else "lm_head.weight", tied_to=embed if tie else None)
+    g.outputs["hidden"] = x  # the final norm's output (Hugging Face's last_hidden_state)
     g.outputs["logits"] = logits
     g.outputs["next_token"] = b.add("argmax", "argmax", [logits], ("T",))
 

@@ -616,8 +616,12 @@ class _BLBLayers:
             else:
                 if not any(name in need for name in item["nodes"]):
                     continue
-                blk = {**item, "name": f"blb{item['id']}",
-                       "outputs": [o for o in item["outputs"] if o["value"] in read or o["value"] == need_out]}
+                made = {v for name in item["nodes"] for v in g.node(name).outputs}
+                outs = [o for o in item["outputs"] if o["value"] in read or o["value"] == need_out]
+                if need_out in made and all(o["value"] != need_out for o in outs):
+                    outs.append({"value": need_out})  # a value inside the block (a decoder's hidden states)
+                blk = {**item, "name": f"blb{item['id']}", "outputs": outs,
+                       "nodes": [name for name in item["nodes"] if name in need]}
                 res = self.runner.run_block(blk, {i["value"]: vals[i["value"]] for i in item["inputs"]}, n)
                 vals.update(res)
                 if item["layer"] is not None and item["layer"] > done_layers and self.progress is not None:
@@ -658,22 +662,24 @@ class BLBDecoder(_BLBLayers, TwoPCDecoder):
 
     def forward(self, ids, n: int, cache=None, last_only: bool = False, outputs=("logits",)):
         """Logit shares (n or 1, vocab) of ``n`` tokens from position 0 (``outputs=("next_token",)``:
-        the argmax opened to the client), as `TwoPCExecutor.forward` without a cache."""
+        the argmax opened to the client; ``("hidden",)``: the final norm's output, no LM head), as
+        `TwoPCExecutor.forward` without a cache."""
         if cache is not None and cache.length:
             raise BLBError("BLB fusion runs whole passes from position 0 (no KV cache across passes yet)")
         n = int(n)
         if not 1 <= n <= self.max_positions:
             raise TwoPCError(f"sequence length must be 1..{self.max_positions}, got {n}")
-        if tuple(outputs) not in (("logits",), ("next_token",)):
-            raise BLBError(f"outputs {outputs!r}: one of ('logits',), ('next_token',)")
+        if tuple(outputs) not in (("logits",), ("next_token",), ("hidden",)):
+            raise BLBError(f"outputs {outputs!r}: one of ('logits',), ('next_token',), ('hidden',)")
         ctx = self._pass_ctx(0, n, last_only=last_only)
         vals: dict[str, Any] = {"ids": self._ids_value(ids, n), "positions": ctx["positions"]}
-        logits = self._blb_run(vals, ctx, n, self.blb_graph.outputs["logits"])
+        role = "hidden" if outputs[0] == "hidden" else "logits"
+        out = self._blb_run(vals, ctx, n, self.blb_graph.outputs[role])
         if last_only:
-            logits = logits[-1:]
+            out = out[-1:]
         if outputs[0] == "next_token":
-            return self.argmax_to_client(logits)
-        return logits
+            return self.argmax_to_client(out)
+        return out
 
     def generate(self, *args, **kwargs):
         raise BLBError("generation with BLB fusion needs the KV cache across passes (not yet); use --fusion none")
