@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_packing_args(s, "2pc")
     s.add_argument("--fusion", choices=("none", "blb"), default="none",
                    help="2pc, encoders: blb runs BLB's fused blocks in CKKS between secure conversions "
-                        "(docs/blb.md; public, in the plan); none: layer by layer")
+                        "(docs/blb.md; public, in the plan; a decoder is refused: no generation with BLB "
+                        "yet); none: layer by layer")
     _add_fhe_serve_args(s)
 
     x = sub.add_parser("proxy", help="an OpenAI-compatible HTTP API on this machine, in front of a `cipherlm serve` "

@@ -284,3 +284,15 @@ def test_client_converts_back_only_what_it_was_given():
         runner.sets[key] = twopc_blb._KeySet(twopc_blb._context(*key), None)
         with pytest.raises(twopc_blb.BLBError, match=why):
             runner._answer_block(blk, {}, head)
+
+
+def test_serving_a_decoder_with_blb_is_refused():
+    """No generation with BLB yet (no KV cache across passes): the server refuses at start-up
+    with the reason, instead of failing each session."""
+    from cipherlm.models import LoadedModel
+    from cipherlm.runtime.twopc_session import TwoPCHost
+    from test_twopc import llama_model
+
+    config, w = llama_model(seed=2)
+    with pytest.raises(twopc.TwoPCError, match="no generation"):
+        TwoPCHost("tiny-llama", embedding="onehot-linear", lm=LoadedModel("tiny-llama", config, w), fusion="blb")

@@ -100,6 +100,9 @@ class TwoPCHost:
             _, _, probe = polarity_classifier(lm)
             classifier = probe.as_linear()["classifier"]
             self.labels = list(probe.labels)
+        if fusion == "blb" and twopc.model_kind(lm.config)[0] == "decoder":
+            raise twopc.TwoPCError("BLB fusion runs a decoder's whole passes only (no KV cache across passes, so "
+                                   "no generation to serve yet); use --fusion none")
         self.weights = twopc.server_weights(lm.config, lm.weights, classifier=classifier,
                                             keep_bound=fusion == "blb")
         self.plan = twopc.public_plan(lm.config, self.weights, embedding, moe_capacity=moe_capacity,
