@@ -70,11 +70,13 @@ def random_bert_weights(cfg: dict, layers: int, seed: int = 0) -> dict[str, np.n
     return w
 
 
-def random_gpt2_weights(cfg: dict, layers: int, seed: int = 0, std: float = 0.02) -> dict[str, np.ndarray]:
+def random_gpt2_weights(cfg: dict, layers: int, seed: int = 0, std: float = 0.02,
+                        embed_std: float | None = None) -> dict[str, np.ndarray]:
     """Hugging Face-named GPT-2 weights (Conv1D layout: (in, out)) drawn like GPT-2's
     initialisation (normal, std 0.02; norms 1 + small noise), for the first ``layers`` blocks;
-    the head is tied to the token embedding (`models.normalize_weights`).  Public benchmark
-    data, not secrets."""
+    the head is tied to the token embedding (`models.normalize_weights`).  ``embed_std``: the
+    token embedding's std (default ``std``; a trained GPT-2's is ~0.1).  Public benchmark data,
+    not secrets."""
     rng = np.random.default_rng(seed)
     d = cfg["n_embd"]
     f = cfg.get("n_inner") or 4 * d
@@ -82,7 +84,8 @@ def random_gpt2_weights(cfg: dict, layers: int, seed: int = 0, std: float = 0.02
     def normal(*shape):
         return rng.normal(0, std, shape).astype(np.float32)
 
-    w = {"transformer.wte.weight": normal(cfg["vocab_size"], d), "transformer.wpe.weight": normal(cfg["n_positions"], d),
+    wte = rng.normal(0, std if embed_std is None else embed_std, (cfg["vocab_size"], d)).astype(np.float32)
+    w = {"transformer.wte.weight": wte, "transformer.wpe.weight": normal(cfg["n_positions"], d),
          "transformer.ln_f.weight": (1 + normal(d)).astype(np.float32), "transformer.ln_f.bias": normal(d)}
     for i in range(layers):
         p = f"transformer.h.{i}"
