@@ -1,8 +1,8 @@
 """BLB in the 2pc mode: fused blocks in CKKS between the MPC cores (BLB sections 4, 6, 7.1;
 issue 16 items 2-3 wired together).
 
-`BLBEncoder` is a `TwoPCEncoder` whose forward walks the `passes.blb_fusion` graph of the
-model instead of the layer-by-layer 2pc graph:
+`BLBEncoder` is a `TwoPCEncoder` (`BLBDecoder` a `TwoPCDecoder`) whose forward walks the
+`passes.blb_fusion` graph of the model instead of the layer-by-layer 2pc graph:
 
 * every *HE block* (``graph.meta["blb_blocks"]``: the linear operators between two
   nonlinear cores, section 4) is evaluated by the server on CKKS ciphertexts by
@@ -55,10 +55,14 @@ depends on the client's data or on the weights beyond the public parameters.
   another packing (a local permutation of its shares), each checked against the block's
   values and packings.
 
+* Decoders (`BLBDecoder`): whole passes from position 0 (teacher forcing, prefill).  Q K^T's
+  causal scores leave their block with the public mask applied to the shares by both
+  parties (`MASKED_SCORE`; the mask is in the output header).
+
 **Not yet** (docs/blb.md "Not yet"): the paper's spatial-first packing for the projections
-and norms (stacked rows here: every conversion moves a whole ring of N coefficients, a
-(T, 1) value as many as a (T, d) one, so the bytes are above the paper's), causal masks and
-decoders (the scores' -inf), and carrying ciphertexts between blocks of one parameter set.
+and norms (stacked rows here, at the period with the fewest ciphertexts per block:
+`blb_block.block_period`), carrying ciphertexts between blocks of one parameter set, and a
+KV cache across passes (generation with BLB).
 """
 
 from __future__ import annotations
