@@ -44,8 +44,7 @@ BERT, d = 48, for tests; 1 layer, 4 tokens), ``gpt2`` (GPT2-base shape, random w
 GPT-2's initialisation scale but token embeddings at a trained GPT-2's (`GPT2_EMBED_STD`),
 `bench.twopc.random_gpt2_weights`; a whole pass to the final
 norm's output, the LM head left out as for the encoders; default 1 layer, 8 tokens) and ``tiny-gpt2`` (d =
-48, for tests).  A workload the 2pc plan refuses (none now) is reported as "not supported yet"
-with the plan's reason.  The defaults fit a 2-vCPU machine; the issue's sizes (BERT-base 128
+48, for tests).  The defaults fit a 2-vCPU machine; the issue's sizes (BERT-base 128
 tokens, MiniLM 6 layers 128 tokens, GPT2-base 64 tokens) are ``--tokens`` / ``--layers``.
 """
 
@@ -82,7 +81,6 @@ CATEGORIES = {
     "linear_he": ("linear", "attention_matmul"),
     "embedding": ("embedding",),
 }
-NOT_SUPPORTED = "not supported yet"
 
 #: GPT2-base's shape (the issue's decoder workload; random weights at GPT-2's initialisation
 #: scale, `random_gpt2_weights`)
@@ -117,8 +115,7 @@ def _log(msg: str) -> None:
 
 
 def prepare(workload: str, layers: int | None = None, tokens: int | None = None, seed: int = 0) -> dict:
-    """Config, weights, token ids and the plaintext reference of one workload, or
-    the reason it is not run (``{"unsupported": reason}``)."""
+    """Config, weights, token ids and the plaintext reference of one workload."""
     from ..compile import bind, build_graph
     from ..models import normalize_weights
     from ..runtime import twopc
@@ -291,11 +288,6 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     return row
 
 
-def unsupported_row(prep: dict, variant: str) -> dict:
-    return {"workload": prep["workload"], "variant": variant, "status": NOT_SUPPORTED,
-            "reason": prep["unsupported"], "layers": prep["layers"], "tokens": prep["tokens"]}
-
-
 # ----------------------------------------------------------------------------- the bench
 
 
@@ -337,19 +329,10 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         _log(f"{w}: preparing (layers {layers or 'default'}, tokens {tokens or 'default'}) ...")
         prep = prepare(w, layers, tokens, seed=seed)
         for v in variants:
-            if "unsupported" in prep and FUSION.get(v) == "blb":
-                row = unsupported_row(prep, v)
-                _log(f"{w} / {v}: {NOT_SUPPORTED} ({prep['unsupported']})")
-            elif "unsupported" in prep:
-                row = unsupported_row(prep, v)
-                row.update(status="not run", reason="no BLB row to compare with; the 2pc baseline alone: "
-                                                    "`cipherlm bench 2pc`")
-                _log(f"{w} / {v}: not run")
-            else:
-                _log(f"{w} / {v}: {prep['layers']} layer(s), {prep['tokens']} tokens, both parties in process ...")
-                tr = time.perf_counter()
-                row = run_row(prep, v, embedding=embedding, timeout=timeout)
-                _log(f"{w} / {v}: done in {time.perf_counter() - tr:.1f} s")
+            _log(f"{w} / {v}: {prep['layers']} layer(s), {prep['tokens']} tokens, both parties in process ...")
+            tr = time.perf_counter()
+            row = run_row(prep, v, embedding=embedding, timeout=timeout)
+            _log(f"{w} / {v}: done in {time.perf_counter() - tr:.1f} s")
             rows.append(row)
             if echo:
                 print(format_rows([row]), flush=True)
@@ -392,7 +375,7 @@ def _jsonable(o):
 def ratios(rows: list[dict], variant: str = "BLB") -> dict:
     """Per workload with both rows run: BFV+MPC / ``variant`` for bytes, flights and each network's seconds."""
     out = {}
-    by = {(r["workload"], r["variant"]): r for r in rows if r.get("status") == "ok"}
+    by = {(r["workload"], r["variant"]): r for r in rows}
     for (w, v), base in by.items():
         blb = by.get((w, variant))
         if v != "BFV+MPC" or blb is None:
@@ -410,9 +393,6 @@ def format_rows(rows: list[dict]) -> str:
     """Each row's headline and its Figure 11-like breakdown."""
     out = []
     for r in rows:
-        if r.get("status") != "ok":
-            out.append(f"{r['workload']:10} {r['variant']:9} {r['status']}: {r.get('reason', '')}")
-            continue
         out.append(f"{r['workload']:10} {r['variant']:9} {r['layers']} layer(s) x {r['tokens']} tokens: "
                    f"{r['bytes'] / 1e6:.2f} MB, {r['flights']} flights ({r['rounds']} client rounds), "
                    f"{r['seconds']:.1f} s wall ({r['compute_seconds']:.1f} s without set-up), "
@@ -430,9 +410,6 @@ def format_table(rows: list[dict]) -> str:
             + " ".join(f"{k + ' s':>8}" for k in NETWORKS) + f" {'setup MB':>9} {'max err':>8}")
     out = [head]
     for r in rows:
-        if r.get("status") != "ok":
-            out.append(f"{r['workload']:10} {r['variant']:9} {r['layers']:2d} {r['tokens']:4d} {r['status']}")
-            continue
         out.append(f"{r['workload']:10} {r['variant']:9} {r['layers']:2d} {r['tokens']:4d} {r['bytes'] / 1e6:9.2f} "
                    f"{r['flights']:7d} {r['compute_seconds']:9.1f} "
                    + " ".join(f"{r['network'][k]:8.1f}" for k in NETWORKS)
@@ -441,9 +418,8 @@ def format_table(rows: list[dict]) -> str:
     out.append("")
     out.append(f"{'bytes (MB)':20} " + " ".join(f"{c:>11}" for c in cats))
     for r in rows:
-        if r.get("status") == "ok":
-            out.append(f"{r['workload'] + ' ' + r['variant']:20} "
-                       + " ".join(f"{r['breakdown'][c] / 1e6:11.2f}" for c in cats))
+        out.append(f"{r['workload'] + ' ' + r['variant']:20} "
+                   + " ".join(f"{r['breakdown'][c] / 1e6:11.2f}" for c in cats))
     return "\n".join(out)
 
 
@@ -460,4 +436,4 @@ def run(args) -> dict:
 
 
 __all__ = ["run_blb_bench", "run_row", "prepare", "breakdown", "network_seconds", "format_rows", "format_table",
-           "WORKLOADS", "VARIANTS", "NETWORKS", "CATEGORIES", "DEFAULT_WORKLOADS", "NOT_SUPPORTED"]
+           "WORKLOADS", "VARIANTS", "NETWORKS", "CATEGORIES", "DEFAULT_WORKLOADS"]
