@@ -209,6 +209,35 @@ def test_decoder_layers_have_five_blocks(name):
                    GraphExecutor(g0, p, dtype=np.float64).forward(ids)) < 1e-12
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_whole_activation_is_one_core(name):
+    """``activation="whole"`` (the 2pc plan's default): GeLU / SiLU stay one MPC core, the
+    FFN-out block reads its output (SiLU's act * up still fused there) and is one level
+    shallower; the graph computes the same function."""
+    cfg, cls = _cases()[name]
+    _, g0, p = _model(cfg, cls)
+    gate, whole = blb_fusion.run(g0), blb_fusion.run(g0, activation="whole")
+    _check_invariants(whole)
+    assert whole.meta["blb_activation"] == "whole" and gate.meta["blb_activation"] == "gate"
+    assert not any(n.op == "act_gate" for n in whole.nodes)
+    act = "gelu_tanh" if name == "gpt2" else "silu"
+    for i in range(2):
+        wb, gb = _layer_blocks(whole, i), _layer_blocks(gate, i)
+        assert len(wb) == 5 and [b["mpc_out_cores"] for b in wb] == [["max"], ["reciprocal"], ["rsqrt"], [act],
+                                                                    ["rsqrt"]]
+        short = {x[len(f"L{i}."):] for x in wb[4]["nodes"] if x.startswith(f"L{i}.")}
+        assert "ffn.act" not in short and ({"ffn.down"} if name == "gpt2" else {"ffn.mul", "ffn.down"}) <= short
+        assert wb[4]["depth"] == gb[4]["depth"] - 1
+        assert [b["nodes"] for b in wb[:4]] == [b["nodes"] for b in gb[:4]]
+    ids = [3, 17, 5, 60]
+    assert rel_err(GraphExecutor(whole, p, dtype=np.float64).forward(ids),
+                   GraphExecutor(g0, p, dtype=np.float64).forward(ids)) < 1e-12
+    with pytest.raises(ValueError, match="activation"):
+        blb_fusion.run(g0, activation="half")
+    with pytest.raises(ValueError, match="decomposed with"):
+        blb_fusion.run(blb_decompose.run(g0), activation="whole")
+
+
 def test_fold_norms_then_fusion():
     cfg, cls = _cases()["llama"]
     _, g0, p = _model(cfg, cls)
@@ -259,7 +288,7 @@ def test_cli_inspect_fusion_blb(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(_bert_cases()["minilm"].to_dict()))
     assert cli.main(["inspect", str(tmp_path), "--fusion", "blb"]) == 0
     out = capsys.readouterr().out
-    assert "BLB fused blocks" in out and "5 per layer" in out and "Phi (gelu gate) -> rsqrt" in out
+    assert "BLB fused blocks" in out and "5 per layer" in out and "gelu -> rsqrt" in out  # the plan's default split
     assert "layers 1..2: the same blocks" in out
     assert "CKKS parameters per block" in out and "  16384 " in out
     assert "attention packing at 16 tokens: fused" in out  # (inspect's default tokens) section 5's converts less

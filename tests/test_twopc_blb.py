@@ -34,11 +34,12 @@ def _bert():
     return config, normalize_weights(config, w)
 
 
-@pytest.fixture(scope="module", params=["rows", "fused"])
+@pytest.fixture(scope="module", params=[("rows", "gate"), ("fused", "whole")])
 def bert_run(request):
     """The forward with Q K^T / P V on the rows' pair grid and in section 5's packing (its
-    re-packs of Q, K and P V's output through conversion round trips)."""
-    attention = request.param
+    re-packs of Q, K and P V's output through conversion round trips); GeLU as Algorithm 4's
+    x * Phi(x) (the gate in MPC, the product in HE) and as one MPC core (the plan's default)."""
+    attention, activation = request.param
     if not lattigo.available():
         pytest.skip(lattigo.unavailable_reason())
     config, w = _bert()
@@ -48,33 +49,35 @@ def bert_run(request):
         {"ids": ids, "positions": np.arange(TOKENS), "token_types": np.zeros(TOKENS, np.int64)},
         {"pos0": 0, "T": TOKENS, "positions": np.arange(TOKENS)})["hidden"]
     sm = twopc_blb.server_model_blb(config, w)
-    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb")
+    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb", blb_activation=activation)
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
         enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter,
                                   attention=attention if ctx.party == 1 else "auto")
         assert isinstance(enc, twopc_blb.BLBEncoder)
+        assert enc.blb_graph.meta["blb_activation"] == activation
         h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
         return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats
 
     r0, r1 = run_inprocess(party, timeout=1200)
-    return ref, r0, r1, attention
+    return ref, r0, r1, attention, activation
 
 
 def test_blb_forward_matches_plaintext(bert_run):
-    ref, (h, _, _), (h1, _, _), _ = bert_run
+    ref, (h, _, _), (h1, _, _), _, _ = bert_run
     assert h1 is None
     assert h.shape == ref.shape == (TOKENS, _BERT["hidden_size"])
     err = np.abs(h - ref)
-    # fixed point f = 16 through the cores (exp, reciprocal, rsqrt, GeLU gate ~1e-4 .. 4e-4),
-    # CKKS noise far below (blb_params' target 2^-17); LayerNorm outputs of magnitude ~3
+    # fixed point f = 16 through the cores (exp, reciprocal, rsqrt, GeLU gate ~1e-4 .. 4e-4, the
+    # whole GeLU ~4e-3), CKKS noise far below (blb_params' target 2^-17); LayerNorm outputs of
+    # magnitude ~3
     assert err.max() < 0.02, err.max()
     assert np.corrcoef(h.ravel(), ref.ravel())[0, 1] > 0.9999
 
 
 def test_blb_bytes_are_conversions_cores_and_setup(bert_run):
-    _, (_, s0, blocks), (_, s1, _), attention = bert_run
+    _, (_, s0, blocks), (_, s1, _), attention, activation = bert_run
     for cls in ("conversions", "setup", "softmax", "norm", "activation"):
         assert s0[cls]["bytes"] > 0, cls
     # no HE product of the layer-by-layer pipeline runs: projections are inside the blocks
@@ -82,7 +85,7 @@ def test_blb_bytes_are_conversions_cores_and_setup(bert_run):
     assert s0.get("attention_matmul", {}).get("bytes", 0) == 0
     for cls, s in s0.items():
         assert s["bytes"] == s1[cls]["bytes"], cls
-    g = blb_fusion.run(build_graph(_bert()[0]))
+    g = blb_fusion.run(build_graph(_bert()[0]), activation=activation)
     assert {b["block"] for b in blocks} == {b["id"] for b in g.meta["blb_blocks"]}
 
 
@@ -227,8 +230,19 @@ def test_client_checks_the_plans_fusion():
     with pytest.raises(ProtocolError, match="BLB fusion in a decoder"):
         check_twopc_plan({"embedding": plan["embedding"], "linear": plan["linear"], "fold_norms": True,
                           "fusion": "blb"})
-    old = {k: v for k, v in plan.items() if k != "fusion"}  # a server from before BLB
+    old = {k: v for k, v in plan.items() if k not in ("fusion", "blb_activation")}  # a server from before BLB
     assert check_twopc_plan(old, config) == old
+    assert plan["blb_activation"] == twopc.DEFAULT_BLB_ACTIVATION == "whole"
+    gate = {**plan, "blb_activation": "gate"}
+    assert check_twopc_plan(gate, config) == gate
+    for bad in ("half", 1, None):
+        with pytest.raises(ProtocolError, match="activation split"):
+            check_twopc_plan({**plan, "blb_activation": bad}, config)
+    with pytest.raises(ProtocolError, match="without BLB fusion"):
+        check_twopc_plan({**old, "blb_activation": "whole"}, config)
+    with pytest.raises(twopc.TwoPCError, match="activation split"):
+        twopc.public_plan(config, None, fusion="blb", blb_activation="half")
+    assert "blb_activation" not in twopc.public_plan(config, None)
 
 
 def test_classify_over_tcp_with_blb():

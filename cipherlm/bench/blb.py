@@ -245,8 +245,10 @@ def network_seconds(compute_seconds: float, total_bytes: int, flights: int) -> d
     return {k: float(compute_seconds) + PRESETS[p].seconds(total_bytes, flights) for k, p in NETWORKS.items()}
 
 
-def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeout: float = 7200.0) -> dict:
-    """One ablation row (JSON-able) of a prepared workload."""
+def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeout: float = 7200.0,
+            activation: str | None = None) -> dict:
+    """One ablation row (JSON-able) of a prepared workload (``activation``: BLB rows' split of
+    GeLU / SiLU, `runtime.twopc.BLB_ACTIVATIONS`; None = the plan's default)."""
     from ..mpc.runner import run_inprocess
     from ..runtime import twopc
 
@@ -254,7 +256,8 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     config, w = prep["config"], prep["weights"]
     server = twopc.server_weights(config, w, keep_bound=FUSION[variant] == "blb")
-    plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant])
+    act = {"blb_activation": activation} if activation is not None and FUSION[variant] == "blb" else {}
+    plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant], **act)
     args = (config, server, plan, prep["ids"], ATTENTION.get(variant, "auto"))
     r0, r1 = run_inprocess(_party, args0=args, args1=args, timeout=timeout)
     ch, sp = r0["channel"], r0["setup_pass"]
@@ -267,6 +270,7 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     row = {
         "workload": prep["workload"], "variant": variant, "status": "ok",
         "layers": prep["layers"], "tokens": prep["tokens"], "embedding": plan["embedding"], "fusion": plan["fusion"],
+        "activation": plan.get("blb_activation"),
         "bytes": total, "bytes_client_to_server": int(excl["bytes_sent"]),
         "bytes_server_to_client": int(excl["bytes_received"]),
         "rounds": int(excl["rounds"]), "flights": flights,
@@ -315,10 +319,11 @@ def _parse_workloads(workloads) -> list[str]:
 
 def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None = None, report: str | None = None,
                   *, variants=VARIANTS, embedding: str = "onehot-linear", seed: int = 0, command=None,
-                  timeout: float = 7200.0, echo: bool = True) -> dict:
+                  timeout: float = 7200.0, echo: bool = True, activation: str | None = None) -> dict:
     """The ablation of every workload (``layers`` / ``tokens``: None = the workload's default,
     `WORKLOADS`), printed as it goes; the report (JSON-able dict) is written to ``report``
-    when given.  ``embedding``: the plan's embedding method, the same for both rows."""
+    when given.  ``embedding``: the plan's embedding method, the same for both rows;
+    ``activation``: the BLB rows' activation split (None: the plan's default)."""
     names = _parse_workloads(workloads)
     variants = tuple(variants)
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -331,7 +336,7 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         for v in variants:
             _log(f"{w} / {v}: {prep['layers']} layer(s), {prep['tokens']} tokens, both parties in process ...")
             tr = time.perf_counter()
-            row = run_row(prep, v, embedding=embedding, timeout=timeout)
+            row = run_row(prep, v, embedding=embedding, timeout=timeout, activation=activation)
             _log(f"{w} / {v}: done in {time.perf_counter() - tr:.1f} s")
             rows.append(row)
             if echo:
@@ -343,6 +348,7 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         "wall_seconds": time.perf_counter() - t0,
         "machine": {**machine_start, "load_average_end": _machine()["load_average"]},
         "settings": {"workloads": names, "layers": layers, "tokens": tokens, "embedding": embedding, "seed": seed,
+                     "blb_activation": activation,
                      "variants": list(variants), "parties": "in process (two threads, in-process channel)"},
         "networks": {k: _preset_dict(p) for k, p in NETWORKS.items()},
         "categories": {k: list(v) for k, v in CATEGORIES.items()},
@@ -432,7 +438,8 @@ def run(args) -> dict:
         raise ValueError(f"unknown bench blb rows {unknown}; one of {', '.join(VARIANTS)}")
     return run_blb_bench(args.workloads, args.layers, args.tokens, getattr(args, "report", None),
                          variants=variants, embedding=getattr(args, "embedding", None) or "onehot-linear",
-                         seed=getattr(args, "seed", 0) or 0, command=sys.argv)
+                         seed=getattr(args, "seed", 0) or 0, command=sys.argv,
+                         activation=getattr(args, "blb_activation", None))
 
 
 __all__ = ["run_blb_bench", "run_row", "prepare", "breakdown", "network_seconds", "format_rows", "format_table",

@@ -20,6 +20,9 @@ moe            MoE decoders only: ``{variant: "cryptomoe", capacity}``, capacity
                positive number; any other variant (``insecure``, the baselines) is refused
 classes        encoders only: None or an int in 1..`MAX_CLASSES`
 fold_norms     decoders only: a bool
+fusion         one of `twopc.FUSIONS` (absent: ``none``)
+blb_activation with ``fusion`` ``blb`` only: one of `twopc.BLB_ACTIVATIONS` (absent: ``gate``);
+               both choices are secure (the same protocols, placed differently)
 =============  ===========================================================================
 
 No other key is accepted, and which keys must be there follows from the model config
@@ -50,7 +53,7 @@ MAX_CLASSES = 1 << 16
 MAX_DIM = 1 << 24
 #: the HE backends an offload welcome may name (``he_backend``; `cipherlm.he.matmul.OFFLOAD_BACKENDS`)
 OFFLOAD_HE_BACKENDS = ("seal", "lattigo")
-PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion"})
+PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion", "blb_activation"})
 
 __all__ = ["check_twopc_plan", "check_twopc_welcome", "check_offload_welcome", "secure_embedding_methods",
            "load_tokenizer", "MOE_VARIANTS", "PLAN_KEYS"]
@@ -208,6 +211,13 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
         if f == "blb" and "fold_norms" in out:
             raise ProtocolError("BLB fusion in a decoder plan (this client runs it for encoders only)")
         out["fusion"] = f
+    if "blb_activation" in plan:  # absent with BLB: "gate" (plans of servers before the choice)
+        a = plan["blb_activation"]
+        if out.get("fusion") != "blb":
+            raise ProtocolError("a BLB activation split in a plan without BLB fusion")
+        if not isinstance(a, str) or a not in twopc.BLB_ACTIVATIONS:
+            raise ProtocolError(f"unknown BLB activation split {_short(a)}; one of {twopc.BLB_ACTIVATIONS}")
+        out["blb_activation"] = a
 
     if config is None:
         if ("classes" in out) == ("fold_norms" in out):
@@ -219,7 +229,7 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
     want = {"embedding", "linear"} | ({"classes"} if kind == "encoder" else {"fold_norms"})
     if moe_model:
         want.add("moe")
-    if set(out) - {"fusion"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
+    if set(out) - {"fusion", "blb_activation"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
         raise ProtocolError(f"the plan's keys {sorted(out)} do not fit this {'MoE ' if moe_model else ''}{kind} "
                             f"(expected {sorted(want)})")
     return out

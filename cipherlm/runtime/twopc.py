@@ -238,15 +238,21 @@ def moe_shape(node: Node):
 #: the 2pc mode's operator fusions: "none" (layer by layer, BFV products + MPC) or "blb"
 #: (BLB's fused blocks in CKKS between conversions: `runtime.twopc_blb`, encoders only so far)
 FUSIONS = ("none", "blb")
+#: BLB: where GeLU / SiLU run (`compile.passes.blb_decompose.ACTIVATION_SPLITS`): "whole" (one
+#: MPC core, the default: measured cheaper, docs/blb.md "The activation core") or "gate"
+#: (Algorithm 4's x * g(x): the gate in MPC, the product in HE)
+BLB_ACTIVATIONS = passes.blb_decompose.ACTIVATION_SPLITS
+DEFAULT_BLB_ACTIVATION = "whole"
 
 
 def public_plan(config: dict, server: ServerModel | None = None, embedding: str = "auto",
                 moe_capacity: float = DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-                network: str = "LAN", fusion: str = "none") -> dict:
+                network: str = "LAN", fusion: str = "none", blb_activation: str = DEFAULT_BLB_ACTIVATION) -> dict:
     """What both parties must agree on beyond the config: the structure choices that
     depend on the server's weights (folded norms, classifier width), the MoE
     capacity factor and the linear layers' packing (with the network preset its
-    cost model and the SIMD plans assume). JSON-able."""
+    cost model and the SIMD plans assume); with ``fusion="blb"`` also ``blb_activation``
+    (`BLB_ACTIVATIONS`: it changes the fused blocks). JSON-able."""
     from ..net.netmodel import PRESETS
 
     if linear_packing not in LINEAR_PACKINGS:
@@ -262,6 +268,10 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
         raise TwoPCError("BLB fusion: the server model must keep its bound weights (server_weights(..., keep_bound=True))")
     plan = {"embedding": embedding_backend(embedding), "linear": {"packing": linear_packing, "network": network},
             "fusion": fusion}
+    if fusion == "blb":
+        if blb_activation not in BLB_ACTIVATIONS:
+            raise TwoPCError(f"unknown BLB activation split {blb_activation!r}; one of {BLB_ACTIVATIONS}")
+        plan["blb_activation"] = blb_activation
     if has_moe:
         c = float(moe_capacity)
         if not (math.isfinite(c) and c > 0):

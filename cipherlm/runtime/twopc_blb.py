@@ -590,7 +590,8 @@ class _BLBLayers:
     blocks through `BLBRunner`, MPC cores on shares) from the pass inputs to one output value."""
 
     def _blb_init(self, ctx, config: dict, server: ServerModel | None, attention: str) -> None:
-        self.blb_graph = blb_fusion.run(build_graph(config))
+        # plans from before the activation choice have no "blb_activation": the gate split they ran
+        self.blb_graph = blb_fusion.run(build_graph(config), activation=(self.plan or {}).get("blb_activation", "gate"))
         bound = None
         if server is not None:
             bound = server.bound

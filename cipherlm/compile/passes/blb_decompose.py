@@ -38,7 +38,15 @@ GeLU (Algorithm 4) and SiLU, as x * g(x)::
     out  = mul(x, gate)                      [Identity]
 
 A SiLU-gated FFN (Llama's silu(gate) * up) becomes gate * sigmoid(gate) * up: two
-Identity products around the one sigmoid core. RoPE, the attention products and the
+Identity products around the one sigmoid core.
+
+``activation="whole"`` (`ACTIVATION_SPLITS`) leaves GeLU / SiLU one MPC core instead
+(``activation`` itself, BOLT's x/2 + Q(|x|) form, `mpc.nonlinear.piecewise`).  The 2pc mode
+measures it cheaper (`runtime.twopc.public_plan`'s default, docs/blb.md "The activation
+core"): the gate's protocol is the activation's plus one MUX (its powers are MPC products
+either way, they are not moved into HE), and x * g(x) in HE costs the gate's conversion
+into CKKS on top, about 190 B per value at N = 16384 and six primes against the ~430 B of
+the whole activation. RoPE, the attention products and the
 projections are linear already and stay as they are; ReLU, tanh, sigmoid and clip stay
 whole (they are comparisons / one core).
 
@@ -60,6 +68,10 @@ from ..ir import Graph, Node
 #: activation names whose x * g(x) form is written out (HF's names -> act_gate's fn)
 GATED = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
          "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+
+#: where an activation's work goes: "gate" writes x * g(x) out (Algorithm 4: g in MPC, the
+#: product fused into HE), "whole" keeps the activation one MPC core (module doc)
+ACTIVATION_SPLITS = ("gate", "whole")
 
 #: squarings after the exp core: the paper's (1 + x/2^n)^(2^n) with n = 6 (Bumblebee)
 EXP_SQUARINGS = 6
@@ -130,36 +142,42 @@ def _gated(n: Node) -> list[Node]:
     return e.nodes
 
 
-def decompose_node(n: Node, exp_squarings: int = EXP_SQUARINGS) -> list[Node] | None:
-    """The pieces of one node, or None when it stays as it is."""
+def decompose_node(n: Node, exp_squarings: int = EXP_SQUARINGS, activation: str = "gate") -> list[Node] | None:
+    """The pieces of one node, or None when it stays as it is (``activation``: one of
+    `ACTIVATION_SPLITS`)."""
     if n.op == "layer_norm":
         return _norm(n, rms=False)
     if n.op == "rms_norm":
         return _norm(n, rms=True)
     if n.op == "softmax":
         return _softmax(n, exp_squarings)
-    if n.op == "activation" and n.attrs.get("fn") in GATED:
+    if n.op == "activation" and activation == "gate" and n.attrs.get("fn") in GATED:
         return _gated(n)
     return None
 
 
-def run(graph: Graph, exp_squarings: int = EXP_SQUARINGS) -> Graph:
-    """The graph with its LayerNorms, RMSNorms, softmaxes and GeLU / SiLU activations
-    split (module doc); parameters are unchanged (the affine nodes read the norms' tensors)."""
+def run(graph: Graph, exp_squarings: int = EXP_SQUARINGS, activation: str = "gate") -> Graph:
+    """The graph with its LayerNorms, RMSNorms, softmaxes and (``activation="gate"``) GeLU /
+    SiLU activations split (module doc); parameters are unchanged (the affine nodes read the
+    norms' tensors)."""
+    if activation not in ACTIVATION_SPLITS:
+        raise ValueError(f"activation must be one of {ACTIVATION_SPLITS}, got {activation!r}")
     if "blb_decomposed" in graph.meta:
+        if graph.meta.get("blb_activation", "gate") != activation:
+            raise ValueError(f"the graph is decomposed with activation={graph.meta.get('blb_activation')!r}")
         return graph
     if exp_squarings < 0:
         raise ValueError("exp_squarings must be >= 0")
     g = copy.copy(graph)
     g.nodes, done = [], []
     for n in graph.nodes:
-        parts = decompose_node(n, exp_squarings)
+        parts = decompose_node(n, exp_squarings, activation)
         if parts is None:
             g.nodes.append(n)
         else:
             g.nodes.extend(parts)
             done.append(n.name)
     g.outputs = dict(graph.outputs)
-    g.meta = {**graph.meta, "blb_decomposed": done, "blb_exp_squarings": exp_squarings}
+    g.meta = {**graph.meta, "blb_decomposed": done, "blb_exp_squarings": exp_squarings, "blb_activation": activation}
     g.validate()
     return g
