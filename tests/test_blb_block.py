@@ -7,6 +7,7 @@ on Lattigo at the parameters `passes.blb_params` chooses for each (128-bit sets,
 predicted maximum (16 sigma), and their errors are CKKS noise (not vacuously small).  Run
 alone with ``-s`` for the table of docs/blb.md."""
 
+import dataclasses
 import math
 import time
 
@@ -81,17 +82,24 @@ def _params(fam, attention):
     return _PARAMS[key]
 
 
-def _evaluate(fam, bid, family="bert", attention="auto", period=None):
+def _evaluate(fam, bid, family="bert", attention="auto", period=None, extra_levels=0):
+    """``extra_levels``: the block on a chain that many primes deeper than its own (a shared
+    set, `blb_params.share_sets`), started at its own depth (`BlockParams.start_level`)."""
     g, p, vals, _, gains = fam
     b = next(x for x in g.meta["blb_blocks"] if x["id"] == bid)
     pp = _params(fam, attention)[bid]
+    start = None
+    if extra_levels:
+        pp = dataclasses.replace(pp, chain=pp.chain + (pp.scale_bits,) * extra_levels)
+        start = pp.start_level
     ctx = lattigo.LattigoContext(pp.he_params)
     be = lattigo.LattigoBackend()
     keys = be.keygen(ctx)
     stats: dict = {}
     t0 = time.perf_counter()
     out = blb_block.evaluate_block(g, b, {i["value"]: vals[i["value"]] for i in b["inputs"]}, p, ctx, be, keys,
-                                   scale_bits=pp.scale_bits, stats=stats, attention=attention, period=period)
+                                   scale_bits=pp.scale_bits, stats=stats, attention=attention, period=period,
+                                   start_level=start)
     secs = time.perf_counter() - t0
     model = bp.NoiseModel(pp.ring_degree, pp.scale_bits)
     rows = []
@@ -155,6 +163,30 @@ def test_blocks_in_column_chunks_match_plaintext(bert, bid):
     for r in rows:
         assert r["err"] >= 0.1 * r["fresh"], r
         assert r["err"] <= r["bound"], r
+
+
+@pytest.mark.parametrize("bid", (1, 3))
+def test_block_starts_at_its_own_depth_in_a_deeper_set(bert, bid):
+    """A block on a shared set's chain (one prime deeper here) starts at its own depth above
+    the output primes (`BlockParams.start_level`: every conversion into it carries a prime
+    less), ends at the output modulus and matches the plaintext within the same model; its
+    re-packs (section 5's packing at 8 tokens) re-enter at that level too.  A start below the block's depth is refused."""
+    rows, stats = _evaluate(bert, bid, extra_levels=1)
+    pp = bert[3][bid]
+    assert stats["top_level"] == pp.start_level == len(pp.output_primes) - 1 + pp.depth
+    assert stats["deepest"] == len(pp.output_primes) - 1
+    assert stats["relayouts"] > 0  # Q, K (block 1) and P V's output (block 3) re-packed
+    for r in rows:
+        assert r["err"] >= 0.1 * r["fresh"], r
+        assert r["err"] <= r["bound"], r
+    g, p, vals = bert[0], bert[1], bert[2]
+    b = next(x for x in g.meta["blb_blocks"] if x["id"] == bid)
+    pp = dataclasses.replace(pp, chain=pp.chain + (pp.scale_bits,))
+    ctx = lattigo.LattigoContext(pp.he_params)
+    be = lattigo.LattigoBackend()
+    with pytest.raises(ValueError, match="start level"):
+        blb_block.evaluate_block(g, b, {i["value"]: vals[i["value"]] for i in b["inputs"]}, p, ctx, be,
+                                 be.keygen(ctx), scale_bits=pp.scale_bits, start_level=pp.depth - 1)
 
 
 def test_period_is_the_fewest_ciphertexts():

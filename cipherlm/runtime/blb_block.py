@@ -12,7 +12,8 @@ with the block's scale 2^s (Algorithm 2, MPC -> CKKS, of the paper: there both p
 encode their shares and the client encrypts; `protocols.ckks_convert` has the real one)
 and the outputs are decrypted and decoded here (Algorithm 1, CKKS -> MPC).  The noise of
 this stand-in is the model's ``fresh_input`` (one encoding rounding less than Algorithm 2).
-An input is encrypted where it is first used: at the top level, or, for an addition /
+An input is encrypted where it is first used: at the block's start level (the top, or its
+own depth above the output primes in a shared set: ``start_level``), or, for an addition /
 subtraction / product with a value computed in the block, at that value's level and (for
 additions) exact scale; a ciphertext encrypted lower has the same error, and the scales of
 both operands match exactly without a level spent on matching them.
@@ -47,7 +48,7 @@ multi-head packings (`protocols.ckks.blb_matmul`; layout names ``mh_cols/n/k/c``
 ``mh_rows/...``, ``mh_diag/...``: `mh_layout`) and the products by its fused ct-ct MatMul
 with BSGS (`_Eval.fused`).  The projections stay in stacked rows, so Q and K and P V's
 output change packing where they are read (`_Eval.relayout`: out through the io and back
-in, fresh at the top level; in the 2pc mode a conversion round trip whose repack is a local
+in, fresh at the start level; in the 2pc mode a conversion round trip whose repack is a local
 permutation of the shares, section 5.2).  Depth and noise: `blb_fusion.block_depth(...,
 fused=True)`, `blb_params.output_errors(..., fused=True)`.  A causal mask (a decoder's
 prefill, keys = queries): every pair is computed and the mask applies at the output (below).
@@ -437,6 +438,8 @@ class _Eval:
             raise ValueError(f"period {period} does not divide {self.slots} slots")
         self.R = self.slots // period  # rows per ciphertext
         self.scale = 2.0 ** scale_bits
+        #: the level fresh inputs are encrypted at (`evaluate_block`'s ``start_level``)
+        self.top = ctx.max_level
         self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the pair layouts
         self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0, "relayouts": 0,
                       "encode_weights_s": 0.0}
@@ -880,13 +883,13 @@ class _Eval:
     def relayout(self, name: str, x: Packed, layout: str) -> Packed:
         """``x`` in another packing: out to the io and back in (in the 2pc mode a conversion
         round trip, CKKS -> shares -> CKKS, with the change of packing a local permutation of
-        each party's shares: BLB section 5.2's repack); fresh, at the top level and the
-        block's scale.  Once per value and layout."""
+        each party's shares: BLB section 5.2's repack); fresh, at the block's start level and
+        scale.  Once per value and layout."""
         key = (name, layout)
         if key not in self._relaid:
             self.stats["relayouts"] += 1
             vals = self.decrypt(name, x)
-            self._relaid[key] = self.encrypt(name, vals, layout, self.ctx.max_level, self.scale)
+            self._relaid[key] = self.encrypt(name, vals, layout, self.top, self.scale)
         return self._relaid[key]
 
     def ck(self) -> CkksEvaluator:
@@ -1101,7 +1104,8 @@ def block_tokens(inputs: dict) -> int:
 def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray],
                    ctx, be, keys, evk=None, *, scale_bits: int | None = None, positions=None, pos0: int = 0,
                    stats: dict | None = None, io=None, attention: str = "auto",
-                   tokens: int | None = None, period: int | None = None) -> dict[str, np.ndarray]:
+                   tokens: int | None = None, period: int | None = None,
+                   start_level: int | None = None) -> dict[str, np.ndarray]:
     """The block's outputs {value: array} computed in CKKS (module doc).  ``inputs``: every
     value of ``block["inputs"]`` as a plaintext array; ``params``: the bound weights
     (`compile.bind`); ``ctx`` / ``be`` / ``keys``: a Lattigo context at the block's
@@ -1118,7 +1122,11 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     default `block_tokens` of the inputs); it must be the one ``params`` were chosen for
     (`blb_params.run(..., attention=, tokens=)`: section 5's products take more levels).
     ``period``: the slots per row (default `block_period`, the fewest ciphertexts; any power
-    of two at least the core widths works, wider values in column chunks)."""
+    of two at least the core widths works, wider values in column chunks).  ``start_level``:
+    the level fresh inputs are encrypted at (default the top, ``ctx.max_level``); a block in a
+    shared parameter set (`blb_params.share_sets`) needs only its own depth above the output
+    primes (`blb_params.BlockParams.start_level`), and every prime less is one less in each
+    conversion into the block."""
     check_block(graph, block)
     nodes = [graph.node(n) for n in block["nodes"]]
     missing = [i["value"] for i in block["inputs"] if i["value"] not in inputs]
@@ -1141,10 +1149,13 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
         scale_bits = round(math.log2(ctx.q_moduli[ctx.max_level]))
     ev = _Eval(ctx, be, io if io is not None else LocalIO(keys), evk, period, scale_bits, blb_params.block_attention(graph, block))
     lay = assign_layouts(graph, block, mh)
-    _, _, folded = block_depth(nodes, prod, fused=bool(mh))
+    depth, _, folded = block_depth(nodes, prod, fused=bool(mh))
+    top = ctx.max_level if start_level is None else int(start_level)
+    if not depth <= top <= ctx.max_level:
+        raise ValueError(f"block {block['id']}: start level {top} outside [{depth} (its depth), {ctx.max_level}]")
+    ev.top = top
 
     cts: dict[str, Packed] = {}
-    top = ctx.max_level
     deepest = top  # the lowest level any value of the block reaches
 
     fresh: dict[tuple, Packed] = {}

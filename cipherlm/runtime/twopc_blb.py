@@ -425,7 +425,8 @@ class BLBRunner:
         ks = self._ensure_keys(bp, steps)
         out = blb_block.evaluate_block(self.graph, block, inputs, self.params, ks.hectx, self.be, None, ks.evk,
                                        scale_bits=bp.scale_bits, io=ConversionIO(self, ks, block),
-                                       attention=self.attention, tokens=tokens, period=period)
+                                       attention=self.attention, tokens=tokens, period=period,
+                                       start_level=bp.start_level)
         with self.meter("conversions", block["name"]):
             self.ctx.send({"op": "end"})
         return out

@@ -398,6 +398,12 @@ class BlockParams:
     target: float                     # 2^-(f+1) / SIGMAS
 
     @property
+    def start_level(self) -> int:
+        """The level the block's inputs need: its own depth above the output primes (below the
+        top of a shared set's chain, `share_sets`)."""
+        return len(self.output_primes) - 1 + self.depth
+
+    @property
     def log_qp(self) -> int:
         return sum(self.chain) + sum(self.special)
 
