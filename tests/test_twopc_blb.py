@@ -128,6 +128,7 @@ def test_client_rejects_malformed_output_headers(msg):
 
 class _Ctx:
     slots = 8192
+    max_level = 5
 
 
 def test_client_checks_input_layouts():
