@@ -10,8 +10,9 @@ issue 16 items 2-3 wired together).
   section 7.1), its inputs brought in from additive shares by Algorithm 2 and its outputs
   taken back to shares by Algorithm 1 (`protocols.ckks_convert`, section 6);
 * every other node (the cores: max, exp on the reduced range, reciprocal, rsqrt, the
-  activation gates; the embedding lookup; the local s - max) runs on shares
-  (`BLBSharesBackend`, Bumblebee-style protocols of `mpc.nonlinear`).
+  activations whole or their gates, as the plan's ``blb_activation`` says; the embedding
+  lookup; the local s - max) runs on shares (`BLBSharesBackend`, Bumblebee-style protocols
+  of `mpc.nonlinear`).
 
 **Roles.** The client (party 0) holds the CKKS secret keys, one key set per distinct
 parameter set of the blocks (`blb_params.share_sets` merges the blocks' own sets while
@@ -29,7 +30,8 @@ depends on the client's data or on the weights beyond the public parameters.
 * In (Algorithm 2): each party lays its share out in the block's packing
   (`blb_block._Eval.slot_vectors`: copies and zeros only, so it applies to shares; rows
   stacked R per ciphertext, P V's probabilities on the pair grid), and runs
-  `shares_to_ckks_many` at the level and exact scale the block asks for (all ciphertexts
+  `shares_to_ckks_many` at the level and exact scale the block asks for (the block's own
+  depth above its output primes, `BlockParams.start_level`, even in a deeper shared set; all ciphertexts
   of the input in one batch: the rounds of one conversion per `ckks_convert.batch_size`
   ciphertexts).  The encoding is
   made at a scale of at most 2^`IN_SCALE_BITS` (the encoded coefficients must stay below
