@@ -97,6 +97,8 @@ def test_breakdown_categories(bench):
     he = rows[("tiny", "BLB")]["he_blocks"]
     g = blb_fusion.run(build_graph(dict(blb.TINY_CONFIG, num_hidden_layers=1)))
     assert he["count"] == len(g.meta["blb_blocks"]) == len(he["blocks"])
+    peaks = [b["peak_rss_bytes"] for b in he["blocks"]]  # the process's peak so far: never falls
+    assert peaks[0] > 0 and peaks == sorted(peaks)
     # the CKKS keys are made inside the pass (first use of each parameter set): set-up, not counted
     assert rows[("tiny", "BLB")]["setup"]["in_pass_bytes"] > 0
 

@@ -285,8 +285,8 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
         "max_abs_error": float(np.abs(np.asarray(r0["output"], np.float64) - prep["ref"]).max()),
     }
     if FUSION[variant] == "blb":  # the server's view of each HE block: its time (HE evaluation + conversions) and traffic
-        blocks = [{"block": int(b["block"]), "seconds": float(b["seconds"]), "bytes": _bytes(b), "flights": _flights(b)}
-                  for b in r1["block_stats"]]
+        blocks = [{"block": int(b["block"]), "seconds": float(b["seconds"]), "bytes": _bytes(b), "flights": _flights(b),
+                   "peak_rss_bytes": int(b["peak_rss_bytes"])} for b in r1["block_stats"]]
         row["he_blocks"] = {"count": len(blocks), "seconds": sum(b["seconds"] for b in blocks), "blocks": blocks}
         row["conversions"] = r1["conversions"]  # the server's records: block, value, direction, cts, level, bytes
     return row
@@ -405,8 +405,9 @@ def format_rows(rows: list[dict]) -> str:
                    f"max err {r['max_abs_error']:.2e}; set-up {r['setup']['bytes'] / 1e6:.2f} MB")
         out.append("    breakdown: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in r["breakdown"].items()))
         if "he_blocks" in r:
+            peak = max((b.get("peak_rss_bytes", 0) for b in r["he_blocks"]["blocks"]), default=0)
             out.append(f"    HE blocks: {r['he_blocks']['count']}, {r['he_blocks']['seconds']:.1f} s (server, "
-                       "evaluation + conversions)")
+                       f"evaluation + conversions); process peak RSS after them {peak / 2**30:.1f} GiB")
     return "\n".join(out)
 
 

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import resource
 import time
 from typing import Any
 
@@ -407,7 +408,10 @@ class BLBRunner:
             out = self._server_block(block, inputs, tokens)
         else:
             out = self._client_block(block, inputs)
-        stats = {"block": block["id"], "seconds": time.perf_counter() - t0}
+        # the process's peak resident memory so far (both parties' when they share a process,
+        # as in `cipherlm bench blb`): the block that raises it is the one to look at
+        stats = {"block": block["id"], "seconds": time.perf_counter() - t0,
+                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         after = self.ctx.chan.totals()
         stats.update({k: after[k] - before[k] for k in after})
         self.block_stats.append(stats)
