@@ -746,10 +746,14 @@ class _Eval:
         cts = np.empty((m, len(k_out)), object)
         for ko, do in enumerate(k_out):
             b, g, k0 = linear_plan(min(d_in, P), do)
-            diags: dict[tuple[int, int, int], np.ndarray] = {}
-            t0 = time.perf_counter()
+            # per row ciphertext and giant step: sum_(chunk, i) rot(x_chunk, i) pt_(chunk, j, i),
+            # accumulated one input chunk at a time, so that only that chunk's diagonals are
+            # encoded at once (all of them for a 3072-wide input were ~4 GB at N = 16384)
+            inner: list[list] = [[None] * g for _ in range(m)]
             for ki, di in enumerate(k_in):
+                t0 = time.perf_counter()
                 blk = w[ko * P:ko * P + do, ki * P:ki * P + di]
+                diags: dict[tuple[int, int], np.ndarray] = {}
                 for j in range(g):
                     for i in range(b):
                         k = k0 + j * b + i
@@ -762,38 +766,52 @@ class _Eval:
                         diag = np.zeros(P)
                         diag[ok] = blk[rows[ok], col[ok]]
                         if diag.any():
-                            diags[ki, j, i] = np.roll(diag, (k0 + j * b) % P)
-            pts = dict(zip(diags, self.pts(list(diags.values()), lvl, self.q(lvl))))
-            # the weights' encoding: input-independent (the server can do it ahead of time)
-            self.stats["encode_weights_s"] += time.perf_counter() - t0
-            steps = [[(ki, i) for ki in range(len(k_in)) for i in range(b) if (ki, j, i) in pts] for j in range(g)]
+                            diags[j, i] = np.roll(diag, (k0 + j * b) % P)
+                pts = dict(zip(diags, self.pts(list(diags.values()), lvl, self.q(lvl))))
+                # the weights' encoding: input-independent (the server can do it ahead of time)
+                self.stats["encode_weights_s"] += time.perf_counter() - t0
+                steps = {}
+                for j, i in pts:
+                    steps.setdefault(j, []).append(i)
+                for r in range(m):
+                    babies = self._baby_steps(x.cts[r, ki], b)
+
+                    def add_chunk(j, r=r, babies=babies):
+                        """inner[r][j] += sum_i rot(x_chunk, i) pt_(chunk, j, i) (one thread per j;
+                        Lattigo's evaluator may be called from several threads, >= 6.2)."""
+                        acc = inner[r][j]
+                        for i in steps[j]:
+                            t = self.be.multiply_plain(self.ctx, babies[i], pts[j, i])
+                            if acc is None:
+                                acc = t
+                            else:
+                                self.be.add_inplace(self.ctx, acc, t)
+                        inner[r][j] = acc
+
+                    self.stats["ct_pt"] += len(pts)
+                    live = sorted(steps)
+                    if len(live) > 1:
+                        list(_encode_pool().map(add_chunk, live))
+                    else:
+                        for j in live:
+                            add_chunk(j)
+                del pts
             for r in range(m):
-                babies = [self._baby_steps(x.cts[r, ki], b) for ki in range(len(k_in))]
+                def giant(j, r=r):
+                    """inner[r][j] rotated by the giant step k0 + j b."""
+                    t = inner[r][j]
+                    return t if not (k0 + j * b) % self.slots else self.be.rotate_rows(
+                        self.ctx, t, (k0 + j * b) % self.slots, self.evk)
 
-                def giant(j):
-                    """sum_(chunk, i) rot(x_chunk, i) pt_(chunk, j, i), rotated by the giant step
-                    (Lattigo's evaluator may be called from several threads, >= 6.2)."""
-                    inner = None
-                    for ki, i in steps[j]:
-                        t = self.be.multiply_plain(self.ctx, babies[ki][i], pts[ki, j, i])
-                        if inner is None:
-                            inner = t
-                        else:
-                            self.be.add_inplace(self.ctx, inner, t)
-                    if inner is not None and (k0 + j * b) % self.slots:
-                        inner = self.be.rotate_rows(self.ctx, inner, (k0 + j * b) % self.slots, self.evk)
-                    return inner
-
-                live = [j for j in range(g) if steps[j]]
-                self.stats["ct_pt"] += sum(len(steps[j]) for j in live)
+                live = [j for j in range(g) if inner[r][j] is not None]
                 self.stats["rotations"] += sum(1 for j in live if (k0 + j * b) % self.slots)
                 parts = _encode_pool().map(giant, live) if len(live) > 1 else map(giant, live)
                 acc = None
-                for inner in parts:  # exact modular additions: the order does not matter
+                for t in parts:  # exact modular additions: the order does not matter
                     if acc is None:
-                        acc = inner
+                        acc = t
                     else:
-                        self.be.add_inplace(self.ctx, acc, inner)
+                        self.be.add_inplace(self.ctx, acc, t)
                 if acc is None:
                     raise ValueError("an all-zero projection block")
                 cts[r, ko] = self.rescale(acc)
@@ -812,6 +830,13 @@ class _Eval:
         self.stats["rotations"] += b - 1
         self._babies[id(ct), b] = (ct, babies)
         return babies
+
+    def forget_baby_steps(self, x: Packed) -> None:
+        """Drop the cached baby steps of ``x``'s ciphertexts (after the last projection that
+        reads it: b rotations of each ciphertext, ~2 GB for a 3072-wide input at N = 16384)."""
+        for ct in x.cts.reshape(-1):
+            for key in [k for k in self._babies if k[0] == id(ct)]:
+                del self._babies[key]
 
     def reduce_sum(self, x: Packed, scale: float) -> Packed:
         """Row sums: a rotate-and-sum over the period (log2 P rotations) leaves row r's sum in
@@ -1157,6 +1182,8 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
 
     cts: dict[str, Packed] = {}
     deepest = top  # the lowest level any value of the block reaches
+    # the last projection of each value (its baby steps are dropped after it)
+    last_projection = {n.inputs[0]: n.name for n in nodes if n.op == "linear"}
 
     fresh: dict[tuple, Packed] = {}
 
@@ -1221,6 +1248,8 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
                     cts[v] = ev.linear(x, w[lo:lo + size], None if bias is None else bias[lo:lo + size])
                     lo += size
                 out = cts[sp.outputs[0]]
+            if last_projection.get(n.inputs[0]) == n.name:
+                ev.forget_baby_steps(x)
         elif op == "split":
             if split_of(graph, block, prod[n.inputs[0]]) is not n:
                 raise NotImplementedError(f"{n.name}: a split of anything but a projection it alone reads")
