@@ -256,8 +256,8 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     config, w = prep["config"], prep["weights"]
     server = twopc.server_weights(config, w, keep_bound=FUSION[variant] == "blb")
-    act = {"blb_activation": activation} if activation is not None and FUSION[variant] == "blb" else {}
-    plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant], **act)
+    plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant],
+                             blb_activation=activation or twopc.DEFAULT_BLB_ACTIVATION)
     args = (config, server, plan, prep["ids"], ATTENTION.get(variant, "auto"))
     r0, r1 = run_inprocess(_party, args0=args, args1=args, timeout=timeout)
     ch, sp = r0["channel"], r0["setup_pass"]

@@ -598,7 +598,7 @@ class _BLBLayers:
 
     def _blb_init(self, ctx, config: dict, server: ServerModel | None, attention: str) -> None:
         # plans from before the activation choice have no "blb_activation": the gate split they ran
-        self.blb_graph = blb_fusion.run(build_graph(config), activation=(self.plan or {}).get("blb_activation", "gate"))
+        self.blb_graph = blb_fusion.run(build_graph(config), activation=self.plan.get("blb_activation", "gate"))
         bound = None
         if server is not None:
             bound = server.bound
