@@ -217,8 +217,9 @@ def test_algorithm1_after_a_plaintext_product():
     assert err < 4 * ULP, err
 
 
-@pytest.mark.parametrize("scale_bits,value_bits", [(40, None), (50, 4)])
-def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
+@pytest.mark.parametrize("scale_bits,value_bits,ring_to_field", [(40, None, "wrap"), (50, 4, "wrap"),
+                                                                   (40, None, "local"), (50, None, "local")])
+def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits, ring_to_field):
     params = SMALL
     n = params.poly_modulus_degree
     rng = np.random.default_rng(5)
@@ -230,14 +231,15 @@ def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
     from cipherlm.mpc.shares import AShare
 
     def server(ctx, side):
-        ct = cc.shares_to_ckks(ctx, AShare(ctx, s1, 64, F), side, scale_bits=scale_bits, value_bits=value_bits)
+        ct = cc.shares_to_ckks(ctx, AShare(ctx, s1, 64, F), side, scale_bits=scale_bits, value_bits=value_bits,
+                               ring_to_field=ring_to_field)
         back = cc.ckks_to_shares(ctx, ct, side).data
         return b.ciphertext_to_bytes(ct), back
 
     def client(ctx, side):
         assert cc.shares_to_ckks(ctx, AShare(ctx, s0, 64, F), side, scale_bits=scale_bits,
-                                value_bits=value_bits) is None
-        return None, cc.ckks_to_shares(ctx, None, side).data
+                                value_bits=value_bits, ring_to_field=ring_to_field) is None
+        return None, cc.ckks_to_shares(ctx, None, side).data, ctx.chan.stats()
 
     (c, st0), (s, _st1) = run(params, server, client)
     hc = he(params)[1]
@@ -250,6 +252,67 @@ def test_algorithm2_shares_to_ckks_and_back(scale_bits, value_bits):
     assert np.abs(reveal(c[1], s[1]) - Z / 2 ** F).max() < tol + 4 * ULP
     enc = st0["mpc2ckks"]  # the client's seeded encryption: about half a ciphertext
     assert enc["messages_sent"] == 1 and n * 8 < enc["bytes_sent"] < n * 8 + 1024
+    if ring_to_field == "local":  # C.3's local change of modulus: nothing else before Algorithm 1
+        before = {k: v for k, v in c[2].items() if k not in ("ckks2mpc",) and v["bytes_sent"]}
+        assert set(before) <= {"mpc2ckks", "ckks_setup", "ot.base", "ot.ferret", "ot.iknp", "millionaire_leaves",
+                               "bit_triples", "and", "b2a"}
+        assert "b2a_mod" not in c[2] and "ring_to_field" not in c[2]
+
+
+def _dense_encode(Y, n, scale, frac, q):
+    """The integer encode A Y mod q with Python integers (the oracle): A_ij =
+    round(scale 2^(1-frac) / N cos(pi e_j i / N)), Y read as signed 64-bit integers."""
+    e = cc.slot_exponents(n, Y.size)
+    A = np.rint(scale * 2.0 ** (1 - frac) / n * np.cos(np.pi * np.outer(np.arange(n), e) / n)).astype(np.int64)
+    Ys = [int(v) for v in Y.view(np.int64)]
+    return np.array([sum(int(a) * y for a, y in zip(row, Ys)) % q for row in A], dtype=object)
+
+
+def test_local_ring_to_field_encodes_each_share_exactly_mod_every_prime():
+    """`encode_mod_primes`: one party's share, read as a signed 64-bit integer, encoded exactly
+    over the integers (the dense Python-integer product) and reduced mod each prime, for
+    shares that fill all 64 bits (negative and positive top limbs)."""
+    n = 64
+    primes = ((1 << 60) - 93, 1099511627689)  # any odd moduli below 2^61: no NTT is involved
+    rng = np.random.default_rng(3)
+    Y = rng.integers(0, 2 ** 64, n // 2, dtype=np.uint64)
+    Y[:4] = np.array([0, 2 ** 63, 2 ** 63 - 1, 2 ** 64 - 1], np.uint64)  # the extremes of the signed range
+    got = cc.encode_mod_primes(Y, n, 2.0 ** 50, F, primes)
+    for i, q in enumerate(primes):
+        assert [int(v) for v in got[i]] == list(_dense_encode(Y, n, 2.0 ** 50, F, q))
+    with pytest.raises(ValueError, match="ring_to_field='wrap'"):
+        cc.encode_mod_primes(Y, n, 2.0 ** 100, F, primes)
+
+
+def test_local_ring_to_field_fails_only_in_the_window_it_states():
+    """The two parties' local encodings add up to the encoding of y unless the client's share,
+    read as a signed integer, lies in the window [-2^63, -2^63 + Y] of |Y| + 1 values
+    (probability (|Y| + 1) / 2^64): just outside it the sum is right, at its edge it is off by
+    2^64 in Y."""
+    n, q = 64, (1 << 60) - 93
+    Y = np.zeros(n // 2, np.int64)
+    Y[0] = 5 << F  # y_0 = 5
+    want = _dense_encode(Y.astype(np.uint64), n, 2.0 ** 50, F, q)
+
+    def total(s0_first):
+        s0 = np.random.default_rng(1).integers(0, 2 ** 64, n // 2, dtype=np.uint64)
+        s0[0] = np.uint64(s0_first)
+        s1 = Y.astype(np.uint64) - s0
+        return [int(a + b) % q for a, b in zip(cc.encode_mod_primes(s0, n, 2.0 ** 50, F, (q,))[0],
+                                                cc.encode_mod_primes(s1, n, 2.0 ** 50, F, (q,))[0])]
+
+    edge = 2 ** 63 + int(Y[0])  # s0 = -2^63 + Y: s1 = Y - s0 = 2^63 does not fit, it wraps
+    assert total(edge + 1) == list(want)  # s1 = 2^63 - 1: no wrap
+    assert total(edge) != list(want)
+    off = Y.astype(object)
+    off[0] -= 2 ** 64
+    assert total(edge) == _dense_encode_obj(off, n, 2.0 ** 50, F, q)
+
+
+def _dense_encode_obj(Ys, n, scale, frac, q):
+    e = cc.slot_exponents(n, len(Ys))
+    A = np.rint(scale * 2.0 ** (1 - frac) / n * np.cos(np.pi * np.outer(np.arange(n), e) / n)).astype(np.int64)
+    return [sum(int(a) * int(y) for a, y in zip(row, Ys)) % q for row in A]
 
 
 def test_complex_slots_round_trip():

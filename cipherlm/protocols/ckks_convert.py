@@ -60,7 +60,19 @@ Algorithm 2, MPC -> CKKS (`shares_to_ckks`), for shares y of slot values:
    per slot: 1.5e-4 rms(y) at N = 8192, Delta = 2^40; 1.5e-7 at Delta = 2^50
    (any *integer* linear encode of 2^f-scaled values has this floor: pick Delta
    >= 2^(f + log2 N + 20) when the next block needs ~2^-20 relative precision).
-2. Ring -> field (Appendix C.3, `field.ring_to_field`'s exact method): the wrap
+2. Ring -> field (Appendix C.3).  Default, ``ring_to_field="local"``: C.3's local change of
+   modulus, with no message at all.  C.3 first extends the shares to a ring much wider than
+   the value (SiRNN's extension) so that reading them as signed integers is exact but for a
+   small error rate; our ring, 2^64, already is that wide for slot values (|Y| = 2^f |y| <
+   2^22 for the blocks' |y| <= 2^6), so each party reads its share Y_b of the *slot values* as
+   a signed integer (Y_0 + Y_1 = Y over the integers unless Y_0 falls in a window of |Y|
+   values: probability |Y| / 2^64 per value, 2^-42 at |y| <= 2^6, f = 16; a failure puts an
+   error of 2^(64-f) into that slot, like C.4's local truncation) and encodes it *exactly
+   over the integers*, reduced mod every prime: A Y_b = sum_l 2^(16 l) A L_l over the 16-bit
+   limbs L_l of Y_b, each A L_l exact in int64 (|A| 2^16 N < 2^62), combined mod q
+   (`encode_mod_primes`).  The sum of the two parties' polynomials is A Y mod every prime.
+   ``ring_to_field="wrap"`` (exact, for values too large for that error rate;
+   `field.ring_to_field`'s exact method): encode mod 2^64 first, then the wrap
    of the ring shares (mod 2^l, l = 64 or scale_bits + value_bits + 2 given a
    public bound |y| < 2^value_bits; the coefficients must stay below 2^(l-2)) by
    `wrap_small` (one 8-bit millionaire), then one arithmetic COT modulo every prime
@@ -92,9 +104,10 @@ reveals the high bits of m (tests/test_ckks_convert.py shows it).
 
 Cost (N = 8192, one prime of 60 bits; docs/blb.md): Algorithm 1 about 1.2 MB
 (the 2-polynomial ciphertext, 131 KB, plus per coefficient one 8-bit
-millionaire and one COT of 64 bits), 3 rounds; Algorithm 2 about 1.37 MB at two
-primes (a seeded ciphertext plus per coefficient one 8-bit millionaire and one
-chosen OT of k residues), 3 rounds.  With Ferret silent OT: 281 KB and 462 KB.  Channel labels: "ckks2mpc" (the ciphertext),
+millionaire and one COT of 64 bits), 3 rounds; Algorithm 2 with the local ring -> field
+step: the seeded ciphertext alone, one message (with ``"wrap"``: about 1.37 MB at two
+primes, a seeded ciphertext plus per coefficient one 8-bit millionaire and one
+chosen OT of k residues, 3 rounds).  With Ferret silent OT: 281 KB and 462 KB.  Channel labels: "ckks2mpc" (the ciphertext),
 "mpc2ckks" (the encryption), "ckks_setup" (the public key), and the
 sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
 Local work: the integer maps G and A are not FFT-structured (rounded twiddles),
@@ -122,6 +135,7 @@ from ..mpc.shares import AShare
 __all__ = [
     "BATCH_COEFFS",
     "GUARD_BITS",
+    "RING_TO_FIELD",
     "WRAP_TOP",
     "CKKSSide",
     "canonical_decode",
@@ -132,6 +146,7 @@ __all__ = [
     "client_decrypt",
     "decode_shares",
     "default_flood_bits",
+    "encode_mod_primes",
     "encode_shares",
     "mask_ciphertext",
     "setup",
@@ -142,6 +157,9 @@ __all__ = [
     "wrap_small",
 ]
 
+#: Algorithm 2's ring -> field step: "local" (C.3's local change of modulus, no messages; fails
+#: with probability |Y| / 2^64 per value) or "wrap" (exact: one millionaire and one COT per prime)
+RING_TO_FIELD = ("local", "wrap")
 GUARD_BITS = 6  # g: extra fraction bits of the decode, removed by local truncation
 #: coefficients converted together by the batched conversions (`batch_size`): 16 ciphertexts at
 #: N = 16384, so one message and one set of sub-protocol rounds for a block input of <= 16
@@ -285,12 +303,12 @@ def _corr_mod64(H: np.ndarray, X: np.ndarray) -> np.ndarray:
     X = np.asarray(X, np.uint64)
     Xl = [((X >> np.uint64(16 * k)) & np.uint64(0xFFFF)).astype(np.float64) for k in range(4)]
     FH = [np.fft.rfft(h.astype(np.float64)) for h in Hl]
-    FX = [np.conj(np.fft.rfft(x)) for x in Xl]
+    FX = [np.conj(np.fft.rfft(x)) if x.any() else None for x in Xl]  # small X: its top limbs are 0
     out = np.zeros(K, np.uint64)
     for p_, fh in enumerate(FH):
         for l_, fx in enumerate(FX):
             sh = 15 * p_ + 16 * l_
-            if sh >= 64:
+            if sh >= 64 or fx is None:
                 continue
             c = np.rint(np.fft.irfft(fh * fx, n=K)).astype(np.int64).astype(np.uint64)
             out += c << np.uint64(sh)
@@ -540,17 +558,26 @@ def ckks_to_shares_many(ctx, cts, side: CKKSSide, count: int, *, n_slots: int | 
 
 # ----------------------------------------------------------------------------- Algorithm 2
 def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
-                  complex_slots: bool = False, generator: int = 3) -> np.ndarray:
+                  complex_slots: bool = False, generator: int = 3, ring_to_field: str = "local") -> np.ndarray:
     """Steps 1-2 of Algorithm 2: AShare of slot values -> this party's shares (k, N) of the
-    CKKS coefficient polynomial round(scale * encode(y)) modulo each prime.  ``bits``: the
-    coefficients are known to lie in (-2^(bits-1), 2^(bits-1)) (a public bound): the shares are
-    reduced mod 2^bits locally and the wrap costs a millionaire on ``bits`` bits, not 64.
+    CKKS coefficient polynomial round(scale * encode(y)) modulo each prime.
+    ``ring_to_field`` (`RING_TO_FIELD`): "local" encodes each share exactly over the integers
+    (`encode_mod_primes`; no messages); "wrap" encodes mod 2^64 and removes the wrap by a
+    millionaire and a COT per prime.  ``bits`` ("wrap" only): the coefficients are known to lie
+    in (-2^(bits-1), 2^(bits-1)) (a public bound): the shares are reduced mod 2^bits locally
+    and the wrap costs a millionaire on ``bits`` bits, not 64.
     ``generator``: the slot order of y (`slot_permutation`: permuted locally into SEAL's).
     Batched: y of shape (m, values) gives (m, k, N), the wraps of all m polynomials in one
     millionaire and one OT batch."""
+    if ring_to_field not in RING_TO_FIELD:
+        raise ValueError(f"ring_to_field must be one of {RING_TO_FIELD}, got {ring_to_field!r}")
     frac = y.frac
     data = np.asarray(y.data, np.uint64)
     Ys = data.reshape(-1, data.shape[-1])
+    if ring_to_field == "local":
+        res = np.stack([encode_mod_primes(Y, n, scale, frac, primes, complex_slots=complex_slots,
+                                          generator=generator) for Y in Ys])
+        return res if data.ndim > 1 else res[0]
     m_local = np.stack([_encode_local(Y, n, scale, frac, complex_slots, generator) for Y in Ys])
     bits = int(bits)
     mk = mask(bits)
@@ -569,6 +596,53 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
             out.append(o.reshape(-1, n))
     res = np.stack(out, axis=1)  # (m, k, N)
     return res if data.ndim > 1 else res[0]
+
+
+def _shl_mod(a: np.ndarray, bits: int, q: int) -> np.ndarray:
+    """(a 2^bits) mod q for uint64 a < q, in steps that keep every product below 2^64."""
+    step = 64 - int(q).bit_length()
+    if step < 1:
+        raise ValueError(f"a prime of {int(q).bit_length()} bits leaves no headroom in 64-bit words")
+    Q = np.uint64(q)
+    while bits > 0:
+        s = min(step, bits)
+        a = (a << np.uint64(s)) % Q
+        bits -= s
+    return a
+
+
+def encode_mod_primes(Y: np.ndarray, n: int, scale: float, frac: int, primes, *,
+                      complex_slots: bool = False, generator: int = 3) -> np.ndarray:
+    """Algorithm 2, steps 1-2 with C.3's local change of modulus, on one party's share Y
+    (uint64, the ring shares of 2^frac y): its integer encoding A Y_s mod every prime (k, N),
+    Y_s = Y read as a signed integer.  No communication: when Y_0 + Y_1 = Y holds over the
+    integers (all but probability |Y| / 2^64 per value) the two parties' results add up to
+    A Y mod every prime, the CKKS plaintext of y.  Exact: Y_s = sum_l 2^(16 l) L_l with 16-bit
+    limbs L_0..L_2 and a signed top limb L_3 (encoded as its positive and negative parts), each
+    A L_l computed by the mod-2^64 encode (`_encode_local`) and exact as a signed integer
+    because |A L_l| <= (max |A| + 1) 2^16 (values) < 2^62 (checked); the limbs are combined
+    mod q by Horner's rule."""
+    Y = np.asarray(Y, np.uint64)
+    c = abs(scale * 2.0 ** (1 - frac) / n)
+    if (c + 1) * 2.0 ** 16 * Y.size >= 2.0 ** 62:
+        raise ValueError(f"scale 2^{math.log2(scale):.1f} at {frac} fraction bits is too large for the "
+                         f"exact limb encoding; use ring_to_field='wrap'")
+    top = Y.view(np.int64) >> np.int64(48)  # in [-2^15, 2^15)
+
+    def enc(v):
+        return _encode_local(np.asarray(v, np.uint64), n, scale, frac, complex_slots, generator).view(np.int64)
+
+    limbs = [enc((Y >> np.uint64(16 * k)) & np.uint64(0xFFFF)) for k in range(3)]
+    limbs.append(enc(np.maximum(top, 0)) - enc(np.maximum(-top, 0)))
+    out = np.empty((len(primes), n), np.uint64)
+    for i, q in enumerate(primes):
+        q = int(q)
+        Q = np.uint64(q)
+        acc = np.mod(limbs[3], np.int64(q)).astype(np.uint64)
+        for k in (2, 1, 0):
+            acc = (_shl_mod(acc, 16, q) + np.mod(limbs[k], np.int64(q)).astype(np.uint64)) % Q
+        out[i] = acc
+    return out
 
 
 def _encode_local(Y: np.ndarray, n: int, scale: float, frac: int, complex_slots: bool, generator: int) -> np.ndarray:
@@ -595,25 +669,27 @@ def _encode_local(Y: np.ndarray, n: int, scale: float, frac: int, complex_slots:
 
 
 def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: float = 50,
-                   value_bits: int | None = None, complex_slots: bool = False, scale: float | None = None):
+                   value_bits: int | None = None, complex_slots: bool = False, scale: float | None = None,
+                   ring_to_field: str = "local"):
     """BLB Algorithm 2.  Both parties pass their AShare of at most N/2 real slot values; the
     server gets a CKKS ciphertext (scale 2^scale_bits, ``n_primes`` primes, default the first
-    data level) of them, the client None.  ``value_bits``: a public bound |y| < 2^value_bits
-    (then every coefficient is below 2^(scale_bits + value_bits) (one bit more with complex
-    slots) and the ring -> field wrap reduces mod 2^(scale_bits + value_bits + 2 (+1))).
+    data level) of them, the client None.  ``ring_to_field``: `RING_TO_FIELD` ("local": no
+    messages but the encryption; "wrap": exact).  ``value_bits`` ("wrap" only): a public bound
+    |y| < 2^value_bits (then every coefficient is below 2^(scale_bits + value_bits) (one bit
+    more with complex slots) and the wrap reduces mod 2^(scale_bits + value_bits + 2 (+1))).
     ``complex_slots``: y holds the real parts then the imaginary parts (up to N values).
     ``scale``: the exact scale (a float, e.g. another ciphertext's Delta^2 / q to add to);
     overrides ``scale_bits``."""
     data = np.asarray(y.data, np.uint64).reshape(1, -1)
     cts = shares_to_ckks_many(ctx, AShare(ctx, data, y.bits, y.frac), side, n_primes=n_primes,
                               scale_bits=scale_bits, value_bits=value_bits, complex_slots=complex_slots,
-                              scale=scale)
+                              scale=scale, ring_to_field=ring_to_field)
     return cts[0] if cts is not None else None
 
 
 def shares_to_ckks_many(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: float = 50,
                         value_bits: int | None = None, complex_slots: bool = False,
-                        scale: float | None = None) -> list | None:
+                        scale: float | None = None, ring_to_field: str = "local") -> list | None:
     """Algorithm 2 for m ciphertexts at once: y of shape (m, values), one ciphertext per row
     (the server gets the list, the client None); the arguments as `shares_to_ckks`.  Per
     `batch_size` ciphertexts the wraps are one millionaire and one OT batch and the client
@@ -635,7 +711,7 @@ def shares_to_ckks_many(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None 
     cts = []
     for lo in range(0, rows.shape[0], batch_size(n)):
         part = AShare(ctx, rows[lo:lo + batch_size(n)], y.bits, y.frac)
-        shares = encode_shares(ctx, part, n, scale, primes, bits, complex_slots, b.slot_generator)
+        shares = encode_shares(ctx, part, n, scale, primes, bits, complex_slots, b.slot_generator, ring_to_field)
         with ctx.step("mpc2ckks"):
             pts = [b.plaintext_from_coeffs(hc, sh, level=lvl, scale=scale) for sh in shares]
             if not server:
