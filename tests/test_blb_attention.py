@@ -111,6 +111,23 @@ def test_conversions_on_lattigo(env, complex_slots):
     assert np.abs(back - z).max() < 5e-4
 
 
+def test_paired_conversion_on_lattigo(env):
+    """`ckks_to_shares_many(..., paired=True)` on Lattigo ciphertexts (slot order 5^j: every
+    imaginary sign +1), three real ciphertexts below the top level in two conversions."""
+    be, ctx, sk, _ = env
+    rng = np.random.default_rng(4)
+    z = rng.uniform(-4, 4, (3, ctx.slots))
+    cts = [sk.encrypt(be.encode_slots(ctx, v, level=2)) for v in z]
+
+    def party(c):
+        side = cc.setup(c, be, ctx, sk if c.party == 0 else None)
+        return cc.ckks_to_shares_many(c, cts if c.party == 1 else None, side, 3, paired=True).data
+
+    y0, y1 = run_inprocess(party, timeout=300)
+    assert y0.shape == (3, ctx.slots)
+    assert np.abs(reveal(y0, y1) - z).max() < 4 * ULP
+
+
 # ----------------------------------------------------------------------------- the repack of P
 def diagonal_packing(P, L):
     """Q K^T's output packing written from its definition (`blb_matmul` docstring): ciphertext

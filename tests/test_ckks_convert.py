@@ -391,6 +391,58 @@ def test_batched_conversions_equal_single_ones_in_one_set_of_rounds(monkeypatch)
     assert sum(v["rounds"] for v in st0.values()) > sum(v["rounds"] for v in single[0].values())
 
 
+@pytest.mark.parametrize("params,m", [(SMALL, 3), (WIDE, 2)])
+def test_paired_conversion_carries_two_real_ciphertexts_in_one(params, m):
+    """`ckks_to_shares_many(..., paired=True)`: m real-slot ciphertexts travel as ceil(m / 2)
+    (the second of a pair times X^(N/2) in the imaginary parts, SEAL's slot order flipping
+    the sign of every other one); the shares equal the values as for m single conversions, for
+    half the ciphertext bytes and half the millionaire's."""
+    n = params.poly_modulus_degree
+    rng = np.random.default_rng(2)
+    z = rng.uniform(-8, 8, (m, n // 2))
+    b, _, _, hs = he(params)
+
+    def both(paired):
+        def server(ctx, side):
+            cts = [b.ciphertext_from_bytes(hs, b.ciphertext_to_bytes(seal_encrypt(params, v, 40))) for v in z]
+            return cc.ckks_to_shares_many(ctx, cts, side, m, paired=paired).data
+
+        def client(ctx, side):
+            return cc.ckks_to_shares_many(ctx, None, side, m, paired=paired).data
+        return run(params, server, client)
+
+    stats = {}
+    for paired in (True, False):
+        (c, st0), (s, st1) = both(paired)
+        assert c.shape == (m, n // 2)
+        assert np.abs(reveal(c, s) - z).max() < 4 * ULP + 1e-5
+        stats[paired] = (st1["ckks2mpc"]["bytes_sent"], st0["millionaire_leaves"]["bytes_sent"])
+    pairs = (m + 1) // 2
+    assert stats[True][0] * m == pytest.approx(stats[False][0] * pairs, rel=0.01)
+    assert stats[True][1] < stats[False][1] * pairs / m * 1.05 + 64
+    assert set(np.unique(cc.imaginary_signs(n, n // 2, 3))) == {-1, 1}  # SEAL's order: both signs
+    assert (cc.imaginary_signs(n, n // 2, 5) == 1).all()  # Lattigo's: 5^j = 1 mod 4
+
+
+def test_paired_conversion_refuses_different_scales():
+    params = SMALL
+    n = params.poly_modulus_degree
+    b, _, _, hs = he(params)
+
+    def server(ctx, side):
+        cts = [b.ciphertext_from_bytes(hs, b.ciphertext_to_bytes(seal_encrypt(params, np.zeros(n // 2), sb)))
+               for sb in (40, 41)]
+        with pytest.raises(ValueError, match="different scales"):
+            cc.ckks_to_shares_many(ctx, cts, side, 2, paired=True)
+        ctx.send({"cts": []})
+
+    def client(ctx, side):
+        with pytest.raises(ValueError, match="expected a list of 1 ciphertexts"):
+            cc.ckks_to_shares_many(ctx, None, side, 2, paired=True)
+
+    run(params, server, client)
+
+
 @pytest.mark.parametrize("msg", [{"cts": b"x"}, {"cts": []}, {"cts": [b"a", b"b", b"c"]}, {}])
 def test_batched_conversion_refuses_a_malformed_message(msg):
     """A peer's message of ciphertexts without a list of the announced count gives the

@@ -126,6 +126,14 @@ def test_client_rejects_malformed_output_headers(msg):
                                      "grid": [1], "rep": [1, 0], "present": b"\x80"}, ev).layout == "mh_diag/8/8/8"
 
 
+def test_client_reads_the_paired_flag_of_an_output_header():
+    assert twopc_blb._header_paired({"paired": True}) is True
+    assert twopc_blb._header_paired({}) is False
+    for bad in (1, "yes", None, [True]):
+        with pytest.raises(twopc_blb.BLBError, match="paired"):
+            twopc_blb._header_paired({"paired": bad})
+
+
 class _Ctx:
     slots = 8192
     max_level = 5
@@ -311,3 +319,17 @@ def test_serving_a_decoder_with_blb_is_refused():
     config, w = llama_model(seed=2)
     with pytest.raises(twopc.TwoPCError, match="no generation"):
         TwoPCHost("tiny-llama", embedding="onehot-linear", lm=LoadedModel("tiny-llama", config, w), fusion="blb")
+
+
+def test_multi_ciphertext_outputs_travel_in_pairs():
+    """At 16 tokens the tiny BERT's scores Q K^T fill two ciphertexts: they leave their block
+    paired (`twopc_blb.pairable`, `ckks_convert`'s ``paired``: one Algorithm 1 conversion; its
+    bytes are tests/test_ckks_convert.py's, the per-conversion totals here include Ferret's pool
+    refills) and the layer still matches the plaintext."""
+    from cipherlm.bench import blb as bench_blb
+    out = bench_blb.run_blb_bench("tiny", layers=1, tokens=16, variants=("BLB+fused",), echo=False)
+    row = out["rows"][0]
+    assert row["status"] == "ok" and row["max_abs_error"] < 0.02
+    conv = {c["value"]: c for c in row["conversions"] if c["direction"] == "out"}
+    qk, k = conv["L0.qk"], conv["L0.k"]
+    assert qk["cts"] == 2 and qk["paired"] and k["cts"] == 1 and not k["paired"]

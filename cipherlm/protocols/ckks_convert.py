@@ -135,6 +135,7 @@ from ..mpc.shares import AShare
 __all__ = [
     "BATCH_COEFFS",
     "GUARD_BITS",
+    "PAIR_SCALE_TOLERANCE",
     "RING_TO_FIELD",
     "WRAP_TOP",
     "CKKSSide",
@@ -147,6 +148,7 @@ __all__ = [
     "decode_shares",
     "default_flood_bits",
     "encode_mod_primes",
+    "imaginary_signs",
     "encode_shares",
     "mask_ciphertext",
     "setup",
@@ -160,6 +162,10 @@ __all__ = [
 #: Algorithm 2's ring -> field step: "local" (C.3's local change of modulus, no messages; fails
 #: with probability |Y| / 2^64 per value) or "wrap" (exact: one millionaire and one COT per prime)
 RING_TO_FIELD = ("local", "wrap")
+#: relative difference of scales up to which two ciphertexts are paired (`mask_ciphertext`'s
+#: ``imag``): the second one's values are then read at the first one's scale, off by that
+#: fraction (2^-40 |y|, far below the CKKS error)
+PAIR_SCALE_TOLERANCE = 2.0 ** -40
 GUARD_BITS = 6  # g: extra fraction bits of the decode, removed by local truncation
 #: coefficients converted together by the batched conversions (`batch_size`): 16 ciphertexts at
 #: N = 16384, so one message and one set of sub-protocol rounds for a block input of <= 16
@@ -401,11 +407,38 @@ def default_flood_bits(scale_bits: float, frac: int) -> int:
     return max(0, math.floor(scale_bits) - frac - 12)
 
 
+def _times_x_half(b: HEBackend, hc, arr: np.ndarray, ntt: bool, q: int) -> np.ndarray:
+    """A one-prime ciphertext's polynomials (2, 1, N) times the monomial X^(N/2): negacyclic,
+    c_i X^i -> c_i X^(i + N/2), the top half wrapping with a sign (X^N = -1).  It multiplies
+    slot j by i^(e_j) (e_j its exponent, odd): i for e_j = 1 mod 4, -i for 3 mod 4."""
+    out = np.empty_like(arr)
+    h = arr.shape[2] // 2
+    Q = np.uint64(q)
+    for c in range(arr.shape[0]):
+        v = b.ntt_inverse(hc, arr[c]) if ntt else arr[c]
+        v = np.concatenate([(Q - v[:, h:]) % Q, v[:, :h]], axis=1)
+        out[c] = b.ntt_forward(hc, v) if ntt else v
+    return out
+
+
+def imaginary_signs(n: int, n_slots: int, generator: int) -> np.ndarray:
+    """+1 / -1 per slot j < n_slots: the sign the imaginary part of a `paired` conversion
+    carries (slot j of X^(N/2) m is i^(e_j) times slot j of m, e_j = generator^j mod 2N)."""
+    e = np.empty(n_slots, np.int64)
+    x = 1
+    for j in range(n_slots):
+        e[j] = x
+        x = x * int(generator) % (2 * n)
+    return np.where(e % 4 == 1, 1, -1)
+
+
 def mask_ciphertext(side: CKKSSide, ct, rng: np.random.Generator, flood_bits: int | None = None,
-                    frac: int = 16) -> tuple[bytes, np.ndarray, float]:
+                    frac: int = 16, imag=None) -> tuple[bytes, np.ndarray, float]:
     """Algorithm 1, server steps: switch to one prime, re-randomise, add the uniform mask r
     and the flooding e_f.  Returns (the ciphertext's bytes, this party's field share -r mod q
-    (N,), the scale)."""
+    (N,), the scale).  ``imag``: a second ciphertext of real slots at the same scale, added
+    times X^(N/2) (its slots become the imaginary parts: two real vectors in one conversion,
+    `ckks_to_shares_many`'s ``paired``)."""
     b, hc = side.backend, side.hectx
     lvl = b.level(hc, 1)
     b.mod_switch_to_inplace(hc, ct, lvl)
@@ -417,6 +450,14 @@ def mask_ciphertext(side: CKKSSide, ct, rng: np.random.Generator, flood_bits: in
     n = arr.shape[2]
     Q = np.uint64(q)
     ntt = b.is_ntt(ct)
+    if imag is not None:
+        b.mod_switch_to_inplace(hc, imag, lvl)
+        if abs(b.ciphertext_scale(imag) - scale) > PAIR_SCALE_TOLERANCE * scale:
+            raise ValueError(f"paired ciphertexts at different scales ({scale} and {b.ciphertext_scale(imag)})")
+        other = b.ciphertext_to_numpy(imag)
+        if other.shape != arr.shape or b.is_ntt(imag) != ntt:
+            raise ValueError("paired ciphertexts of different shapes")
+        arr = (arr + _times_x_half(b, hc, other, ntt, q)) % Q
     if side.pk is not None:  # re-randomise: + Enc_pk(0) (added as residues: its scale is 1)
         z = b.encrypt_zero(hc, side.pk, lvl)
         if b.is_ntt(z) != ntt:
@@ -525,11 +566,36 @@ def ckks_to_shares(ctx, ct, side: CKKSSide, *, n_slots: int | None = None, flood
 
 def ckks_to_shares_many(ctx, cts, side: CKKSSide, count: int, *, n_slots: int | None = None,
                         flood_bits: int | None = None, guard: int = GUARD_BITS,
-                        complex_slots: bool = False) -> AShare:
+                        complex_slots: bool = False, paired: bool = False) -> AShare:
     """Algorithm 1 for ``count`` ciphertexts at once (the server passes them, the client None):
     an AShare of shape (count, values).  Each ciphertext gets its own mask and flooding as in
     `ckks_to_shares`; per `batch_size` ciphertexts the server sends one message and the wraps
-    are one millionaire and one COT batch, so the rounds are those of one conversion."""
+    are one millionaire and one COT batch, so the rounds are those of one conversion.
+
+    ``paired``: ``count`` ciphertexts of real slots (at one scale, `PAIR_SCALE_TOLERANCE`) travel two per
+    conversion, ct_{2p} + X^(N/2) ct_{2p+1} (`mask_ciphertext`'s ``imag``: the second one's
+    slots become the imaginary parts, times the public sign `imaginary_signs`), decoded with
+    complex slots and split again locally: half the ciphertexts, millionaires and COTs.  The
+    promise of Algorithm 1 then covers both: every coefficient of the pair below q/4, i.e.
+    Delta |y| < q/8 (one bit more than for one ciphertext); the caller checks it.  The
+    imaginary parts of real-slot ciphertexts (CKKS noise) add to the other ciphertext's values
+    at the size of the CKKS error."""
+    if paired:
+        if complex_slots:
+            raise ValueError("paired conversions carry real slots")
+        count = int(count)
+        pairs = None
+        if side.is_server(ctx):
+            if len(cts) != count:
+                raise ValueError(f"{len(cts)} ciphertexts, {count} announced")
+            pairs = [(cts[i], cts[i + 1] if i + 1 < count else None) for i in range(0, count, 2)]
+        got = ckks_to_shares_many(ctx, pairs, side, (count + 1) // 2, n_slots=n_slots, flood_bits=flood_bits,
+                                  guard=guard, complex_slots=True)
+        k = got.data.shape[1] // 2
+        signs = imaginary_signs(side.hectx.n, k, side.backend.slot_generator)
+        im = np.where(signs < 0, np.uint64(0) - got.data[:, k:], got.data[:, k:])
+        data = np.stack([got.data[:, :k], im], axis=1).reshape(-1, k)[:count]
+        return AShare(ctx, np.ascontiguousarray(data), got.bits, got.frac)
     frac = ctx.ring.frac
     n = side.hectx.n
     n_slots = n // 2 if n_slots is None else int(n_slots)
@@ -544,7 +610,8 @@ def ckks_to_shares_many(ctx, cts, side: CKKSSide, count: int, *, n_slots: int | 
         hi = min(count, lo + batch_size(n))
         with ctx.step("ckks2mpc"):
             if server:
-                masked = [mask_ciphertext(side, ct, ctx.rng, flood_bits, frac) for ct in cts[lo:hi]]
+                pairs = [ct if isinstance(ct, tuple) else (ct, None) for ct in cts[lo:hi]]
+                masked = [mask_ciphertext(side, re, ctx.rng, flood_bits, frac, imag=im) for re, im in pairs]
                 ctx.send({"cts": [mk[0] for mk in masked]})
                 x, scales = np.stack([mk[1] for mk in masked]), [mk[2] for mk in masked]
             else:

@@ -42,9 +42,13 @@ depends on the client's data or on the weights beyond the public parameters.
 * Out (Algorithm 1): a block's outputs sit at two primes (60 + s bits, `blb_params`);
   Algorithm 1 masks at one prime, so the server first multiplies by the integer
   k = round(q_1 2^`OUT_SCALE_BITS` / Delta) and rescales (the value is unchanged, its scale
-  becomes ~2^`OUT_SCALE_BITS`, and Delta' |y| < q_0 / 4 holds for |y| < 2^20, the
+  becomes ~2^`OUT_SCALE_BITS`, and Delta' |y| < q_0 / 8 holds for |y| < 2^20, the
   comparisons' bound), then `ckks_to_shares_many` (per ciphertext a uniform mask mod q_0
   and flooding; the field -> ring switch of all of them in one batch; the local decode).
+  Two ciphertexts of one output travel in one conversion (`pairable`: one scale, and the
+  bound above leaves the pair's coefficients below q_0 / 4): the second one times X^(N/2)
+  fills the imaginary parts of the slots, so a value of m ciphertexts costs ceil(m / 2)
+  masked ciphertexts, millionaires and COTs; the header's ``paired`` tells the client.
 * A value carried from one block to a later one (V to P V, the residual stream, the
   exp's powers) goes out to shares and back in: the blocks have different parameters, and
   the layouts differ (row -> head for P V's probabilities); the paper carries some of
@@ -87,7 +91,7 @@ from ..mpc.nonlinear.common import const
 from ..mpc.protocols.trunc import trunc_faithful, trunc_local
 from ..mpc.ring import fixed_encode
 from ..mpc.shares import AShare
-from ..protocols.ckks_convert import CKKSSide, ckks_to_shares_many, shares_to_ckks_many
+from ..protocols.ckks_convert import PAIR_SCALE_TOLERANCE, CKKSSide, ckks_to_shares_many, shares_to_ckks_many
 from . import blb_block
 from .blb_block import Packed, _Eval
 from .graph_executor import needed
@@ -97,8 +101,8 @@ from .twopc_backend import LN_VAR_HI, LN_VAR_LO, RMS_HI, RMS_LO, ServerRows, Sha
 #: largest scale Algorithm 2 encodes at (coefficients Delta |y| < 2^62 for |y| < 2^12)
 IN_SCALE_BITS = 50
 #: the scale of a block output when Algorithm 1 masks it at one prime (q_0 ~ 2^60:
-#: 2^38 |y| < q_0 / 4 for |y| < 2^20)
-OUT_SCALE_BITS = 38
+#: 2^37 |y| < q_0 / 8 for |y| < 2^20, so two outputs fit one conversion: `pairable`)
+OUT_SCALE_BITS = 37
 #: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
 EXP_CLIP = 16.0
 #: a causal mask's scores as they leave a block (public, both parties' shares set locally): far
@@ -233,28 +237,46 @@ def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: i
 
 
 def _to_one_prime(be, hc, ct):
-    """A ciphertext at level >= 1 -> level 0 at scale ~2^OUT_SCALE_BITS, the same value."""
+    """A ciphertext at level >= 1 -> level 0 at scale just below 2^OUT_SCALE_BITS, the same value."""
     if ct.level == 0:
         return ct
     if ct.level > 1:
         be.mod_switch_to_inplace(hc, ct, 1)
     q1 = float(hc.q_moduli[1])
-    k = float(max(1, round(q1 * 2.0 ** OUT_SCALE_BITS / be.ciphertext_scale(ct))))
+    # at most 2^OUT_SCALE_BITS and at most q_0 / 2^(OUT_VALUE_BITS + 3) (q_0 is a little below
+    # 2^60): `pairable` then holds for every output that passes through here
+    target = min(2.0 ** OUT_SCALE_BITS, float(hc.coeff_moduli[0]) / 2.0 ** (blb_params.OUT_VALUE_BITS + 3))
+    k = float(max(1, math.floor(q1 * target / be.ciphertext_scale(ct))))
     ct = be.multiply_scalar(hc, ct, k)  # an integer: the message times k, no level
     be.rescale_inplace(hc, ct)          # / q_1: reads k y at scale Delta / q_1
     be.scale_message_inplace(hc, ct, k)  # reads y at scale k Delta / q_1 ~ 2^OUT_SCALE_BITS
     return ct
 
 
-def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed) -> AShare:
+def pairable(be, hc, cts) -> bool:
+    """Whether one-prime ciphertexts may travel two per conversion (`ckks_to_shares_many`'s
+    ``paired``): more than one, at one scale (to `ckks_convert.PAIR_SCALE_TOLERANCE`: outputs
+    computed along different paths differ in the last float bits), and the pair's coefficients
+    below q_0 / 4, i.e. scale 2^OUT_VALUE_BITS < q_0 / 8 (the bound a block output's |y| is
+    promised)."""
+    if len(cts) < 2:
+        return False
+    scales = [be.ciphertext_scale(c) for c in cts]
+    top = max(scales)
+    return (top - min(scales) <= PAIR_SCALE_TOLERANCE * top
+            and top * 2.0 ** (blb_params.OUT_VALUE_BITS + 3) <= float(hc.coeff_moduli[0]))
+
+
+def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed, paired: bool = False) -> AShare:
     """Algorithm 1 for every ciphertext of one block output (the server passes its `Packed`
-    value, the client the same metadata with no ciphertexts); both get the value's shares."""
+    value, the client the same metadata with no ciphertexts); both get the value's shares.
+    ``paired``: two ciphertexts per conversion (the server's header says so: `pairable`)."""
     server = ks.side.is_server(ctx)
     be, hc = ks.side.backend, ks.hectx
     dec = np.zeros(x.cts.shape + (ev.slots,), np.uint64)
     present = [idx for idx in np.ndindex(*x.cts.shape) if x.present[idx]]  # the rest: not computed, zeros
     cts = [_to_one_prime(be, hc, x.cts[idx]) for idx in present] if server else None
-    got = ckks_to_shares_many(ctx, cts, ks.side, len(present)).data  # one batch
+    got = ckks_to_shares_many(ctx, cts, ks.side, len(present), paired=paired).data  # one batch
     for idx, row in zip(present, got):
         dec[idx] = row
     out = ev.unpack(dec, x)
@@ -288,10 +310,15 @@ class ConversionIO:
 
     def decrypt(self, ev: _Eval, name: str, x: Packed) -> AShare:
         x.present = np.vectorize(lambda c: c is not None, otypes=[bool])(x.cts)
+        be, hc = self.ks.side.backend, self.ks.hectx
         with self.runner.meter("conversions", self.block["name"]), self.runner.record(name, "out", 0) as rec:
-            self.runner.ctx.send({"op": "out", "value": name, **_packing_header(x)})
-            rec["cts"] = int(x.present.sum())
-            return convert_out(self.runner.ctx, self.ks, ev, x)
+            present = [idx for idx in np.ndindex(*x.cts.shape) if x.present[idx]]
+            for idx in present:
+                x.cts[idx] = _to_one_prime(be, hc, x.cts[idx])
+            paired = pairable(be, hc, [x.cts[idx] for idx in present])
+            self.runner.ctx.send({"op": "out", "value": name, "paired": paired, **_packing_header(x)})
+            rec["cts"], rec["paired"] = len(present), paired
+            return convert_out(self.runner.ctx, self.ks, ev, x, paired)
 
 
 def _packing_header(x: Packed) -> dict:
@@ -501,7 +528,7 @@ class BLBRunner:
                     raise BLBError(f"block {block['id']}: level {level} / scale out of range")
                 convert_in(ctx, ks, ev, share, layout, level, scale)
             elif op == "out" and msg.get("value") in outs | inside:
-                got = convert_out(ctx, ks, ev, _client_packed(msg, ev))
+                got = convert_out(ctx, ks, ev, _client_packed(msg, ev), _header_paired(msg))
                 if msg["value"] in outs:
                     out[msg["value"]] = got
                 relaid[msg["value"]] = got
@@ -519,6 +546,14 @@ def _input_layout(ev: _Eval, layout) -> bool:
     except ValueError:
         return False
     return mh is not None and mh[0] in ("mh_cols", "mh_rows")
+
+
+def _header_paired(msg: dict) -> bool:
+    """An output header's ``paired`` (`pairable`): a bool, absent = False."""
+    paired = msg.get("paired", False)
+    if not isinstance(paired, bool):
+        raise BLBError("malformed output header: 'paired' is not a bool")
+    return paired
 
 
 def _client_packed(msg: dict, ev: _Eval) -> Packed:
