@@ -161,6 +161,25 @@ def test_add_sub_plain_scalar(lv):
     assert _bits(_dec(be, ctx, keys, i3), 3 * x + 0.125) >= BITS_OPS
 
 
+def test_conjugation(lv):
+    """`conjugate` with a set's conjugation key: every slot's complex conjugate; `has_steps`
+    tells whether a set holds that key; a set without it is refused."""
+    be, ctx, keys, ev = lv
+    z = _vec(7, ctx.slots) + 1j * _vec(8, ctx.slots)
+    c = keys.encrypt(be.encode_slots(ctx, z))
+    ck = keys.galois_keys([1], conjugate=True)
+    assert ck.has_steps([1], conjugate=True) and ck.has_steps([], conjugate=True)
+    assert not ev.has_steps([], conjugate=True)
+    got = be.decode_slots(ctx, keys.decrypt(be.conjugate(ctx, c, ck)), complex_out=True)
+    assert _bits(got, np.conj(z)) >= BITS_OPS
+    with pytest.raises(HEError):
+        be.conjugate(ctx, c, ev)
+    # seeded for the peer: the same key
+    peer = be.galois_keys_from_bytes(ctx, keys.galois_keys_bytes([], conjugate=True), max_keys=1)
+    assert peer.has_steps([], conjugate=True)
+    assert _bits(be.decode_slots(ctx, keys.decrypt(be.conjugate(ctx, c, peer)), complex_out=True), np.conj(z)) >= BITS_OPS
+
+
 def test_rotations_with_eval_keys(lv):
     be, ctx, keys, ev = lv
     x = _vec(6, ctx.slots)

@@ -333,3 +333,22 @@ def test_multi_ciphertext_outputs_travel_in_pairs():
     conv = {c["value"]: c for c in row["conversions"] if c["direction"] == "out"}
     qk, k = conv["L0.qk"], conv["L0.k"]
     assert qk["cts"] == 2 and qk["paired"] and k["cts"] == 1 and not k["paired"]
+
+
+@pytest.mark.parametrize("conj", ["yes", 1, None])
+def test_client_refuses_a_malformed_conjugation_request(conj):
+    """The server asks for the conjugation key (paired inputs) with a bool; anything else is a
+    malformed key request, refused before any key is made."""
+    g = blb_fusion.run(build_graph(_bert()[0]))
+
+    class Ctx:
+        party = 0
+
+        def send(self, msg):
+            raise AssertionError("nothing is sent for a malformed request")
+
+    runner = twopc_blb.BLBRunner(Ctx(), g, None, None)
+    with pytest.raises(twopc_blb.BLBError, match="malformed key request"):
+        runner._answer_keys({"op": "keys", "n": 8192, "chain": [60, 40, 40], "special": [60], "steps": [],
+                             "conjugate": conj})
+    assert not runner.sets

@@ -238,6 +238,10 @@ class HEBackend(abc.ABC):
     def rotate_rows_inplace(self, ctx, ct, step: int, galois_keys) -> None:
         """Rotate in place."""
 
+    def conjugate(self, ctx, ct, galois_keys) -> Any:
+        """Every slot's complex conjugate (CKKS; a key set with the conjugation key)."""
+        raise NotImplementedError(f"backend {self.name!r} has no slot conjugation")
+
     @abc.abstractmethod
     def mod_switch_to_inplace(self, ctx, ct, level) -> None:
         """Switch the modulus down to ``level`` (BFV: divide and round)."""

@@ -159,7 +159,8 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_ctx_info": (_i64, _p_i64, _p_int, _p_int, _p_int, _p_u64, _int),
     "clg_keygen": (_i64, _p_i64, _p_i64),
     "clg_gen_rotation_keys": (_i64, _p_i64, _int, _int, _p_i64),
-    "clg_evk_has_steps": (_i64, _p_i64, _int, _p_int),
+    "clg_evk_has_steps": (_i64, _p_i64, _int, _int, _p_int),
+    "clg_conjugate": (_i64, _i64, _p_i64),
     "clg_gen_galois_keys": (_i64, _p_u64, _int, _p_i64),
     "clg_steps_to_elements": (_i64, _p_i64, _int, _int, _p_u64, _int, _p_int),
     "clg_galois_keys_compressed": (_i64, _p_u64, _int, _pp_u8, _p_i64),
@@ -456,12 +457,14 @@ class LattigoPublicKey(_Handle):
 class LattigoGaloisKeys(_Handle):
     __slots__ = ()
 
-    def has_steps(self, steps: Iterable[int]) -> bool:
+    def has_steps(self, steps: Iterable[int], *, conjugate: bool = False) -> bool:
+        """Whether the set holds the keys of slot rotations by ``steps`` (and of the
+        conjugation, with ``conjugate``)."""
         _arr, p, n = _i64_array(steps)
-        if n == 0:
+        if n == 0 and not conjugate:
             return True
         ok = _int(0)
-        _call("clg_evk_has_steps", self.h, p, n, ctypes.byref(ok))
+        _call("clg_evk_has_steps", self.h, p, n, int(conjugate), ctypes.byref(ok))
         return bool(ok.value)
 
     def to_bytes(self) -> bytes:
@@ -725,13 +728,15 @@ class LattigoSecretKeys(SecretKeys):
         _arr, p, n = _i64_array(steps)
         return LattigoGaloisKeys(_new("clg_gen_rotation_keys", self._sk.h, p, n, int(conjugate)), self.ctx)
 
-    def galois_keys_bytes(self, steps) -> bytes:
-        """Seeded (compressed, about half-size) Galois keys for slot rotations by ``steps``,
-        for the peer (`LattigoBackend.galois_keys_from_bytes` expands them)."""
+    def galois_keys_bytes(self, steps, *, conjugate: bool = False) -> bytes:
+        """Seeded (compressed, about half-size) Galois keys for slot rotations by ``steps``
+        (and the conjugation, with ``conjugate``), for the peer
+        (`LattigoBackend.galois_keys_from_bytes` expands them)."""
         _arr, p, n = _i64_array(steps)
-        els = np.zeros(max(n, 1) + 1, np.uint64)
+        els = np.zeros(max(n, 1) + 2, np.uint64)
         k = _int(0)
-        _call("clg_steps_to_elements", self.ctx.handle, p, n, 0, els.ctypes.data_as(_p_u64), els.size, ctypes.byref(k))
+        _call("clg_steps_to_elements", self.ctx.handle, p, n, int(conjugate), els.ctypes.data_as(_p_u64), els.size,
+              ctypes.byref(k))
         return self.galois_keys_bytes_for_elements(els[: k.value])
 
     def galois_keys_for_elements(self, elements: Iterable[int]) -> LattigoGaloisKeys:
@@ -899,6 +904,10 @@ class LattigoBackend(HEBackend):
 
     def rotate_rows_inplace(self, ctx, ct: LattigoCiphertext, step: int, galois_keys: LattigoGaloisKeys) -> None:
         ct._replace(_new("clg_rotate", galois_keys.h, ct.h, int(step)))
+
+    def conjugate(self, ctx, ct: LattigoCiphertext, galois_keys: LattigoGaloisKeys) -> LattigoCiphertext:
+        """Every slot's complex conjugate (the key set's conjugation key)."""
+        return LattigoCiphertext(_new("clg_conjugate", galois_keys.h, ct.h), ctx)
 
     def rotate_hoisted(self, ctx, ct: LattigoCiphertext, steps: Sequence[int],
                        galois_keys: LattigoGaloisKeys) -> list[LattigoCiphertext]:

@@ -407,20 +407,6 @@ def default_flood_bits(scale_bits: float, frac: int) -> int:
     return max(0, math.floor(scale_bits) - frac - 12)
 
 
-def _times_x_half(b: HEBackend, hc, arr: np.ndarray, ntt: bool, q: int) -> np.ndarray:
-    """A one-prime ciphertext's polynomials (2, 1, N) times the monomial X^(N/2): negacyclic,
-    c_i X^i -> c_i X^(i + N/2), the top half wrapping with a sign (X^N = -1).  It multiplies
-    slot j by i^(e_j) (e_j its exponent, odd): i for e_j = 1 mod 4, -i for 3 mod 4."""
-    out = np.empty_like(arr)
-    h = arr.shape[2] // 2
-    Q = np.uint64(q)
-    for c in range(arr.shape[0]):
-        v = b.ntt_inverse(hc, arr[c]) if ntt else arr[c]
-        v = np.concatenate([(Q - v[:, h:]) % Q, v[:, :h]], axis=1)
-        out[c] = b.ntt_forward(hc, v) if ntt else v
-    return out
-
-
 def imaginary_signs(n: int, n_slots: int, generator: int) -> np.ndarray:
     """+1 / -1 per slot j < n_slots: the sign the imaginary part of a `paired` conversion
     carries (slot j of X^(N/2) m is i^(e_j) times slot j of m, e_j = generator^j mod 2N)."""
@@ -454,10 +440,10 @@ def mask_ciphertext(side: CKKSSide, ct, rng: np.random.Generator, flood_bits: in
         b.mod_switch_to_inplace(hc, imag, lvl)
         if abs(b.ciphertext_scale(imag) - scale) > PAIR_SCALE_TOLERANCE * scale:
             raise ValueError(f"paired ciphertexts at different scales ({scale} and {b.ciphertext_scale(imag)})")
-        other = b.ciphertext_to_numpy(imag)
+        other = b.ciphertext_to_numpy(_times_monomial(b, hc, imag, n // 2))  # slot j times i^(e_j)
         if other.shape != arr.shape or b.is_ntt(imag) != ntt:
             raise ValueError("paired ciphertexts of different shapes")
-        arr = (arr + _times_x_half(b, hc, other, ntt, q)) % Q
+        arr = (arr + other) % Q
     if side.pk is not None:  # re-randomise: + Enc_pk(0) (added as residues: its scale is 1)
         z = b.encrypt_zero(hc, side.pk, lvl)
         if b.is_ntt(z) != ntt:
@@ -756,11 +742,22 @@ def shares_to_ckks(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = Non
 
 def shares_to_ckks_many(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None = None, scale_bits: float = 50,
                         value_bits: int | None = None, complex_slots: bool = False,
-                        scale: float | None = None, ring_to_field: str = "local") -> list | None:
+                        scale: float | None = None, ring_to_field: str = "local", paired: bool = False,
+                        conj_keys=None) -> list | None:
     """Algorithm 2 for m ciphertexts at once: y of shape (m, values), one ciphertext per row
     (the server gets the list, the client None); the arguments as `shares_to_ckks`.  Per
     `batch_size` ciphertexts the wraps are one millionaire and one OT batch and the client
-    sends one message, so the rounds are those of one conversion."""
+    sends one message, so the rounds are those of one conversion.
+
+    ``paired``: rows 2p and 2p + 1 travel as one ciphertext of z = a + i b (complex slots,
+    encoded at half the scale; b times the public `imaginary_signs`), and the server splits it
+    with one conjugation (``conj_keys``: a key set with the conjugation key): z + conj(z) = 2a,
+    (z - conj(z)) X^(3N/2) = 2b (the monomial multiplies slot j by i^(3 e_j)), each read at
+    twice the encoding's scale.  Half the client's ciphertexts, for one key switch per pair on
+    the server; no level is used."""
+    if paired:
+        return _shares_to_ckks_paired(ctx, y, side, n_primes=n_primes, scale_bits=scale_bits, scale=scale,
+                                      ring_to_field=ring_to_field, conj_keys=conj_keys)
     b, hc = side.backend, side.hectx
     n = hc.n
     rows = np.asarray(y.data, np.uint64)
@@ -789,3 +786,58 @@ def shares_to_ckks_many(ctx, y: AShare, side: CKKSSide, *, n_primes: int | None 
                 b.add_plain_inplace(hc, ct, pt)
                 cts.append(ct)
     return cts if server else None
+
+
+def _times_monomial(b: HEBackend, hc, ct, power: int):
+    """A CKKS ciphertext times X^power (negacyclic: no key, no level, no noise growth), a new
+    ciphertext at the same level and scale.  X^power multiplies slot j by zeta^(power e_j),
+    zeta = exp(i pi / N): X^(N/2) by i^(e_j), X^(3N/2) by i^(3 e_j)."""
+    arr = b.ciphertext_to_numpy(ct)  # (2, k, N)
+    ntt = b.is_ntt(ct)
+    n = arr.shape[2]
+    Qs = np.asarray(hc.coeff_moduli[:arr.shape[1]], np.uint64)[:, None]
+    out = np.empty_like(arr)
+    for c in range(arr.shape[0]):
+        v = b.ntt_inverse(hc, arr[c]) if ntt else arr[c]
+        signed = np.concatenate([v, (Qs - v) % Qs], axis=1)  # X^(j + N) = -X^j: period 2N
+        v = np.ascontiguousarray(np.roll(signed, int(power) % (2 * n), axis=1)[:, :n])
+        out[c] = b.ntt_forward(hc, v) if ntt else v
+    return b.numpy_to_ciphertext(hc, out, ntt=ntt, scale=b.ciphertext_scale(ct))
+
+
+def _shares_to_ckks_paired(ctx, y: AShare, side: CKKSSide, *, n_primes, scale_bits, scale, ring_to_field,
+                           conj_keys) -> list | None:
+    """`shares_to_ckks_many`'s ``paired``: rows 2p, 2p + 1 as one complex-slot ciphertext,
+    split by the server (one conjugation per pair)."""
+    b, hc = side.backend, side.hectx
+    rows = np.asarray(y.data, np.uint64)
+    if rows.ndim != 2:
+        raise ValueError(f"expected (ciphertexts, values) shares, got shape {rows.shape}")
+    m, v = rows.shape
+    if v > hc.n // 2:
+        raise ValueError(f"{v} values do not fit the {hc.n // 2} slots")
+    server = side.is_server(ctx)
+    if server and conj_keys is None:
+        raise ValueError("paired conversions need the server's conjugation key")
+    if m % 2:
+        rows = np.concatenate([rows, np.zeros((1, v), np.uint64)])
+    signs = imaginary_signs(hc.n, v, b.slot_generator)
+    im = rows[1::2]
+    im = np.where(signs < 0, np.uint64(0) - im, im)
+    z = np.concatenate([rows[0::2], im], axis=1)  # real parts, then imaginary parts
+    full = float(2.0 ** scale_bits) if scale is None else float(scale)
+    got = shares_to_ckks_many(ctx, AShare(ctx, z, y.bits, y.frac), side, n_primes=n_primes, scale=full / 2,
+                              complex_slots=True, ring_to_field=ring_to_field)
+    if not server:
+        return None
+    out = []
+    turn = 3 * hc.n // 2
+    for ct in got:
+        zc = b.conjugate(hc, ct, conj_keys)
+        im = _times_monomial(b, hc, ct, turn)
+        b.sub_inplace(hc, im, _times_monomial(b, hc, zc, turn))  # (z - conj z) X^(3N/2) = 2b
+        b.add_inplace(hc, ct, zc)  # 2a
+        for part in (ct, im):  # at half the scale: read at the full one
+            b.scale_message_inplace(hc, part, 2.0)
+            out.append(part)
+    return out[:m]

@@ -194,6 +194,7 @@ class _KeySet:
         self.hectx, self.side = hectx, side
         self.evk = None
         self.steps: set[int] = set()
+        self.conj = False  # whether evk holds the conjugation key (paired inputs)
 
 
 def _backend():
@@ -216,15 +217,23 @@ def _as_share(ctx, data: np.ndarray) -> AShare:
     return AShare(ctx, np.ascontiguousarray(data, np.uint64), 64, ctx.ring.frac)
 
 
-def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: int, scale: float) -> Packed | None:
+def input_cts(ev: _Eval, share_shape, layout: str) -> int:
+    """How many ciphertexts a block input of this shape takes in ``layout`` (public)."""
+    return int(np.prod(ev.slot_vectors(np.zeros(share_shape, np.uint64), layout)[0].shape[:-1]))
+
+
+def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: int, scale: float,
+               paired: bool = False) -> Packed | None:
     """Algorithm 2 for every ciphertext of one block input (both parties; the server gets the
-    `Packed` value, the client None)."""
+    `Packed` value, the client None).  ``paired``: two ciphertexts per encryption, split by the
+    server with its conjugation key (`shares_to_ckks_many`'s ``paired``; the header says so)."""
     vecs, dirty, shifts = ev.slot_vectors(np.asarray(share.data, np.uint64), layout)
     grid = vecs.shape[:-1]
     j = max(0, math.ceil(math.log2(scale)) - IN_SCALE_BITS)
     be, hc = ks.side.backend, ks.hectx
     y = _as_share(ctx, vecs.reshape(-1, vecs.shape[-1]))  # every ciphertext of the value in one batch
-    got = shares_to_ckks_many(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j)
+    got = shares_to_ckks_many(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j, paired=paired,
+                              conj_keys=ks.evk if paired and ks.side.is_server(ctx) else None)
     if got is None:
         return None
     cts = np.empty(grid, object)
@@ -303,9 +312,11 @@ class ConversionIO:
                 cts[idx] = be.encrypt_public(hc, self.ks.side.pk, ev.pt(vecs[idx], level, scale))
             return Packed(cts, layout, tuple(np.shape(arr.rows)), dirty, shifts=shifts)
         with self.runner.meter("conversions", self.block["name"]), self.runner.record(name, "in", level) as rec:
-            ctx.send({"op": "in", "value": name, "layout": layout, "level": int(level), "scale": float(scale)})
-            got = convert_in(ctx, self.ks, ev, arr, layout, level, scale)
-            rec["cts"] = int(got.cts.size)
+            paired = self.ks.conj and input_cts(ev, arr.shape, layout) > 1
+            ctx.send({"op": "in", "value": name, "layout": layout, "level": int(level), "scale": float(scale),
+                      "paired": paired})
+            got = convert_in(ctx, self.ks, ev, arr, layout, level, scale, paired)
+            rec["cts"], rec["paired"] = int(got.cts.size), paired
             return got
 
     def decrypt(self, ev: _Eval, name: str, x: Packed) -> AShare:
@@ -367,26 +378,29 @@ class BLBRunner:
         key = _set_key(bp)
         ks = self.sets.get(key)
         missing = sorted(set(steps) - (ks.steps if ks is not None else set()))
-        if ks is not None and not missing:
+        if ks is not None and not missing and ks.conj:
             return ks
         ctx, be = self.ctx, self.be
         # the rotation keys in batches of KEYS_PER_MESSAGE (a message stays below the channel's frame limit)
         batches = [missing[i:i + KEYS_PER_MESSAGE] for i in range(0, len(missing), KEYS_PER_MESSAGE)] or [[]]
         with self.meter("setup"), ctx.step("blb_setup"):
             for i, batch in enumerate(batches):
+                conj = i == 0 and (ks is None or not ks.conj)  # the conjugation key with the first batch
                 ctx.send({"op": "keys", "n": bp.ring_degree, "chain": list(bp.chain), "special": list(bp.special),
-                          "steps": batch, "more": i + 1 < len(batches)})
+                          "steps": batch, "conjugate": conj, "more": i + 1 < len(batches)})
                 msg = ctx.recv()
                 if ks is None:
                     hc = _context(*key)
                     side = CKKSSide(be, hc, None, be.load_public_key(hc, msg["pk"]), server=1)
                     ks = self.sets[key] = _KeySet(hc, side)
                     ks.evk = be.relin_keys_from_bytes(hc, msg["relin"])
-                if batch:
-                    gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=batch,
-                                                    max_keys=len(batch))
+                if batch or conj:
+                    gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], max_keys=len(batch) + int(conj))
+                    if not gal.has_steps(batch, conjugate=conj):
+                        raise BLBError("the client's Galois keys lack some of the requested ones")
                     ks.evk = ks.evk.merged(gal)
                     ks.steps.update(batch)
+                    ks.conj = ks.conj or conj
         return ks
 
     def _answer_keys(self, msg: dict) -> None:
@@ -395,6 +409,9 @@ class BLBRunner:
         try:
             n, chain, special = int(msg["n"]), tuple(map(int, msg["chain"])), tuple(map(int, msg["special"]))
             steps = [int(s) for s in msg["steps"]]
+            conj = msg.get("conjugate", False)
+            if not isinstance(conj, bool):
+                raise TypeError("'conjugate' is not a bool")
         except (KeyError, TypeError, ValueError) as e:
             raise BLBError(f"malformed key request from the server: {e}") from None
         key = (n, chain, special)
@@ -409,8 +426,8 @@ class BLBRunner:
                 out["relin"] = keys.relin_key_bytes()
             if any(not 0 < s < ks.hectx.slots for s in steps) or len(steps) > KEYS_PER_MESSAGE:
                 raise BLBError("the server asked for rotation keys out of range")
-            if steps:
-                out["galois"] = ks.side.keys.galois_keys_bytes(steps)
+            if steps or conj:
+                out["galois"] = ks.side.keys.galois_keys_bytes(steps, conjugate=conj)
             self.ctx.send(out)
         self._client_set = ks
 
@@ -526,7 +543,7 @@ class BLBRunner:
                     raise BLBError(f"block {block['id']}: malformed header: {e}") from None
                 if not 0 <= level <= ks.hectx.max_level or not 1.0 <= scale < 2.0 ** 120:
                     raise BLBError(f"block {block['id']}: level {level} / scale out of range")
-                convert_in(ctx, ks, ev, share, layout, level, scale)
+                convert_in(ctx, ks, ev, share, layout, level, scale, _header_paired(msg))
             elif op == "out" and msg.get("value") in outs | inside:
                 got = convert_out(ctx, ks, ev, _client_packed(msg, ev), _header_paired(msg))
                 if msg["value"] in outs:

@@ -445,9 +445,10 @@ func clg_gen_rotation_keys(skh C.int64_t, steps *C.int64_t, n C.int, conj C.int,
 // clg_evk_has_steps: 1 if the key set holds a key for every rotation step, else 0.
 //
 //export clg_evk_has_steps
-func clg_evk_has_steps(h C.int64_t, steps *C.int64_t, n C.int, ok *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+func clg_evk_has_steps(h C.int64_t, steps *C.int64_t, n C.int, conj C.int, ok *C.int, errbuf *C.char,
+	errlen C.int) (rc C.int) {
 	return with(h, "Galois key set", errbuf, errlen, func(e *evkObj) error {
-		els, err := galoisElements(e.ctx, i64s(steps, n), false)
+		els, err := galoisElements(e.ctx, i64s(steps, n), conj != 0)
 		if err != nil {
 			return err
 		}
@@ -746,6 +747,25 @@ func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, er
 			}
 			res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
 			if err := e.eval.Rotate(c.ct, int(step), res); err != nil {
+				return err
+			}
+			*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
+			return nil
+		})
+}
+
+// clg_conjugate: the complex conjugate of every slot (key switching with the set's
+// conjugation key, Galois element 2N - 1).
+//
+//export clg_conjugate
+func clg_conjugate(evh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with2(evh, "Galois key set", cth, "ciphertext", "ciphertext and keys belong to different contexts",
+		errbuf, errlen, func(e *evkObj, c *ctObj) error {
+			if c.ct.Degree() != 1 {
+				return errors.New("conjugate needs a degree-1 ciphertext")
+			}
+			res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
+			if err := e.eval.Conjugate(c.ct, res); err != nil {
 				return err
 			}
 			*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
