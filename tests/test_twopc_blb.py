@@ -321,11 +321,12 @@ def test_serving_a_decoder_with_blb_is_refused():
         TwoPCHost("tiny-llama", embedding="onehot-linear", lm=LoadedModel("tiny-llama", config, w), fusion="blb")
 
 
-def test_multi_ciphertext_outputs_travel_in_pairs():
-    """At 16 tokens the tiny BERT's scores Q K^T fill two ciphertexts: they leave their block
-    paired (`twopc_blb.pairable`, `ckks_convert`'s ``paired``: one Algorithm 1 conversion; its
-    bytes are tests/test_ckks_convert.py's, the per-conversion totals here include Ferret's pool
-    refills) and the layer still matches the plaintext."""
+def test_multi_ciphertext_values_travel_in_pairs():
+    """At 16 tokens the tiny BERT's scores Q K^T fill two ciphertexts, and so do Q and K in
+    section 5's packing: the inputs go in paired (one encryption, split by a conjugation), the
+    scores leave paired (`twopc_blb.pairable`, `ckks_convert`'s ``paired``: one Algorithm 1
+    conversion; its bytes are tests/test_ckks_convert.py's, the per-conversion totals here
+    include Ferret's pool refills), and the layer still matches the plaintext."""
     from cipherlm.bench import blb as bench_blb
     out = bench_blb.run_blb_bench("tiny", layers=1, tokens=16, variants=("BLB+fused",), echo=False)
     row = out["rows"][0]
@@ -333,6 +334,9 @@ def test_multi_ciphertext_outputs_travel_in_pairs():
     conv = {c["value"]: c for c in row["conversions"] if c["direction"] == "out"}
     qk, k = conv["L0.qk"], conv["L0.k"]
     assert qk["cts"] == 2 and qk["paired"] and k["cts"] == 1 and not k["paired"]
+    ins = [c for c in row["conversions"] if c["direction"] == "in"]  # Q and K into section 5's packing
+    assert any(c["cts"] == 2 and c["paired"] for c in ins)
+    assert all(c["paired"] == (c["cts"] > 1) for c in ins)
 
 
 @pytest.mark.parametrize("conj", ["yes", 1, None])

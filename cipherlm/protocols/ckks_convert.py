@@ -107,7 +107,10 @@ Cost (N = 8192, one prime of 60 bits; docs/blb.md): Algorithm 1 about 1.2 MB
 millionaire and one COT of 64 bits), 3 rounds; Algorithm 2 with the local ring -> field
 step: the seeded ciphertext alone, one message (with ``"wrap"``: about 1.37 MB at two
 primes, a seeded ciphertext plus per coefficient one 8-bit millionaire and one
-chosen OT of k residues, 3 rounds).  With Ferret silent OT: 281 KB and 462 KB.  Channel labels: "ckks2mpc" (the ciphertext),
+chosen OT of k residues, 3 rounds).  With Ferret silent OT: 281 KB and 462 KB (wrap).
+Both directions also take two real-slot ciphertexts per conversion (``paired``: the
+imaginary parts of the slots carry the second one), halving them again.  Channel labels:
+"ckks2mpc" (the ciphertext),
 "mpc2ckks" (the encryption), "ckks_setup" (the public key), and the
 sub-protocols' own labels inside (millionaire_leaves, b2a, ...).
 Local work: the integer maps G and A are not FFT-structured (rounded twiddles),
