@@ -499,6 +499,33 @@ def test_client_view_uniform_and_independent_of_message():
     assert p_uniform(va.reshape(-1) % 64, 64) > P_MIN
 
 
+def test_client_view_of_a_paired_conversion_is_uniform():
+    """Algorithm 1 with two ciphertexts in one (``imag``: the second times X^(N/2)): the
+    client's decryption is still uniform over Z_q and the same for zero messages and large
+    ones in both halves (N = 1024, q of 27 bits)."""
+    b, hc, keys, hs = he(TINY)
+    n = TINY.poly_modulus_degree
+    side_s = cc.CKKSSide(b, hs, None, b.load_public_key(hs, keys.public_key_bytes()), 1)
+    side_c = cc.CKKSSide(b, hc, keys, None, 1)
+    rng = np.random.default_rng(9)
+
+    def views(make):
+        out = []
+        for _ in range(8):
+            re, im = (b.ciphertext_from_bytes(hs, b.ciphertext_to_bytes(seal_encrypt(TINY, make(), 10)))
+                      for _ in range(2))
+            data, _, _ = cc.mask_ciphertext(side_s, re, rng, flood_bits=0, imag=im)
+            out.append(cc.client_decrypt(side_c, data)[0])
+        return np.array(out)
+
+    va = views(lambda: np.zeros(n // 2))
+    vb = views(lambda: rng.uniform(500, 1000, n // 2))
+    q, bins = hc.coeff_moduli[0], 64
+    ba, bb = top(va, q, bins), top(vb, q, bins)
+    assert min(p_uniform(ba, bins), p_uniform(bb, bins)) > P_MIN
+    assert p_same(ba, bb, bins) > P_MIN
+
+
 def test_client_view_independent_of_weights():
     """The acceptance case: the server's ciphertext is Enc(x) * W (ct x pt, W the server's
     weights; the product's noise and c1 depend on W).  The client's decryption after BLB's
