@@ -286,7 +286,7 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     }
     if FUSION[variant] == "blb":  # the server's view of each HE block: its time (HE evaluation + conversions) and traffic
         blocks = [{"block": int(b["block"]), "seconds": float(b["seconds"]), "bytes": _bytes(b), "flights": _flights(b),
-                   "peak_rss_bytes": int(b["peak_rss_bytes"])} for b in r1["block_stats"]]
+                   "peak_rss_bytes": int(b["peak_rss_bytes"]), "he": dict(b.get("he", {}))} for b in r1["block_stats"]]
         row["he_blocks"] = {"count": len(blocks), "seconds": sum(b["seconds"] for b in blocks), "blocks": blocks}
         row["conversions"] = r1["conversions"]  # the server's records: block, value, direction, cts, level, bytes
     return row

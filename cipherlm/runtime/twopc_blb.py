@@ -103,6 +103,10 @@ IN_SCALE_BITS = 50
 #: the scale of a block output when Algorithm 1 masks it at one prime (q_0 ~ 2^60:
 #: 2^37 |y| < q_0 / 8 for |y| < 2^20, so two outputs fit one conversion: `pairable`)
 OUT_SCALE_BITS = 37
+#: the server's per-block HE counts `run_block` keeps (`_Eval.stats`): products, rotations,
+#: rescales, relayouts, and the seconds spent encoding weight diagonals (input-independent work
+#: the server could do ahead of time)
+HE_OP_STATS = ("ct_ct", "ct_pt", "rotations", "rescales", "relayouts", "encode_weights_s")
 #: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
 EXP_CLIP = 16.0
 #: a causal mask's scores as they leave a block (public, both parties' shares set locally): far
@@ -456,6 +460,8 @@ class BLBRunner:
         # as in `cipherlm bench blb`): the block that raises it is the one to look at
         stats = {"block": block["id"], "seconds": time.perf_counter() - t0,
                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        if self.server:
+            stats["he"] = {k: v for k, v in self._he_stats.items() if k in HE_OP_STATS}
         after = self.ctx.chan.totals()
         stats.update({k: after[k] - before[k] for k in after})
         self.block_stats.append(stats)
@@ -473,10 +479,11 @@ class BLBRunner:
                            "special": list(bp.special), "period": int(period), "scale_bits": int(bp.scale_bits),
                            "keys": keys})
         ks = self._ensure_keys(bp, steps)
+        self._he_stats = {}  # the block's HE operation counts and weight-encoding time (`run_block`)
         out = blb_block.evaluate_block(self.graph, block, inputs, self.params, ks.hectx, self.be, None, ks.evk,
                                        scale_bits=bp.scale_bits, io=ConversionIO(self, ks, block),
                                        attention=self.attention, tokens=tokens, period=period,
-                                       start_level=bp.start_level)
+                                       start_level=bp.start_level, stats=self._he_stats)
         with self.meter("conversions", block["name"]):
             self.ctx.send({"op": "end"})
         return out
