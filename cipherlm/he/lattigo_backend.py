@@ -1215,11 +1215,14 @@ class LattigoBackend(HEBackend):
         return LattigoCiphertext(_new("clg_ct_from_bytes", ctx.handle, p, n, want), ctx)
 
     def galois_keys_from_bytes(self, ctx: LattigoContext, data: bytes, *, required_steps=None,
-                               max_keys: int = 256) -> LattigoGaloisKeys:
+                               max_keys: int = 256, conjugate: bool = False) -> LattigoGaloisKeys:
+        """The peer's Galois keys, checked to hold the rotations ``required_steps`` and, with
+        ``conjugate``, the conjugation."""
         p, n, _keep = _in_buf(data)
         gk = LattigoGaloisKeys(_new("clg_evk_from_bytes", ctx.handle, p, n, int(max_keys)), ctx)
-        if required_steps is not None and not gk.has_steps(required_steps):
-            raise HEError(f"Galois keys lack some of the {len(set(required_steps))} required rotation steps")
+        if (required_steps is not None or conjugate) and not gk.has_steps(required_steps or (), conjugate=conjugate):
+            raise HEError(f"Galois keys lack some of the {len(set(required_steps or ()))} required rotation steps"
+                          + (" or the conjugation" if conjugate else ""))
         return gk
 
     def params_to_bytes(self, params: HEParams) -> bytes:

@@ -205,15 +205,16 @@ def setup(ctx, backend: HEBackend, hectx, keys: SecretKeys | None = None, *, ser
 
 
 # ----------------------------------------------------------------------------- the embedding
-def slot_exponents(n: int, n_slots: int | None = None) -> np.ndarray:
-    """e_j = 3^j mod 2N: slot j of a CKKS plaintext is m(omega^(e_j)) / Delta (SEAL's order;
-    for real slot values the conjugate root -e_j gives the same value)."""
+def slot_exponents(n: int, n_slots: int | None = None, generator: int = 3) -> np.ndarray:
+    """e_j = generator^j mod 2N: slot j of a CKKS plaintext is m(omega^(e_j)) / Delta (3:
+    SEAL's order, 5: Lattigo's; for real slot values the conjugate root -e_j gives the same
+    value)."""
     n_slots = n // 2 if n_slots is None else n_slots
     out = np.empty(n_slots, np.int64)
     x = 1
     for j in range(n_slots):
         out[j] = x
-        x = x * 3 % (2 * n)
+        x = x * int(generator) % (2 * n)
     return out
 
 
@@ -231,13 +232,11 @@ def slot_permutation(n: int, generator: int) -> tuple[np.ndarray, np.ndarray]:
         two_n, half = 2 * n, n // 2
         pos = {int(e): b for b, e in enumerate(slot_exponents(n))}
         idx, sign = np.empty(half, np.int64), np.empty(half, np.int64)
-        x = 1
-        for j in range(half):
+        for j, x in enumerate(slot_exponents(n, half, generator).tolist()):
             if x in pos:
                 idx[j], sign[j] = pos[x], 1
             else:
                 idx[j], sign[j] = pos[(two_n - x) % two_n], -1
-            x = x * generator % two_n
         if np.unique(idx).size != half:
             raise ValueError(f"{generator} does not generate the slots of N = {n}")
         _PERMS[key] = (idx, sign)
@@ -413,12 +412,7 @@ def default_flood_bits(scale_bits: float, frac: int) -> int:
 def imaginary_signs(n: int, n_slots: int, generator: int) -> np.ndarray:
     """+1 / -1 per slot j < n_slots: the sign the imaginary part of a `paired` conversion
     carries (slot j of X^(N/2) m is i^(e_j) times slot j of m, e_j = generator^j mod 2N)."""
-    e = np.empty(n_slots, np.int64)
-    x = 1
-    for j in range(n_slots):
-        e[j] = x
-        x = x * int(generator) % (2 * n)
-    return np.where(e % 4 == 1, 1, -1)
+    return np.where(slot_exponents(n, n_slots, generator) % 4 == 1, 1, -1)
 
 
 def mask_ciphertext(side: CKKSSide, ct, rng: np.random.Generator, flood_bits: int | None = None,

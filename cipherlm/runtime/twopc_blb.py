@@ -283,12 +283,12 @@ def pairable(be, hc, cts) -> bool:
 def convert_out(ctx, ks: _KeySet, ev: _Eval, x: Packed, paired: bool = False) -> AShare:
     """Algorithm 1 for every ciphertext of one block output (the server passes its `Packed`
     value, the client the same metadata with no ciphertexts); both get the value's shares.
-    ``paired``: two ciphertexts per conversion (the server's header says so: `pairable`)."""
+    ``paired``: two ciphertexts per conversion (the server's header says so: `pairable`).  The
+    server's ciphertexts are at one prime already (`ConversionIO.decrypt`: `_to_one_prime`)."""
     server = ks.side.is_server(ctx)
-    be, hc = ks.side.backend, ks.hectx
     dec = np.zeros(x.cts.shape + (ev.slots,), np.uint64)
     present = [idx for idx in np.ndindex(*x.cts.shape) if x.present[idx]]  # the rest: not computed, zeros
-    cts = [_to_one_prime(be, hc, x.cts[idx]) for idx in present] if server else None
+    cts = [x.cts[idx] for idx in present] if server else None
     got = ckks_to_shares_many(ctx, cts, ks.side, len(present), paired=paired).data  # one batch
     for idx, row in zip(present, got):
         dec[idx] = row
@@ -399,9 +399,8 @@ class BLBRunner:
                     ks = self.sets[key] = _KeySet(hc, side)
                     ks.evk = be.relin_keys_from_bytes(hc, msg["relin"])
                 if batch or conj:
-                    gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], max_keys=len(batch) + int(conj))
-                    if not gal.has_steps(batch, conjugate=conj):
-                        raise BLBError("the client's Galois keys lack some of the requested ones")
+                    gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=batch,
+                                                    max_keys=len(batch) + int(conj), conjugate=conj)
                     ks.evk = ks.evk.merged(gal)
                     ks.steps.update(batch)
                     ks.conj = ks.conj or conj
