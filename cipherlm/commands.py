@@ -1098,7 +1098,8 @@ def cmd_bench(args) -> int:
         return 0
     t0 = time.perf_counter()
     mode = {"offload": "offload", "fhe": "fhe", "aegis": "fhe"}.get(args.what, "2pc")
-    report = RunReport(mode=mode, model=args.model, command=sys.argv)
+    model = f"{args.workloads or 'bert-tiny'} (random weights)" if args.what == "aegis" else args.model
+    report = RunReport(mode=mode, model=model, command=sys.argv)
     if args.what == "mpc":
         report.extra["operations"] = bench_mpc(args)
     elif args.what == "embedding":

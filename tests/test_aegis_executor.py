@@ -277,7 +277,9 @@ def test_bench_aegis_cli(tmp_path, monkeypatch):
     assert main(["bench", "aegis", "--workloads", "bert-tiny", "--tokens", "4", "--workers", "1,2", "--runtime",
                  "inline", "--insecure-test-preset", "--report", str(report), "--plot", str(fig),
                  "--dispatch", "async,sync"]) == 0
-    res = json.loads(report.read_text())["extra"]["aegis"]
+    doc = json.loads(report.read_text())
+    assert doc["model"] == "bert-tiny (random weights)"
+    res = doc["extra"]["aegis"]
     assert [(r["W"], r["placement"], r["dispatch"]) for r in res["runs"]] == [
         (1, "aegis", "async"), (2, "aegis", "async"), (2, "aegis", "sync"), (2, "megatron", "async"),
         (2, "megatron", "sync")]
@@ -289,3 +291,24 @@ def test_bench_aegis_cli(tmp_path, monkeypatch):
             assert r["formula_bytes_by_part"][k] <= b <= r["formula_bytes_by_part"][k] * 1.01 + 4096
     assert res["runs"][0]["bytes"] == 0 and res["runs"][3]["bytes"] > 0
     assert fig.stat().st_size > 10_000
+
+
+def test_bench_aegis_merge_of_runs_made_apart():
+    """Per-W results made in separate processes merge into one, with T1 / (W T_W) against
+    the one-worker run; results of different workloads are refused."""
+    from cipherlm.bench import aegis
+
+    def result(W, seconds, attention, ffn, workload="bert-base"):
+        return {"workload": workload, "layers": 1, "tokens": 4, "preset": "p", "n": 1024, "load_average": [0.5],
+                "runs": [{"W": W, "placement": "aegis", "seconds": seconds,
+                          "part_seconds": {"L0.attention": attention, "L0.ffn": ffn}}]}
+
+    m = aegis.merge([result(1, 80.0, 50.0, 30.0), result(2, 50.0, 25.0, 20.0), result(4, 25.0, 16.0, 7.5)])
+    assert [r["W"] for r in m["runs"]] == [1, 2, 4]
+    assert m["runs"][0]["efficiency_total"] == 1.0
+    assert m["runs"][1]["efficiency_total"] == pytest.approx(0.8)
+    assert m["runs"][1]["efficiency"] == pytest.approx({"L0.attention": 1.0, "L0.ffn": 0.75})
+    assert m["runs"][2]["efficiency"]["L0.ffn"] == pytest.approx(1.0)
+    assert "efficiency" not in aegis.merge([result(2, 50.0, 25.0, 20.0)])["runs"][0]
+    with pytest.raises(ValueError, match="different runs"):
+        aegis.merge([result(1, 80.0, 50.0, 30.0), result(2, 50.0, 25.0, 20.0, workload="bert-tiny")])

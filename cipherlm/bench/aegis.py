@@ -136,15 +136,35 @@ def bench(workload: str = "bert-tiny", layers: int = 1, tokens: int = 4, workers
                 runs.append(run)
             ex.shutdown()
     bk.close()
-    one = next(r for r in runs if r["W"] == 1) if any(r["W"] == 1 for r in runs) else None
-    for r in runs:
-        if one is not None:
-            r["efficiency"] = {k: one["part_seconds"][k] / (r["W"] * v) for k, v in r["part_seconds"].items()
-                               if k in one["part_seconds"] and v > 0}
-            r["efficiency_total"] = one["seconds"] / (r["W"] * r["seconds"])
+    add_efficiency(runs)
     return {"workload": workload, "layers": layers, "tokens": tokens, "preset": preset, "n": ctx.n,
             "slots": ctx.slots, "runtime": runtime, "warmup": warmup, "threads_per_worker": threads, "runs": runs,
             "load_average": list(os.getloadavg())}
+
+
+def add_efficiency(runs: list[dict]) -> None:
+    """Each run's scaling efficiency T1 / (W T_W), per layer half and in total, against the
+    one-worker run among ``runs`` (none without one)."""
+    one = next((r for r in runs if r["W"] == 1), None)
+    if one is None:
+        return
+    for r in runs:
+        r["efficiency"] = {k: one["part_seconds"][k] / (r["W"] * v) for k, v in r["part_seconds"].items()
+                           if k in one["part_seconds"] and v > 0}
+        r["efficiency_total"] = one["seconds"] / (r["W"] * r["seconds"])
+
+
+def merge(results: list[dict]) -> dict:
+    """One result from runs of `bench` with the same workload, tokens and preset made in
+    separate processes (one W each, as `benchmarks/device/aegis_scaling.sh` runs them), with
+    the efficiencies against the one-worker run."""
+    keys = ("workload", "layers", "tokens", "preset", "n")
+    for r in results[1:]:
+        if any(r[k] != results[0][k] for k in keys):
+            raise ValueError(f"results of different runs: {[{k: x[k] for k in keys} for x in results]}")
+    runs = [dict(run) for r in results for run in r["runs"]]
+    add_efficiency(runs)
+    return {**results[0], "runs": runs, "load_average": [r.get("load_average") for r in results]}
 
 
 def minilm_polarity(sentences: int = 10, tokens: int = 8, W: int = 2, preset: str = "test-insecure-N1024",
