@@ -222,6 +222,37 @@ def test_period_is_the_fewest_ciphertexts():
         _evaluate(fam, 1, attention="rows", period=16)
 
 
+def test_period_divides_the_width_a_mean_is_spread_over():
+    """MiniLM's shapes (384 channels) at 8 tokens, 8192 slots: the block of P V, the output
+    projection and the attention LayerNorm (section 5's packing) would fill the fewest
+    ciphertexts at P = 256, where the mean spread over the 128-wide last chunk leaves its
+    padding nonzero and the sum of squares after it is refused (the polarity run of
+    2026-11-28 failed so); `block_period` takes 128, which divides 384, and an explicit
+    period that does not divide it is refused before any work."""
+    from cipherlm.bench.twopc import BERT_BASE_CONFIG
+
+    g = blb_fusion.run(build_graph(dict(BERT_BASE_CONFIG, hidden_size=384, intermediate_size=1536,
+                                        num_hidden_layers=1)))
+    shapes = blb_fusion._shapes(g)
+    T, slots = 8, 8192
+    for b in g.meta["blb_blocks"]:
+        mh = blb_block.attention_layouts(g, b, slots, T, "auto")
+        inputs = {i["value"]: np.zeros([d if isinstance(d, int) else T for d in shapes[i["value"]]])
+                  for i in b["inputs"]}
+        P = blb_block.block_period(g, b, inputs, slots, fused=mh)
+        assert all(c <= P or c % P == 0 for c in blb_block.spread_widths(g, b, T)), (b["id"], P)
+        if any(n.endswith("attn_norm.mean") for n in b["nodes"]):
+            norm, norm_inputs = b, inputs
+            assert P == 128
+            rows = blb_block._row_values(g, b, inputs)
+            cts = {p: sum(-(-n // (slots // p)) * -(-c // p) for n, c in rows) for p in (128, 256)}
+            assert cts[256] < cts[128]  # the fewest-ciphertexts rule alone would take 256
+    slots_only = type("Ctx", (), {"slots": slots, "max_level": 9})()  # the period is checked before any HE work
+    with pytest.raises(ValueError, match="does not divide"):
+        blb_block.evaluate_block(g, norm, norm_inputs, {}, slots_only, None, None, evk=object(), scale_bits=40,
+                                 period=256)
+
+
 def test_softmax_squarings_within_a_squaring_aware_bound(bert):
     """Block 2 (x^64 by 6 squarings), by hand: the error of x^2 is 2 x e (one error, counted
     twice), so sigma_k = rss(2 sigma_{k-1}, sqrt(2) R) with R the rescale / relinearisation

@@ -309,7 +309,8 @@ def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray], slots
     fewest ciphertexts of ``slots`` slots, since every conversion moves whole ciphertexts (a
     larger P on a tie: fewer chunks, fewer rotations).  For BERT-base's FFN-in block at 128
     tokens and 8192 slots: 73 ciphertexts at P = 64 against 256 at P = 4096, the smallest
-    power of two that holds d_ff (the (T, 1) rsqrt input alone: 1 against 64)."""
+    power of two that holds d_ff (the (T, 1) rsqrt input alone: 1 against 64).  A period
+    below a mean's width must divide it (`spread_widths`)."""
     lo = core_period(graph, block, fused)
     widths = [value_shape(inputs[i["value"]])[-1] for i in block["inputs"] if i["value"] in inputs]
     for name in block["nodes"]:
@@ -321,12 +322,32 @@ def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray], slots
             widths += [int(n.attrs["d_in"]), int(n.attrs["d_out"])]
     hi = min(max(lo, _pow2(max(widths, default=1))), slots)
     rows = _row_values(graph, block, inputs)
-    best = (None, lo)
+    spread = spread_widths(graph, block, block_tokens(inputs))
+    best = (None, hi)
     for P in (1 << k for k in range(lo.bit_length() - 1, hi.bit_length())):
+        if any(c > P and c % P for c in spread):
+            continue  # a mean spread over a narrower last chunk would leave its padding nonzero
         cts = sum(-(-n // (slots // P)) * -(-c // P) for n, c in rows)
         if best[0] is None or cts <= best[0]:
             best = (cts, P)
     return best[1]
+
+
+def spread_widths(graph: Graph, block: dict, tokens: int) -> list[int]:
+    """The widths C of the values the block's scaled row sums (a mean: `_Eval.reduce_sum`
+    with a scale) spread their result back over.  The spread covers P slots of every column
+    chunk, so a period P < C must divide C: otherwise the last, narrower chunk's padding
+    would hold the mean, and the next row sum over it (a LayerNorm's sum of squares) would
+    add it in (MiniLM's 384 channels at P = 256, which the fewest-ciphertexts rule picked at
+    8 tokens)."""
+    shapes = _shapes(graph)
+    out = []
+    for name in block["nodes"]:
+        n = graph.node(name)
+        if n.op == "reduce_sum" and float(n.attrs.get("scale", 1.0)) != 1.0:
+            c = (shapes.get(n.inputs[0]) or (1,))[-1]
+            out.append(int(c) if isinstance(c, (int, np.integer)) else int(tokens))
+    return out
 
 
 def _row_values(graph: Graph, block: dict, inputs: dict) -> list[tuple[int, int]]:
@@ -1168,6 +1189,9 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     elif period & (period - 1) or not core_period(graph, block, mh) <= period <= ctx.slots:
         raise ValueError(f"block {block['id']}: period {period} is not a power of two in "
                          f"[{core_period(graph, block, mh)}, {ctx.slots}]")
+    elif any(c > period and c % period for c in spread_widths(graph, block, tokens)):
+        raise ValueError(f"block {block['id']}: period {period} is narrower than a mean's width and does not "
+                         f"divide it ({spread_widths(graph, block, tokens)})")
     if evk is None:
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots, tokens, attention))
     if scale_bits is None:
