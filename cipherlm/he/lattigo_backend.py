@@ -131,7 +131,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 9
+_ABI_VERSION = 10
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -224,6 +224,9 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_btp_keys_from_bytes": (_i64, _p_u8, _i64, _p_i64),
     # refresh.go (ABI 8)
     "clg_ntt": (_i64, _p_u64, _int, _int),
+    # blb_linear.go (ABI 10)
+    "clg_blb_linear": (_i64, _p_i64, _int, _int, _int, _p_dbl, _int, _int, _int, _p_i64, _dbl, _int, _p_i64,
+                       _p_i64),
 }
 
 _lib = None
@@ -1020,6 +1023,30 @@ class LattigoBackend(HEBackend):
               cnt.ctypes.data_as(_p_i64))
         return ([LattigoCiphertext(int(h), ctx) if h else None for h in out],
                 {"rotate": int(cnt[0]), "mul_plain": int(cnt[1]), "rescale": int(cnt[2])})
+
+    def blb_linear(self, ctx, babies: np.ndarray, w, *, period: int, plans, scale_bits: float,
+                   keys: LattigoEvalKeys, workers: int = 2) -> tuple[np.ndarray, dict[str, int]]:
+        """BLB's stacked-row projection in one call (native/lattigo/blb_linear.go): ``babies``
+        an object array (rows, input chunks, B) of the input's hoisted rotations rot(x, i),
+        ``w`` the d_out x d_in matrix, ``plans`` (b, g, k0) per output chunk of ``period``
+        slots (`runtime.blb_block.linear_plan`), the diagonals encoded at the inputs' level
+        with scale 2^``scale_bits``.  Returns the (rows, output chunks) ciphertexts, rescaled
+        once (None: an all-zero block), and the counts (products, giant rotations)."""
+        W = np.ascontiguousarray(w, dtype=np.float64)
+        if babies.ndim != 3 or W.ndim != 2:
+            raise HEError(f"baby steps {babies.shape} / matrix {W.shape}: expected (rows, chunks, B) and 2-D")
+        m, k_in, nb = babies.shape
+        pl = np.ascontiguousarray(np.asarray(plans, np.int64).reshape(-1, 3))
+        hs = np.ascontiguousarray([c.h for c in babies.reshape(-1)], np.int64)
+        out = np.zeros(m * len(pl), np.int64)
+        cnt = np.zeros(2, np.int64)
+        _call("clg_blb_linear", keys.h, hs.ctypes.data_as(_p_i64), m, k_in, nb, W.ctypes.data_as(_p_dbl),
+              W.shape[0], W.shape[1], int(period), pl.ctypes.data_as(_p_i64), float(scale_bits), int(workers),
+              out.ctypes.data_as(_p_i64), cnt.ctypes.data_as(_p_i64))
+        res = np.empty((m, len(pl)), object)
+        for idx, h in zip(np.ndindex(m, len(pl)), out):
+            res[idx] = LattigoCiphertext(int(h), ctx) if h else None
+        return res, {"ct_pt": int(cnt[0]), "rotations": int(cnt[1])}
 
     # -- fhe-mode operations (ABI 5: ckks_ops.go, bootstrap.go) ---------------------------
     @staticmethod

@@ -451,6 +451,10 @@ def assign_layouts(graph: Graph, block: dict, mh: dict | None = None) -> dict[st
 
 
 class _Eval:
+    #: projections by the backend's native call where it has one (`_native_linear`); False:
+    #: diagonal by diagonal from Python (`_linear_by_diagonals`, the reference)
+    native = True
+
     def __init__(self, ctx, be, io, evk, period: int, scale_bits: int, attrs_of_head: tuple[int, int] | None):
         self.ctx, self.be, self.io, self.evk = ctx, be, io, evk
         self.P = period
@@ -463,7 +467,7 @@ class _Eval:
         self.top = ctx.max_level
         self.hh = attrs_of_head  # (heads, head_dim) of the block's attention, for the pair layouts
         self.stats = {"ct_ct": 0, "ct_pt": 0, "rotations": 0, "rescales": 0, "relayouts": 0,
-                      "encode_weights_s": 0.0}
+                      "encode_weights_s": 0.0, "native_linear_s": 0.0}
         self._babies: dict[tuple, tuple] = {}  # (id(ct), b) -> (ct, its baby-step rotations), shared by projections
         self._ck: CkksEvaluator | None = None   # section 5's products (`fused`)
         self._relaid: dict[tuple[str, str], Packed] = {}
@@ -762,6 +766,42 @@ class _Eval:
         if x.cts.shape[-1] != len(k_in):
             raise ValueError(f"a value of {x.cts.shape[-1]} chunks for a projection of {len(k_in)}")
         lvl = self.level_of(x)
+        if self.native and hasattr(self.be, "blb_linear"):
+            cts = self._native_linear(x, w, k_in, k_out, lvl)
+        else:
+            cts = self._linear_by_diagonals(x, w, k_in, k_out, lvl)
+        out = Packed(cts, "row", x.shape[:-1] + (d_out,), False)
+        if bias is not None:
+            out = self.plain_add(out, np.asarray(bias, np.float64))
+        return out
+
+    def _native_linear(self, x: Packed, w: np.ndarray, k_in: list, k_out: list, lvl: int) -> np.ndarray:
+        """`linear`'s products in one backend call (`blb_linear`: the diagonals made and
+        encoded natively, each once for all rows, products accumulated in place, the (output
+        chunk, giant step) units on all cores); the baby steps come from `_baby_steps`, so the
+        projections of one input still share them.  Bit-identical to `_linear_by_diagonals`."""
+        plans = [linear_plan(min(w.shape[1], self.P), do) for do in k_out]
+        B = max(p[0] for p in plans)
+        m = x.cts.shape[0]
+        babies = np.empty((m, len(k_in), B), object)
+        for r in range(m):
+            for ki in range(len(k_in)):
+                babies[r, ki] = self._baby_steps(x.cts[r, ki], B)
+        t0 = time.perf_counter()
+        cts, counts = self.be.blb_linear(self.ctx, babies, w, period=self.P, plans=plans,
+                                         scale_bits=math.log2(self.q(lvl)), keys=self.evk, workers=_ENCODE_WORKERS)
+        self.stats["native_linear_s"] += time.perf_counter() - t0
+        if any(c is None for c in cts.reshape(-1)):
+            raise ValueError("an all-zero projection block")
+        self.stats["ct_pt"] += counts["ct_pt"]
+        self.stats["rotations"] += counts["rotations"]
+        self.stats["rescales"] += cts.size
+        return cts
+
+    def _linear_by_diagonals(self, x: Packed, w: np.ndarray, k_in: list, k_out: list, lvl: int) -> np.ndarray:
+        """`linear`'s products here, diagonal by diagonal (the reference for `_native_linear`)."""
+        P = self.P
+        d_in = w.shape[1]
         rows = np.arange(P)
         m = x.cts.shape[0]
         cts = np.empty((m, len(k_out)), object)
@@ -836,10 +876,7 @@ class _Eval:
                 if acc is None:
                     raise ValueError("an all-zero projection block")
                 cts[r, ko] = self.rescale(acc)
-        out = Packed(cts, "row", x.shape[:-1] + (d_out,), False)
-        if bias is not None:
-            out = self.plain_add(out, np.asarray(bias, np.float64))
-        return out
+        return cts
 
     def _baby_steps(self, ct, b: int) -> list:
         """rot(ct, i) for i < b (hoisted), once per ciphertext and b: shared by the projections

@@ -104,9 +104,10 @@ IN_SCALE_BITS = 50
 #: 2^37 |y| < q_0 / 8 for |y| < 2^20, so two outputs fit one conversion: `pairable`)
 OUT_SCALE_BITS = 37
 #: the server's per-block HE counts `run_block` keeps (`_Eval.stats`): products, rotations,
-#: rescales, relayouts, and the seconds spent encoding weight diagonals (input-independent work
-#: the server could do ahead of time)
-HE_OP_STATS = ("ct_ct", "ct_pt", "rotations", "rescales", "relayouts", "encode_weights_s")
+#: rescales, relayouts, the seconds spent encoding weight diagonals from Python (input-independent
+#: work the server could do ahead of time; 0 where the projections run natively) and the seconds
+#: of the native projections (`_Eval._native_linear`: their encoding included)
+HE_OP_STATS = ("ct_ct", "ct_pt", "rotations", "rescales", "relayouts", "encode_weights_s", "native_linear_s")
 #: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
 EXP_CLIP = 16.0
 #: a causal mask's scores as they leave a block (public, both parties' shares set locally): far
