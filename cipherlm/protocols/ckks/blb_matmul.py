@@ -253,6 +253,13 @@ def _mask(L: MHLayout, groups: Sequence[int], t_lo: int = 0, t_hi: int | None = 
     return out
 
 
+def _times_mask(ev: CkksEvaluator, L: MHLayout, ct, margs: tuple):
+    """ct * `_mask` (L, margs), rescaled; the encoded mask kept by the evaluator for the other
+    ciphertexts of the product that take the same mask."""
+    groups, rest = tuple(margs[0]), tuple(margs[1:])
+    return ev.mul_plain_ct(ct, lambda: _mask(L, groups, *rest), cache_key=("blb-mask", L, groups) + rest)
+
+
 def _inner_pieces(L: MHLayout, r: int) -> list[tuple[int, tuple]]:
     """Inner rotation left by r (0 < r < n) of every segment: (slot step, mask args) pairs,
     rotate then mask the destination."""
@@ -361,7 +368,7 @@ def _rotate_masked(ev: CkksEvaluator, L: MHLayout, ct, pieces: list[tuple[int, t
     rots = ev.rot_many(ct, [s for s, _ in pieces])
     acc = None
     for r, (_, margs) in zip(rots, pieces):
-        term = ev.mul_plain_ct(r, _mask(L, *margs))
+        term = _times_mask(ev, L, r, margs)
         acc = term if acc is None else ev.add_ct(acc, term)
     return acc
 
@@ -376,7 +383,7 @@ def _inner_rots(ev: CkksEvaluator, L: MHLayout, ct, amounts) -> dict:
     for r in sorted(pieces):
         acc = None
         for _, margs in pieces[r]:
-            term = ev.mul_plain_ct(next(rots), _mask(L, *margs))
+            term = _times_mask(ev, L, next(rots), margs)
             acc = term if acc is None else ev.add_ct(acc, term)
         out[r] = acc
     return out
@@ -426,7 +433,7 @@ def fused_matmul(ev: CkksEvaluator, a_cts: Sequence, b_cts: Sequence, layout: MH
             pieces = _final_pieces(L, x, G)
             rots = ev.rot_many(acc, [s for _, s, _ in pieces])
             for r, (q, _, margs) in zip(rots, pieces):
-                put(q, ev.mul_plain_ct(r, _mask(L, *margs)))
+                put(q, _times_mask(ev, L, r, margs))
         return out
 
     k = max(1, min(workers if pool is not None else 1, len(sched)))

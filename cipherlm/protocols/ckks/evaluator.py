@@ -78,6 +78,9 @@ class EvalStats:
 #: its message ratio, which at the test preset allows 2^6).  Above it, an operation keeps one
 #: level in reserve (`CkksEvaluator.reserve`) so the division is a rescaled product instead.
 LEVEL0_MAX_FACTOR = 32.0
+#: at most this many plaintexts kept by `CkksEvaluator.mul_plain_ct` (~1.5-2.5 MB each at
+#: N = 16384-32768 and a BLB block's levels)
+PLAINTEXT_CACHE = 128
 
 
 def pow2_at_least(x: float) -> float:
@@ -116,6 +119,11 @@ class CkksEvaluator:
         self.stats = EvalStats()
         self._count_lock = threading.Lock()
         self._prime_bits = [math.log2(q) for q in ctx.q_moduli]
+        #: encoded plaintexts kept by `mul_plain_ct`'s ``cache_key`` (with the level), at most
+        #: `PLAINTEXT_CACHE` of them; a full cache is emptied (masks of one product reused
+        #: across its ciphertexts, not across the model)
+        self._plaintexts: dict = {}
+        self.plaintext_hits = 0
 
     # ---- bookkeeping
 
@@ -255,9 +263,22 @@ class CkksEvaluator:
         self._count("mul")
         return self.rescale(out)
 
-    def mul_plain_ct(self, ct, values):
-        """ct * values (a slot vector, encoded at the ciphertext's level), rescaled: one level."""
-        pt = self.encode(values, ct.level)
+    def mul_plain_ct(self, ct, values, cache_key=None):
+        """ct * values (a slot vector, encoded at the ciphertext's level), rescaled: one level.
+        ``cache_key`` (hashable, naming the values): the encoded plaintext is kept for the next
+        product with the same key at the same level, and ``values`` may be a callable that
+        makes the vector, called only when the plaintext is not kept."""
+        if cache_key is None:
+            pt = self.encode(values, ct.level)
+        else:
+            key = (cache_key, ct.level)
+            pt = self._plaintexts.get(key)
+            if pt is None:
+                if len(self._plaintexts) >= PLAINTEXT_CACHE:
+                    self._plaintexts.clear()
+                pt = self._plaintexts[key] = self.encode(values() if callable(values) else values, ct.level)
+            else:
+                self.plaintext_hits += 1
         out = self.be.multiply_plain(self.ctx, ct, pt)
         self._count("mul_plain")
         return self.rescale(out)
