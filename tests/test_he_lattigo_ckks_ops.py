@@ -114,6 +114,37 @@ def test_mul_relin_rescale(lv):
     assert _bits(_dec(be, ctx, keys, sq), x * x) >= BITS_OPS
 
 
+def test_multiply_sum_relinearises_once(lv):
+    """sum_i x_i y_i by `multiply_sum` (degree-2 products summed, one relinearisation) equals
+    numpy and the sum of separately relinearised products within the leveled bound, at the
+    operands' lowest level; mismatched scales, unequal or empty factor lists are refused."""
+    be, ctx, keys, ev = lv
+    xs = [_vec(10 + i, ctx.slots) for i in range(5)]
+    ys = [_vec(20 + i, ctx.slots) for i in range(5)]
+    a = [_enc(be, ctx, keys, v) for v in xs]
+    b = [_enc(be, ctx, keys, v) for v in ys]
+    b[2] = _enc(be, ctx, keys, ys[2], level=ctx.max_level - 1)  # one factor a level lower
+    want = sum(x * y for x, y in zip(xs, ys))
+    for c in b:  # the same scale at both levels: the context's default
+        assert abs(c.scale_bits - a[0].scale_bits) < 1e-9
+    got = be.multiply_sum(ctx, a, b, ev)
+    assert got.level == ctx.max_level - 1
+    be.rescale_inplace(ctx, got)
+    assert _bits(_dec(be, ctx, keys, got), want) >= BITS_OPS
+    one = be.multiply(ctx, a[0], b[0], ev)
+    be.rescale_inplace(ctx, one)
+    single = be.multiply_sum(ctx, a[:1], b[:1], ev)
+    be.rescale_inplace(ctx, single)
+    assert _bits(_dec(be, ctx, keys, single), _dec(be, ctx, keys, one)) >= BITS_OPS
+    half = be.multiply_scalar(ctx, a[1], 0.5)  # scale x 2^40: another product scale
+    with pytest.raises(HEError, match="one scale"):
+        be.multiply_sum(ctx, [a[0], half], b[:2], ev)
+    with pytest.raises(HEError, match="as many"):
+        be.multiply_sum(ctx, a[:2], b[:3], ev)
+    with pytest.raises(HEError, match="at least one"):
+        be.multiply_sum(ctx, [], [], ev)
+
+
 def test_depth_chain_to_level_zero(lv):
     """x^(2^k) down the whole chain, then a product at level 0 is refused (bootstrap first)."""
     be, ctx, keys, ev = lv

@@ -131,7 +131,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 10
+_ABI_VERSION = 11
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -206,6 +206,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_evk_has_relin": (_i64, _p_int),
     "clg_evk_merge": (_i64, _i64, _p_i64),
     "clg_mul_relin": (_i64, _i64, _i64, _p_i64),
+    "clg_mul_sum": (_i64, _p_i64, _p_i64, _int, _p_i64),  # ABI 11
     "clg_sub": (_i64, _i64, _int),
     "clg_mul_scalar": (_i64, _dbl, _dbl, _p_i64),
     "clg_add_scalar": (_i64, _dbl, _dbl),
@@ -1063,6 +1064,17 @@ class LattigoBackend(HEBackend):
         """a * b (ciphertexts; a is b squares), relinearised, no rescale (scale = product):
         `rescale_inplace` next.  Needs level >= 1 and a relinearisation key."""
         return LattigoCiphertext(_new("clg_mul_relin", keys.h, a.h, b.h), ctx)
+
+    def multiply_sum(self, ctx, xs: Sequence[LattigoCiphertext], ys: Sequence[LattigoCiphertext],
+                     keys: LattigoEvalKeys) -> LattigoCiphertext:
+        """sum_i xs[i] * ys[i] relinearised once (the degree-2 products summed first), no
+        rescale; at the operands' lowest level, all products at one scale."""
+        if len(xs) != len(ys) or not xs:
+            raise HEError(f"{len(xs)} and {len(ys)} factors: expected as many, at least one")
+        a = np.ascontiguousarray([c.h for c in xs], np.int64)
+        b = np.ascontiguousarray([c.h for c in ys], np.int64)
+        return LattigoCiphertext(_new("clg_mul_sum", keys.h, a.ctypes.data_as(_p_i64), b.ctypes.data_as(_p_i64),
+                                      len(xs)), ctx)
 
     def sub_inplace(self, ctx, a: LattigoCiphertext, b: LattigoCiphertext) -> None:
         _call("clg_sub", a.h, b.h, 0)

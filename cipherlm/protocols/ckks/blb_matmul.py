@@ -336,7 +336,8 @@ def _counts(L: MHLayout, bsgs: bool, baby: int | None) -> dict:
     # levels: B through step 1 and its baby masks, A through its giant masks (in parallel),
     # the product, the step 3 masks
     depth = max((c > 1) + bool(babies), int(bool(giants))) + 1 + int(any((b + G) % c or G for b, G in sched))
-    return {"rotate": rot, "mul": mul, "mul_plain": pt, "rescale": mul + pt, "depth": depth,
+    # a rescale per (baby, giant) pair (its J products summed first) and per mask
+    return {"rotate": rot, "mul": mul, "mul_plain": pt, "rescale": len(sched) + pt, "depth": depth,
             "baby": beta, "giant": -(-n // beta), "groups": c, "cts": J}
 
 
@@ -421,10 +422,8 @@ def fused_matmul(ev: CkksEvaluator, a_cts: Sequence, b_cts: Sequence, layout: MH
             out[q] = term if out[q] is None else ev.add_ct(out[q], term)
 
         for b, G in items:
-            acc = None
-            for j in range(L.n_cts):
-                p = ev.mul_ct(a_rot[j][G], b_rot[j][b])
-                acc = p if acc is None else ev.add_ct(acc, p)
+            # the J products summed before one relinearisation and one rescale
+            acc = ev.dot_ct([a_rot[j][G] for j in range(L.n_cts)], [b_rot[j][b] for j in range(L.n_cts)])
             x = b + G
             # step 3 (with the postponed giant rotation): shift groups to their diagonals' places
             if x % L.groups == 0 and G == 0:

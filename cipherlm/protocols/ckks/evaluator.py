@@ -263,6 +263,25 @@ class CkksEvaluator:
         self._count("mul")
         return self.rescale(out)
 
+    def dot_ct(self, xs, ys):
+        """sum_i xs[i] * ys[i] (ciphertexts), relinearised once and rescaled once: one level (the
+        degree-2 products summed before the key switch: the backend's ``multiply_sum``, else
+        product by product).  Needs every product at one scale."""
+        xs, ys = list(xs), list(ys)
+        lvl = min(c.level for c in xs + ys)
+        if lvl < 1:
+            raise HEError("a product at level 0: refresh first")
+        xs = [c if c.level == lvl else self.drop_to(self.copy(c), lvl) for c in xs]
+        ys = [c if c.level == lvl else self.drop_to(self.copy(c), lvl) for c in ys]
+        if hasattr(self.be, "multiply_sum"):
+            out = self.be.multiply_sum(self.ctx, xs, ys, self.keys)
+        else:
+            out = self.be.multiply(self.ctx, xs[0], ys[0], self.keys)
+            for x, y in zip(xs[1:], ys[1:]):
+                self.be.add_inplace(self.ctx, out, self.be.multiply(self.ctx, x, y, self.keys))
+        self._count("mul", len(xs))
+        return self.rescale(out)
+
     def mul_plain_ct(self, ct, values, cache_key=None):
         """ct * values (a slot vector, encoded at the ciphertext's level), rescaled: one level.
         ``cache_key`` (hashable, naming the values): the encoded plaintext is kept for the next
