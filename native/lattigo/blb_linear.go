@@ -28,7 +28,6 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -66,27 +65,13 @@ func clg_blb_linear(evh C.int64_t, babies *C.int64_t, m C.int, kIn C.int, B C.in
 		if logScale <= 0 || logScale > 120 {
 			return fmt.Errorf("log2 scale %g out of range", float64(logScale))
 		}
-		hs := unsafe.Slice((*int64)(unsafe.Pointer(babies)), M*KI*NB)
-		bab := make([]*rlwe.Ciphertext, len(hs))
-		for n, h := range hs {
-			c, err := getIn[*ctObj](C.int64_t(h), "ciphertext", "ciphertext and keys belong to different contexts", e)
-			if err != nil {
-				return err
-			}
-			if c.ct.Degree() != 1 || (n > 0 && c.ct.Level() != bab[0].Level()) {
-				return errors.New("the baby steps must be degree-1 ciphertexts at one level")
-			}
-			bab[n] = c.ct
-		}
-		lvl := bab[0].Level()
-		if lvl < 1 {
-			return errors.New("input at level 0: no prime left to rescale the product")
+		bab, lvl, err := ctsAtOneLevel(e, unsafe.Slice((*int64)(unsafe.Pointer(babies)), M*KI*NB), "baby steps")
+		if err != nil {
+			return err
 		}
 		W := unsafe.Slice((*float64)(unsafe.Pointer(w)), DO*DI)
-		for _, v := range W {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return errors.New("matrix entries must be finite")
-			}
+		if err := finiteMatrix(W); err != nil {
+			return err
 		}
 		pl := unsafe.Slice((*int64)(unsafe.Pointer(plans)), 3*KO)
 		type unit struct{ o, j, b, k0 int }
@@ -113,7 +98,7 @@ func clg_blb_linear(evh C.int64_t, babies *C.int64_t, m C.int, kIn C.int, B C.in
 		locks := make([]sync.Mutex, KO)
 		var mu sync.Mutex
 		var products, rotations int64
-		err := parallel(wk, func(t int) error {
+		err = parallel(wk, func(t int) error {
 			diag := make([]float64, P)
 			cbuf := make([]complex128, P)
 			pt := ckks.NewPlaintext(params, lvl) // one per worker, overwritten by each diagonal

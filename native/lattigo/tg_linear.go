@@ -50,28 +50,14 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 		if G < 1 || G > cpc {
 			return fmt.Errorf("%d baby steps for %d channels per ciphertext", G, cpc)
 		}
-		hs := unsafe.Slice((*int64)(unsafe.Pointer(cts)), ni)
-		in := make([]*rlwe.Ciphertext, ni)
-		for i, h := range hs {
-			c, err := getIn[*ctObj](C.int64_t(h), "ciphertext", "ciphertext and keys belong to different contexts", e)
-			if err != nil {
-				return err
-			}
-			if c.ct.Degree() != 1 || (i > 0 && c.ct.Level() != in[0].Level()) {
-				return errors.New("the inputs must be degree-1 ciphertexts at one level")
-			}
-			in[i] = c.ct
-		}
-		lvl := in[0].Level()
-		if lvl < 1 {
-			return errors.New("input at level 0: no prime left to rescale the product; refresh first")
+		in, lvl, err := ctsAtOneLevel(e, unsafe.Slice((*int64)(unsafe.Pointer(cts)), ni), "inputs")
+		if err != nil {
+			return err
 		}
 		W := unsafe.Slice((*float64)(unsafe.Pointer(w)), no*cpc*ni*cpc)
 		M := unsafe.Slice((*float64)(unsafe.Pointer(mask)), T)
-		for _, v := range W {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return errors.New("matrix entries must be finite")
-			}
+		if err := finiteMatrix(W); err != nil {
+			return err
 		}
 		cols := ni * cpc
 		at := func(o, i, k, c int) float64 { return W[(o*cpc+c)*cols+i*cpc+(c+k)%cpc] }
@@ -128,7 +114,7 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 			baby[i] = make([]*rlwe.Ciphertext, G)
 			baby[i][0] = in[i]
 		}
-		err := parallel(wk, func(t int) error {
+		err = parallel(wk, func(t int) error {
 			for i := 0; i < ni; i++ {
 				var mine []int
 				for b := 1 + t; b < G; b += wk {
@@ -239,4 +225,38 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 		cs[2] = int64(len(units))
 		return nil
 	})
+}
+
+// ctsAtOneLevel: the ciphertexts of the handles (the key set's context, degree 1, one level,
+// at least level 1 so that a product can be rescaled) and that level; `what` names them in
+// the errors.
+func ctsAtOneLevel(e *evkObj, handles []int64, what string) ([]*rlwe.Ciphertext, int, error) {
+	out := make([]*rlwe.Ciphertext, len(handles))
+	for i, h := range handles {
+		c, err := getIn[*ctObj](C.int64_t(h), "ciphertext", "ciphertext and keys belong to different contexts", e)
+		if err != nil {
+			return nil, 0, err
+		}
+		if c.ct.Degree() != 1 || (i > 0 && c.ct.Level() != out[0].Level()) {
+			return nil, 0, fmt.Errorf("the %s must be degree-1 ciphertexts at one level", what)
+		}
+		out[i] = c.ct
+	}
+	if len(out) == 0 {
+		return nil, 0, fmt.Errorf("no %s", what)
+	}
+	if out[0].Level() < 1 {
+		return nil, 0, errors.New("input at level 0: no prime left to rescale the product; refresh first")
+	}
+	return out, out[0].Level(), nil
+}
+
+// finiteMatrix: an error if an entry of the matrix is NaN or infinite.
+func finiteMatrix(w []float64) error {
+	for _, v := range w {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return errors.New("matrix entries must be finite")
+		}
+	}
+	return nil
 }
