@@ -32,6 +32,7 @@ import (
 	"math"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
@@ -96,7 +97,6 @@ func clg_blb_linear(evh C.int64_t, babies *C.int64_t, m C.int, kIn C.int, B C.in
 
 		acc := make([]*rlwe.Ciphertext, M*KO) // the rotated inner sums of each (row, output chunk)
 		locks := make([]sync.Mutex, KO)
-		var mu sync.Mutex
 		var products, rotations int64
 		err = parallel(wk, func(t int) error {
 			diag := make([]float64, P)
@@ -180,10 +180,8 @@ func clg_blb_linear(evh C.int64_t, babies *C.int64_t, m C.int, kIn C.int, B C.in
 					locks[o].Unlock()
 				}
 			}
-			mu.Lock()
-			products += prods
-			rotations += rots
-			mu.Unlock()
+			atomic.AddInt64(&products, prods)
+			atomic.AddInt64(&rotations, rots)
 			return nil
 		})
 		if err != nil {

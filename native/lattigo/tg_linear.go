@@ -21,7 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
@@ -143,7 +143,6 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 		// the units: products with diagonals encoded on the fly, rescale, giant rotation
 		scale := rlwe.NewScale(params.Q()[lvl])
 		sums := make([]*rlwe.Ciphertext, len(units))
-		var mu sync.Mutex
 		var products, rotations int64
 		err = parallel(wk, func(t int) error {
 			v := make([]float64, slots)
@@ -193,10 +192,8 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 				}
 				sums[u] = acc
 			}
-			mu.Lock()
-			products += prods
-			rotations += rots
-			mu.Unlock()
+			atomic.AddInt64(&products, prods)
+			atomic.AddInt64(&rotations, rots)
 			return nil
 		})
 		if err != nil {
