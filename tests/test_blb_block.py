@@ -381,3 +381,8 @@ def test_native_projection_is_bit_identical_to_the_reference():
     # the reference hoists the narrow chunk's 4 baby steps again (3 rotations per input ciphertext)
     assert sr["rotations"] - sn["rotations"] == 2 * 3 * 3
     assert sn["native_linear_s"] > 0 == sr["native_linear_s"]
+    # one plan per output chunk, or the library would read past the plans it was given
+    babies = np.empty((2, 3, 8), object)
+    babies[...] = x.cts[0, 0]
+    with pytest.raises(lattigo.HEError, match="plans"):
+        be.blb_linear(ctx, babies, w, period=P, plans=[blb_block.linear_plan(16, 16)], scale_bits=40, keys=evk)

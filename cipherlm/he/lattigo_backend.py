@@ -1038,6 +1038,8 @@ class LattigoBackend(HEBackend):
             raise HEError(f"baby steps {babies.shape} / matrix {W.shape}: expected (rows, chunks, B) and 2-D")
         m, k_in, nb = babies.shape
         pl = np.ascontiguousarray(np.asarray(plans, np.int64).reshape(-1, 3))
+        if len(pl) != -(-W.shape[0] // int(period)):  # the library reads one plan per output chunk
+            raise HEError(f"{len(pl)} plans for {W.shape[0]} outputs in chunks of {period}")
         hs = np.ascontiguousarray([c.h for c in babies.reshape(-1)], np.int64)
         out = np.zeros(m * len(pl), np.int64)
         cnt = np.zeros(2, np.int64)

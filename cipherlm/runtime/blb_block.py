@@ -325,8 +325,8 @@ def block_period(graph: Graph, block: dict, inputs: dict[str, np.ndarray], slots
     spread = spread_widths(graph, block, block_tokens(inputs))
     best = (None, hi)
     for P in (1 << k for k in range(lo.bit_length() - 1, hi.bit_length())):
-        if any(c > P and c % P for c in spread):
-            continue  # a mean spread over a narrower last chunk would leave its padding nonzero
+        if not spread_fits(P, spread):
+            continue
         cts = sum(-(-n // (slots // P)) * -(-c // P) for n, c in rows)
         if best[0] is None or cts <= best[0]:
             best = (cts, P)
@@ -348,6 +348,12 @@ def spread_widths(graph: Graph, block: dict, tokens: int) -> list[int]:
             c = (shapes.get(n.inputs[0]) or (1,))[-1]
             out.append(int(c) if isinstance(c, (int, np.integer)) else int(tokens))
     return out
+
+
+def spread_fits(period: int, widths: list[int]) -> bool:
+    """Whether a period suits the means spread over ``widths`` (`spread_widths`): each width
+    at most P, or a multiple of it (a narrower last chunk would keep the mean in its padding)."""
+    return all(c <= period or c % period == 0 for c in widths)
 
 
 def _row_values(graph: Graph, block: dict, inputs: dict) -> list[tuple[int, int]]:
@@ -451,7 +457,7 @@ def assign_layouts(graph: Graph, block: dict, mh: dict | None = None) -> dict[st
 
 
 class _Eval:
-    #: projections by the backend's native call where it has one (`_native_linear`); False:
+    #: projections by the backend's one native call (Lattigo's `blb_linear`: `_native_linear`); False:
     #: diagonal by diagonal from Python (`_linear_by_diagonals`, the reference)
     native = True
 
@@ -766,7 +772,7 @@ class _Eval:
         if x.cts.shape[-1] != len(k_in):
             raise ValueError(f"a value of {x.cts.shape[-1]} chunks for a projection of {len(k_in)}")
         lvl = self.level_of(x)
-        if self.native and hasattr(self.be, "blb_linear"):
+        if self.native:
             cts = self._native_linear(x, w, k_in, k_out, lvl)
         else:
             cts = self._linear_by_diagonals(x, w, k_in, k_out, lvl)
@@ -1226,9 +1232,9 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
     elif period & (period - 1) or not core_period(graph, block, mh) <= period <= ctx.slots:
         raise ValueError(f"block {block['id']}: period {period} is not a power of two in "
                          f"[{core_period(graph, block, mh)}, {ctx.slots}]")
-    elif any(c > period and c % period for c in spread_widths(graph, block, tokens)):
+    elif not spread_fits(period, widths := spread_widths(graph, block, tokens)):
         raise ValueError(f"block {block['id']}: period {period} is narrower than a mean's width and does not "
-                         f"divide it ({spread_widths(graph, block, tokens)})")
+                         f"divide it ({widths})")
     if evk is None:
         evk = keys.eval_keys(relin=True, steps=block_steps(graph, block, period, ctx.slots, tokens, attention))
     if scale_bits is None:

@@ -113,31 +113,43 @@ func clg_evk_merge(a C.int64_t, b C.int64_t, out *C.int64_t, errbuf *C.char, err
 		})
 }
 
+// productOperands: the ciphertexts a and b of a ct x ct product under the key set e, checked:
+// one context, a relinearisation key, degree 1, a level >= 1 to rescale at, and a product
+// scale the modulus at that level holds.  Returns them, the level and the product's scale.
+func productOperands(e *evkObj, a, b C.int64_t) (*ctObj, *ctObj, int, float64, error) {
+	x, y, err := twoCts(a, b)
+	if err != nil {
+		return nil, nil, 0, 0, err
+	}
+	if x.ctx != e.ctx {
+		return nil, nil, 0, 0, errors.New("ciphertexts and keys belong to different contexts")
+	}
+	if e.set.RelinearizationKey == nil {
+		return nil, nil, 0, 0, errors.New("the key set has no relinearisation key")
+	}
+	if x.ct.Degree() != 1 || y.ct.Degree() != 1 {
+		return nil, nil, 0, 0, errors.New("ct x ct multiplication needs degree-1 ciphertexts")
+	}
+	lvl := min(x.ct.Level(), y.ct.Level())
+	if lvl == 0 {
+		return nil, nil, 0, 0, errors.New("ciphertext at level 0: no prime left to rescale the product; bootstrap first")
+	}
+	s := x.ct.Scale.Float64() * y.ct.Scale.Float64()
+	if s > math.Exp2(logQAt(e.ctx.params, lvl)-1) {
+		return nil, nil, 0, 0, fmt.Errorf("product scale 2^%.1f exceeds the modulus at level %d (rescale first)",
+			math.Log2(s), lvl)
+	}
+	return x, y, lvl, s, nil
+}
+
 // clg_mul_relin: a * b (ciphertexts, a == b squares), relinearised with the set's key, no rescale.
 //
 //export clg_mul_relin
 func clg_mul_relin(evh C.int64_t, a C.int64_t, b C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	return with(evh, "key set", errbuf, errlen, func(e *evkObj) error {
-		x, y, err := twoCts(a, b)
+		x, y, lvl, _, err := productOperands(e, a, b)
 		if err != nil {
 			return err
-		}
-		if x.ctx != e.ctx {
-			return errors.New("ciphertexts and keys belong to different contexts")
-		}
-		if e.set.RelinearizationKey == nil {
-			return errors.New("the key set has no relinearisation key")
-		}
-		if x.ct.Degree() != 1 || y.ct.Degree() != 1 {
-			return errors.New("ct x ct multiplication needs degree-1 ciphertexts")
-		}
-		lvl := min(x.ct.Level(), y.ct.Level())
-		if lvl == 0 {
-			return errors.New("ciphertext at level 0: no prime left to rescale the product; bootstrap first")
-		}
-		if s := x.ct.Scale.Float64() * y.ct.Scale.Float64(); s > math.Exp2(logQAt(e.ctx.params, lvl)-1) {
-			return fmt.Errorf("product scale 2^%.1f exceeds the modulus at level %d (rescale first)",
-				math.Log2(s), lvl)
 		}
 		res := ckks.NewCiphertext(e.ctx.params, 1, lvl)
 		if err := e.eval.MulRelin(x.ct, y.ct, res); err != nil {
@@ -160,43 +172,26 @@ func clg_mul_sum(evh C.int64_t, as *C.int64_t, bs *C.int64_t, n C.int, out *C.in
 		if n < 1 || as == nil || bs == nil {
 			return errors.New("no products to sum")
 		}
-		if e.set.RelinearizationKey == nil {
-			return errors.New("the key set has no relinearisation key")
-		}
 		ha, hb := i64s(as, n), i64s(bs, n)
 		xs := make([]*rlwe.Ciphertext, n)
 		ys := make([]*rlwe.Ciphertext, n)
 		lvl := -1
 		var scale float64
 		for i := range xs {
-			x, y, err := twoCts(C.int64_t(ha[i]), C.int64_t(hb[i]))
+			x, y, l, s, err := productOperands(e, C.int64_t(ha[i]), C.int64_t(hb[i]))
 			if err != nil {
 				return err
 			}
-			if x.ctx != e.ctx {
-				return errors.New("ciphertexts and keys belong to different contexts")
-			}
-			if x.ct.Degree() != 1 || y.ct.Degree() != 1 {
-				return errors.New("ct x ct multiplication needs degree-1 ciphertexts")
-			}
-			s := x.ct.Scale.Float64() * y.ct.Scale.Float64()
 			if i == 0 {
 				scale = s
 			} else if math.Abs(s-scale) > 1e-9*scale {
 				return fmt.Errorf("product %d has scale 2^%.6f, the first 2^%.6f: a sum needs one scale", i,
 					math.Log2(s), math.Log2(scale))
 			}
-			if l := min(x.ct.Level(), y.ct.Level()); lvl < 0 || l < lvl {
+			if lvl < 0 || l < lvl {
 				lvl = l
 			}
 			xs[i], ys[i] = x.ct, y.ct
-		}
-		if lvl == 0 {
-			return errors.New("ciphertext at level 0: no prime left to rescale the product; bootstrap first")
-		}
-		if scale > math.Exp2(logQAt(e.ctx.params, lvl)-1) {
-			return fmt.Errorf("product scale 2^%.1f exceeds the modulus at level %d (rescale first)",
-				math.Log2(scale), lvl)
 		}
 		acc := ckks.NewCiphertext(e.ctx.params, 2, lvl)
 		for i := range xs {

@@ -223,13 +223,15 @@ class CkksEvaluator:
         self._count("rescale")
         return ct
 
+    def lowered(self, ct, level: int):
+        """``ct`` itself at ``level``, else a copy dropped to it."""
+        return ct if ct.level <= level else self.drop_to(self.copy(ct), level)
+
     def add_ct(self, a, b):
         """a + b for two ciphertexts (the higher one dropped to the lower level)."""
         lvl = min(a.level, b.level)
         out = self.drop_to(self.copy(a), lvl)
-        if b.level > lvl:
-            b = self.drop_to(self.copy(b), lvl)
-        self.be.add_inplace(self.ctx, out, b)
+        self.be.add_inplace(self.ctx, out, self.lowered(b, lvl))
         return out
 
     def sub_ct(self, a, b):
@@ -255,30 +257,20 @@ class CkksEvaluator:
         lvl = min(a.level, b.level)
         if lvl < 1:
             raise HEError("a product at level 0: refresh first")
-        if a.level > lvl:
-            a = self.drop_to(self.copy(a), lvl)
-        if b.level > lvl:
-            b = self.drop_to(self.copy(b), lvl)
-        out = self.be.multiply(self.ctx, a, b, self.keys)
+        out = self.be.multiply(self.ctx, self.lowered(a, lvl), self.lowered(b, lvl), self.keys)
         self._count("mul")
         return self.rescale(out)
 
     def dot_ct(self, xs, ys):
         """sum_i xs[i] * ys[i] (ciphertexts), relinearised once and rescaled once: one level (the
-        degree-2 products summed before the key switch: the backend's ``multiply_sum``, else
-        product by product).  Needs every product at one scale."""
+        degree-2 products summed before the key switch: the backend's ``multiply_sum``).  Needs
+        every product at one scale."""
         xs, ys = list(xs), list(ys)
         lvl = min(c.level for c in xs + ys)
         if lvl < 1:
             raise HEError("a product at level 0: refresh first")
-        xs = [c if c.level == lvl else self.drop_to(self.copy(c), lvl) for c in xs]
-        ys = [c if c.level == lvl else self.drop_to(self.copy(c), lvl) for c in ys]
-        if hasattr(self.be, "multiply_sum"):
-            out = self.be.multiply_sum(self.ctx, xs, ys, self.keys)
-        else:
-            out = self.be.multiply(self.ctx, xs[0], ys[0], self.keys)
-            for x, y in zip(xs[1:], ys[1:]):
-                self.be.add_inplace(self.ctx, out, self.be.multiply(self.ctx, x, y, self.keys))
+        out = self.be.multiply_sum(self.ctx, [self.lowered(c, lvl) for c in xs], [self.lowered(c, lvl) for c in ys],
+                                   self.keys)
         self._count("mul", len(xs))
         return self.rescale(out)
 
