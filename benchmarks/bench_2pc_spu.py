@@ -4,7 +4,7 @@
     bash benchmarks/setup_peers.sh spu                       # once: the SPU venv in .peers/spu
     .venv/bin/python benchmarks/bench_2pc_spu.py [--workloads minilm,smollm-block,bert-base]
         [--tokens T] [--layers L] [--linear-packing coeff,simd] [--packing-network LAN|WAN]
-        [--report reports/bench_2pc_spu.json]
+        [--fusion none,blb] [--report reports/bench_2pc_spu.json]
 
 Issue 4's benchmark: MiniLM at 128 tokens (its 6 encoder layers: one inference
 without the embedding lookup) and one SmolLM2 decoder block at 64 tokens, plus
@@ -16,6 +16,11 @@ the sum of both parties' "total send bytes" from its profile log), seconds the
 client's wall time, errors max |output - plaintext executor| on the same input.
 LAN/WAN: compute + bytes / bandwidth + flights x latency (CryptoMoE presets;
 SPU's flights = its send actions).
+
+``--fusion blb`` (issue 16's benchmark; minilm and bert-base) adds cipherlm's BLB+fused
+row (`cipherlm.bench.blb`, the same weights and token ids, two processes over loopback):
+BLB's executor starts from the token ids, so that row is reported without its embedding
+lookup's bytes, flights and seconds (`run_blb`).
 """
 
 from __future__ import annotations
@@ -71,6 +76,40 @@ def spu_inputs(prep: dict) -> tuple[str, dict]:
     return "llama_block", d
 
 
+#: the workloads with a BLB row (`cipherlm.bench.blb` has no SmolLM2 block: see docs/blb.md)
+BLB_WORKLOADS = ("minilm", "bert-base")
+
+
+def run_blb(prep: dict) -> dict:
+    """cipherlm with BLB fusion (issue 16): `cipherlm.bench.blb`'s BLB+fused row on the same
+    weights and token ids, the two parties as two OS processes over loopback TCP like the
+    other rows.  BLB's executor runs the whole encoder from the token ids, so the row is
+    reported without its embedding lookup (the meter's ``embedding`` class: bytes, flights and
+    seconds), since SPU and the BFV+MPC rows start from the embedding's output; the fused
+    prologue (the embedding sum and the embedding LayerNorm) stays in, a little more work than
+    theirs.  Errors: against `bench.blb`'s plaintext reference (the same function and input)."""
+    from cipherlm.bench import blb as BB
+    from cipherlm.net.netmodel import PRESETS
+
+    w = prep["workload"]
+    if w not in BLB_WORKLOADS:
+        raise ValueError(f"no BLB row for {w!r} (one of {', '.join(BLB_WORKLOADS)})")
+    bprep = BB.prepare(w, prep["layers"], prep["tokens"], ids=prep["ids"])
+    full = BB.run_row(bprep, "BLB+fused", processes=True)
+    emb = full["by_class"].get("embedding", {"bytes": 0, "flights": 0, "seconds": 0.0})
+    by_class = {k: v for k, v in full["by_class"].items() if k != "embedding"}
+    total = full["bytes"] - int(emb["bytes"])
+    flights = full["flights"] - int(emb["flights"])
+    seconds = full["compute_seconds"] - float(emb["seconds"])
+    row = {"workload": w, "tokens": prep["tokens"], "layers": prep["layers"], "fusion": "blb",
+           "bytes": total, "flights": flights, "seconds": seconds, "setup": full["setup"],
+           "max_abs_error": full["max_abs_error"], "by_class": by_class,
+           "embedding_excluded": {k: emb[k] for k in ("bytes", "flights", "seconds")}, "blb_row": full}
+    for name in ("LAN", "WAN", "blb-LAN", "blb-WAN1", "blb-WAN3"):
+        row[f"{name}_seconds"] = seconds + PRESETS[name].seconds(total, flights)
+    return row
+
+
 def run_spu(prep: dict) -> dict:
     from cipherlm.net.netmodel import PRESETS
 
@@ -104,8 +143,18 @@ def main() -> int:
                          "each is one cipherlm row next to the same SPU run")
     ap.add_argument("--packing-network", default="LAN", choices=("LAN", "WAN"),
                     help="network the packing cost model and the SIMD plans assume")
+    ap.add_argument("--fusion", default="none",
+                    help="cipherlm rows, comma-separated: none (today's pipeline, one row per --linear-packing) "
+                         "and/or blb (BLB+fused, issue 16; minilm and bert-base only)")
     args = ap.parse_args()
     packings = [p.strip() for p in args.linear_packing.split(",") if p.strip()]
+    fusions = [f.strip() for f in args.fusion.split(",") if f.strip()]
+    if not fusions or set(fusions) - {"none", "blb"}:
+        print(f"--fusion: none and/or blb, got {args.fusion!r}", file=sys.stderr)
+        return 2
+    if "blb" in fusions and set(w.strip() for w in args.workloads.split(",")) - set(BLB_WORKLOADS):
+        print(f"--fusion blb: workloads {', '.join(BLB_WORKLOADS)} only", file=sys.stderr)
+        return 2
     if not SPU_PY.exists():
         print(f"no SPU venv at {SPU_PY}: run `bash benchmarks/setup_peers.sh spu` first", file=sys.stderr)
         return 2
@@ -116,18 +165,22 @@ def main() -> int:
         prep = B.prepare(w.strip(), args.tokens, args.layers)
         print(f"{w}: {prep['tokens']} tokens, {prep['layers']} layer(s): cipherlm ...", file=sys.stderr, flush=True)
         by_packing = {}
-        for pk in packings:
+        for pk in packings if "none" in fusions else ():
             if len(packings) > 1:
                 print(f"{w}: cipherlm, linear packing {pk} ...", file=sys.stderr, flush=True)
             by_packing[pk] = B.run_workload(w.strip(), prepared=prep, linear_packing=pk,
                                             network=args.packing_network)
+        if "blb" in fusions:
+            print(f"{w}: cipherlm, BLB+fused ...", file=sys.stderr, flush=True)
+            by_packing["blb"] = run_blb(prep)
         print(f"{w}: SecretFlow-SPU ...", file=sys.stderr, flush=True)
         spu = run_spu(prep)
         results.append({"workload": w, "tokens": prep["tokens"], "layers": prep["layers"],
-                        "cipherlm": by_packing[packings[0]], "cipherlm_by_packing": by_packing, "spu": spu})
+                        "cipherlm": next(iter(by_packing.values())), "cipherlm_by_packing": by_packing, "spu": spu})
         for pk, ours in by_packing.items():
             print(B.format_rows([ours]))
-            print(f"{'':4}ratio cipherlm ({pk} packing) / SPU: bytes {ours['bytes'] / spu['bytes']:.2f}x, "
+            what = "BLB+fused, without the embedding" if pk == "blb" else f"{pk} packing"
+            print(f"{'':4}ratio cipherlm ({what}) / SPU: bytes {ours['bytes'] / spu['bytes']:.2f}x, "
                   f"time {ours['seconds'] / spu['seconds']:.2f}x, LAN {ours['LAN_seconds'] / spu['LAN_seconds']:.2f}x, "
                   f"WAN {ours['WAN_seconds'] / spu['WAN_seconds']:.2f}x", flush=True)
         print(f"{'':4}SPU: {spu['bytes'] / 1e9:.3f} GB, {spu['flights']} send actions, {spu['seconds']:.1f} s, "

@@ -161,3 +161,23 @@ def test_cli_bench_blb_decoder_rows(tmp_path, capsys):
     assert "tiny-gpt2" in capsys.readouterr().out
     assert main(["bench", "blb", "--workloads", "tiny-gpt2", "--variants", "BLB,bolt"]) == 2
     assert "unknown bench blb rows ['bolt']" in capsys.readouterr().err
+
+
+def test_row_as_two_processes_matches_in_process(bench):
+    """``run_row(processes=True)`` (the SPU side-by-side's setting: two OS processes over
+    loopback TCP) on the fixture's input: the same bytes and flights as the in-process row."""
+    ref = _rows(bench[0])[("tiny", "BLB+fused")]
+    prep = blb.prepare("tiny", 1, TOKENS)
+    row = blb.run_row(prep, "BLB+fused", processes=True, timeout=600)
+    assert (row["bytes"], row["flights"]) == (ref["bytes"], ref["flights"])
+    assert row["max_abs_error"] < 0.05
+
+
+def test_prepare_takes_given_ids():
+    ids = np.array([3, 1, 4, 1], np.int64)
+    prep = blb.prepare("tiny", 1, TOKENS, ids=ids)
+    assert np.array_equal(prep["ids"], ids) and prep["ref"].shape[0] == TOKENS
+    with pytest.raises(ValueError, match="token ids"):
+        blb.prepare("tiny", 1, TOKENS, ids=ids[:3])
+    with pytest.raises(ValueError, match="token ids"):
+        blb.prepare("tiny", 1, TOKENS, ids=np.array([0, 1, 2, 10 ** 6]))

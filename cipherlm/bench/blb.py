@@ -114,8 +114,10 @@ def _log(msg: str) -> None:
 # ----------------------------------------------------------------------------- workloads
 
 
-def prepare(workload: str, layers: int | None = None, tokens: int | None = None, seed: int = 0) -> dict:
-    """Config, weights, token ids and the plaintext reference of one workload."""
+def prepare(workload: str, layers: int | None = None, tokens: int | None = None, seed: int = 0,
+            ids: np.ndarray | None = None) -> dict:
+    """Config, weights, token ids and the plaintext reference of one workload (``ids``: these
+    token ids instead of the seeded random ones, e.g. another benchmark's input)."""
     from ..compile import bind, build_graph
     from ..models import normalize_weights
     from ..runtime import twopc
@@ -161,7 +163,12 @@ def prepare(workload: str, layers: int | None = None, tokens: int | None = None,
     kind, _, max_pos = twopc.model_kind(config)
     if T > max_pos:
         raise ValueError(f"{workload}: at most {max_pos} tokens")
-    ids = np.random.default_rng(seed + 1).integers(lo, config["vocab_size"], T).astype(np.int64)
+    if ids is None:
+        ids = np.random.default_rng(seed + 1).integers(lo, config["vocab_size"], T).astype(np.int64)
+    else:
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size != T or ids.min() < 0 or ids.max() >= config["vocab_size"]:
+            raise ValueError(f"{workload}: need {T} token ids in [0, {config['vocab_size']})")
     g = build_graph(config)
     ex = GraphExecutor(g, bind(g, weights), dtype=np.float64)
     pass_ctx = {"pos0": 0, "T": T, "positions": np.arange(T)}
@@ -246,10 +253,12 @@ def network_seconds(compute_seconds: float, total_bytes: int, flights: int) -> d
 
 
 def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeout: float = 7200.0,
-            activation: str | None = None) -> dict:
+            activation: str | None = None, processes: bool = False) -> dict:
     """One ablation row (JSON-able) of a prepared workload (``activation``: BLB rows' split of
-    GeLU / SiLU, `runtime.twopc.BLB_ACTIVATIONS`; None = the plan's default)."""
-    from ..mpc.runner import run_inprocess
+    GeLU / SiLU, `runtime.twopc.BLB_ACTIVATIONS`; None = the plan's default).  ``processes``:
+    the parties as two OS processes over loopback TCP (`mpc.runner.run_processes`, as a peer
+    system runs) instead of two threads of this process."""
+    from ..mpc.runner import run_inprocess, run_processes
     from ..runtime import twopc
 
     if variant not in VARIANTS:
@@ -259,7 +268,7 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant],
                              blb_activation=activation or twopc.DEFAULT_BLB_ACTIVATION)
     args = (config, server, plan, prep["ids"], ATTENTION.get(variant, "auto"))
-    r0, r1 = run_inprocess(_party, args0=args, args1=args, timeout=timeout)
+    r0, r1 = (run_processes if processes else run_inprocess)(_party, args0=args, args1=args, timeout=timeout)
     ch, sp = r0["channel"], r0["setup_pass"]
     excl = {k: ch[k] - sp.get(k, 0) for k in ch}
     total, flights = _bytes(excl), _flights(excl)

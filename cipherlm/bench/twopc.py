@@ -123,7 +123,7 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
         ids = _text_ids(lm.tokenizer, T)
         x0 = _encoder_input(ex, ids)
         return {"workload": workload, "config": cfg, "weights": weights, "x": x0, "ref": _encoder_layers(ex, x0, L),
-                "layers": L, "tokens": T, "extrapolate": 1.0}
+                "layers": L, "tokens": T, "extrapolate": 1.0, "ids": ids}
     if workload == "bert-base":
         cfg = dict(BERT_BASE_CONFIG)
         T = tokens or 128
@@ -136,7 +136,7 @@ def prepare(workload: str, tokens: int | None = None, layers: int | None = None)
         x0 = _encoder_input(ex, ids)
         return {"workload": workload, "config": cfg_run, "weights": weights, "x": x0,
                 "ref": _encoder_layers(ex, x0, L), "layers": L, "tokens": T,
-                "extrapolate": cfg["num_hidden_layers"] / L}
+                "extrapolate": cfg["num_hidden_layers"] / L, "ids": ids}
     if workload == "smollm-block":
         lm = load_model("smollm2-135m")
         cfg, weights = dict(lm.config), lm.weights
