@@ -14,6 +14,7 @@ Both parties run in this process (two threads, `run_inprocess`), sharing its cor
 
     python benchmarks/twopc_accuracy.py polarity --every 20 --out reports/twopc_polarity.json
     python benchmarks/twopc_accuracy.py smollm --prompts 5 --out reports/twopc_smollm.json
+    python benchmarks/twopc_accuracy.py smollm --fusion blb --resume --out reports/twopc_smollm_blb.json
     # all 200 sentences as 4 parallel shards, then one report
     for i in 0 1 2 3; do python benchmarks/twopc_accuracy.py polarity --shard $i/4 --out s$i.json & done; wait
     python benchmarks/twopc_accuracy.py merge-polarity s0.json s1.json s2.json s3.json --out all.json
@@ -165,26 +166,34 @@ def smollm(args) -> dict:
 
     lm = load_model("smollm2-135m")
     ex = plain_executor(lm)
-    sw = twopc.server_weights(lm.config, lm.weights)
-    plan = twopc.public_plan(lm.config, sw, embedding=args.embedding)
+    sw = twopc.server_weights(lm.config, lm.weights, keep_bound=args.fusion == "blb")
+    plan = twopc.public_plan(lm.config, sw, embedding=args.embedding, fusion=args.fusion)
     P, K = args.prompt_tokens, args.new_tokens
+    rows: list[dict] = []
+    if args.resume and args.out and Path(args.out).exists():  # keep the finished prompts, run the rest
+        rows = [r for r in json.loads(Path(args.out).read_text())["rows"] if "agree" in r]
+    done = {tuple(r["prompt"]) for r in rows}
     cases = []
     for text in PROMPTS[: args.prompts]:
         prompt = lm.tokenizer.encode(text).ids[:P]
+        if tuple(prompt) in done:
+            continue
         cont = ex.generate(prompt, max_new_tokens=K, eos_token_ids=[])
         seq = prompt + list(cont)
         ref_logits = ex.forward(seq)  # (P+K, V)
         cases.append((prompt, list(cont), seq, ref_logits))
-    rows: list[dict] = []
+    if args.resume:
+        print(f"resuming {args.out}: {len(rows)} prompts done, {len(cases)} to run", flush=True)
     out = {"task": "smollm-teacher-forced", "model": lm.name, "prompt_tokens": P, "new_tokens": K,
-           "embedding": plan["embedding"], "fold_norms": plan["fold_norms"], "command": " ".join(sys.argv),
-           "rows": rows}
+           "embedding": plan["embedding"], "fold_norms": plan["fold_norms"], "fusion": plan["fusion"],
+           **{k: plan[k] for k in ("blb_activation", "blb_norms", "blb_value_bits") if k in plan},
+           "command": " ".join(sys.argv), "rows": rows}
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
-        dec = twopc.TwoPCDecoder(ctx, lm.config, sw if ctx.party == 1 else None, plan, meter=meter,
-                                 progress=(lambda d, t, n="": print(f"  layer {d}/{t} {n}", flush=True))
-                                 if ctx.party == 0 and args.verbose else None)
+        dec = make_twopc_executor(ctx, lm.config, sw if ctx.party == 1 else None, plan, meter=meter,
+                                  progress=(lambda d, t, n="": print(f"  layer {d}/{t} {n}", flush=True))
+                                  if ctx.party == 0 and args.verbose else None)
         for j, (prompt, cont, seq, ref_logits) in enumerate(cases):
             t0 = time.perf_counter()
             row = {"prompt": prompt, "plain_continuation": cont} if ctx.party == 0 else None
@@ -262,7 +271,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=0, help="polarity: only sentences of at most this many tokens")
     ap.add_argument("--shard", help="polarity: I/N runs every N-th selected sentence from the I-th "
                     "(shards can run in parallel and be combined with merge-polarity)")
-    ap.add_argument("--resume", action="store_true", help="polarity: keep the rows already in --out "
+    ap.add_argument("--resume", action="store_true", help="polarity / smollm: keep the rows already in --out "
                     "and run only the missing sentences (op_classes then cover this run only)")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=8)
@@ -272,7 +281,7 @@ def main(argv=None) -> int:
                     help="smollm: skip the teacher-forced pass (with --free-running: generation only)")
     ap.add_argument("--embedding", default="auto", choices=twopc.EMBEDDING_METHODS)
     ap.add_argument("--fusion", default="none", choices=twopc.FUSIONS,
-                    help="polarity: blb runs BLB's fused blocks (runtime.twopc_blb)")
+                    help="blb runs BLB's fused blocks (runtime.twopc_blb; smollm: teacher forcing only)")
     ap.add_argument("--timeout", type=float, default=36000.0)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--out", help="JSON results (rewritten after every item)")

@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "`cipherlm serve` picks here, lattigo where its library is built, else seal)")
     i.add_argument("--json", metavar="FILE", help="write the plan and the prediction as JSON")
     i.add_argument("--fusion", choices=("none", "blb"), default="none", help="blb: also the BLB fused blocks per layer (FineGrainFusion passes, docs/blb.md)")
+    i.add_argument("--blb-norms", choices=("split", "whole"), default="split",
+                   help="with --fusion blb: the norms split into HE statistics and an rsqrt core (Algorithm 3), or "
+                        "whole in MPC (what a server picks for models with massive activations, e.g. SmolLM2)")
 
     s = sub.add_parser("serve", help="serve a model to private-inference clients")
     s.add_argument("--mode", choices=("offload", "2pc", "fhe"), default="offload")

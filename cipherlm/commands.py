@@ -277,15 +277,16 @@ def inspect_plan(config: dict, mode: str, tokens: int, linear_packing: str = "co
     return "\n".join(lines), doc
 
 
-def inspect_blb(config: dict, all_layers: bool = False, tokens: int | None = None) -> str:
-    """BLB's fused blocks (passes blb_decompose + blb_fusion) as a table: per block its layer,
-    HE depth, rotate-and-sum reductions, products, the MPC cores around it and its ops; then
-    each block's CKKS parameters (`passes.blb_params`, default weight gains, ``tokens`` keys)."""
+def inspect_blb(config: dict, all_layers: bool = False, tokens: int | None = None, norms: str = "split") -> str:
+    """BLB's fused blocks (passes blb_decompose + blb_fusion, ``norms`` as `blb_decompose.NORM_SPLITS`)
+    as a table: per block its layer, HE depth, rotate-and-sum reductions, products, the MPC cores
+    around it and its ops; then each block's CKKS parameters (`passes.blb_params`, default weight
+    gains, ``tokens`` keys)."""
     from cipherlm.compile import build_graph
     from cipherlm.compile.passes import blb_fusion, blb_params
     from cipherlm.runtime.twopc import DEFAULT_BLB_ACTIVATION
 
-    g = blb_fusion.run(build_graph(config), activation=DEFAULT_BLB_ACTIVATION)
+    g = blb_fusion.run(build_graph(config), activation=DEFAULT_BLB_ACTIVATION, norms=norms)
     T = int(tokens or blb_params.TOKENS)
     params = blb_params.run(g, tokens=T, strict=False)
     att = next((hh for b in g.meta["blb_blocks"] if (hh := blb_params.block_attention(g, b))), None)
@@ -359,7 +360,7 @@ def cmd_inspect(args) -> int:
                                  he_backend=getattr(args, "he_backend", None) or "auto")
     print(text)
     if getattr(args, "fusion", "none") == "blb":
-        print(inspect_blb(config, all_layers=args.all, tokens=tokens))
+        print(inspect_blb(config, all_layers=args.all, tokens=tokens, norms=getattr(args, "blb_norms", "split")))
     if getattr(args, "json", None):
         import json
 

@@ -227,6 +227,70 @@ def test_blb_decoder_pass_matches_plaintext(family, attention):
     assert qk and all(r["direction"] == "out" for r in qk)  # the masked scores did leave their block
 
 
+def test_blb_decoder_with_massive_activations():
+    """A Llama whose FFN writes a massive activation into one channel of the residual stream
+    (one hidden unit with gate = up = 16 x_5, so silu(z) z = z^2 sigmoid(z) >= 0, read into
+    channel 3 at 4x; up to 2750 on the probe, as SmolLM2's reach 2^15 in a few channels): the
+    server's probe sees a final-norm sum of squares of 7.8e6, far above what a block output
+    carries, so ``blb_norms="auto"`` keeps the RMSNorms whole in MPC, and the plan's value
+    bound (2^14) lowers Algorithm 2's encoding scale to 2^48.  The logits match the plaintext
+    executor; the same model without that unit keeps the split."""
+    if not lattigo.available():
+        pytest.skip(lattigo.unavailable_reason())
+    cfg_cls, model_cls, kw = _DECODERS["llama"]
+    cfg = cfg_cls(**kw)
+    cfg._attn_implementation = "eager"
+    _, w = build_hf(cfg, model_cls, seed=5)
+    config = cfg.to_dict()
+    w = dict(normalize_weights(config, w))
+    assert twopc.public_plan(config, twopc_blb.server_model_blb(config, w), fusion="blb")["blb_norms"] == "split"
+    for name in ("gate_proj", "up_proj"):
+        a = np.array(w[f"model.layers.0.mlp.{name}.weight"], np.float32)
+        a[7, :] = 0.0
+        a[7, 5] = 16.0
+        w[f"model.layers.0.mlp.{name}.weight"] = a
+    a = np.array(w["model.layers.0.mlp.down_proj.weight"], np.float32)
+    a[3, 7] = 4.0
+    w["model.layers.0.mlp.down_proj.weight"] = a
+    n = 6
+    ids = np.random.default_rng(1).integers(0, config["vocab_size"], n)
+    g = build_graph(config)
+    ex = GraphExecutor(g, bind(g, w), dtype=np.float64)
+    sm = twopc_blb.server_model_blb(config, w)
+    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb")
+    assert plan["blb_norms"] == "whole" and plan["blb_value_bits"] == 14
+    assert twopc_blb.in_scale_bits(plan["blb_value_bits"]) == 48
+
+    def party(ctx):
+        dec = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan)
+        assert not any(nd.op == "rsqrt" for nd in dec.blb_graph.nodes)  # the norms stayed whole
+        return dec.forward(ids if ctx.party == 0 else None, n).reveal_float(to=0)
+
+    logits, _ = run_inprocess(party, timeout=1200)
+    ref = ex.run({"ids": ids, "positions": np.arange(n)}, {"pos0": 0, "T": n, "positions": np.arange(n)},
+                 ex.new_cache())["logits"]
+    err = np.abs(logits - ref).max()
+    assert err < 0.03 * max(1.0, np.abs(ref).max()), err
+    assert (logits.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_plan_norms_and_value_bound_are_checked():
+    from cipherlm.runtime.plan_check import ProtocolError, check_twopc_plan
+
+    config, _ = _bert()
+    plan = twopc.public_plan(config, None, fusion="blb")
+    assert plan["blb_norms"] == "split" and plan["blb_value_bits"] == twopc.BLB_MIN_VALUE_BITS  # no weights: the default
+    for key, bad in (("blb_norms", "half"), ("blb_norms", 1), ("blb_value_bits", 11), ("blb_value_bits", 20),
+                     ("blb_value_bits", 12.0), ("blb_value_bits", True)):
+        with pytest.raises(ProtocolError):
+            check_twopc_plan({**plan, key: bad}, config)
+    assert check_twopc_plan({**plan, "blb_norms": "whole", "blb_value_bits": 17}, config)["blb_value_bits"] == 17
+    with pytest.raises(twopc.TwoPCError, match="norm split"):
+        twopc.public_plan(config, None, fusion="blb", blb_norms="half")
+    with pytest.raises(twopc.TwoPCError, match="activations reach"):
+        twopc.blb_value_bits({"abs": 2.0 ** 19, "sumsq": 0.0})
+
+
 def test_client_checks_the_plans_fusion():
     from cipherlm.runtime.plan_check import ProtocolError, check_twopc_plan
 
@@ -239,7 +303,7 @@ def test_client_checks_the_plans_fusion():
     with pytest.raises(ProtocolError, match="BLB fusion in a decoder"):
         check_twopc_plan({"embedding": plan["embedding"], "linear": plan["linear"], "fold_norms": True,
                           "fusion": "blb"})
-    old = {k: v for k, v in plan.items() if k not in ("fusion", "blb_activation")}  # a server from before BLB
+    old = {k: v for k, v in plan.items() if not k.startswith("blb_") and k != "fusion"}  # a server from before BLB
     assert check_twopc_plan(old, config) == old
     assert plan["blb_activation"] == twopc.DEFAULT_BLB_ACTIVATION == "whole"
     gate = {**plan, "blb_activation": "gate"}

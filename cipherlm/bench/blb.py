@@ -279,7 +279,8 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     row = {
         "workload": prep["workload"], "variant": variant, "status": "ok",
         "layers": prep["layers"], "tokens": prep["tokens"], "embedding": plan["embedding"], "fusion": plan["fusion"],
-        "activation": plan.get("blb_activation"),
+        "activation": plan.get("blb_activation"), "norms": plan.get("blb_norms"),
+        "value_bits": plan.get("blb_value_bits"),
         "bytes": total, "bytes_client_to_server": int(excl["bytes_sent"]),
         "bytes_server_to_client": int(excl["bytes_received"]),
         "rounds": int(excl["rounds"]), "flights": flights,

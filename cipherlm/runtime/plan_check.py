@@ -23,6 +23,10 @@ fold_norms     decoders only: a bool
 fusion         one of `twopc.FUSIONS` (absent: ``none``)
 blb_activation with ``fusion`` ``blb`` only: one of `twopc.BLB_ACTIVATIONS` (absent: ``gate``);
                both choices are secure (the same protocols, placed differently)
+blb_norms      with ``fusion`` ``blb`` only: ``split`` or ``whole`` (``auto`` is resolved by the
+               server; absent: ``split``); both secure, like ``blb_activation``
+blb_value_bits with ``fusion`` ``blb`` only: an int in [12, 20), the public bound 2^b on a
+               block input's |value| the conversions encode for (absent: 12)
 =============  ===========================================================================
 
 No other key is accepted, and which keys must be there follows from the model config
@@ -53,7 +57,8 @@ MAX_CLASSES = 1 << 16
 MAX_DIM = 1 << 24
 #: the HE backends an offload welcome may name (``he_backend``; `cipherlm.he.matmul.OFFLOAD_BACKENDS`)
 OFFLOAD_HE_BACKENDS = ("seal", "lattigo")
-PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion", "blb_activation"})
+PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion", "blb_activation",
+                       "blb_norms", "blb_value_bits"})
 
 __all__ = ["check_twopc_plan", "check_twopc_welcome", "check_offload_welcome", "secure_embedding_methods",
            "load_tokenizer", "MOE_VARIANTS", "PLAN_KEYS"]
@@ -218,6 +223,23 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
         if not isinstance(a, str) or a not in twopc.BLB_ACTIVATIONS:
             raise ProtocolError(f"unknown BLB activation split {_short(a)}; one of {twopc.BLB_ACTIVATIONS}")
         out["blb_activation"] = a
+    if "blb_norms" in plan:  # absent with BLB: "split" (plans of servers before the choice)
+        a = plan["blb_norms"]
+        if out.get("fusion") != "blb":
+            raise ProtocolError("a BLB norm split in a plan without BLB fusion")
+        if not isinstance(a, str) or a not in twopc.BLB_NORM_SPLITS:
+            raise ProtocolError(f"unknown BLB norm split {_short(a)}; one of {twopc.BLB_NORM_SPLITS}")
+        out["blb_norms"] = a
+    if "blb_value_bits" in plan:  # absent with BLB: 12 (plans of servers before the bound)
+        from cipherlm.compile.passes.blb_params import OUT_VALUE_BITS
+
+        b = plan["blb_value_bits"]
+        if out.get("fusion") != "blb":
+            raise ProtocolError("a BLB value bound in a plan without BLB fusion")
+        if type(b) is not int or not twopc.BLB_MIN_VALUE_BITS <= b < OUT_VALUE_BITS:
+            raise ProtocolError(f"BLB value bits {_short(b)} not an int in [{twopc.BLB_MIN_VALUE_BITS}, "
+                                f"{OUT_VALUE_BITS})")
+        out["blb_value_bits"] = b
 
     if config is None:
         if ("classes" in out) == ("fold_norms" in out):
@@ -229,7 +251,7 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
     want = {"embedding", "linear"} | ({"classes"} if kind == "encoder" else {"fold_norms"})
     if moe_model:
         want.add("moe")
-    if set(out) - {"fusion", "blb_activation"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
+    if set(out) - {"fusion", "blb_activation", "blb_norms", "blb_value_bits"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
         raise ProtocolError(f"the plan's keys {sorted(out)} do not fit this {'MoE ' if moe_model else ''}{kind} "
                             f"(expected {sorted(want)})")
     return out

@@ -243,16 +243,115 @@ FUSIONS = ("none", "blb")
 #: (Algorithm 4's x * g(x): the gate in MPC, the product in HE)
 BLB_ACTIVATIONS = passes.blb_decompose.ACTIVATION_SPLITS
 DEFAULT_BLB_ACTIVATION = "whole"
+#: BLB: where the LayerNorms / RMSNorms run (`compile.passes.blb_decompose.NORM_SPLITS`):
+#: "split" (Algorithm 3: the statistics fused into HE, rsqrt in MPC), "whole" (each norm one MPC
+#: operator), or "auto" (the server's choice, `blb_norm_split`)
+BLB_NORM_SPLITS = passes.blb_decompose.NORM_SPLITS
+BLB_NORMS = BLB_NORM_SPLITS + ("auto",)
+
+
+#: BLB's public probe of the model's scale (`blb_probe`): seeded random token ids, and the margin
+#: (two bits) a probed magnitude must keep below a bound
+NORM_PROBE_TOKENS, NORM_PROBE_SEED, NORM_PROBE_MARGIN = 32, 0, 4.0
+#: the least bound on |block input| a BLB plan states (``blb_value_bits``): 2^12, what the
+#: conversions assumed before the bound was in the plan (`twopc_blb.in_scale_bits`)
+BLB_MIN_VALUE_BITS = 12
+
+
+def blb_probe(config: dict, bound: dict, tokens: int = NORM_PROBE_TOKENS, seed: int = NORM_PROBE_SEED) -> dict:
+    """The model's own scale, as the server sees it with no client data: the plaintext executor
+    runs the server's weights on ``tokens`` seeded random token ids and records the largest
+    |value| any operator outputs (``abs``) and the largest sum of squares a norm sees (``sumsq``;
+    a LayerNorm's of the centred row).  SmolLM2's massive activations (~2^15 in a few channels)
+    show on any input: sums of squares 5.2e8 to 6.9e8 on random ids, consecutive ids and a
+    sentence (docs/blb.md, "Models with massive activations")."""
+    g = build_graph(config)
+    ex = GraphExecutor(g, bound, dtype=np.float64)
+    inner, peak = ex.backend, {"abs": 0.0, "sumsq": 0.0}
+
+    def note_abs(r):
+        if isinstance(r, np.ndarray) and r.size and np.issubdtype(r.dtype, np.floating):
+            finite = r[np.isfinite(r)]
+            if finite.size:
+                peak["abs"] = max(peak["abs"], float(np.abs(finite).max()))
+        return r
+
+    def note_norm(x, centre: bool):
+        a = np.asarray(x, np.float64)
+        if centre:
+            a = a - a.mean(axis=-1, keepdims=True)
+        peak["sumsq"] = max(peak["sumsq"], float((a * a).sum(axis=-1).max()))
+
+    class _Probe:
+        def __getattr__(self, name):
+            op = getattr(inner, name)
+            return (lambda *a, **k: note_abs(op(*a, **k))) if callable(op) else op
+
+        def layer_norm(self, node, x, ctx):
+            note_norm(x, True)
+            return note_abs(inner.layer_norm(node, x, ctx=ctx))
+
+        def rms_norm(self, node, x, ctx):
+            note_norm(x, False)
+            return note_abs(inner.rms_norm(node, x, ctx=ctx))
+
+    ex.backend = _Probe()
+    kind, _, max_pos = model_kind(config)
+    T = min(int(tokens), int(max_pos))
+    ids = np.random.default_rng(seed).integers(0, int(config["vocab_size"]), T)
+    pos = np.arange(T)
+    pass_ctx = {"pos0": 0, "T": T, "positions": pos}
+    if kind == "encoder":
+        ex.run({"ids": ids, "positions": pos, "token_types": np.zeros(T, np.int64)}, pass_ctx, outputs=("hidden",))
+    else:
+        ex.run({"ids": ids, "positions": pos}, pass_ctx, ex.new_cache(), outputs=("hidden",))
+    return peak
+
+
+def blb_value_bits(probe: dict) -> int:
+    """The plan's public bound 2^b on |block input| from `blb_probe` (`NORM_PROBE_MARGIN` above
+    the largest probed value, at least 2^`BLB_MIN_VALUE_BITS`); TwoPCError when it reaches the
+    block output bound 2^`blb_params.OUT_VALUE_BITS` (the conversions cannot carry the model)."""
+    from cipherlm.compile.passes import blb_params
+
+    b = max(BLB_MIN_VALUE_BITS, math.ceil(math.log2(max(probe["abs"], 1.0) * NORM_PROBE_MARGIN)))
+    if b >= blb_params.OUT_VALUE_BITS:
+        raise TwoPCError(f"BLB fusion: this model's activations reach {probe['abs']:.3g} on the probe, above what a "
+                         f"block's conversions carry (2^{blb_params.OUT_VALUE_BITS - 2}); use --fusion none")
+    return int(b)
+
+
+def blb_norm_split(config: dict, server: ServerModel | None, activation: str = DEFAULT_BLB_ACTIVATION,
+                   probe: dict | None = None) -> str:
+    """The server's choice for ``blb_norms="auto"``: "split" when a norm's sum of squares can
+    leave its block (on the public probe, `blb_probe`, it stays `NORM_PROBE_MARGIN` below the
+    block output bound 2^`blb_params.OUT_VALUE_BITS`) and every fused block of the split graph
+    has a secure CKKS set for the server's weights (`blb_params.run` at its default 128
+    tokens); else "whole" (SmolLM2's massive activations, docs/blb.md).  Without the weights:
+    "split"."""
+    from cipherlm.compile.passes import blb_params
+
+    if server is None or server.bound is None:
+        return "split"
+    probe = probe or blb_probe(config, server.bound)
+    if probe["sumsq"] * NORM_PROBE_MARGIN >= 2.0 ** blb_params.OUT_VALUE_BITS:
+        return "whole"
+    g = passes.blb_fusion.run(build_graph(config), activation=activation, norms="split")
+    sets = blb_params.run(g, params=server.bound, strict=False)
+    return "split" if all(p is not None for p in sets) else "whole"
 
 
 def public_plan(config: dict, server: ServerModel | None = None, embedding: str = "auto",
                 moe_capacity: float = DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-                network: str = "LAN", fusion: str = "none", blb_activation: str = DEFAULT_BLB_ACTIVATION) -> dict:
+                network: str = "LAN", fusion: str = "none", blb_activation: str = DEFAULT_BLB_ACTIVATION,
+                blb_norms: str = "auto") -> dict:
     """What both parties must agree on beyond the config: the structure choices that
     depend on the server's weights (folded norms, classifier width), the MoE
     capacity factor and the linear layers' packing (with the network preset its
     cost model and the SIMD plans assume); with ``fusion="blb"`` also ``blb_activation``
-    (`BLB_ACTIVATIONS`: it changes the fused blocks). JSON-able."""
+    (`BLB_ACTIVATIONS`) and ``blb_norms`` (`BLB_NORMS`, "auto" resolved here by
+    `blb_norm_split`), both of which change the fused blocks, and ``blb_value_bits`` (the public
+    bound on |block input| the conversions encode for, `blb_value_bits`). JSON-able."""
     from ..net.netmodel import PRESETS
 
     if linear_packing not in LINEAR_PACKINGS:
@@ -272,6 +371,12 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
         if blb_activation not in BLB_ACTIVATIONS:
             raise TwoPCError(f"unknown BLB activation split {blb_activation!r}; one of {BLB_ACTIVATIONS}")
         plan["blb_activation"] = blb_activation
+        if blb_norms not in BLB_NORMS:
+            raise TwoPCError(f"unknown BLB norm split {blb_norms!r}; one of {BLB_NORMS}")
+        probe = blb_probe(config, server.bound) if server is not None and server.bound is not None else None
+        plan["blb_norms"] = (blb_norm_split(config, server, blb_activation, probe) if blb_norms == "auto"
+                             else blb_norms)
+        plan["blb_value_bits"] = BLB_MIN_VALUE_BITS if probe is None else blb_value_bits(probe)
     if has_moe:
         c = float(moe_capacity)
         if not (math.isfinite(c) and c > 0):

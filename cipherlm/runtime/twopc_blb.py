@@ -98,7 +98,8 @@ from .graph_executor import needed
 from .twopc import ServerModel, TwoPCDecoder, TwoPCEncoder, TwoPCError
 from .twopc_backend import LN_VAR_HI, LN_VAR_LO, RMS_HI, RMS_LO, ServerRows, SharesBackend
 
-#: largest scale Algorithm 2 encodes at (coefficients Delta |y| < 2^62 for |y| < 2^12)
+#: largest scale Algorithm 2 encodes at (coefficients Delta |y| < 2^62 for |y| < 2^12); a plan
+#: with a larger bound on the inputs encodes at `in_scale_bits` of it
 IN_SCALE_BITS = 50
 #: the scale of a block output when Algorithm 1 masks it at one prime (q_0 ~ 2^60:
 #: 2^37 |y| < q_0 / 8 for |y| < 2^20, so two outputs fit one conversion: `pairable`)
@@ -227,14 +228,23 @@ def input_cts(ev: _Eval, share_shape, layout: str) -> int:
     return int(np.prod(ev.slot_vectors(np.zeros(share_shape, np.uint64), layout)[0].shape[:-1]))
 
 
+def in_scale_bits(value_bits: int) -> int:
+    """The largest scale Algorithm 2 encodes at for inputs |y| < 2^value_bits (the plan's
+    ``blb_value_bits``): Delta |y| < 2^62.  2^50 at the default 2^12; SmolLM2's 2^17, 2^45
+    (the encoding's rounding, ~0.3 (N/2) rms(y) 2^f / Delta per slot, grows 32x: 4.6e-6 rms(y)
+    at N = 16384, below the shares' 2^-16)."""
+    return min(IN_SCALE_BITS, 62 - int(value_bits))
+
+
 def convert_in(ctx, ks: _KeySet, ev: _Eval, share: AShare, layout: str, level: int, scale: float,
-               paired: bool = False) -> Packed | None:
+               paired: bool = False, scale_cap: int = IN_SCALE_BITS) -> Packed | None:
     """Algorithm 2 for every ciphertext of one block input (both parties; the server gets the
     `Packed` value, the client None).  ``paired``: two ciphertexts per encryption, split by the
-    server with its conjugation key (`shares_to_ckks_many`'s ``paired``; the header says so)."""
+    server with its conjugation key (`shares_to_ckks_many`'s ``paired``; the header says so).
+    ``scale_cap``: the largest encoding scale's bits (`in_scale_bits`, the same at both parties)."""
     vecs, dirty, shifts = ev.slot_vectors(np.asarray(share.data, np.uint64), layout)
     grid = vecs.shape[:-1]
-    j = max(0, math.ceil(math.log2(scale)) - IN_SCALE_BITS)
+    j = max(0, math.ceil(math.log2(scale)) - scale_cap)
     be, hc = ks.side.backend, ks.hectx
     y = _as_share(ctx, vecs.reshape(-1, vecs.shape[-1]))  # every ciphertext of the value in one batch
     got = shares_to_ckks_many(ctx, y, ks.side, n_primes=level + 1, scale=scale / 2.0 ** j, paired=paired,
@@ -320,7 +330,7 @@ class ConversionIO:
             paired = self.ks.conj and input_cts(ev, arr.shape, layout) > 1
             ctx.send({"op": "in", "value": name, "layout": layout, "level": int(level), "scale": float(scale),
                       "paired": paired})
-            got = convert_in(ctx, self.ks, ev, arr, layout, level, scale, paired)
+            got = convert_in(ctx, self.ks, ev, arr, layout, level, scale, paired, self.runner.scale_cap)
             rec["cts"], rec["paired"] = int(got.cts.size), paired
             return got
 
@@ -351,8 +361,10 @@ class BLBRunner:
     """Both parties' side of the HE blocks: key sets, and per block the server's evaluation
     (`run_block`) or the client's answers to its headers (`serve_block`)."""
 
-    def __init__(self, ctx, graph, params: dict | None, meter, attention: str = "auto"):
+    def __init__(self, ctx, graph, params: dict | None, meter, attention: str = "auto", value_bits: int = 12):
         self.ctx, self.graph, self.params, self.meter = ctx, graph, params, meter
+        #: Algorithm 2's largest encoding scale for the plan's bound on the inputs (`in_scale_bits`)
+        self.scale_cap = in_scale_bits(value_bits)
         if attention not in blb_params.ATTENTION_PACKINGS:
             raise BLBError(f"unknown attention packing {attention!r}; one of {blb_params.ATTENTION_PACKINGS}")
         #: the server's packing of Q K^T / P V (`blb_params.ATTENTION_PACKINGS`); the client follows its headers
@@ -550,7 +562,7 @@ class BLBRunner:
                     raise BLBError(f"block {block['id']}: malformed header: {e}") from None
                 if not 0 <= level <= ks.hectx.max_level or not 1.0 <= scale < 2.0 ** 120:
                     raise BLBError(f"block {block['id']}: level {level} / scale out of range")
-                convert_in(ctx, ks, ev, share, layout, level, scale, _header_paired(msg))
+                convert_in(ctx, ks, ev, share, layout, level, scale, _header_paired(msg), self.scale_cap)
             elif op == "out" and msg.get("value") in outs | inside:
                 got = convert_out(ctx, ks, ev, _client_packed(msg, ev), _header_paired(msg))
                 if msg["value"] in outs:
@@ -657,7 +669,8 @@ class _BLBLayers:
 
     def _blb_init(self, ctx, config: dict, server: ServerModel | None, attention: str) -> None:
         # plans from before the activation choice have no "blb_activation": the gate split they ran
-        self.blb_graph = blb_fusion.run(build_graph(config), activation=self.plan.get("blb_activation", "gate"))
+        self.blb_graph = blb_fusion.run(build_graph(config), activation=self.plan.get("blb_activation", "gate"),
+                                        norms=self.plan.get("blb_norms", "split"))
         bound = None
         if server is not None:
             bound = server.bound
@@ -666,7 +679,8 @@ class _BLBLayers:
         self.blb_params = bound
         self.blb_backend = BLBSharesBackend(ctx, self.blb_graph, None if server is None else server.params,
                                             self._embed_word)
-        self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter, attention)
+        self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter, attention,
+                                value_bits=self.plan.get("blb_value_bits", 12))
         self._units = units(self.blb_graph)
 
     def _blb_run(self, vals: dict, ctx: dict, n: int, need_out: str) -> AShare:
@@ -762,4 +776,4 @@ def server_model_blb(config: dict, weights: dict, classifier: tuple | None = Non
 
 
 __all__ = ["BLBEncoder", "BLBDecoder", "BLBRunner", "BLBSharesBackend", "BLBError", "convert_in", "convert_out", "units",
-           "server_model_blb", "IN_SCALE_BITS", "OUT_SCALE_BITS"]
+           "server_model_blb", "IN_SCALE_BITS", "OUT_SCALE_BITS", "in_scale_bits"]

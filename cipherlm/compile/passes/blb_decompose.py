@@ -72,6 +72,15 @@ GATED = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tan
 #: where an activation's work goes: "gate" writes x * g(x) out (Algorithm 4: g in MPC, the
 #: product fused into HE), "whole" keeps the activation one MPC core (module doc)
 ACTIVATION_SPLITS = ("gate", "whole")
+#: where a LayerNorm's / RMSNorm's work goes: "split" writes Algorithm 3 out (the statistics'
+#: linear parts and the scaling fused into HE, rsqrt alone in MPC), "whole" keeps each norm one
+#: MPC operator (the 2pc mode's protocol: its sum of squares is computed on shares).  "whole"
+#: is for models whose norm inputs are too large for a block output: a sum of squares must
+#: leave its block below 2^20 (Algorithm 1's q/4 promise at one prime) with 2^-17 of its
+#: smallest value's precision, about 51 bits of range for SmolLM2's massive activations
+#: (|x| ~ 2^15, sum of squares ~ 2^29) where one 60-bit prime carries about 45 (docs/blb.md,
+#: "Models with massive activations")
+NORM_SPLITS = ("split", "whole")
 
 #: squarings after the exp core: the paper's (1 + x/2^n)^(2^n) with n = 6 (Bumblebee)
 EXP_SQUARINGS = 6
@@ -142,13 +151,12 @@ def _gated(n: Node) -> list[Node]:
     return e.nodes
 
 
-def decompose_node(n: Node, exp_squarings: int = EXP_SQUARINGS, activation: str = "gate") -> list[Node] | None:
+def decompose_node(n: Node, exp_squarings: int = EXP_SQUARINGS, activation: str = "gate",
+                   norms: str = "split") -> list[Node] | None:
     """The pieces of one node, or None when it stays as it is (``activation``: one of
-    `ACTIVATION_SPLITS`)."""
-    if n.op == "layer_norm":
-        return _norm(n, rms=False)
-    if n.op == "rms_norm":
-        return _norm(n, rms=True)
+    `ACTIVATION_SPLITS`; ``norms``: one of `NORM_SPLITS`)."""
+    if n.op in ("layer_norm", "rms_norm") and norms == "split":
+        return _norm(n, rms=n.op == "rms_norm")
     if n.op == "softmax":
         return _softmax(n, exp_squarings)
     if n.op == "activation" and activation == "gate" and n.attrs.get("fn") in GATED:
@@ -156,28 +164,33 @@ def decompose_node(n: Node, exp_squarings: int = EXP_SQUARINGS, activation: str 
     return None
 
 
-def run(graph: Graph, exp_squarings: int = EXP_SQUARINGS, activation: str = "gate") -> Graph:
-    """The graph with its LayerNorms, RMSNorms, softmaxes and (``activation="gate"``) GeLU /
-    SiLU activations split (module doc); parameters are unchanged (the affine nodes read the
-    norms' tensors)."""
+def run(graph: Graph, exp_squarings: int = EXP_SQUARINGS, activation: str = "gate", norms: str = "split") -> Graph:
+    """The graph with its softmaxes, (``norms="split"``) LayerNorms and RMSNorms and
+    (``activation="gate"``) GeLU / SiLU activations split (module doc); parameters are
+    unchanged (the affine nodes read the norms' tensors)."""
     if activation not in ACTIVATION_SPLITS:
         raise ValueError(f"activation must be one of {ACTIVATION_SPLITS}, got {activation!r}")
+    if norms not in NORM_SPLITS:
+        raise ValueError(f"norms must be one of {NORM_SPLITS}, got {norms!r}")
     if "blb_decomposed" in graph.meta:
         if graph.meta.get("blb_activation", "gate") != activation:
             raise ValueError(f"the graph is decomposed with activation={graph.meta.get('blb_activation')!r}")
+        if graph.meta.get("blb_norms", "split") != norms:
+            raise ValueError(f"the graph is decomposed with norms={graph.meta.get('blb_norms')!r}")
         return graph
     if exp_squarings < 0:
         raise ValueError("exp_squarings must be >= 0")
     g = copy.copy(graph)
     g.nodes, done = [], []
     for n in graph.nodes:
-        parts = decompose_node(n, exp_squarings, activation)
+        parts = decompose_node(n, exp_squarings, activation, norms)
         if parts is None:
             g.nodes.append(n)
         else:
             g.nodes.extend(parts)
             done.append(n.name)
     g.outputs = dict(graph.outputs)
-    g.meta = {**graph.meta, "blb_decomposed": done, "blb_exp_squarings": exp_squarings, "blb_activation": activation}
+    g.meta = {**graph.meta, "blb_decomposed": done, "blb_exp_squarings": exp_squarings, "blb_activation": activation,
+              "blb_norms": norms}
     g.validate()
     return g

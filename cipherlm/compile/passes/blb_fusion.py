@@ -270,11 +270,13 @@ def _short(nodes: list[Node], layer) -> str:
     return " ".join(out)
 
 
-def run(graph: Graph, exp_squarings: int = blb_decompose.EXP_SQUARINGS, activation: str = "gate") -> Graph:
-    """The graph (decomposed if it was not, ``activation`` as `blb_decompose.run` takes it) with
-    ``attrs["blb_class"]``, ``attrs["blb_block"]`` on every node and ``meta["blb_blocks"]``,
-    ``meta["blb_local"]``, ``meta["blb_mpc"]``, ``meta["blb_cuts"]`` (module doc)."""
-    g0 = blb_decompose.run(graph, exp_squarings, activation)
+def run(graph: Graph, exp_squarings: int = blb_decompose.EXP_SQUARINGS, activation: str = "gate",
+        norms: str = "split") -> Graph:
+    """The graph (decomposed if it was not, ``activation`` and ``norms`` as `blb_decompose.run`
+    takes them) with ``attrs["blb_class"]``, ``attrs["blb_block"]`` on every node and
+    ``meta["blb_blocks"]``, ``meta["blb_local"]``, ``meta["blb_mpc"]``, ``meta["blb_cuts"]``
+    (module doc)."""
+    g0 = blb_decompose.run(graph, exp_squarings, activation, norms)
     classes = classify(g0)
     shapes = _shapes(g0)
     st = stages(g0, classes)
