@@ -216,20 +216,16 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
         if f == "blb" and "fold_norms" in out:
             raise ProtocolError("BLB fusion in a decoder plan (this client runs it for encoders only)")
         out["fusion"] = f
-    if "blb_activation" in plan:  # absent with BLB: "gate" (plans of servers before the choice)
-        a = plan["blb_activation"]
-        if out.get("fusion") != "blb":
-            raise ProtocolError("a BLB activation split in a plan without BLB fusion")
-        if not isinstance(a, str) or a not in twopc.BLB_ACTIVATIONS:
-            raise ProtocolError(f"unknown BLB activation split {_short(a)}; one of {twopc.BLB_ACTIVATIONS}")
-        out["blb_activation"] = a
-    if "blb_norms" in plan:  # absent with BLB: "split" (plans of servers before the choice)
-        a = plan["blb_norms"]
-        if out.get("fusion") != "blb":
-            raise ProtocolError("a BLB norm split in a plan without BLB fusion")
-        if not isinstance(a, str) or a not in twopc.BLB_NORM_SPLITS:
-            raise ProtocolError(f"unknown BLB norm split {_short(a)}; one of {twopc.BLB_NORM_SPLITS}")
-        out["blb_norms"] = a
+    # absent with BLB: "gate" / "split" (plans of servers before the choice)
+    for key, what, choices in (("blb_activation", "activation split", twopc.BLB_ACTIVATIONS),
+                               ("blb_norms", "norm split", twopc.BLB_NORM_SPLITS)):
+        if key in plan:
+            a = plan[key]
+            if out.get("fusion") != "blb":
+                raise ProtocolError(f"a BLB {what} in a plan without BLB fusion")
+            if not isinstance(a, str) or a not in choices:
+                raise ProtocolError(f"unknown BLB {what} {_short(a)}; one of {choices}")
+            out[key] = a
     if "blb_value_bits" in plan:  # absent with BLB: 12 (plans of servers before the bound)
         from cipherlm.compile.passes.blb_params import OUT_VALUE_BITS
 
