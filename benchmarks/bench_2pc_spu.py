@@ -89,7 +89,7 @@ def run_blb(prep: dict) -> dict:
     prologue (the embedding sum and the embedding LayerNorm) stays in, a little more work than
     theirs.  Errors: against `bench.blb`'s plaintext reference (the same function and input)."""
     from cipherlm.bench import blb as BB
-    from cipherlm.net.netmodel import PRESETS
+    from cipherlm.bench import twopc as B
 
     w = prep["workload"]
     if w not in BLB_WORKLOADS:
@@ -105,8 +105,7 @@ def run_blb(prep: dict) -> dict:
            "bytes": total, "flights": flights, "seconds": seconds, "setup": full["setup"],
            "max_abs_error": full["max_abs_error"], "by_class": by_class,
            "embedding_excluded": {k: emb[k] for k in ("bytes", "flights", "seconds")}, "blb_row": full}
-    for name in ("LAN", "WAN", "blb-LAN", "blb-WAN1", "blb-WAN3"):
-        row[f"{name}_seconds"] = seconds + PRESETS[name].seconds(total, flights)
+    row.update(B.modelled_seconds(seconds, total, flights))
     return row
 
 

@@ -196,7 +196,6 @@ def run_workload(workload: str, tokens: int | None = None, layers: int | None = 
     """Run one workload as two processes; one result row (JSON-able).  ``linear_packing``
     / ``network``: the plan's linear-layer packing (`twopc.LINEAR_PACKINGS`)."""
     from ..mpc.runner import run_processes
-    from ..net.netmodel import PRESETS
     from ..runtime import twopc
 
     prep = prepared or prepare(workload, tokens, layers)
@@ -215,13 +214,23 @@ def run_workload(workload: str, tokens: int | None = None, layers: int | None = 
         "by_class": {k: v for k, v in r0["summary"].items() if k != "setup"},
         "linear_packing": r0["linear_packing"],
     }
-    for name in ("LAN", "WAN", "blb-LAN", "blb-WAN1", "blb-WAN3"):
-        row[f"{name}_seconds"] = row["seconds"] + PRESETS[name].seconds(total_bytes, flights)
+    row.update(modelled_seconds(row["seconds"], total_bytes, flights))
     if prep["extrapolate"] != 1.0:
         row["extrapolated"] = {"factor": prep["extrapolate"], "bytes": total_bytes * prep["extrapolate"],
                                "seconds": r0["seconds"] * prep["extrapolate"]}
         row["published_bytes"] = PUBLISHED_BERT_BASE
     return row
+
+
+#: the network presets a row's modelled times are given for (`net.netmodel.PRESETS`)
+ROW_NETWORKS = ("LAN", "WAN", "blb-LAN", "blb-WAN1", "blb-WAN3")
+
+
+def modelled_seconds(seconds: float, total_bytes: int, flights: int) -> dict[str, float]:
+    """{"<preset>_seconds": compute + the preset's transfer time} for every `ROW_NETWORKS` preset."""
+    from ..net.netmodel import PRESETS
+
+    return {f"{name}_seconds": seconds + PRESETS[name].seconds(total_bytes, flights) for name in ROW_NETWORKS}
 
 
 def format_rows(rows: list[dict]) -> str:

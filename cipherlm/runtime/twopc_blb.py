@@ -95,7 +95,7 @@ from ..protocols.ckks_convert import PAIR_SCALE_TOLERANCE, CKKSSide, ckks_to_sha
 from . import blb_block
 from .blb_block import Packed, _Eval
 from .graph_executor import needed
-from .twopc import ServerModel, TwoPCDecoder, TwoPCEncoder, TwoPCError
+from .twopc import BLB_MIN_VALUE_BITS, ServerModel, TwoPCDecoder, TwoPCEncoder, TwoPCError
 from .twopc_backend import LN_VAR_HI, LN_VAR_LO, RMS_HI, RMS_LO, ServerRows, SharesBackend
 
 #: largest scale Algorithm 2 encodes at (coefficients Delta |y| < 2^62 for |y| < 2^12); a plan
@@ -361,7 +361,8 @@ class BLBRunner:
     """Both parties' side of the HE blocks: key sets, and per block the server's evaluation
     (`run_block`) or the client's answers to its headers (`serve_block`)."""
 
-    def __init__(self, ctx, graph, params: dict | None, meter, attention: str = "auto", value_bits: int = 12):
+    def __init__(self, ctx, graph, params: dict | None, meter, attention: str = "auto",
+                 value_bits: int = BLB_MIN_VALUE_BITS):
         self.ctx, self.graph, self.params, self.meter = ctx, graph, params, meter
         #: Algorithm 2's largest encoding scale for the plan's bound on the inputs (`in_scale_bits`)
         self.scale_cap = in_scale_bits(value_bits)
@@ -680,7 +681,7 @@ class _BLBLayers:
         self.blb_backend = BLBSharesBackend(ctx, self.blb_graph, None if server is None else server.params,
                                             self._embed_word)
         self.runner = BLBRunner(ctx, self.blb_graph, bound, self.meter, attention,
-                                value_bits=self.plan.get("blb_value_bits", 12))
+                                value_bits=self.plan.get("blb_value_bits", BLB_MIN_VALUE_BITS))
         self._units = units(self.blb_graph)
 
     def _blb_run(self, vals: dict, ctx: dict, n: int, need_out: str) -> AShare:

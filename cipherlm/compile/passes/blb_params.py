@@ -63,8 +63,8 @@ needs N = 32768 (s = 57, log QP 462 > 438); the other blocks fit N = 16384 (s = 
 SmolLM2-135M's FFN-out block (SiLU out, gate x up, down, residual, RMS statistics) has no
 secure set under the worst-case magnitudes: its real weights' row norms times values of
 2^6 squared push s above 58.  With its norms whole in MPC (the plan's ``blb_norms``, which
-the server sets for SmolLM2: `runtime.twopc.blb_norm_split`) every block has one.  The magnitudes are the weak point: the measured errors on
-real blocks are 1e-6 to 1e-2 of the model's (docs/blb.md, "CKKS evaluation of a fused
+the server sets for SmolLM2: `runtime.twopc.blb_norm_split`) every block has one.  The
+magnitudes are the weak point: the measured errors on real blocks are 1e-6 to 1e-2 of the model's (docs/blb.md, "CKKS evaluation of a fused
 block"), because real values sit far below 2^6; magnitudes calibrated on real data (the
 fhe mode's `calibrate` records the nonlinear inputs only) are the next step, as the paper
 took its parameters from EVA runs on real inputs.  The slot count is a parameter
