@@ -51,6 +51,19 @@ def test_bench_inputs_are_deterministic_and_in_range():
         bench.op("no such op")
 
 
+def test_bench_2pc_bert_base_binds_every_graph_tensor():
+    """`cipherlm bench 2pc --workloads bert-base` once failed before running: the random BERT
+    weights had no pooler, which the encoder graph binds (KeyError 'pooler.dense.weight')."""
+    from cipherlm.bench import twopc as bench_twopc
+    from cipherlm.runtime import twopc
+
+    prep = bench_twopc.prepare("bert-base", tokens=2, layers=1)
+    assert {"pooler.dense.weight", "pooler.dense.bias"} <= set(prep["weights"])
+    server = twopc.server_weights(prep["config"], prep["weights"])
+    plan = twopc.public_plan(prep["config"], server)
+    assert plan["fusion"] == "none" and prep["ref"].shape == prep["x"].shape == (2, 768)
+
+
 def test_bench_bad_name_fails_before_running():
     with pytest.raises(KeyError):
         bench.measure(["mul_fixed", "nope"], 16, 1)

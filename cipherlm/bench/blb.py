@@ -152,10 +152,6 @@ def prepare(workload: str, layers: int | None = None, tokens: int | None = None,
         cfg = dict(BERT_BASE_CONFIG if workload == "bert-base" else TINY_CONFIG)
         config = dict(cfg, num_hidden_layers=L)
         weights = random_bert_weights(config, L, seed=seed)
-        d = config["hidden_size"]  # the pooler (the graph binds it; the hidden states do not use it)
-        prng = np.random.default_rng(seed + 2)
-        weights["pooler.dense.weight"] = prng.normal(0, 0.02, (d, d)).astype(np.float32)
-        weights["pooler.dense.bias"] = np.zeros(d, np.float32)
         if workload == "tiny":  # 0.02 -> TINY_STD for every matrix and bias (not the LayerNorms' gammas)
             k = TINY_STD / 0.02
             weights = {n: (a if "LayerNorm" in n else (a * k).astype(np.float32)) for n, a in weights.items()}

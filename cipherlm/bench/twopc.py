@@ -48,7 +48,7 @@ BERT_BASE_CONFIG = {
 
 def random_bert_weights(cfg: dict, layers: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Hugging Face-named BERT weights with BERT's initialisation scale (std 0.02), for
-    the first ``layers`` layers (public benchmark data, not secrets)."""
+    the first ``layers`` layers and the pooler (public benchmark data, not secrets)."""
     rng = np.random.default_rng(seed)
     d, f = cfg["hidden_size"], cfg["intermediate_size"]
     w = {
@@ -67,6 +67,8 @@ def random_bert_weights(cfg: dict, layers: int, seed: int = 0) -> dict[str, np.n
         for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
             w[f"{p}.{ln}.weight"] = (1 + rng.normal(0, 0.02, d)).astype(np.float32)
             w[f"{p}.{ln}.bias"] = rng.normal(0, 0.02, d).astype(np.float32)
+    w["pooler.dense.weight"] = rng.normal(0, 0.02, (d, d)).astype(np.float32)  # the graph binds it
+    w["pooler.dense.bias"] = np.zeros(d, np.float32)
     return w
 
 
