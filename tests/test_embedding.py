@@ -187,8 +187,11 @@ def test_packlwes_over_several_ciphertexts():
 def test_two_processes_through_the_bench_row():
     from cipherlm.bench.embedding import run_row
 
-    row = run_row("fastquery", 200, 6, 40, np.array([3, 199]), seed=5, processes=True, timeout=300)
+    # 77 bits: the 2pc session's default flooding, whose bound exceeds 2^64 (the row's log2
+    # of it once failed on numpy)
+    row = run_row("fastquery", 200, 6, 77, np.array([3, 199]), seed=5, processes=True, timeout=300)
     assert row["correct"] and row["max_abs_error_vs_quantized"] == 0.0
+    assert row["flood_bound_log2"] > 64
     assert row["query_bytes"] > 0 and row["response_bytes"] > 0 and row["extension_bytes"] > 0
 
 
