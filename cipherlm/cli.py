@@ -17,13 +17,21 @@ RUN_MODES = MODES + ("fhe",)
 FHE_PRESETS = ("N16QP1546H192H32", "test-insecure-N1024")
 
 
+def _network_presets() -> tuple[str, ...]:
+    from cipherlm.net.netmodel import PRESETS
+
+    return tuple(PRESETS)
+
+
 def _add_packing_args(p: argparse.ArgumentParser, where: str) -> None:
     p.add_argument("--linear-packing", default="coeff", choices=("coeff", "simd", "auto"),
                    help=f"{where}: HE packing of the linear layers: coeff (Cheetah coefficient packing, "
                         "fastest here), simd (BOLT-style BSGS, fewer bytes) or auto (per layer by a cost model "
                         "of products, rotations and bytes; the choices go to the report)")
-    p.add_argument("--packing-network", default="LAN", choices=("LAN", "WAN"),
-                   help=f"{where}: network the packing cost model and the SIMD plans assume")
+    p.add_argument("--packing-network", default="LAN", choices=_network_presets(),
+                   help=f"{where}: network preset the packing cost model, the SIMD plans and (serve) "
+                        "--fusion auto assume (LAN / WAN: CryptoMoE's; blb-LAN, blb-WAN1..3: BLB's "
+                        "section 7.1; default LAN)")
 
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
@@ -176,10 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="2pc, MoE models: CryptoMoE capacity factor c (each expert takes "
                         "ceil(c m k / n) of a pass's m tokens; public)")
     _add_packing_args(s, "2pc")
-    s.add_argument("--fusion", choices=("none", "blb"), default="none",
+    s.add_argument("--fusion", choices=("auto", "none", "blb"), default="auto",
                    help="2pc, encoders: blb runs BLB's fused blocks in CKKS between secure conversions "
                         "(docs/blb.md; public, in the plan; a decoder is refused: no generation with BLB "
-                        "yet); none: layer by layer")
+                        "yet); none: layer by layer; auto (default): blb for an encoder when "
+                        "--packing-network is at most 100 Mbps (blb-WAN2, blb-WAN3: where BLB measured "
+                        "faster), else none")
     _add_fhe_serve_args(s)
 
     x = sub.add_parser("proxy", help="an OpenAI-compatible HTTP API on this machine, in front of a `cipherlm serve` "

@@ -739,7 +739,7 @@ def cmd_serve(args) -> int:
                                      linear_packing=getattr(args, "linear_packing", "coeff"),
                                      network=getattr(args, "packing_network", "LAN"), limits=limits,
                                      session_processes=_session_processes(args),
-                                     fusion=getattr(args, "fusion", "none"))
+                                     fusion=getattr(args, "fusion", "auto"))
         return 0
     if args.mode == "fhe":
         return serve_fhe(args, timeout)

@@ -164,6 +164,52 @@ def test_fusion_in_the_public_plan():
         twopc.public_plan(moe, None, fusion="blb")
 
 
+def test_fusion_auto_follows_the_model_and_the_network():
+    """"auto" (the serve default) is BLB only for a dense encoder on a network model of at most
+    100 Mbps, where BLB measured faster (`twopc.BLB_AUTO_MAX_BANDWIDTH_BPS`)."""
+    config, w = _bert()
+    llama = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32, rms_norm_eps=1e-6,
+                 tie_word_embeddings=False)
+    moe = dict(llama, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    blb_if_built = "blb" if lattigo.available() else "none"
+    for network in ("LAN", "WAN", "blb-LAN", "blb-WAN1"):  # 3 Gbps, 400 Mbps, 1 Gbps, 400 Mbps
+        assert twopc.resolve_fusion(config, "auto", network) == "none", network
+    for network in ("blb-WAN2", "blb-WAN3", "fastquery-44Mbps"):
+        assert twopc.resolve_fusion(config, "auto", network) == blb_if_built, network
+        assert twopc.resolve_fusion(llama, "auto", network) == "none"  # no BLB generation yet
+        assert twopc.resolve_fusion(moe, "auto", network) == "none"
+    assert twopc.resolve_fusion(llama, "blb", "LAN") == "blb" and twopc.resolve_fusion(config, "none", "blb-WAN3") == "none"
+    with pytest.raises(twopc.TwoPCError, match="unknown network"):
+        twopc.resolve_fusion(config, "auto", "dialup")
+    with pytest.raises(twopc.TwoPCError, match="unknown fusion"):
+        twopc.resolve_fusion(config, "fastest", "LAN")
+    # the plan carries the resolved choice, never "auto" (the client's plan check knows none / blb)
+    sm = twopc_blb.server_model_blb(config, w)
+    assert twopc.public_plan(config, sm, fusion="auto", network="blb-WAN2")["fusion"] == blb_if_built
+    assert twopc.public_plan(config, sm, fusion="auto")["fusion"] == "none"
+
+
+def test_serve_defaults_to_auto_and_takes_every_network_preset():
+    from cipherlm.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--mode", "2pc", "--model", "minilm-l6"])
+    assert args.fusion == "auto" and args.packing_network == "LAN"
+    args = build_parser().parse_args(["serve", "--mode", "2pc", "--packing-network", "blb-WAN3", "--model", "minilm-l6"])
+    assert args.packing_network == "blb-WAN3"
+
+
+def test_auto_fusion_serves_a_decoder_layer_by_layer():
+    from cipherlm.models import LoadedModel
+    from cipherlm.runtime.twopc_session import TwoPCHost
+    from test_twopc import llama_model
+
+    config, w = llama_model(seed=2)
+    host = TwoPCHost("tiny-llama", embedding="onehot-linear", lm=LoadedModel("tiny-llama", config, w),
+                     network="blb-WAN3")  # fusion "auto" by default: a decoder stays layer by layer
+    assert host.plan["fusion"] == "none"
+
+
 _DECODERS = {
     # GPT-2: LayerNorm, tanh-GeLU, learned positions (a server-known input), tied head
     "gpt2": (T.GPT2Config, T.GPT2LMHeadModel, dict(vocab_size=96, n_embd=48, n_layer=1, n_head=4, n_positions=64,

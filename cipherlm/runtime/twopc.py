@@ -238,6 +238,15 @@ def moe_shape(node: Node):
 #: the 2pc mode's operator fusions: "none" (layer by layer, BFV products + MPC) or "blb"
 #: (BLB's fused blocks in CKKS between conversions: `runtime.twopc_blb`, encoders only so far)
 FUSIONS = ("none", "blb")
+#: what a server may be asked for: a fusion, or "auto" (`resolve_fusion`: BLB where it measured
+#: faster on the plan's network model, else none)
+FUSION_CHOICES = FUSIONS + ("auto",)
+#: "auto" picks BLB on networks at or below this bandwidth.  Measured on this 2-vCPU machine
+#: (docs/blb.md, "Faster HE blocks" and "The default fusion"): BFV+MPC / BLB modelled time at
+#: 100 Mbps (BLB WAN2 / WAN3) 1.18 / 1.17 on BERT-base (128 tokens), 1.01 / 1.00 on MiniLM
+#: (128), 1.12 / 1.10 on GPT2-base (64); at 400 Mbps (WAN1) 1.01, 0.83, 0.99 and at 3 Gbps
+#: (LAN) 0.94, 0.75, 0.94: BLB sends 1.6-1.8x fewer bytes but computes up to 1.35x as long
+BLB_AUTO_MAX_BANDWIDTH_BPS = 100e6
 #: BLB: where GeLU / SiLU run (`compile.passes.blb_decompose.ACTIVATION_SPLITS`): "whole" (one
 #: MPC core, the default: measured cheaper, docs/blb.md "The activation core") or "gate"
 #: (Algorithm 4's x * g(x): the gate in MPC, the product in HE)
@@ -341,6 +350,27 @@ def blb_norm_split(config: dict, server: ServerModel | None, activation: str = D
     return "split" if all(p is not None for p in sets) else "whole"
 
 
+def resolve_fusion(config: dict, fusion: str, network: str = "LAN") -> str:
+    """The fusion a server runs for ``fusion`` (`FUSION_CHOICES`): "none" and "blb" as they
+    are; "auto" is "blb" for a dense encoder (BLB serves no decoder generation and no MoE
+    layer yet) on a network preset of at most `BLB_AUTO_MAX_BANDWIDTH_BPS` when the Lattigo
+    backend (BLB's CKKS) is built, else "none"."""
+    from ..net.netmodel import PRESETS
+
+    if fusion not in FUSION_CHOICES:
+        raise TwoPCError(f"unknown fusion {fusion!r}; one of {FUSION_CHOICES}")
+    if fusion != "auto":
+        return fusion
+    if network not in PRESETS:
+        raise TwoPCError(f"unknown network preset {network!r}; one of {sorted(PRESETS)}")
+    kind, has_moe, _ = model_kind(config)
+    if kind != "encoder" or has_moe or PRESETS[network].bandwidth_bits_per_s > BLB_AUTO_MAX_BANDWIDTH_BPS:
+        return "none"
+    from ..he import lattigo_backend
+
+    return "blb" if lattigo_backend.available() else "none"
+
+
 def public_plan(config: dict, server: ServerModel | None = None, embedding: str = "auto",
                 moe_capacity: float = DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
                 network: str = "LAN", fusion: str = "none", blb_activation: str = DEFAULT_BLB_ACTIVATION,
@@ -348,7 +378,8 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
     """What both parties must agree on beyond the config: the structure choices that
     depend on the server's weights (folded norms, classifier width), the MoE
     capacity factor and the linear layers' packing (with the network preset its
-    cost model and the SIMD plans assume); with ``fusion="blb"`` also ``blb_activation``
+    cost model and the SIMD plans assume), the fusion (`resolve_fusion`: "auto" becomes "none"
+    or "blb" here, from the model and that network); with "blb" also ``blb_activation``
     (`BLB_ACTIVATIONS`) and ``blb_norms`` (`BLB_NORMS`, "auto" resolved here by
     `blb_norm_split`), both of which change the fused blocks, and ``blb_value_bits`` (the public
     bound on |block input| the conversions encode for, `blb_value_bits`). JSON-able."""
@@ -359,8 +390,7 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
     if network not in PRESETS:
         raise TwoPCError(f"unknown network preset {network!r}; one of {sorted(PRESETS)}")
     kind, has_moe, _ = model_kind(config)
-    if fusion not in FUSIONS:
-        raise TwoPCError(f"unknown fusion {fusion!r}; one of {FUSIONS}")
+    fusion = resolve_fusion(config, fusion, network)
     if fusion == "blb" and has_moe:
         raise TwoPCError("BLB fusion does not run MoE layers in the 2pc mode yet; use --fusion none")
     if fusion == "blb" and server is not None and server.bound is None:

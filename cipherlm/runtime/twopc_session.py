@@ -76,13 +76,14 @@ class TwoPCHost:
 
     def __init__(self, model_name: str, embedding: str = "auto", lm=None, classifier=None, labels=None,
                  moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
-                 network: str = "LAN", fusion: str = "none"):
+                 network: str = "LAN", fusion: str = "auto"):
         """`lm`: an already loaded model (anything with name, config, weights, tokenizer);
         `classifier`: (W (C, d), b) for an encoder without the polarity probe;
         `moe_capacity`: CryptoMoE's capacity factor for MoE models (public, in the plan);
         `linear_packing` / `network`: the linear layers' packing and the network preset
         its cost model assumes (`twopc.LINEAR_PACKINGS`; public, in the plan); `fusion`:
-        "none" or "blb" (BLB's fused blocks, encoders: `twopc_blb`; public, in the plan)."""
+        "none", "blb" (BLB's fused blocks, encoders: `twopc_blb`) or "auto" (`twopc.resolve_fusion`:
+        BLB for an encoder on a network model of at most 100 Mbps); public, in the plan."""
         from cipherlm.models import load_model
         from cipherlm.runtime.bundle import chat_template_meta
 
@@ -100,6 +101,7 @@ class TwoPCHost:
             _, _, probe = polarity_classifier(lm)
             classifier = probe.as_linear()["classifier"]
             self.labels = list(probe.labels)
+        fusion = twopc.resolve_fusion(lm.config, fusion, network)
         if fusion == "blb" and twopc.model_kind(lm.config)[0] == "decoder":
             raise twopc.TwoPCError("BLB fusion runs a decoder's whole passes only (no KV cache across passes, so "
                                    "no generation to serve yet); use --fusion none")
@@ -319,7 +321,7 @@ class TwoPCClient(SessionClient):
 def run_server(model: str, host: str, port: int, timeout: float | None = None, embedding: str = "auto",
                moe_capacity: float = twopc.DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
                network: str = "LAN", limits: ServerLimits | None = None,
-               session_processes: int | None = None, fusion: str = "none") -> None:
+               session_processes: int | None = None, fusion: str = "auto") -> None:
     """Entry point of ``cipherlm serve --mode 2pc`` (`timeout` None: `DEFAULT_TIMEOUT`;
     `limits` None: `DEFAULT_LIMITS`; `session_processes` None: one worker process per core)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
