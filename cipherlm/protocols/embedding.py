@@ -795,6 +795,11 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
     be = get_backend()
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
+    # move coefficient N-1 to 0 (times -X) and scale by N^-1 mod Q (PackLWEs multiplies by
+    # N) in one product: np.roll, then coefficient 0 times N^-1 and the others times -N^-1
+    shift_scale = np.empty((rns.k, n), np.uint64)
+    shift_scale[:, 0] = rns.from_int(ninv)
+    shift_scale[:, 1:] = rns.from_int(-ninv)[:, None]
     groups = _packed_positions(T * sh.n_cols, n)
     spectra = _query_spectra(st, ct)
     packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
@@ -814,10 +819,7 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
                 if items.size:
                     prod = _products(st, ct, ucols, spectra)  # (T, len(ucols), 2, k, N)
                     leaf[valid] = prod[toks, cidx]
-                # move coefficient N-1 to 0 (times -X); scale by N^-1 mod Q (PackLWEs multiplies by N)
-                x = np.roll(leaf, 1, axis=-1)
-                x[..., 1:] = rns.neg(x[..., 1:])
-                x = rns.mul_scalar(x.reshape(-1, rns.k, n), ninv).reshape(x.shape)
+                x = (np.roll(leaf, 1, axis=-1) * shift_scale) % rns.q[:, None]  # residues < 2^31: no overflow
                 for i in range(js.size):
                     yield be.numpy_to_ciphertext(st.hectx, x[i], ntt=False) if valid[i] else None
 
