@@ -172,7 +172,11 @@ def test_fusion_auto_follows_the_model_and_the_network():
                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32, rms_norm_eps=1e-6,
                  tie_word_embeddings=False)
     moe = dict(llama, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    from cipherlm.he.backend import backend_unavailable_reason
+
     blb_if_built = "blb" if lattigo.available() else "none"
+    assert (backend_unavailable_reason("lattigo") is None) == lattigo.available()
+    assert "unknown HE backend" in backend_unavailable_reason("no-such-backend")
     for network in ("LAN", "WAN", "blb-LAN", "blb-WAN1"):  # 3 Gbps, 400 Mbps, 1 Gbps, 400 Mbps
         assert twopc.resolve_fusion(config, "auto", network) == "none", network
     for network in ("blb-WAN2", "blb-WAN3", "fastquery-44Mbps"):

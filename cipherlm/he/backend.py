@@ -454,6 +454,17 @@ def get_backend(name: str = DEFAULT_BACKEND) -> HEBackend | RingBackend:
     return b
 
 
+def backend_unavailable_reason(name: str) -> str | None:
+    """None when the backend ``name`` can run on this machine, else why not (a backend module
+    may define ``unavailable_reason()``, e.g. Lattigo's when its shared library is not built)."""
+    try:
+        module, _cls = _REGISTRY[name]
+    except KeyError:
+        return f"unknown HE backend {name!r}; known: {sorted(_REGISTRY)}"
+    check = getattr(importlib.import_module(module), "unavailable_reason", None)
+    return check() if check is not None else None
+
+
 def iter_backends(kind: str = "he") -> Iterator[HEBackend | RingBackend]:
     for name in backend_names(kind):
         yield get_backend(name)

@@ -366,9 +366,9 @@ def resolve_fusion(config: dict, fusion: str, network: str = "LAN") -> str:
     kind, has_moe, _ = model_kind(config)
     if kind != "encoder" or has_moe or PRESETS[network].bandwidth_bits_per_s > BLB_AUTO_MAX_BANDWIDTH_BPS:
         return "none"
-    from ..he import lattigo_backend
+    from ..he.backend import backend_unavailable_reason
 
-    return "blb" if lattigo_backend.available() else "none"
+    return "blb" if backend_unavailable_reason("lattigo") is None else "none"
 
 
 def public_plan(config: dict, server: ServerModel | None = None, embedding: str = "auto",
