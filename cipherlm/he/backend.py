@@ -67,7 +67,8 @@ from .params import HEParams
 
 __all__ = ["HEBackend", "RingBackend", "SecretKeys", "HECostModel", "TwoPCCostModel", "OffloadCostModel",
            "DEFAULT_BACKEND",
-           "DEFAULT_RING_BACKEND", "register_backend", "get_backend", "backend_names"]
+           "DEFAULT_RING_BACKEND", "register_backend", "get_backend", "backend_names",
+           "backend_unavailable_reason"]
 
 
 @dataclasses.dataclass(frozen=True)
