@@ -34,7 +34,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 # otherwise (cipherlm.he.lattigo_backend then raises HEError on use).  Order-only above, so a
 # rebuild of the library does not reinstall the venv.
 
-$(LATTIGO_SO): native/lattigo/go.mod native/lattigo/go.sum $(wildcard native/lattigo/*.go native/lattigo/simd/*.go native/lattigo/simd/*.s)
+$(LATTIGO_SO): native/lattigo/go.mod native/lattigo/go.sum $(wildcard native/lattigo/*.go native/lattigo/*.c native/lattigo/*.h native/lattigo/simd/*.go native/lattigo/simd/*.s)
 ifneq ($(GO),)
 	cd native/lattigo && $(GO) build -buildvcs=false -trimpath -buildmode=c-shared -o build/libclattigo.so .
 else

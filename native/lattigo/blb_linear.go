@@ -194,7 +194,7 @@ func clg_blb_linear(evh C.int64_t, babies *C.int64_t, m C.int, kIn C.int, B C.in
 				continue
 			}
 			res := ckks.NewCiphertext(params, 1, lvl-1)
-			if err := eval.Rescale(y, res); err != nil {
+			if err := rescale(eval, y, res); err != nil {
 				return err
 			}
 			dst[n] = put(&ctObj{ctx: e.ctx, ct: res})

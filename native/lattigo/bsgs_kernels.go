@@ -466,8 +466,8 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 				ringQ.Add(L1[o][0], tmpL1, L1[o][0])
 				// c1: rescaled, its one digit lifted to P (centred, as Lattigo's decomposer),
 				// times the Galois key in QP, rotated there
-				ringQ.DivRoundByLastModulusNTT(inner[x][1], r1)
-				sQ0.INTT(r1.Coeffs[0], coef)
+				divRoundByLastModulusNTT(ringQ, inner[x][1], r1)
+				inttExact(sQ0, r1.Coeffs[0], coef)
 				half := q0 >> 1
 				for j, v := range coef {
 					if v >= half {
@@ -480,7 +480,7 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 						dP[j] = ring.BRedAdd(v, pMod, bredP)
 					}
 				}
-				sP.NTT(dP, dP)
+				nttExact(sP, dP, dP)
 				el := galKeys[u.i].GadgetCiphertext.Value[0][0]
 				if QP[o] == nil {
 					QP[o] = &[2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
@@ -533,9 +533,9 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		*y.MetaData = *in.MetaData
 		y.Scale = scale
 		for k := 0; k < 2; k++ {
-			ringQ.DivRoundByLastModulusNTT(l1[k], y.Value[k])
+			divRoundByLastModulusNTT(ringQ, l1[k], y.Value[k])
 			if qp != nil {
-				eval.ModDownQPtoQNTT(L-1, 0, qp[k].Q, qp[k].P, tmpQ0)
+				modDownQPtoQNTT(params.Parameters, eval.BasisExtender, L-1, 0, qp[k].Q, qp[k].P, tmpQ0)
 				ringQ0.Add(y.Value[k], tmpQ0, y.Value[k])
 			}
 		}
@@ -596,7 +596,7 @@ func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, 
 				}
 				cnt[t][1]++
 			}
-			if err := eval.Rescale(inner, r); err != nil {
+			if err := rescale(eval, inner, r); err != nil {
 				return err
 			}
 			cnt[t][3]++
@@ -661,8 +661,8 @@ func bsgsGiantGeneric(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, 
 		}
 		y := ckks.NewCiphertext(params, 1, b.level-1)
 		*y.MetaData = *meta[o]
-		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[0].Q, acc[0].P, y.Value[0])
-		eval.ModDownQPtoQNTT(b.level-1, levelP, acc[1].Q, acc[1].P, y.Value[1])
+		modDownQPtoQNTT(params.Parameters, eval.BasisExtender, b.level-1, levelP, acc[0].Q, acc[0].P, y.Value[0])
+		modDownQPtoQNTT(params.Parameters, eval.BasisExtender, b.level-1, levelP, acc[1].Q, acc[1].P, y.Value[1])
 		sums[o] = y
 	}
 	return sums, total, nil

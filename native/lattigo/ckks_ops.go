@@ -325,7 +325,7 @@ func clg_poly_eval(evh C.int64_t, cth C.int64_t, coeffs *C.double, n C.int, a C.
 				if err := e.eval.Add(x, constant, x); err != nil {
 					return err
 				}
-				if err := e.eval.Rescale(x, x); err != nil {
+				if err := rescale(e.eval, x, x); err != nil {
 					return err
 				}
 			}

@@ -715,7 +715,7 @@ func clg_rescale(cth C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 			return errors.New("cannot rescale a ciphertext at level 0")
 		}
 		out := ckks.NewCiphertext(c.ctx.params, c.ct.Degree(), c.ct.Level()-1)
-		if err := c.ctx.eval.Rescale(c.ct, out); err != nil {
+		if err := rescale(c.ctx.eval, c.ct, out); err != nil {
 			return err
 		}
 		c.ct = out
@@ -803,7 +803,7 @@ func clg_rotate_hoisted(evh C.int64_t, cth C.int64_t, steps *C.int64_t, n C.int,
 				res[k] = ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
 			}
 			if len(uniq) > 0 {
-				if err := e.eval.RotateHoisted(c.ct, uniq, res); err != nil {
+				if err := rotateHoisted(e.eval, c.ct, uniq, res); err != nil {
 					return err
 				}
 			}
@@ -1133,7 +1133,7 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 			for _, j := range mine {
 				res[j] = ckks.NewCiphertext(params, 1, b.level)
 			}
-			if err := eval.RotateHoisted(c.ct, mine, res); err != nil {
+			if err := rotateHoisted(eval, c.ct, mine, res); err != nil {
 				return err
 			}
 			for _, j := range mine {

@@ -127,7 +127,7 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 				for _, s := range mine {
 					res[s] = ckks.NewCiphertext(params, 1, lvl)
 				}
-				if err := eval.RotateHoisted(in[i], mine, res); err != nil {
+				if err := rotateHoisted(eval, in[i], mine, res); err != nil {
 					return err
 				}
 				for _, s := range mine {
@@ -179,7 +179,7 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 						prods++
 					}
 				}
-				if err := eval.Rescale(acc, acc); err != nil {
+				if err := rescale(eval, acc, acc); err != nil {
 					return err
 				}
 				if shift != 0 {

@@ -1,0 +1,306 @@
+package main
+
+// Lattigo operations re-expressed over the AVX-512 NTTs of ntt_avx512.c, for the hot paths of
+// this library's kernels: the ModDown after a key switch, the rescale (division by the last
+// prime) and hoisted rotations.  Lattigo (v6.2.0) routes every NTT through an unexported
+// field of ring.SubRing whose concrete type its own code switches on (SubRing.Type panics on
+// any other), so its transform cannot be replaced in place; these functions do the same
+// arithmetic as Lattigo's (ring.BasisExtender.ModDownQPtoQNTT, ring.Ring.DivRoundByLastModulusNTT,
+// rlwe.Evaluator.AutomorphismHoisted, ckks.Evaluator.RotateHoisted), step for step, with
+// the transforms swapped.  Every step ends in a full modular reduction, so the outputs are the
+// same residues as Lattigo's (tests: fastops_test.go); the lazy transforms' wider-but-smaller
+// output ranges ([0, 4q) and [0, 2q) against Lattigo's [0, 6q - 2] and [0, 2q - 1]) are
+// within what the following step accepts.
+//
+// Where the AVX-512 code cannot run (simdNTTAvailable false, a modulus of 62 bits or more, a
+// transform that failed its check against Lattigo's), each transform falls back to
+// Lattigo's own, so these functions are always correct to call.
+
+import (
+	"sync"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+var (
+	simdOnce sync.Once
+	simdOK   bool
+	// *ring.SubRing -> *simdNTT, or nil where Lattigo's transform stays
+	simdBySubRing sync.Map
+	// (ringQ, levelP) -> Montgomery constants of ModDown; (N, NthRoot, galEl) -> index
+	modDownConsts sync.Map
+	autIndexes    sync.Map
+)
+
+// simdFor: the checked AVX-512 transform of s, built once per subring, or nil.
+func simdFor(s *ring.SubRing) *simdNTT {
+	simdOnce.Do(func() { simdOK = simdNTTAvailable() })
+	if !simdOK {
+		return nil
+	}
+	if v, ok := simdBySubRing.Load(s); ok {
+		t, _ := v.(*simdNTT)
+		return t
+	}
+	var t *simdNTT
+	if s.N >= 16 && s.Modulus>>62 == 0 && s.NTTTable != nil && len(s.RootsForward) >= s.N {
+		t = newSIMDNTT(s)
+		lat := ring.NewNumberTheoreticTransformerStandard(s, s.N)
+		if !sameTransform(lat, t, s.N, s.Modulus) {
+			t = nil
+		}
+	}
+	if t == nil {
+		simdNTTKept.Add(1)
+		simdBySubRing.Store(s, (*simdNTT)(nil))
+		return nil
+	}
+	v, loaded := simdBySubRing.LoadOrStore(s, t)
+	if !loaded {
+		simdNTTSwapped.Add(1)
+	}
+	t, _ = v.(*simdNTT)
+	return t
+}
+
+func nttLazy(s *ring.SubRing, p1, p2 []uint64) {
+	if t := simdFor(s); t != nil {
+		t.ForwardLazy(p1, p2)
+	} else {
+		s.NTTLazy(p1, p2)
+	}
+}
+
+func nttExact(s *ring.SubRing, p1, p2 []uint64) {
+	if t := simdFor(s); t != nil {
+		t.Forward(p1, p2)
+	} else {
+		s.NTT(p1, p2)
+	}
+}
+
+func inttLazy(s *ring.SubRing, p1, p2 []uint64) {
+	if t := simdFor(s); t != nil {
+		t.BackwardLazy(p1, p2)
+	} else {
+		s.INTTLazy(p1, p2)
+	}
+}
+
+func inttExact(s *ring.SubRing, p1, p2 []uint64) {
+	if t := simdFor(s); t != nil {
+		t.Backward(p1, p2)
+	} else {
+		s.INTT(p1, p2)
+	}
+}
+
+// scratch: reusable coefficient vectors of one ring degree
+var scratchPools sync.Map // N -> *sync.Pool of *[]uint64
+
+func getScratch(n int) *[]uint64 {
+	v, _ := scratchPools.LoadOrStore(n, &sync.Pool{New: func() any { b := make([]uint64, n); return &b }})
+	return v.(*sync.Pool).Get().(*[]uint64)
+}
+
+func putScratch(b *[]uint64) {
+	v, _ := scratchPools.Load(len(*b))
+	v.(*sync.Pool).Put(b)
+}
+
+// scratchPoly: a polynomial of level+1 scratch vectors, and its release.
+func scratchPoly(n, level int) (ring.Poly, func()) {
+	bs := make([]*[]uint64, level+1)
+	p := ring.Poly{Coeffs: make([][]uint64, level+1)}
+	for i := range bs {
+		bs[i] = getScratch(n)
+		p.Coeffs[i] = *bs[i]
+	}
+	return p, func() {
+		for _, b := range bs {
+			putScratch(b)
+		}
+	}
+}
+
+type modDownKey struct {
+	ringQ  *ring.Ring
+	levelP int
+}
+
+// modDownConstants: for each Q prime q_i, (P_0 ... P_levelP)^-1 mod q_i in Montgomery form,
+// as ring.NewBasisExtender computes them (genmodDownConstants).
+func modDownConstants(ringQ, ringP *ring.Ring, levelP int) []uint64 {
+	key := modDownKey{ringQ, levelP}
+	if v, ok := modDownConsts.Load(key); ok {
+		return v.([]uint64)
+	}
+	c := make([]uint64, len(ringQ.SubRings))
+	for i, sq := range ringQ.SubRings {
+		qi := sq.Modulus
+		for j := 0; j <= levelP; j++ {
+			inv := ring.MForm(ring.ModExp(ringP.SubRings[j].Modulus, qi-2, qi), qi, sq.BRedConstant)
+			if j == 0 {
+				c[i] = inv
+			} else {
+				c[i] = ring.MRed(inv, c[i], qi, sq.MRedConstant)
+			}
+		}
+	}
+	modDownConsts.Store(key, c)
+	return c
+}
+
+// modDownQPtoQNTT: p2Q = round(p1 / P) mod Q for p1 = (p1Q, p1P) in the NTT domain
+// (ring.BasisExtender.ModDownQPtoQNTT).  be is the evaluator's basis extender (ModUpPtoQ,
+// Lattigo's exact basis extension, has no transform in it).
+func modDownQPtoQNTT(params rlwe.Parameters, be *ring.BasisExtender, levelQ, levelP int, p1Q, p1P, p2Q ring.Poly) {
+	ringQ, ringP := params.RingQ().AtLevel(levelQ), params.RingP().AtLevel(levelP)
+	n := ringQ.N()
+	buffP, freeP := scratchPoly(n, levelP)
+	defer freeP()
+	buffQ, freeQ := scratchPoly(n, levelQ)
+	defer freeQ()
+	for i, s := range ringP.SubRings[:levelP+1] {
+		inttLazy(s, p1P.Coeffs[i], buffP.Coeffs[i])
+	}
+	be.ModUpPtoQ(levelP, levelQ, buffP, buffQ)
+	c := modDownConstants(params.RingQ(), params.RingP(), levelP)
+	for i, s := range ringQ.SubRings[:levelQ+1] {
+		nttLazy(s, buffQ.Coeffs[i], buffQ.Coeffs[i])
+		s.SubThenMulScalarMontgomeryTwoModulus(buffQ.Coeffs[i], p1Q.Coeffs[i], s.Modulus-c[i], p2Q.Coeffs[i])
+	}
+}
+
+// divRoundByLastModulusNTT: p1 = round(p0 / q_level) at level - 1, p0 in the NTT domain
+// (ring.Ring.DivRoundByLastModulusNTT; r at p0's level).
+func divRoundByLastModulusNTT(r *ring.Ring, p0, p1 ring.Poly) {
+	level := r.Level()
+	n := r.N()
+	b0, b1 := getScratch(n), getScratch(n)
+	defer putScratch(b0)
+	defer putScratch(b1)
+	buff0, buff1 := *b0, *b1
+	last := r.SubRings[level]
+	inttLazy(last, p0.Coeffs[level], buff0)
+	pHalf := (last.Modulus - 1) >> 1 // centre by (p - 1) / 2
+	last.AddScalar(buff0, pHalf, buff0)
+	for i, s := range r.SubRings[:level] {
+		s.AddScalarLazy(buff0, s.Modulus-ring.BRedAdd(pHalf, s.Modulus, s.BRedConstant), buff1)
+		nttLazy(s, buff1, buff1)
+		s.SubThenMulScalarMontgomeryTwoModulus(buff1, p0.Coeffs[i], r.RescaleConstants[level-1][i], p1.Coeffs[i])
+	}
+}
+
+type autKey struct {
+	n       int
+	nthRoot uint64
+	galEl   uint64
+}
+
+func autIndex(n int, nthRoot, galEl uint64) ([]uint64, error) {
+	key := autKey{n, nthRoot, galEl}
+	if v, ok := autIndexes.Load(key); ok {
+		return v.([]uint64), nil
+	}
+	idx, err := ring.AutomorphismNTTIndex(n, nthRoot, galEl)
+	if err != nil {
+		return nil, err
+	}
+	autIndexes.Store(key, idx)
+	return idx, nil
+}
+
+// rotateHoisted: ckks.Evaluator.RotateHoisted (one decomposition of ctIn's c1, then per
+// rotation the hoisted gadget product, the ModDown, the automorphism), with the ModDowns on
+// the AVX-512 transforms.  out[k] must exist for every k in rotations (degree 1).
+func rotateHoisted(eval *ckks.Evaluator, ctIn *rlwe.Ciphertext, rotations []int, out map[int]*rlwe.Ciphertext) error {
+	if !simdAvailableOnce() || !ctIn.IsNTT {
+		return eval.RotateHoisted(ctIn, rotations, out)
+	}
+	params := eval.GetRLWEParameters()
+	levelQ, levelP := ctIn.Level(), params.MaxLevelP()
+	decomp := make([]ringqp.Poly, params.BaseRNSDecompositionVectorSize(levelQ, levelP))
+	for i := range decomp {
+		decomp[i] = ringqp.NewPoly(params.N(), levelQ, levelP)
+	}
+	eval.DecomposeNTT(levelQ, levelP, levelP+1, ctIn.Value[1], ctIn.IsNTT, decomp)
+	for _, k := range rotations {
+		if err := automorphismHoisted(eval, levelQ, ctIn, decomp, params.GaloisElement(k), out[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func simdAvailableOnce() bool {
+	simdOnce.Do(func() { simdOK = simdNTTAvailable() })
+	return simdOK
+}
+
+// automorphismHoisted: rlwe.Evaluator.AutomorphismHoisted for an NTT-domain ciphertext.
+func automorphismHoisted(eval *ckks.Evaluator, level int, ctIn *rlwe.Ciphertext, decomp []ringqp.Poly, galEl uint64, opOut *rlwe.Ciphertext) error {
+	if galEl == 1 {
+		if ctIn != opOut {
+			opOut.Copy(ctIn)
+		}
+		return nil
+	}
+	evk, err := eval.CheckAndGetGaloisKey(galEl)
+	if err != nil {
+		return err
+	}
+	params := eval.GetRLWEParameters()
+	levelP := evk.LevelP()
+	ringQ := params.RingQ().AtLevel(level)
+	ctQP := rlwe.NewElementExtended(params, 1, level, levelP)
+	ctQP.MetaData = &rlwe.MetaData{}
+	ctQP.IsNTT = true
+	if err := eval.GadgetProductHoistedLazy(level, decomp, &evk.GadgetCiphertext, ctQP); err != nil {
+		return err
+	}
+	n := params.N()
+	t0, free0 := scratchPoly(n, level)
+	defer free0()
+	t1, free1 := scratchPoly(n, level)
+	defer free1()
+	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[0].Q, ctQP.Value[0].P, t0)
+	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[1].Q, ctQP.Value[1].P, t1)
+	ringQ.Add(t0, ctIn.Value[0], t0)
+	idx, err := autIndex(ringQ.N(), ringQ.NthRoot(), galEl)
+	if err != nil {
+		return err
+	}
+	opOut.Resize(opOut.Degree(), level)
+	ringQ.AutomorphismNTTWithIndex(t0, idx, opOut.Value[0])
+	ringQ.AutomorphismNTTWithIndex(t1, idx, opOut.Value[1])
+	*opOut.MetaData = *ctIn.MetaData
+	return nil
+}
+
+// rescale: ckks.Evaluator.Rescale (divide by the last prime, one level) with the transforms
+// above; other settings (several primes per rescale, no AVX-512) go to Lattigo's.
+func rescale(eval *ckks.Evaluator, op0, opOut *rlwe.Ciphertext) error {
+	params := eval.GetParameters()
+	if !simdAvailableOnce() || params.LevelsConsumedPerRescaling() != 1 || op0.MetaData == nil ||
+		opOut.MetaData == nil || !op0.IsNTT || op0.Level() < 1 {
+		return eval.Rescale(op0, opOut)
+	}
+	level := op0.Level()
+	if op0 != opOut {
+		opOut.Resize(op0.Degree(), level-1)
+	}
+	*opOut.MetaData = *op0.MetaData
+	ringQ := params.RingQ().AtLevel(level)
+	opOut.Scale = opOut.Scale.Div(rlwe.NewScale(ringQ.SubRings[level].Modulus))
+	for i := range opOut.Value {
+		divRoundByLastModulusNTT(ringQ, op0.Value[i], opOut.Value[i])
+	}
+	if op0 == opOut {
+		opOut.Resize(op0.Degree(), level-1)
+	}
+	return nil
+}
