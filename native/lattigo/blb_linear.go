@@ -162,7 +162,7 @@ func clg_blb_linear(evh C.int64_t, babies *C.int64_t, m C.int, kIn C.int, B C.in
 					y := inner[r]
 					if s != 0 {
 						y = ckks.NewCiphertext(params, 1, lvl)
-						if err := eval.Rotate(inner[r], s, y); err != nil {
+						if err := rotate(eval, inner[r], s, y); err != nil {
 							return err
 						}
 						rots++

@@ -151,8 +151,8 @@ func clg_mul_relin(evh C.int64_t, a C.int64_t, b C.int64_t, out *C.int64_t, errb
 		if err != nil {
 			return err
 		}
-		res := ckks.NewCiphertext(e.ctx.params, 1, lvl)
-		if err := e.eval.MulRelin(x.ct, y.ct, res); err != nil {
+		res, err := mulRelin(e.eval, x.ct, y.ct, lvl)
+		if err != nil {
 			return err
 		}
 		*out = C.int64_t(put(&ctObj{ctx: x.ctx, ct: res}))
@@ -206,7 +206,7 @@ func clg_mul_sum(evh C.int64_t, as *C.int64_t, bs *C.int64_t, n C.int, out *C.in
 			}
 		}
 		res := ckks.NewCiphertext(e.ctx.params, 1, lvl)
-		if err := e.eval.Relinearize(acc, res); err != nil {
+		if err := relinearize(e.eval, acc, res); err != nil {
 			return err
 		}
 		*out = C.int64_t(put(&ctObj{ctx: e.ctx, ct: res}))

@@ -746,7 +746,7 @@ func clg_rotate(evh C.int64_t, cth C.int64_t, step C.int64_t, out *C.int64_t, er
 				return errors.New("rotate needs a degree-1 ciphertext")
 			}
 			res := ckks.NewCiphertext(c.ctx.params, 1, c.ct.Level())
-			if err := e.eval.Rotate(c.ct, int(step), res); err != nil {
+			if err := rotate(e.eval, c.ct, int(step), res); err != nil {
 				return err
 			}
 			*out = C.int64_t(put(&ctObj{ctx: c.ctx, ct: res}))
@@ -1191,7 +1191,7 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 				}
 				for _, s := range b.chunkSteps {
 					r := ckks.NewCiphertext(params, 1, y.Level())
-					if err := eval.Rotate(y, s, r); err != nil {
+					if err := rotate(eval, y, s, r); err != nil {
 						return err
 					}
 					if err := eval.Add(y, r, y); err != nil {

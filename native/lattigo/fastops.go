@@ -304,3 +304,85 @@ func rescale(eval *ckks.Evaluator, op0, opOut *rlwe.Ciphertext) error {
 	}
 	return nil
 }
+
+// decompose: the RNS decomposition of c (NTT domain, at level) that a hoisted key switch uses
+// (rlwe.Evaluator.DecomposeNTT, Lattigo's transforms).
+func decompose(eval *ckks.Evaluator, level int, c ring.Poly) []ringqp.Poly {
+	params := eval.GetRLWEParameters()
+	levelP := params.MaxLevelP()
+	decomp := make([]ringqp.Poly, params.BaseRNSDecompositionVectorSize(level, levelP))
+	for i := range decomp {
+		decomp[i] = ringqp.NewPoly(params.N(), level, levelP)
+	}
+	eval.DecomposeNTT(level, levelP, levelP+1, c, true, decomp)
+	return decomp
+}
+
+// rotate: ckks.Evaluator.Rotate of a degree-1 NTT ciphertext, as a hoisted rotation of one step
+// (the same decomposition, key switch and automorphism; tests: bit-identical).
+func rotate(eval *ckks.Evaluator, ctIn *rlwe.Ciphertext, k int, opOut *rlwe.Ciphertext) error {
+	if !simdAvailableOnce() || !ctIn.IsNTT || ctIn.Degree() != 1 {
+		return eval.Rotate(ctIn, k, opOut)
+	}
+	params := eval.GetRLWEParameters()
+	galEl := params.GaloisElement(k)
+	if galEl == 1 {
+		if ctIn != opOut {
+			opOut.Copy(ctIn)
+		}
+		return nil
+	}
+	if _, err := eval.CheckAndGetGaloisKey(galEl); err != nil {
+		return eval.Rotate(ctIn, k, opOut) // Lattigo's error message
+	}
+	return automorphismHoisted(eval, ctIn.Level(), ctIn, decompose(eval, ctIn.Level(), ctIn.Value[1]), galEl, opOut)
+}
+
+// relinearize: ckks.Evaluator.Relinearize of a degree-2 NTT ciphertext (c2 key-switched with the
+// relinearisation key, ModDown on the AVX-512 transforms; tests: bit-identical).
+func relinearize(eval *ckks.Evaluator, ctIn, opOut *rlwe.Ciphertext) error {
+	if !simdAvailableOnce() || !ctIn.IsNTT || ctIn.Degree() != 2 {
+		return eval.Relinearize(ctIn, opOut)
+	}
+	rlk, err := eval.CheckAndGetRelinearizationKey()
+	if err != nil {
+		return eval.Relinearize(ctIn, opOut)
+	}
+	params := eval.GetRLWEParameters()
+	level := min(ctIn.Level(), opOut.Level())
+	levelP := rlk.LevelP()
+	ringQ := params.RingQ().AtLevel(level)
+	ctQP := rlwe.NewElementExtended(params, 1, level, levelP)
+	ctQP.MetaData = &rlwe.MetaData{}
+	ctQP.IsNTT = true
+	if err := eval.GadgetProductHoistedLazy(level, decompose(eval, level, ctIn.Value[2]), &rlk.GadgetCiphertext, ctQP); err != nil {
+		return err
+	}
+	n := params.N()
+	t0, free0 := scratchPoly(n, level)
+	defer free0()
+	t1, free1 := scratchPoly(n, level)
+	defer free1()
+	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[0].Q, ctQP.Value[0].P, t0)
+	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[1].Q, ctQP.Value[1].P, t1)
+	opOut.Resize(1, level)
+	ringQ.Add(ctIn.Value[0], t0, opOut.Value[0])
+	ringQ.Add(ctIn.Value[1], t1, opOut.Value[1])
+	*opOut.MetaData = *ctIn.MetaData
+	return nil
+}
+
+// mulRelin: ckks.Evaluator.MulRelin (x * y, relinearised, no rescale) at `level`, as Mul then
+// relinearize (tests: bit-identical).
+func mulRelin(eval *ckks.Evaluator, x, y *rlwe.Ciphertext, level int) (*rlwe.Ciphertext, error) {
+	params := *eval.GetParameters()
+	res := ckks.NewCiphertext(params, 1, level)
+	if !simdAvailableOnce() || x.Degree() != 1 || y.Degree() != 1 {
+		return res, eval.MulRelin(x, y, res)
+	}
+	prod := ckks.NewCiphertext(params, 2, level)
+	if err := eval.Mul(x, y, prod); err != nil {
+		return nil, err
+	}
+	return res, relinearize(eval, prod, res)
+}

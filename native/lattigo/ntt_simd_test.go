@@ -150,7 +150,7 @@ func fastopsParams(t testing.TB) (ckks.Parameters, *ckks.Evaluator, *ckks.Encode
 	for _, k := range rots {
 		gks = append(gks, kg.GenGaloisKeyNew(params.GaloisElement(k), sk))
 	}
-	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(nil, gks...))
+	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(kg.GenRelinearizationKeyNew(sk), gks...))
 	return params, eval, ckks.NewEncoder(params), rlwe.NewEncryptor(params, sk), rots
 }
 
@@ -241,5 +241,49 @@ func TestFastopsMatchLattigo(t *testing.T) {
 				t.Fatal("RotateHoisted: metadata differs")
 			}
 		}
+	}
+	// one rotation, and a relinearisation (of a product, in place and out of place)
+	for _, k := range rots {
+		wc, gc := ckks.NewCiphertext(params, 1, ct.Level()), ckks.NewCiphertext(params, 1, ct.Level())
+		if err := eval.Rotate(ct, k, wc); err != nil {
+			t.Fatal(err)
+		}
+		if err := rotate(eval, ct, k, gc); err != nil {
+			t.Fatal(err)
+		}
+		samePoly(t, "Rotate c0", wc.Value[0], gc.Value[0])
+		samePoly(t, "Rotate c1", wc.Value[1], gc.Value[1])
+	}
+	prod := ckks.NewCiphertext(params, 2, ct.Level())
+	if err := eval.Mul(ct, ct, prod); err != nil {
+		t.Fatal(err)
+	}
+	wl, gl := ckks.NewCiphertext(params, 1, ct.Level()), ckks.NewCiphertext(params, 1, ct.Level())
+	if err := eval.Relinearize(prod, wl); err != nil {
+		t.Fatal(err)
+	}
+	if err := relinearize(eval, prod, gl); err != nil {
+		t.Fatal(err)
+	}
+	if !wl.Scale.Equal(gl.Scale) || wl.Level() != gl.Level() {
+		t.Fatal("Relinearize: metadata differs")
+	}
+	samePoly(t, "Relinearize c0", wl.Value[0], gl.Value[0])
+	samePoly(t, "Relinearize c1", wl.Value[1], gl.Value[1])
+	// MulRelin, a product and a square
+	for _, y := range []*rlwe.Ciphertext{ct, ct.CopyNew()} {
+		want := ckks.NewCiphertext(params, 1, ct.Level())
+		if err := eval.MulRelin(ct, y, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := mulRelin(eval, ct, y, ct.Level())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !want.Scale.Equal(got.Scale) || want.Level() != got.Level() {
+			t.Fatal("MulRelin: metadata differs")
+		}
+		samePoly(t, "MulRelin c0", want.Value[0], got.Value[0])
+		samePoly(t, "MulRelin c1", want.Value[1], got.Value[1])
 	}
 }

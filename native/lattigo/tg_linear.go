@@ -184,7 +184,7 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 				}
 				if shift != 0 {
 					r := ckks.NewCiphertext(params, 1, acc.Level())
-					if err := eval.Rotate(acc, shift, r); err != nil {
+					if err := rotate(eval, acc, shift, r); err != nil {
 						return err
 					}
 					acc = r
