@@ -227,7 +227,7 @@ func rotateHoisted(eval *ckks.Evaluator, ctIn *rlwe.Ciphertext, rotations []int,
 	for i := range decomp {
 		decomp[i] = ringqp.NewPoly(params.N(), levelQ, levelP)
 	}
-	eval.DecomposeNTT(levelQ, levelP, levelP+1, ctIn.Value[1], ctIn.IsNTT, decomp)
+	decomposeNTT(eval, levelQ, levelP, levelP+1, ctIn.Value[1], decomp)
 	for _, k := range rotations {
 		if err := automorphismHoisted(eval, levelQ, ctIn, decomp, params.GaloisElement(k), out[k]); err != nil {
 			return err
@@ -314,8 +314,35 @@ func decompose(eval *ckks.Evaluator, level int, c ring.Poly) []ringqp.Poly {
 	for i := range decomp {
 		decomp[i] = ringqp.NewPoly(params.N(), level, levelP)
 	}
-	eval.DecomposeNTT(level, levelP, levelP+1, c, true, decomp)
+	decomposeNTT(eval, level, levelP, levelP+1, c, decomp)
 	return decomp
+}
+
+// decomposeNTT: rlwe.Evaluator.DecomposeNTT for c2 in the NTT domain (its INTT, then per digit
+// Lattigo's exact DecomposeAndSplit and the NTTs of the digit into the other primes and P).
+func decomposeNTT(eval *ckks.Evaluator, levelQ, levelP, nbPi int, c2 ring.Poly, decompQP []ringqp.Poly) {
+	params := eval.GetRLWEParameters()
+	ringQ := params.RingQ().AtLevel(levelQ)
+	ringP := params.RingP().AtLevel(levelP)
+	inv, free := scratchPoly(params.N(), levelQ)
+	defer free()
+	for x, s := range ringQ.SubRings[:levelQ+1] {
+		inttExact(s, c2.Coeffs[x], inv.Coeffs[x])
+	}
+	for i := range decompQP[:params.BaseRNSDecompositionVectorSize(levelQ, levelP)] {
+		eval.Decomposer.DecomposeAndSplit(levelQ, levelP, nbPi, i, inv, decompQP[i].Q, decompQP[i].P)
+		own0, own1 := i*nbPi, i*nbPi+nbPi
+		for x, s := range ringQ.SubRings[:levelQ+1] {
+			if own0 <= x && x < own1 {
+				copy(decompQP[i].Q.Coeffs[x], c2.Coeffs[x])
+			} else {
+				nttExact(s, decompQP[i].Q.Coeffs[x], decompQP[i].Q.Coeffs[x])
+			}
+		}
+		for x, s := range ringP.SubRings[:levelP+1] {
+			nttExact(s, decompQP[i].P.Coeffs[x], decompQP[i].P.Coeffs[x])
+		}
+	}
 }
 
 // rotate: ckks.Evaluator.Rotate of a degree-1 NTT ciphertext, as a hoisted rotation of one step

@@ -287,3 +287,24 @@ func TestFastopsMatchLattigo(t *testing.T) {
 		samePoly(t, "MulRelin c1", want.Value[1], got.Value[1])
 	}
 }
+
+func TestDecomposeNTTMatchesLattigo(t *testing.T) {
+	params, eval, ecd, enc, _ := fastopsParams(t)
+	ct := randomCiphertext(t, params, ecd, enc)
+	for _, level := range []int{ct.Level(), ct.Level() - 1, 0} {
+		levelP := params.MaxLevelP()
+		size := params.BaseRNSDecompositionVectorSize(level, levelP)
+		want, got := make([]ringqp.Poly, size), make([]ringqp.Poly, size)
+		for i := range want {
+			want[i] = ringqp.NewPoly(params.N(), level, levelP)
+			got[i] = ringqp.NewPoly(params.N(), level, levelP)
+		}
+		c := ct.Value[1]
+		eval.DecomposeNTT(level, levelP, levelP+1, c, true, want)
+		decomposeNTT(eval, level, levelP, levelP+1, c, got)
+		for i := range want {
+			samePoly(t, "DecomposeNTT Q", want[i].Q, got[i].Q)
+			samePoly(t, "DecomposeNTT P", want[i].P, got[i].P)
+		}
+	}
+}
