@@ -536,14 +536,14 @@ func clg_encode(h C.int64_t, re *C.double, im *C.double, n C.int64_t, level C.in
 		if im == nil {
 			v := make([]float64, width)
 			copy(v, r)
-			err = c.encoder.Encode(v, pt)
+			err = encodeNTT(c.encoder, v, pt)
 		} else {
 			ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), int(n))
 			v := make([]complex128, width)
 			for k := range r {
 				v[k] = complex(r[k], ii[k])
 			}
-			err = c.encoder.Encode(v, pt)
+			err = encodeNTT(c.encoder, v, pt)
 		}
 		if err != nil {
 			return err
@@ -1007,7 +1007,7 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 					}
 					pt := ckks.NewPlaintext(b.ctx.params, b.level)
 					pt.Scale = b.scale
-					if errs[k] = b.ctx.encoder.Encode(v, pt); errs[k] == nil {
+					if errs[k] = encodeNTT(b.ctx.encoder, v, pt); errs[k] == nil {
 						// stored in Montgomery form: the products skip Lattigo's per-product MForm
 						b.ctx.params.RingQ().AtLevel(b.level).MForm(pt.Value, pt.Value)
 						pts[k] = newDiag(pt, b.maxRep)

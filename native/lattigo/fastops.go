@@ -413,3 +413,30 @@ func mulRelin(eval *ckks.Evaluator, x, y *rlwe.Ciphertext, level int) (*rlwe.Cip
 	}
 	return res, relinearize(eval, prod, res)
 }
+
+// encodeNTT: ckks.Encoder.Encode of slot values into a batched NTT-domain plaintext with all
+// the ring's slots, with the NTT on the AVX-512 transforms: Lattigo's own embedding (FFT,
+// fixed-point CRT) into the coefficient domain, then the NTT and, if the plaintext is in
+// Montgomery form, MForm of every prime (what rlwe.NTTSparseAndMontgomery does with all
+// slots; tests: bit-identical).  Fewer slots go to Lattigo's encoder: its sparse NTT is
+// already short, and its coefficient-domain spreading of a sparse plaintext does not clear
+// every coefficient between the spread ones (v6.2.0), so it cannot be the input here.
+func encodeNTT(ecd *ckks.Encoder, values any, pt *rlwe.Plaintext) error {
+	params := ecd.GetRLWEParameters()
+	if !simdAvailableOnce() || !pt.IsBatched || !pt.IsNTT || 1<<pt.LogDimensions.Cols != int(params.RingQ().NthRoot()>>2) {
+		return ecd.Encode(values, pt)
+	}
+	md := *pt.MetaData
+	md.IsNTT, md.IsMontgomery = false, false
+	if err := ecd.Embed(values, &md, pt.Value); err != nil {
+		return err
+	}
+	ringQ := params.RingQ().AtLevel(pt.Level())
+	for i, s := range ringQ.SubRings[:pt.Level()+1] {
+		nttExact(s, pt.Value.Coeffs[i], pt.Value.Coeffs[i])
+		if pt.IsMontgomery {
+			s.MForm(pt.Value.Coeffs[i], pt.Value.Coeffs[i])
+		}
+	}
+	return nil
+}

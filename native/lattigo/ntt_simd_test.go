@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand"
 	"testing"
 
@@ -305,6 +306,44 @@ func TestDecomposeNTTMatchesLattigo(t *testing.T) {
 		for i := range want {
 			samePoly(t, "DecomposeNTT Q", want[i].Q, got[i].Q)
 			samePoly(t, "DecomposeNTT P", want[i].P, got[i].P)
+		}
+	}
+}
+
+func TestEncodeNTTMatchesLattigo(t *testing.T) {
+	params, _, ecd, _, _ := fastopsParams(t)
+	r := rand.New(rand.NewSource(11))
+	for _, logSlots := range []int{params.LogMaxSlots(), 5, 0} {
+		for _, cmplx := range []bool{false, true} {
+			n := 1 << logSlots
+			var vals any
+			if cmplx {
+				v := make([]complex128, n)
+				for i := range v {
+					v[i] = complex(r.Float64()*2-1, r.Float64()*2-1)
+				}
+				vals = v
+			} else {
+				v := make([]float64, n)
+				for i := range v {
+					v[i] = r.Float64()*2 - 1
+				}
+				vals = v
+			}
+			want, got := ckks.NewPlaintext(params, 1), ckks.NewPlaintext(params, 1)
+			want.LogDimensions = ring.Dimensions{Rows: 0, Cols: logSlots}
+			got.LogDimensions = want.LogDimensions
+			if err := ecd.Encode(vals, want); err != nil {
+				t.Fatal(err)
+			}
+			if err := encodeNTT(ecd, vals, got); err != nil {
+				t.Fatal(err)
+			}
+			samePoly(t, fmt.Sprintf("Encode logSlots=%d complex=%v", logSlots, cmplx), want.Value, got.Value)
+			if want.IsNTT != got.IsNTT || want.IsMontgomery != got.IsMontgomery || !want.Scale.Equal(got.Scale) ||
+				want.LogDimensions != got.LogDimensions {
+				t.Fatal("Encode: metadata differs")
+			}
 		}
 	}
 }

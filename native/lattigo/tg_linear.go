@@ -165,7 +165,7 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 						}
 						pt := ckks.NewPlaintext(params, lvl)
 						pt.Scale = scale
-						if err := e.ctx.encoder.Encode(v, pt); err != nil {
+						if err := encodeNTT(e.ctx.encoder, v, pt); err != nil {
 							return err
 						}
 						if acc == nil {
