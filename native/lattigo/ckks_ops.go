@@ -330,7 +330,7 @@ func clg_poly_eval(evh C.int64_t, cth C.int64_t, coeffs *C.double, n C.int, a C.
 				}
 			}
 			// a fresh evaluator per call: Lattigo's polynomial evaluator keeps per-evaluation state
-			res, err := polynomial.NewEvaluator(e.ctx.params, e.eval).Evaluate(x, poly, c.ct.Scale)
+			res, err := polynomialEvaluator(e.ctx.params, e.eval).Evaluate(x, poly, c.ct.Scale)
 			if err != nil {
 				return err
 			}

@@ -19,6 +19,7 @@ package main
 import (
 	"sync"
 
+	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
@@ -439,4 +440,46 @@ func encodeNTT(ecd *ckks.Encoder, values any, pt *rlwe.Plaintext) error {
 		}
 	}
 	return nil
+}
+
+// fastEvaluator: a ckks.Evaluator whose ct-ct products, relinearisations and rescales go
+// through the functions above when a Lattigo circuit calls them through the schemes.Evaluator
+// interface (the polynomial evaluator: `polynomialEvaluator`).  Everything else is the
+// embedded evaluator's.
+type fastEvaluator struct{ *ckks.Evaluator }
+
+func (f fastEvaluator) MulRelin(op0 *rlwe.Ciphertext, op1 rlwe.Operand, opOut *rlwe.Ciphertext) error {
+	ct, ok := op1.(*rlwe.Ciphertext)
+	if !ok || !simdAvailableOnce() || op0.Degree() != 1 || ct.Degree() != 1 || !op0.IsNTT || !ct.IsNTT {
+		return f.Evaluator.MulRelin(op0, op1, opOut)
+	}
+	prod := ckks.NewCiphertext(*f.GetParameters(), 2, min(op0.Level(), ct.Level(), opOut.Level()))
+	if err := f.Evaluator.Mul(op0, ct, prod); err != nil {
+		return err
+	}
+	return relinearize(f.Evaluator, prod, opOut)
+}
+
+func (f fastEvaluator) MulRelinNew(op0 *rlwe.Ciphertext, op1 rlwe.Operand) (*rlwe.Ciphertext, error) {
+	ct, ok := op1.(*rlwe.Ciphertext)
+	if !ok {
+		return f.Evaluator.MulRelinNew(op0, op1)
+	}
+	out := ckks.NewCiphertext(*f.GetParameters(), 1, min(op0.Level(), ct.Level()))
+	return out, f.MulRelin(op0, op1, out)
+}
+
+func (f fastEvaluator) Relinearize(op0, op1 *rlwe.Ciphertext) error {
+	return relinearize(f.Evaluator, op0, op1)
+}
+
+func (f fastEvaluator) Rescale(op0, op1 *rlwe.Ciphertext) error {
+	return rescale(f.Evaluator, op0, op1)
+}
+
+// polynomialEvaluator: Lattigo's CKKS polynomial evaluator over fastEvaluator.
+func polynomialEvaluator(params ckks.Parameters, eval *ckks.Evaluator) *polynomial.Evaluator {
+	pe := polynomial.NewEvaluator(params, eval)
+	pe.Evaluator.Evaluator = fastEvaluator{eval}
+	return pe
 }

@@ -5,10 +5,12 @@ import (
 	"math/rand"
 	"testing"
 
+	ckkspoly "github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+	"github.com/tuneinsight/lattigo/v6/utils/bignum"
 	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
@@ -346,4 +348,34 @@ func TestEncodeNTTMatchesLattigo(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestPolynomialEvaluatorMatchesLattigo(t *testing.T) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, LogQ: []int{60, 40, 40, 40, 40}, LogP: []int{61}, LogDefaultScale: 40,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kg := rlwe.NewKeyGenerator(params)
+	sk := kg.GenSecretKeyNew()
+	eval := ckks.NewEvaluator(params, rlwe.NewMemEvaluationKeySet(kg.GenRelinearizationKeyNew(sk)))
+	ecd, enc := ckks.NewEncoder(params), rlwe.NewEncryptor(params, sk)
+	ct := randomCiphertext(t, params, ecd, enc)
+	// a degree-7 polynomial (power basis X, X^2, X^4, baby and giant steps, four rescales)
+	coeffs := []float64{0.1, -0.3, 0.25, 0.5, -0.125, 0.0625, 0.2, -0.05}
+	poly := bignum.NewPolynomial(bignum.Monomial, coeffs, nil)
+	want, err := ckkspoly.NewEvaluator(params, eval).Evaluate(ct, poly, ct.Scale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := polynomialEvaluator(params, eval).Evaluate(ct, poly, ct.Scale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.Level() != got.Level() || !want.Scale.Equal(got.Scale) {
+		t.Fatal("polynomial: metadata differs")
+	}
+	samePoly(t, "polynomial c0", want.Value[0], got.Value[0])
+	samePoly(t, "polynomial c1", want.Value[1], got.Value[1])
 }
