@@ -157,6 +157,11 @@ func newBtpObj(c *ctxObj, bp bootstrapping.Parameters, keys *bootstrapping.Evalu
 	if err != nil {
 		return nil, err
 	}
+	// EvalMod's polynomial (products, relinearisations, rescales) on the AVX-512 NTTs
+	// (fastops.go); the DFTs' linear transforms keep Lattigo's own
+	if m := ev.Mod1Evaluator; m != nil && m.PolynomialEvaluator != nil && m.Evaluator != nil {
+		m.PolynomialEvaluator.Evaluator.Evaluator = fastEvaluator{m.Evaluator}
+	}
 	return &btpObj{ctx: c, params: bp, keys: keys, eval: ev}, nil
 }
 
