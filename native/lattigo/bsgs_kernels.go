@@ -467,7 +467,7 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 				// c1: rescaled, its one digit lifted to P (centred, as Lattigo's decomposer),
 				// times the Galois key in QP, rotated there
 				divRoundByLastModulusNTT(ringQ, inner[x][1], r1)
-				inttExact(sQ0, r1.Coeffs[0], coef)
+				nttOf(sQ0).Backward(r1.Coeffs[0], coef)
 				half := q0 >> 1
 				for j, v := range coef {
 					if v >= half {
@@ -480,7 +480,7 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 						dP[j] = ring.BRedAdd(v, pMod, bredP)
 					}
 				}
-				nttExact(sP, dP, dP)
+				nttOf(sP).Forward(dP, dP)
 				el := galKeys[u.i].GadgetCiphertext.Value[0][0]
 				if QP[o] == nil {
 					QP[o] = &[2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}

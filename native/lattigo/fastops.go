@@ -67,36 +67,13 @@ func simdFor(s *ring.SubRing) *simdNTT {
 	return t
 }
 
-func nttLazy(s *ring.SubRing, p1, p2 []uint64) {
+// nttOf: the transform of s to use: the checked AVX-512 one, or Lattigo's own (values in the
+// ranges of ring.NumberTheoreticTransformer either way).
+func nttOf(s *ring.SubRing) ring.NumberTheoreticTransformer {
 	if t := simdFor(s); t != nil {
-		t.ForwardLazy(p1, p2)
-	} else {
-		s.NTTLazy(p1, p2)
+		return t
 	}
-}
-
-func nttExact(s *ring.SubRing, p1, p2 []uint64) {
-	if t := simdFor(s); t != nil {
-		t.Forward(p1, p2)
-	} else {
-		s.NTT(p1, p2)
-	}
-}
-
-func inttLazy(s *ring.SubRing, p1, p2 []uint64) {
-	if t := simdFor(s); t != nil {
-		t.BackwardLazy(p1, p2)
-	} else {
-		s.INTTLazy(p1, p2)
-	}
-}
-
-func inttExact(s *ring.SubRing, p1, p2 []uint64) {
-	if t := simdFor(s); t != nil {
-		t.Backward(p1, p2)
-	} else {
-		s.INTT(p1, p2)
-	}
+	return ring.NewNumberTheoreticTransformerStandard(s, s.N)
 }
 
 // scratch: reusable coefficient vectors of one ring degree
@@ -166,12 +143,12 @@ func modDownQPtoQNTT(params rlwe.Parameters, be *ring.BasisExtender, levelQ, lev
 	buffQ, freeQ := scratchPoly(n, levelQ)
 	defer freeQ()
 	for i, s := range ringP.SubRings[:levelP+1] {
-		inttLazy(s, p1P.Coeffs[i], buffP.Coeffs[i])
+		nttOf(s).BackwardLazy(p1P.Coeffs[i], buffP.Coeffs[i])
 	}
 	be.ModUpPtoQ(levelP, levelQ, buffP, buffQ)
 	c := modDownConstants(params.RingQ(), params.RingP(), levelP)
 	for i, s := range ringQ.SubRings[:levelQ+1] {
-		nttLazy(s, buffQ.Coeffs[i], buffQ.Coeffs[i])
+		nttOf(s).ForwardLazy(buffQ.Coeffs[i], buffQ.Coeffs[i])
 		s.SubThenMulScalarMontgomeryTwoModulus(buffQ.Coeffs[i], p1Q.Coeffs[i], s.Modulus-c[i], p2Q.Coeffs[i])
 	}
 }
@@ -186,12 +163,12 @@ func divRoundByLastModulusNTT(r *ring.Ring, p0, p1 ring.Poly) {
 	defer putScratch(b1)
 	buff0, buff1 := *b0, *b1
 	last := r.SubRings[level]
-	inttLazy(last, p0.Coeffs[level], buff0)
+	nttOf(last).BackwardLazy(p0.Coeffs[level], buff0)
 	pHalf := (last.Modulus - 1) >> 1 // centre by (p - 1) / 2
 	last.AddScalar(buff0, pHalf, buff0)
 	for i, s := range r.SubRings[:level] {
 		s.AddScalarLazy(buff0, s.Modulus-ring.BRedAdd(pHalf, s.Modulus, s.BRedConstant), buff1)
-		nttLazy(s, buff1, buff1)
+		nttOf(s).ForwardLazy(buff1, buff1)
 		s.SubThenMulScalarMontgomeryTwoModulus(buff1, p0.Coeffs[i], r.RescaleConstants[level-1][i], p1.Coeffs[i])
 	}
 }
@@ -242,6 +219,25 @@ func simdAvailableOnce() bool {
 	return simdOK
 }
 
+// keySwitchHoisted: the key switch of a decomposed polynomial with a gadget ciphertext,
+// (t0, t1) = ModDown(GadgetProductHoistedLazy(decomp, key)) at level (Lattigo's gadget product
+// in QP, our ModDown); free releases t0 and t1.
+func keySwitchHoisted(eval *ckks.Evaluator, level int, decomp []ringqp.Poly, key *rlwe.GadgetCiphertext) (t0, t1 ring.Poly, free func(), err error) {
+	params := eval.GetRLWEParameters()
+	levelP := key.LevelP()
+	ctQP := rlwe.NewElementExtended(params, 1, level, levelP)
+	ctQP.MetaData = &rlwe.MetaData{}
+	ctQP.IsNTT = true
+	if err = eval.GadgetProductHoistedLazy(level, decomp, key, ctQP); err != nil {
+		return
+	}
+	t0, free0 := scratchPoly(params.N(), level)
+	t1, free1 := scratchPoly(params.N(), level)
+	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[0].Q, ctQP.Value[0].P, t0)
+	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[1].Q, ctQP.Value[1].P, t1)
+	return t0, t1, func() { free0(); free1() }, nil
+}
+
 // automorphismHoisted: rlwe.Evaluator.AutomorphismHoisted for an NTT-domain ciphertext.
 func automorphismHoisted(eval *ckks.Evaluator, level int, ctIn *rlwe.Ciphertext, decomp []ringqp.Poly, galEl uint64, opOut *rlwe.Ciphertext) error {
 	if galEl == 1 {
@@ -255,21 +251,12 @@ func automorphismHoisted(eval *ckks.Evaluator, level int, ctIn *rlwe.Ciphertext,
 		return err
 	}
 	params := eval.GetRLWEParameters()
-	levelP := evk.LevelP()
 	ringQ := params.RingQ().AtLevel(level)
-	ctQP := rlwe.NewElementExtended(params, 1, level, levelP)
-	ctQP.MetaData = &rlwe.MetaData{}
-	ctQP.IsNTT = true
-	if err := eval.GadgetProductHoistedLazy(level, decomp, &evk.GadgetCiphertext, ctQP); err != nil {
+	t0, t1, free, err := keySwitchHoisted(eval, level, decomp, &evk.GadgetCiphertext)
+	if err != nil {
 		return err
 	}
-	n := params.N()
-	t0, free0 := scratchPoly(n, level)
-	defer free0()
-	t1, free1 := scratchPoly(n, level)
-	defer free1()
-	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[0].Q, ctQP.Value[0].P, t0)
-	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[1].Q, ctQP.Value[1].P, t1)
+	defer free()
 	ringQ.Add(t0, ctIn.Value[0], t0)
 	idx, err := autIndex(ringQ.N(), ringQ.NthRoot(), galEl)
 	if err != nil {
@@ -328,7 +315,7 @@ func decomposeNTT(eval *ckks.Evaluator, levelQ, levelP, nbPi int, c2 ring.Poly, 
 	inv, free := scratchPoly(params.N(), levelQ)
 	defer free()
 	for x, s := range ringQ.SubRings[:levelQ+1] {
-		inttExact(s, c2.Coeffs[x], inv.Coeffs[x])
+		nttOf(s).Backward(c2.Coeffs[x], inv.Coeffs[x])
 	}
 	for i := range decompQP[:params.BaseRNSDecompositionVectorSize(levelQ, levelP)] {
 		eval.Decomposer.DecomposeAndSplit(levelQ, levelP, nbPi, i, inv, decompQP[i].Q, decompQP[i].P)
@@ -337,11 +324,11 @@ func decomposeNTT(eval *ckks.Evaluator, levelQ, levelP, nbPi int, c2 ring.Poly, 
 			if own0 <= x && x < own1 {
 				copy(decompQP[i].Q.Coeffs[x], c2.Coeffs[x])
 			} else {
-				nttExact(s, decompQP[i].Q.Coeffs[x], decompQP[i].Q.Coeffs[x])
+				nttOf(s).Forward(decompQP[i].Q.Coeffs[x], decompQP[i].Q.Coeffs[x])
 			}
 		}
 		for x, s := range ringP.SubRings[:levelP+1] {
-			nttExact(s, decompQP[i].P.Coeffs[x], decompQP[i].P.Coeffs[x])
+			nttOf(s).Forward(decompQP[i].P.Coeffs[x], decompQP[i].P.Coeffs[x])
 		}
 	}
 }
@@ -378,21 +365,12 @@ func relinearize(eval *ckks.Evaluator, ctIn, opOut *rlwe.Ciphertext) error {
 	}
 	params := eval.GetRLWEParameters()
 	level := min(ctIn.Level(), opOut.Level())
-	levelP := rlk.LevelP()
 	ringQ := params.RingQ().AtLevel(level)
-	ctQP := rlwe.NewElementExtended(params, 1, level, levelP)
-	ctQP.MetaData = &rlwe.MetaData{}
-	ctQP.IsNTT = true
-	if err := eval.GadgetProductHoistedLazy(level, decompose(eval, level, ctIn.Value[2]), &rlk.GadgetCiphertext, ctQP); err != nil {
+	t0, t1, free, err := keySwitchHoisted(eval, level, decompose(eval, level, ctIn.Value[2]), &rlk.GadgetCiphertext)
+	if err != nil {
 		return err
 	}
-	n := params.N()
-	t0, free0 := scratchPoly(n, level)
-	defer free0()
-	t1, free1 := scratchPoly(n, level)
-	defer free1()
-	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[0].Q, ctQP.Value[0].P, t0)
-	modDownQPtoQNTT(*params, eval.BasisExtender, level, levelP, ctQP.Value[1].Q, ctQP.Value[1].P, t1)
+	defer free()
 	opOut.Resize(1, level)
 	ringQ.Add(ctIn.Value[0], t0, opOut.Value[0])
 	ringQ.Add(ctIn.Value[1], t1, opOut.Value[1])
@@ -434,7 +412,7 @@ func encodeNTT(ecd *ckks.Encoder, values any, pt *rlwe.Plaintext) error {
 	}
 	ringQ := params.RingQ().AtLevel(pt.Level())
 	for i, s := range ringQ.SubRings[:pt.Level()+1] {
-		nttExact(s, pt.Value.Coeffs[i], pt.Value.Coeffs[i])
+		nttOf(s).Forward(pt.Value.Coeffs[i], pt.Value.Coeffs[i])
 		if pt.IsMontgomery {
 			s.MForm(pt.Value.Coeffs[i], pt.Value.Coeffs[i])
 		}
