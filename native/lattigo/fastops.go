@@ -17,6 +17,7 @@ package main
 // Lattigo's own, so these functions are always correct to call.
 
 import (
+	"encoding/binary"
 	"sync"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
@@ -29,39 +30,43 @@ import (
 var (
 	simdOnce sync.Once
 	simdOK   bool
-	// *ring.SubRing -> *simdNTT, or nil where Lattigo's transform stays
-	simdBySubRing sync.Map
-	// (ringQ, levelP) -> Montgomery constants of ModDown; (N, NthRoot, galEl) -> index
+	// nttKey -> *simdNTT, or nil where Lattigo's transform stays.  Keyed by content, not by
+	// *ring.SubRing: every context builds its own rings, and a server makes a context per
+	// session; the tables of one prime (64 N bytes) are built and checked once per process.
+	simdByPrime sync.Map
+	// modDownKey -> Montgomery constants of ModDown (by content too)
 	modDownConsts sync.Map
-	autIndexes    sync.Map
 )
 
-// simdFor: the checked AVX-512 transform of s, built once per subring, or nil.
+// nttKey: what an NTT's tables depend on (the degree, the prime, Lattigo's first roots).
+type nttKey struct {
+	n         int
+	q, fw, bw uint64
+}
+
+// simdFor: the checked AVX-512 transform of s's prime, built once per process, or nil.
 func simdFor(s *ring.SubRing) *simdNTT {
 	simdOnce.Do(func() { simdOK = simdNTTAvailable() })
-	if !simdOK {
+	if !simdOK || s.N < 16 || s.Modulus>>62 != 0 || s.NTTTable == nil || len(s.RootsForward) < s.N ||
+		len(s.RootsBackward) < s.N {
 		return nil
 	}
-	if v, ok := simdBySubRing.Load(s); ok {
+	key := nttKey{s.N, s.Modulus, s.RootsForward[1], s.RootsBackward[1]}
+	if v, ok := simdByPrime.Load(key); ok {
 		t, _ := v.(*simdNTT)
 		return t
 	}
-	var t *simdNTT
-	if s.N >= 16 && s.Modulus>>62 == 0 && s.NTTTable != nil && len(s.RootsForward) >= s.N {
-		t = newSIMDNTT(s)
-		lat := ring.NewNumberTheoreticTransformerStandard(s, s.N)
-		if !sameTransform(lat, t, s.N, s.Modulus) {
-			t = nil
-		}
+	t := newSIMDNTT(s)
+	if !sameTransform(ring.NewNumberTheoreticTransformerStandard(s, s.N), t, s.N, s.Modulus) {
+		t = nil
 	}
-	if t == nil {
-		simdNTTKept.Add(1)
-		simdBySubRing.Store(s, (*simdNTT)(nil))
-		return nil
-	}
-	v, loaded := simdBySubRing.LoadOrStore(s, t)
+	v, loaded := simdByPrime.LoadOrStore(key, t)
 	if !loaded {
-		simdNTTSwapped.Add(1)
+		if t != nil {
+			simdNTTSwapped.Add(1)
+		} else {
+			simdNTTKept.Add(1)
+		}
 	}
 	t, _ = v.(*simdNTT)
 	return t
@@ -105,14 +110,21 @@ func scratchPoly(n, level int) (ring.Poly, func()) {
 }
 
 type modDownKey struct {
-	ringQ  *ring.Ring
 	levelP int
+	moduli string // the Q primes, then the P primes up to levelP, as bytes
 }
 
 // modDownConstants: for each Q prime q_i, (P_0 ... P_levelP)^-1 mod q_i in Montgomery form,
 // as ring.NewBasisExtender computes them (genmodDownConstants).
 func modDownConstants(ringQ, ringP *ring.Ring, levelP int) []uint64 {
-	key := modDownKey{ringQ, levelP}
+	ids := make([]byte, 0, 8*(len(ringQ.SubRings)+levelP+1))
+	for _, s := range ringQ.SubRings {
+		ids = binary.LittleEndian.AppendUint64(ids, s.Modulus)
+	}
+	for _, s := range ringP.SubRings[:levelP+1] {
+		ids = binary.LittleEndian.AppendUint64(ids, s.Modulus)
+	}
+	key := modDownKey{levelP, string(ids)}
 	if v, ok := modDownConsts.Load(key); ok {
 		return v.([]uint64)
 	}
@@ -171,25 +183,6 @@ func divRoundByLastModulusNTT(r *ring.Ring, p0, p1 ring.Poly) {
 		nttOf(s).ForwardLazy(buff1, buff1)
 		s.SubThenMulScalarMontgomeryTwoModulus(buff1, p0.Coeffs[i], r.RescaleConstants[level-1][i], p1.Coeffs[i])
 	}
-}
-
-type autKey struct {
-	n       int
-	nthRoot uint64
-	galEl   uint64
-}
-
-func autIndex(n int, nthRoot, galEl uint64) ([]uint64, error) {
-	key := autKey{n, nthRoot, galEl}
-	if v, ok := autIndexes.Load(key); ok {
-		return v.([]uint64), nil
-	}
-	idx, err := ring.AutomorphismNTTIndex(n, nthRoot, galEl)
-	if err != nil {
-		return nil, err
-	}
-	autIndexes.Store(key, idx)
-	return idx, nil
 }
 
 // rotateHoisted: ckks.Evaluator.RotateHoisted (one decomposition of ctIn's c1, then per
@@ -258,9 +251,12 @@ func automorphismHoisted(eval *ckks.Evaluator, level int, ctIn *rlwe.Ciphertext,
 	}
 	defer free()
 	ringQ.Add(t0, ctIn.Value[0], t0)
-	idx, err := autIndex(ringQ.N(), ringQ.NthRoot(), galEl)
-	if err != nil {
-		return err
+	idx := eval.AutomorphismIndex(galEl) // precomputed by the evaluator for its Galois keys
+	if idx == nil {
+		var err error
+		if idx, err = ring.AutomorphismNTTIndex(ringQ.N(), ringQ.NthRoot(), galEl); err != nil {
+			return err
+		}
 	}
 	opOut.Resize(opOut.Degree(), level)
 	ringQ.AutomorphismNTTWithIndex(t0, idx, opOut.Value[0])
