@@ -379,3 +379,20 @@ func TestPolynomialEvaluatorMatchesLattigo(t *testing.T) {
 	samePoly(t, "polynomial c0", want.Value[0], got.Value[0])
 	samePoly(t, "polynomial c1", want.Value[1], got.Value[1])
 }
+
+// Two rings over the same primes (two contexts, e.g. two server sessions) share one set of
+// AVX-512 tables per prime.
+func TestSIMDTablesSharedAcrossRings(t *testing.T) {
+	if !simdNTTAvailable() {
+		t.Skip("no AVX-512F/DQ on this CPU (or CIPHERLM_LATTIGO_SIMD_NTT=0)")
+	}
+	a, b := nttRing(t, 1024, []int{50, 60}), nttRing(t, 1024, []int{50, 60})
+	for i := range a.SubRings {
+		if a.SubRings[i] == b.SubRings[i] {
+			t.Fatal("the two rings share a subring object: not the case under test")
+		}
+		if simdFor(a.SubRings[i]) == nil || simdFor(a.SubRings[i]) != simdFor(b.SubRings[i]) {
+			t.Fatalf("prime %d: separate tables for the same prime", a.SubRings[i].Modulus)
+		}
+	}
+}
