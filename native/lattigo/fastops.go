@@ -1,16 +1,22 @@
 package main
 
 // Lattigo operations re-expressed over the AVX-512 NTTs of ntt_avx512.c, for the hot paths of
-// this library's kernels: the ModDown after a key switch, the rescale (division by the last
-// prime) and hoisted rotations.  Lattigo (v6.2.0) routes every NTT through an unexported
-// field of ring.SubRing whose concrete type its own code switches on (SubRing.Type panics on
-// any other), so its transform cannot be replaced in place; these functions do the same
-// arithmetic as Lattigo's (ring.BasisExtender.ModDownQPtoQNTT, ring.Ring.DivRoundByLastModulusNTT,
-// rlwe.Evaluator.AutomorphismHoisted, ckks.Evaluator.RotateHoisted), step for step, with
-// the transforms swapped.  Every step ends in a full modular reduction, so the outputs are the
-// same residues as Lattigo's (tests: fastops_test.go); the lazy transforms' wider-but-smaller
-// output ranges ([0, 4q) and [0, 2q) against Lattigo's [0, 6q - 2] and [0, 2q - 1]) are
-// within what the following step accepts.
+// this library's kernels.  Lattigo (v6.2.0) routes every NTT through an unexported field of
+// ring.SubRing whose concrete type its own code switches on (SubRing.Type panics on any
+// other), so its transform cannot be replaced in place; these functions do the same arithmetic
+// as Lattigo's, step for step, with the transforms swapped:
+//   modDownQPtoQNTT          ring.BasisExtender.ModDownQPtoQNTT
+//   divRoundByLastModulusNTT ring.Ring.DivRoundByLastModulusNTT; rescale: ckks.Evaluator.Rescale
+//   decomposeNTT             rlwe.Evaluator.DecomposeNTT
+//   automorphismHoisted      rlwe.Evaluator.AutomorphismHoisted; rotateHoisted, rotate:
+//                            ckks.Evaluator.RotateHoisted, Rotate
+//   relinearize, mulRelin    ckks.Evaluator.Relinearize, MulRelin
+//   encodeNTT                ckks.Encoder.Encode (all slots)
+//   fastEvaluator            the above behind Lattigo's polynomial evaluator
+// Every step ends in a full modular reduction, so the outputs are the same residues as
+// Lattigo's (ntt_simd_test.go checks each bit for bit); the lazy transforms' output ranges
+// ([0, 4q) and [0, 2q), inside Lattigo's [0, 6q - 2] and [0, 2q - 1]) are within what the
+// following step accepts.
 //
 // Where the AVX-512 code cannot run (simdNTTAvailable false, a modulus of 62 bits or more, a
 // transform that failed its check against Lattigo's), each transform falls back to
