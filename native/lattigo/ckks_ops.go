@@ -151,8 +151,8 @@ func clg_mul_relin(evh C.int64_t, a C.int64_t, b C.int64_t, out *C.int64_t, errb
 		if err != nil {
 			return err
 		}
-		res, err := mulRelin(e.eval, x.ct, y.ct, lvl)
-		if err != nil {
+		res := ckks.NewCiphertext(e.ctx.params, 1, lvl)
+		if err := mulRelin(e.eval, x.ct, y.ct, res); err != nil {
 			return err
 		}
 		*out = C.int64_t(put(&ctObj{ctx: x.ctx, ct: res}))

@@ -52,8 +52,7 @@ type nttKey struct {
 
 // simdFor: the checked AVX-512 transform of s's prime, built once per process, or nil.
 func simdFor(s *ring.SubRing) *simdNTT {
-	simdOnce.Do(func() { simdOK = simdNTTAvailable() })
-	if !simdOK || s.N < 16 || s.Modulus>>62 != 0 || s.NTTTable == nil || len(s.RootsForward) < s.N ||
+	if !simdAvailableOnce() || s.N < 16 || s.Modulus>>62 != 0 || s.NTTTable == nil || len(s.RootsForward) < s.N ||
 		len(s.RootsBackward) < s.N {
 		return nil
 	}
@@ -66,14 +65,7 @@ func simdFor(s *ring.SubRing) *simdNTT {
 	if !sameTransform(ring.NewNumberTheoreticTransformerStandard(s, s.N), t, s.N, s.Modulus) {
 		t = nil
 	}
-	v, loaded := simdByPrime.LoadOrStore(key, t)
-	if !loaded {
-		if t != nil {
-			simdNTTSwapped.Add(1)
-		} else {
-			simdNTTKept.Add(1)
-		}
-	}
+	v, _ := simdByPrime.LoadOrStore(key, t)
 	t, _ = v.(*simdNTT)
 	return t
 }
@@ -84,8 +76,17 @@ func nttOf(s *ring.SubRing) ring.NumberTheoreticTransformer {
 	if t := simdFor(s); t != nil {
 		return t
 	}
-	return ring.NewNumberTheoreticTransformerStandard(s, s.N)
+	return lattigoNTT{s}
 }
+
+// lattigoNTT: s's own transform through its exported methods (pointer-shaped: no allocation
+// when it is returned as an interface on every call, as nttOf does)
+type lattigoNTT struct{ s *ring.SubRing }
+
+func (l lattigoNTT) Forward(p1, p2 []uint64)      { l.s.NTT(p1, p2) }
+func (l lattigoNTT) ForwardLazy(p1, p2 []uint64)  { l.s.NTTLazy(p1, p2) }
+func (l lattigoNTT) Backward(p1, p2 []uint64)     { l.s.INTT(p1, p2) }
+func (l lattigoNTT) BackwardLazy(p1, p2 []uint64) { l.s.INTTLazy(p1, p2) }
 
 // scratch: reusable coefficient vectors of one ring degree
 var scratchPools sync.Map // N -> *sync.Pool of *[]uint64
@@ -199,20 +200,16 @@ func rotateHoisted(eval *ckks.Evaluator, ctIn *rlwe.Ciphertext, rotations []int,
 		return eval.RotateHoisted(ctIn, rotations, out)
 	}
 	params := eval.GetRLWEParameters()
-	levelQ, levelP := ctIn.Level(), params.MaxLevelP()
-	decomp := make([]ringqp.Poly, params.BaseRNSDecompositionVectorSize(levelQ, levelP))
-	for i := range decomp {
-		decomp[i] = ringqp.NewPoly(params.N(), levelQ, levelP)
-	}
-	decomposeNTT(eval, levelQ, levelP, levelP+1, ctIn.Value[1], decomp)
+	decomp := decompose(eval, ctIn.Level(), ctIn.Value[1])
 	for _, k := range rotations {
-		if err := automorphismHoisted(eval, levelQ, ctIn, decomp, params.GaloisElement(k), out[k]); err != nil {
+		if err := automorphismHoisted(eval, ctIn.Level(), ctIn, decomp, params.GaloisElement(k), out[k]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// simdAvailableOnce: simdNTTAvailable, read once per process.
 func simdAvailableOnce() bool {
 	simdOnce.Do(func() { simdOK = simdNTTAvailable() })
 	return simdOK
@@ -380,19 +377,17 @@ func relinearize(eval *ckks.Evaluator, ctIn, opOut *rlwe.Ciphertext) error {
 	return nil
 }
 
-// mulRelin: ckks.Evaluator.MulRelin (x * y, relinearised, no rescale) at `level`, as Mul then
-// relinearize (tests: bit-identical).
-func mulRelin(eval *ckks.Evaluator, x, y *rlwe.Ciphertext, level int) (*rlwe.Ciphertext, error) {
-	params := *eval.GetParameters()
-	res := ckks.NewCiphertext(params, 1, level)
-	if !simdAvailableOnce() || x.Degree() != 1 || y.Degree() != 1 {
-		return res, eval.MulRelin(x, y, res)
+// mulRelin: ckks.Evaluator.MulRelin of two ciphertexts (x * y, relinearised, no rescale) into
+// opOut, at the lowest of the three levels, as Mul then relinearize (tests: bit-identical).
+func mulRelin(eval *ckks.Evaluator, x, y, opOut *rlwe.Ciphertext) error {
+	if !simdAvailableOnce() || x.Degree() != 1 || y.Degree() != 1 || !x.IsNTT || !y.IsNTT {
+		return eval.MulRelin(x, y, opOut)
 	}
-	prod := ckks.NewCiphertext(params, 2, level)
+	prod := ckks.NewCiphertext(*eval.GetParameters(), 2, min(x.Level(), y.Level(), opOut.Level()))
 	if err := eval.Mul(x, y, prod); err != nil {
-		return nil, err
+		return err
 	}
-	return res, relinearize(eval, prod, res)
+	return relinearize(eval, prod, opOut)
 }
 
 // encodeNTT: ckks.Encoder.Encode of slot values into a batched NTT-domain plaintext with all
@@ -429,15 +424,10 @@ func encodeNTT(ecd *ckks.Encoder, values any, pt *rlwe.Plaintext) error {
 type fastEvaluator struct{ *ckks.Evaluator }
 
 func (f fastEvaluator) MulRelin(op0 *rlwe.Ciphertext, op1 rlwe.Operand, opOut *rlwe.Ciphertext) error {
-	ct, ok := op1.(*rlwe.Ciphertext)
-	if !ok || !simdAvailableOnce() || op0.Degree() != 1 || ct.Degree() != 1 || !op0.IsNTT || !ct.IsNTT {
-		return f.Evaluator.MulRelin(op0, op1, opOut)
+	if ct, ok := op1.(*rlwe.Ciphertext); ok {
+		return mulRelin(f.Evaluator, op0, ct, opOut)
 	}
-	prod := ckks.NewCiphertext(*f.GetParameters(), 2, min(op0.Level(), ct.Level(), opOut.Level()))
-	if err := f.Evaluator.Mul(op0, ct, prod); err != nil {
-		return err
-	}
-	return relinearize(f.Evaluator, prod, opOut)
+	return f.Evaluator.MulRelin(op0, op1, opOut)
 }
 
 func (f fastEvaluator) MulRelinNew(op0 *rlwe.Ciphertext, op1 rlwe.Operand) (*rlwe.Ciphertext, error) {

@@ -16,15 +16,11 @@ import (
 	"math/rand"
 	"os"
 	"runtime"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"golang.org/x/sys/cpu"
 )
-
-// primes whose transform is the AVX-512 one / Lattigo's (for the tests)
-var simdNTTSwapped, simdNTTKept atomic.Int64
 
 // simdNTTAvailable: the AVX-512 transforms may run (the CPU has AVX-512F and DQ, the C code is
 // compiled in, and CIPHERLM_LATTIGO_SIMD_NTT is not 0).
@@ -124,8 +120,8 @@ func newSIMDNTT(s *ring.SubRing) *simdNTT {
 	return t
 }
 
-// sameTransform: a and b agree on random polynomials (exactly for Forward / Backward, mod q
-// for the lazy variants, whose outputs each keep within its own bound).
+// sameTransform: a and b agree on random polynomials (exactly, and reduced below q, for
+// Forward / Backward; mod q for the lazy variants, whose output ranges differ).
 func sameTransform(a, b ring.NumberTheoreticTransformer, n int, q uint64) bool {
 	rng := rand.New(rand.NewSource(int64(q)))
 	in := make([]uint64, n)

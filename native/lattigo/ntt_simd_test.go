@@ -279,8 +279,8 @@ func TestFastopsMatchLattigo(t *testing.T) {
 		if err := eval.MulRelin(ct, y, want); err != nil {
 			t.Fatal(err)
 		}
-		got, err := mulRelin(eval, ct, y, ct.Level())
-		if err != nil {
+		got := ckks.NewCiphertext(params, 1, ct.Level())
+		if err := mulRelin(eval, ct, y, got); err != nil {
 			t.Fatal(err)
 		}
 		if !want.Scale.Equal(got.Scale) || want.Level() != got.Level() {
