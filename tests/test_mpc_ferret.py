@@ -252,6 +252,39 @@ def test_pool_refills_and_bytes_per_ot():
     assert total < n * bytes_per_ot("random", ferret=False) / 4
 
 
+def test_prime_fills_both_directions_on_the_main_set():
+    """`OTSession.prime` (both parties, mirrored order inside): each direction is on
+    the main set with a main iteration's base in reserve and a full pool, reached
+    by the IKNP bootstrap, one setup iteration (reserve only) and one main
+    iteration; then requests in both directions are served from the pool (no
+    further iteration) and keep the COT correlation; IKNP sessions accept the call."""
+    def p0(ot):
+        ot.prime()
+        primed = ot.chan.totals()
+        return primed, ot.send_rcot(5000)[0], ot.recv_rcot(7000)
+
+    def p1(ot):
+        ot.prime()
+        return ot.chan.totals(), ot.recv_rcot(5000), ot.send_rcot(7000)[0]
+
+    ((t0, v01, (u10, w10)), (_, (u01, w01), v10)), _, sess = run_both(p0, p1, timeout=120.0)
+    for pool in (sess[0]._ferret_send, sess[0]._ferret_recv, sess[1]._ferret_send, sess[1]._ferret_recv):
+        assert pool.main and pool.iterations == 2
+        assert pool._reserve_len() == FERRET_MAIN.base
+    served = FERRET_MAIN.n - (FERRET_MAIN.base - (FERRET_SETUP.n - FERRET_MAIN.base))
+    assert sess[0]._ferret_send.pool.avail == served - 5000
+    assert sess[0]._ferret_recv.pool.avail == served - 7000
+    for v, (u, w), sender in ((v01, (u01, w01), sess[0]), (v10, (u10, w10), sess[1])):
+        d = np.frombuffer(sender._ferret_send.delta, np.uint64)
+        np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
+    # traffic of the priming, both directions: IKNP bootstrap rows, the two Ferret
+    # messages of each iteration (seed and trees), headers
+    body = 2 * (FERRET_SETUP.base * 16 + FERRET_SETUP.msg_len + FERRET_MAIN.msg_len + 2 * 16)
+    total = t0["bytes_sent"] + t0["bytes_received"]
+    assert body < total < body * 1.01 + 20_000, total
+    (_, _), _, _ = run_both(lambda ot: ot.prime(), lambda ot: ot.prime(), ferret_on=False)
+
+
 def test_main_parameter_switch_is_deterministic():
     """With a tiny switch threshold both pools move to the main set at the same
     call (run only the decision logic: no main iteration here)."""

@@ -198,6 +198,7 @@ def _party(ctx, config: dict, server, plan: dict, ids: np.ndarray, attention: st
     with meter("setup"):
         he_session(ctx)
         ctx.ot.setup(kk13=True)
+        ctx.ot.prime()  # Ferret's main set and base now, as emp-ot's Ferret set-up in SPU's warm-up
     n = int(ids.size)
     summary0, stats0, chan0 = meter.summary(), meter.stats(), ctx.chan.totals()
     t0 = time.perf_counter()

@@ -301,6 +301,7 @@ def _party(ctx, names: list[str], n: int, rows: int, warm: bool = True) -> list[
     from .shares import AShare, BShare
 
     if warm:  # one-time base OTs of every kind in both directions, outside the measurements
+        ctx.ot.prime()  # Ferret's main base in both directions, as SPU's warm-up runs emp-ot's Ferret set-up
         b = np.array([0, 1] * 8, np.uint8)
         bool_ops.and_bits(ctx, b, b)
         millionaire.millionaire(ctx, np.arange(16, dtype=np.uint64), 8)

@@ -203,6 +203,11 @@ class OTSession:
         use).  Both parties call it."""
         self.ext.setup(kk13)
 
+    def prime(self) -> None:
+        """Set-up for a large workload (`OTExtension.prime`): on Ferret, both directions'
+        pools switch to the main parameter set and fill its base now.  Both parties call it."""
+        self.ext.prime()
+
     # internals kept for tests and tools that act as a broken peer (the IKNP part's state)
 
     @property

@@ -108,6 +108,11 @@ class OTExtension(ABC):
     def setup(self, kk13: bool = False) -> None:
         """Base OTs of both directions now (otherwise on first use); both parties call it."""
 
+    def prime(self) -> None:
+        """Set-up for a large workload (both directions; both parties call it at the
+        same point): a silent extension switches to its main parameters and fills the
+        base they need now instead of growing into them.  Nothing to do on IKNP."""
+
     @abstractmethod
     def sender_delta(self) -> bytes:
         """This party's Delta (16 bytes) as COT sender (runs the base OTs on first use)."""
@@ -362,6 +367,13 @@ class FerretExtension(OTExtension):
 
     def sender_delta(self) -> bytes:
         return self._send_pool().delta
+
+    def prime(self) -> None:
+        """Both pools to the main set with a full reserve (`FerretSender.prime`); party 0's
+        sender pool pairs with party 1's receiver pool, so the parties go in mirrored order."""
+        pools = (self._send_pool, self._recv_pool) if self.party == 0 else (self._recv_pool, self._send_pool)
+        for pool in pools:
+            pool().prime()
 
     def recv_cot(self, op: str, choices: np.ndarray, batch: int | None = None, **fields) -> list[Batch]:
         """Beaver derandomisation of Ferret random COTs (u, w): send e = c xor u."""
