@@ -136,20 +136,21 @@ def test_a_zero_operand_is_still_hidden():
 
 # ------------------------------------------------------------------ views
 BITS = 8
-VIEW_N = 4000
+#: one ciphertext (one-way flow) and two (each party encrypts one, evaluates the other)
+VIEW_SIZES = (4000, N + 4000)
 
 
-def _view_party(ctx, own, varied, log):
+def _view_party(ctx, own, varied, log, n):
     """Party ``ctx.party`` multiplies constant shares; the other party's shares are ``varied``."""
     x0, y0 = own[ctx.party] if varied[0] != ctx.party else varied[1]
-    x = AShare(ctx, np.full(VIEW_N, x0, np.uint64), BITS, 0)
-    y = AShare(ctx, np.full(VIEW_N, y0, np.uint64), BITS, 0)
+    x = AShare(ctx, np.full(n, x0, np.uint64), BITS, 0)
+    y = AShare(ctx, np.full(n, y0, np.uint64), BITS, 0)
     z = mul.mul(ctx, x, y, exact=True, method="he")
     log[threading.current_thread().name] = ctx.party
     return z.data
 
 
-def _view(observer, varied_value, monkeypatch):
+def _view(observer, varied_value, monkeypatch, n):
     seen = []
     real = mul_he.rescale
 
@@ -160,19 +161,20 @@ def _view(observer, varied_value, monkeypatch):
     monkeypatch.setattr(mul_he, "rescale", spy)
     own = {0: (77, 201), 1: (145, 33)}
     log = {}
-    a, b = run_inprocess(_view_party, args0=(own, (1 - observer, varied_value), log),
-                         args1=(own, (1 - observer, varied_value), log), ring=RingConfig(BITS, 0), timeout=300)
+    a, b = run_inprocess(_view_party, args0=(own, (1 - observer, varied_value), log, n),
+                         args1=(own, (1 - observer, varied_value), log, n), ring=RingConfig(BITS, 0), timeout=300)
     residues = next(r for name, r in seen if log[name] == observer)
     return (a, b)[observer], residues
 
 
+@pytest.mark.parametrize("n", VIEW_SIZES)
 @pytest.mark.parametrize("observer", [0, 1])
-def test_views_are_uniform_and_independent_of_the_peer(observer, monkeypatch):
+def test_views_are_uniform_and_independent_of_the_peer(observer, n, monkeypatch):
     """What each party holds after the product (its decrypted or mask residues mod every
     prime, top 8 bits, and its output share) is uniform and the same for two different
-    inputs of the other party."""
-    sa, ra = _view(observer, (3, 250), monkeypatch)
-    sb, rb = _view(observer, (200, 7), monkeypatch)
+    inputs of the other party, in the one-way and the two-way flow."""
+    sa, ra = _view(observer, (3, 250), monkeypatch, n)
+    sb, rb = _view(observer, (200, 7), monkeypatch, n)
     items = [("share", sa, sb)]
     for i, t in enumerate(mul_he.plain_primes(ra.shape[0])):
         top = lambda r: (r[i].astype(object) * 256 // t).astype(np.int64)  # noqa: E731
@@ -215,8 +217,14 @@ def test_bytes_match_the_formula(n, terms, exact):
     payload = cts * m * (terms * mul_he.DATA_PRIMES * 8 * N + 2 * mul_he.RESULT_PRIMES * 8 * N)
     assert payload <= a[0] <= payload + cts * m * terms * 300 + 1024
     assert abs(a[0] - mul_he.bytes_estimate(n, 64, terms, exact)) <= 0.001 * payload
-    assert a[1] == 1 and b[0] == a[0]
-    assert b[2] == m * cts * N and a[2] == 0  # the evaluator floods every result coefficient
+    assert b[0] == a[0]
+    if cts == 1:  # party 0 encrypts, party 1 evaluates: one round each way
+        assert a[1] == 1 and b[1] == 1
+        assert b[2] == m * N and a[2] == 0  # the evaluator floods every result coefficient
+    else:  # each party encrypts half the ciphertexts and evaluates the other half: two exchanges
+        half = cts // 2
+        assert a[1] == 2 and b[1] == 2
+        assert a[2] == m * half * N and b[2] == m * (cts - half) * N
 
 
 # ------------------------------------------------------------------ bad input
@@ -230,17 +238,18 @@ def _honest(ctx):
                                  64, exact=True)
 
 
-@pytest.mark.parametrize("payload", ["count", "junk", "reference", "type"])
+@pytest.mark.parametrize("payload", ["count", "junk", "reference", "order", "type"])
 def test_evaluator_rejects_bad_ciphertexts(payload):
     def liar(ctx):
-        m = mul_he.primes_needed(64, 2, True)
         ops = [[0, 1], [1, 1]]
         if payload == "count":
-            ctx.send({"cts": [b"\x00" * 64] * (m * 2 - 1), "ops": ops, "drop": []})
+            ctx.send({"prime": 0, "cts": [b"\x00" * 64] * 3, "ops": ops, "drop": []})
         elif payload == "junk":
-            ctx.send({"cts": [b"\x00" * 64] * (m * 2), "ops": ops, "drop": []})
+            ctx.send({"prime": 0, "cts": [b"\x00" * 64] * 2, "ops": ops, "drop": []})
         elif payload == "reference":  # an operand party 1 never received
-            ctx.send({"cts": [], "ops": [[7, 0], [8, 0]], "drop": []})
+            ctx.send({"prime": 0, "cts": [], "ops": [[7, 0], [8, 0]], "drop": []})
+        elif payload == "order":  # prime 1's ciphertexts first
+            ctx.send({"prime": 1, "cts": [b"\x00" * 64] * 2, "ops": ops, "drop": []})
         else:
             ctx.send({"cts": "nope"})
         return None
@@ -251,13 +260,50 @@ def test_evaluator_rejects_bad_ciphertexts(payload):
     assert "Error" in str(e.value)
 
 
-def test_encryptor_rejects_a_bad_reply():
+def _honest_two_way(ctx):
+    n = N + 5
+    return mul_he.cross_products(ctx, [np.arange(n, dtype=np.uint64), np.arange(n, dtype=np.uint64) + np.uint64(9)],
+                                 64, exact=True)
+
+
+@pytest.mark.parametrize("payload", ["count", "primes", "reply"])
+def test_two_way_rejects_bad_messages(payload):
+    """The two-way flow (two ciphertexts: each party encrypts one): a peer whose upload
+    has the wrong number of ciphertexts, or whose reply has the wrong shape, is refused."""
     def liar(ctx):
-        ctx.recv()
-        ctx.send({"c1": np.zeros((1, 1, 1, 8), np.uint64), "c0": np.zeros((1, 1, 1, 8), np.uint64)})
+        ops = [[0, 1], [1, 1]]
+        m = mul_he.primes_needed(64, 2, True)
+        if payload == "count":  # 2 operands x 1 ciphertext per prime, one missing
+            ctx.exchange({"cts": [b"\x00" * 64] * (2 * m - 1), "ops": ops, "drop": []})
+        elif payload == "primes":  # junk blobs of the right count
+            ctx.exchange({"cts": [b"\x00" * 64] * (2 * m), "ops": ops, "drop": []})
+        else:  # an honest upload, then a reply of the wrong shape
+            up = mul_he._encrypt(ctx, mul_he.sessions(ctx, m), mul_he.plain_primes(m),
+                                 [np.arange(N + 5, dtype=np.uint64)] * 2, 64, N + 5, 1, 2)
+            head = next(up)
+            ctx.exchange({**head, "cts": [b for blobs in up for b in blobs]})
+            ctx.exchange({"c1": np.zeros((m, 1, 1, 8), np.uint64), "c0": np.zeros((m, 1, 1, 8), np.uint64)})
         return None
 
-    with pytest.raises(PartyFailed, match="HE product reply has shapes"):
+    with pytest.raises(PartyFailed) as e:
+        run_inprocess(_setup_then, _setup_then, args0=(_honest_two_way,), args1=(liar,), timeout=60)
+    assert e.value.party == 0
+    assert ("reply has shapes" if payload == "reply" else "Error") in str(e.value)
+
+
+@pytest.mark.parametrize("bad,match", [("shape", "HE product reply has shapes"),
+                                       ("order", "expected the reply for prime 0")])
+def test_encryptor_rejects_a_bad_reply(bad, match):
+    def liar(ctx):
+        for _ in range(mul_he.primes_needed(64, 2, True)):
+            ctx.recv()
+        if bad == "shape":
+            ctx.send({"prime": 0, "c1": np.zeros((1, 1, 8), np.uint64), "c0": np.zeros((1, 1, 8), np.uint64)})
+        else:  # the right shapes for the wrong prime
+            ctx.send({"prime": 1, "c1": np.zeros((1, 1, N), np.uint64), "c0": np.zeros((1, 1, N), np.uint64)})
+        return None
+
+    with pytest.raises(PartyFailed, match=match):
         run_inprocess(_setup_then, _setup_then, args0=(_honest,), args1=(liar,), timeout=60)
 
 
@@ -317,17 +363,24 @@ def _repeat_party(ctx, X, Y, Z):
     return out, sent
 
 
+@pytest.mark.parametrize("n", [1000, 2 * N + 5])
 @pytest.mark.parametrize("cap", [None, 4])
-def test_repeated_operands_travel_once(cap, monkeypatch):
+def test_repeated_operands_travel_once(cap, n, monkeypatch):
     """x y, then x z: party 0's x0 is not encrypted again (one upload instead of two),
-    and the products stay right when the store has room for one operand only (cap 4)."""
+    and the products stay right when the store has room for one operand only (cap 4).
+    With 3 ciphertexts party 0 encrypts 2 of them (and party 1 the third)."""
     if cap is not None:
         monkeypatch.setattr(mul_he, "MAX_CACHED_CTS", cap)
     rng = np.random.default_rng(4)
-    X, Y, Z = (rng.integers(0, 1 << 63, 1000, dtype=np.uint64) for _ in range(3))
+    X, Y, Z = (rng.integers(0, 1 << 63, n, dtype=np.uint64) for _ in range(3))
     (out, sent), _ = run_inprocess(_repeat_party, args0=(X, Y, Z), args1=(X, Y, Z), timeout=300)
     assert (out[0] == X * Y).all() and (out[1] == X * Z).all() and (out[2] == Y * Z).all() and (out[3] == X * Y).all()
-    one = mul_he.primes_needed(64, 2, True) * mul_he.DATA_PRIMES * 8 * N  # one operand's ciphertexts
+    cts, m = -(-n // N), mul_he.primes_needed(64, 2, True)
+    mine = mul_he._halves(cts)[0] if cts > 1 else (0, 1)
+    # one operand's ciphertexts (party 0's range); party 0's replies for the rest (two-way)
+    one = m * mul_he.DATA_PRIMES * 8 * N * (mine[1] - mine[0])
+    replies = m * 2 * mul_he.RESULT_PRIMES * 8 * N * (cts - (mine[1] - mine[0]))
+    sent = [v - replies for v in sent]
     if cap is None:
         assert sent[0] - sent[1] >= 0.99 * one and sent[3] < 0.01 * one  # x0 cached, then x0 and y0
     else:  # room for one operand: the store keeps this call's and drops older ones, in step on both sides
