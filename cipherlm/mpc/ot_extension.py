@@ -400,7 +400,7 @@ class FerretExtension(OTExtension):
             tw = pool.tweak() - m
             msg = expect(self.chan, op, {"e": (m + 7) // 8}, k=KAPPA, n=m, at=tw, **fields)
             e = np.unpackbits(msg["e"], count=m, bitorder="little").astype(np.uint64)
-            v ^= pool.delta64 * e[:, None]
+            v ^= pool.delta64 & np.negative(e)[:, None]  # Delta where e = 1 (all-ones mask)
             yield v.view(np.uint8).reshape(-1), tw, lo, lo + m
             lo += m
 
@@ -439,7 +439,7 @@ class FerretExtension(OTExtension):
         m_bits = N.bit_length() - 1
         out = np.empty(c.size, np.uint64)
         # bit i of choice j is the choice of correlated OT j m + i
-        cbits = ((c[:, None] >> np.arange(m_bits, dtype=np.uint8)) & 1).astype(np.uint8).reshape(-1)
+        cbits = np.unpackbits(np.asarray(c, np.uint8)[:, None], axis=1, count=m_bits, bitorder="little").reshape(-1)
         for t, tw, lo, hi in self.recv_cot(op, cbits, batch=self._whole(m_bits), bits=bits, N=N):
             j0, j1 = lo // m_bits, hi // m_bits
             y = self._reply(op + "_y", ((j1 - j0) * N * bits + 7) // 8)

@@ -50,7 +50,6 @@ def bit_triples(ctx, n: int, k: int = 1):
     if n == 0:
         return np.zeros(0, np.uint8), np.zeros((0, k), np.uint8), np.zeros((0, k), np.uint8)
     ot = ctx.ot
-    shifts = np.arange(k, dtype=np.uint64)
     with ctx.step("bit_triples"):
         a = uniform(ctx.rng, n, 1).astype(np.uint8)
         own = []  # this party's shares of the two cross terms, (n, k) each
@@ -58,16 +57,21 @@ def bit_triples(ctx, n: int, k: int = 1):
         for sender in (1, 0):  # cross term a_{1-sender} * b_sender
             if ctx.party == sender:
                 m0, m1 = ot.send_random(n, k)
-                m0 = np.asarray(m0, np.uint64)
-                m1 = np.asarray(m1, np.uint64)
-                b = ((m0 ^ m1)[:, None] >> shifts) & np.uint64(1)
-                own.append((m0[:, None] >> shifts) & np.uint64(1))
+                b = _low_bits(np.asarray(m0, np.uint64) ^ np.asarray(m1, np.uint64), k)
+                own.append(_low_bits(m0, k))
             else:
                 _, mc = ot.recv_random(a.astype(bool), k)
-                own.append((np.asarray(mc, np.uint64)[:, None] >> shifts) & np.uint64(1))
-        b = b.astype(np.uint8)
-        c = (a[:, None] & b) ^ own[0].astype(np.uint8) ^ own[1].astype(np.uint8)
+                own.append(_low_bits(mc, k))
+        c = (a[:, None] & b) ^ own[0] ^ own[1]
     return a, b, c
+
+
+def _low_bits(v: np.ndarray, k: int) -> np.ndarray:
+    """The k low bits of each uint64 as a (n, k) uint8 0/1 array, bit 0 first."""
+    v = np.asarray(v, np.uint64)
+    if k <= 8:  # one byte per value: unpack instead of k 64-bit shifts
+        return np.unpackbits(v.astype(np.uint8)[:, None], axis=1, count=k, bitorder="little")
+    return ((v[:, None] >> np.arange(k, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
 
 
 def and_bits(ctx, x: np.ndarray, y: np.ndarray, triple=None) -> np.ndarray:
