@@ -115,7 +115,7 @@ func clg_ckks_new_preset(preset C.int, allowInsecure C.int, out *C.int64_t, errb
 		if err != nil {
 			return err
 		}
-		c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil),
+		c := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil),
 			btp: &btpPreset{id: int(preset), lit: blit, testOnly: test}}
 		if _, err := c.btp.parameters(params); err != nil {
 			return err

@@ -363,10 +363,23 @@ func clg_ckks_new(logN C.int, logQ *C.int64_t, nQ C.int, logP *C.int64_t, nP C.i
 		if err != nil {
 			return err
 		}
-		c := &ctxObj{params: params, encoder: ckks.NewEncoder(params), eval: ckks.NewEvaluator(params, nil)}
+		c := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
 		*out = C.int64_t(put(c))
 		return nil
 	})
+}
+
+// encodingPrec: the precision of every context's encoder.  Lattigo's default is the
+// context's scale when that is above 2^53 (BLB's per-block scales go up to 2^55), and then
+// every encode and decode runs an IFFT of math/big floats, a multiple of the float64
+// path's time.  A power-of-two scale multiplies a float64 exactly, so the float64 path
+// loses only the IFFT's own relative rounding (~2^-50 of the values), below a fresh
+// encryption's noise at such scales (~2^-46 at N = 2^14 and scale 2^55).
+const encodingPrec = 53
+
+// newEncoder: a CKKS encoder of encodingPrec bits for params.
+func newEncoder(params ckks.Parameters) *ckks.Encoder {
+	return ckks.NewEncoder(params, encodingPrec)
 }
 
 // clg_ctx_info: N, max level, number of Q and P primes, and the primes (Q then P) into moduli.
