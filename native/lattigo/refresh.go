@@ -5,7 +5,7 @@
 // it at the top level and the default scale, and the server subtracts u (scaled the same way).
 //
 // u's coefficients are uniform in [-2^bits, 2^bits), expanded from a 32-byte seed with
-// Lattigo's keyed PRNG (BLAKE2b XOF), so the server keeps 32 bytes per ciphertext and
+// `seedStream` (AES-256 in counter mode), so the server keeps 32 bytes per ciphertext and
 // regenerates u to unmask.  With |m + e| <= 2^(bits - lambda) per coefficient, the client's
 // view of one coefficient is within statistical distance 2^-(lambda + 1) of u alone.
 //
@@ -31,7 +31,6 @@ import (
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
 	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
-	"github.com/tuneinsight/lattigo/v6/utils/sampling"
 )
 
 // ratioPrec: bits of the scale ratio and of the scaled coefficients (the masked coefficients
@@ -47,7 +46,7 @@ func maskInts(seed []byte, n int, bits int) ([]*big.Int, error) {
 	if bits < 1 || bits > 1000 {
 		return nil, fmt.Errorf("mask of %d bits out of range 1..1000", bits)
 	}
-	prng, err := sampling.NewKeyedPRNG(seed)
+	prng, err := newSeedStream(seed)
 	if err != nil {
 		return nil, err
 	}
