@@ -168,8 +168,8 @@ class _FerretSide:
         pre-iteration), then run one main iteration into an empty pool.  The first
         main iteration of a side costs up to 3x a later one (measured 0.24-0.64 s
         against 0.21 s: its output arrays, the core's scratch); that now falls in
-        the set-up, and later requests see the steady state.  Both parties call it at the same point; traffic is labelled
-        "ot.ferret"."""
+        the set-up, and later requests see the steady state.  Both parties call it at
+        the same point; traffic is labelled "ot.ferret"."""
         self.main = True
         while self._reserve_len() < FERRET_MAIN.base:
             self._refill(FERRET_MAIN.usable)

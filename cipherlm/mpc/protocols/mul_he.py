@@ -256,27 +256,23 @@ def _two_way(ctx, ses, primes, vals, bits, n, cts) -> np.ndarray:
                                       n, *theirs):
         c1s[i], c0s[i] = c1, c0
         out[i, theirs[0] * N:theirs[1] * N] = share
-    reply = ctx.exchange({"c1": c1s, "c0": c0s})
     count = mine[1] - mine[0]
-    replies = (_reply({"prime": i, "c1": _part(reply, "c1", i), "c0": _part(reply, "c0", i)}, i, count)
-               for i in range(m))
-    out[:, mine[0] * N:mine[1] * N] = _decrypt(ses, replies, count)
+    c1, c0 = _results(ctx.exchange({"c1": c1s, "c0": c0s}), (m, count, RESULT_PRIMES, N))
+    out[:, mine[0] * N:mine[1] * N] = _decrypt(ses, zip(c1, c0), count)
     return out
 
 
-def _part(reply, key: str, i: int):
-    """Prime i's rows of a two-way reply's stacked array (None if it is not there)."""
-    a = reply.get(key) if isinstance(reply, dict) else None
-    return a[i] if isinstance(a, np.ndarray) and a.ndim == 4 and i < a.shape[0] else None
-
-
 def _reply(reply, i: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The evaluator's (c1, c0) for prime i, checked: (count, RESULT_PRIMES, N) each."""
+    """One-way: the evaluator's reply for prime i, checked: (c1, c0), (count, RESULT_PRIMES, N) each."""
     if not isinstance(reply, dict) or reply.get("prime") != i:
         raise MPCError(f"HE product: expected the reply for prime {i}")
-    c1 = None if reply.get("c1") is None else np.asarray(reply["c1"], np.uint64)
-    c0 = None if reply.get("c0") is None else np.asarray(reply["c0"], np.uint64)
-    want = (count, RESULT_PRIMES, N)
+    return _results(reply, (count, RESULT_PRIMES, N))
+
+
+def _results(reply, want: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The reply's (c1, c0) as uint64 arrays, each of shape ``want``, or MPCError."""
+    c1, c0 = (None if not isinstance(reply, dict) or reply.get(k) is None else np.asarray(reply[k], np.uint64)
+              for k in ("c1", "c0"))
     if c1 is None or c0 is None or c1.shape != want or c0.shape != want:
         raise MPCError(f"HE product reply has shapes {getattr(c1, 'shape', None)}/{getattr(c0, 'shape', None)}, "
                        f"expected {want}")
