@@ -40,9 +40,6 @@ const ratioPrec = 512
 // maskInts: N integers uniform in [-2^bits, 2^bits), expanded from seed (bits + 1 uniform bits
 // each: exactly uniform).
 func maskInts(seed []byte, n int, bits int) ([]*big.Int, error) {
-	if len(seed) != 32 {
-		return nil, fmt.Errorf("mask seed of %d bytes (want 32)", len(seed))
-	}
 	if bits < 1 || bits > 1000 {
 		return nil, fmt.Errorf("mask of %d bits out of range 1..1000", bits)
 	}
