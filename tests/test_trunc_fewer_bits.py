@@ -9,6 +9,8 @@
 * the view of each party (OT outputs and received protocol messages) uniform and
   independent of the other party's share on Z_{2^8}, s = 5 (chi-square helpers of
   tests/test_mpc_views.py);
+* ``out_bits``: truncation and extension to a wider ring in one protocol (against
+  numpy, its view, bad widths);
 * bad arguments, and one run as two OS processes.
 """
 
@@ -81,6 +83,41 @@ def test_against_numpy(bits, s, sign):
         assert abs(err.mean() - (frac.mean() + 2.0 ** -s)) < 0.05
 
 
+def _run_extend(ctx, X, bits, s, sign, n):
+    x = share_input(ctx, from_signed(X, bits) if ctx.party == 0 else None, 0, bits=bits)
+    ks = trunc.trunc_known_sign(ctx, x, s, sign, out_bits=n)
+    ob = trunc.trunc_one_bit_error(ctx, x, s, sign, out_bits=n)
+    assert ks.bits == ob.bits == n and ks.frac == ob.frac == x.frac - s and ks.shape == x.shape
+    return ks.reveal_signed(), ob.reveal_signed()
+
+
+@pytest.mark.parametrize("bits,s,n", [(40, 16, 64), (37, 12, 64), (20, 0, 64), (12, 5, 30), (8, 3, 9)])
+@pytest.mark.parametrize("sign", SIGNS, ids=["pos", "neg", "headroom"])
+def test_truncate_and_extend_against_numpy(bits, s, n, sign):
+    """``out_bits``: the same truncations with the result in Z_{2^n} (s = 0: a pure extension)."""
+    X = _inputs(bits, s, sign, seed=11)
+    a, b = run_inprocess(_run_extend, args0=(X, bits, s, sign, n), args1=(X, bits, s, sign, n), ot_factory=None)
+    ref = X >> s
+    for ks, ob in (a, b):
+        assert (ks == ref).all(), (bits, s, n, sign, X[ks != ref][:5])
+        err = ob - ref
+        assert set(np.unique(err)) <= ({0} if s == 0 else {0, 1}), (bits, s, n, sign, np.unique(err))
+
+
+def _bad_out_bits(ctx):
+    x = AShare(ctx, np.zeros(4, np.uint64), 16, 8)
+    for n in (15, 65):
+        with pytest.raises(ValueError, match="out_bits"):
+            trunc.trunc_one_bit_error(ctx, x, 3, 0, out_bits=n)
+        with pytest.raises(ValueError, match="out_bits"):
+            trunc.trunc_known_sign(ctx, x, 3, 0, out_bits=n)
+    return 1
+
+
+def test_bad_out_bits():
+    assert run_inprocess(_bad_out_bits, ot_factory=None) == (1, 1)
+
+
 def _bytes(ctx, X, bits, s):
     x = share_input(ctx, from_signed(X, bits) if ctx.party == 0 else None, 0, bits=bits)
     trunc.trunc_faithful(ctx, x[:16], s)  # warm-up: the one-time base OTs in both directions
@@ -139,6 +176,8 @@ def _view_party(ctx, op, own, other):
         trunc.trunc_known_sign(ctx, x, 5, 0)
     elif op == "known_sign_headroom":
         trunc.trunc_known_sign(ctx, x, 5, None)
+    elif op == "one_bit_error_extend":
+        trunc.trunc_one_bit_error(ctx, x, 5, None, out_bits=11)  # a COT of 8 bits
     else:
         trunc.trunc_one_bit_error(ctx, x, 5, None)
     return log
@@ -152,14 +191,14 @@ def _views(op, observer, varied):
     return (a, b)[observer]
 
 
-@pytest.mark.parametrize("op", ["known_sign", "known_sign_headroom", "one_bit_error"])
+@pytest.mark.parametrize("op", ["known_sign", "known_sign_headroom", "one_bit_error", "one_bit_error_extend"])
 @pytest.mark.parametrize("observer", [0, 1])
 def test_view_independent_of_peer_share(op, observer):
     # the peer's share moves its MSB and low bits: 3 = 0b00000011, 250 = 0b11111010
     va = _views(op, observer, 3)
     checked = check_views(va, _views(op, observer, 250), op)
     # one_bit_error is a single COT: the sender sees r, the receiver r + msb0 msb1
-    assert checked >= (1 if op == "one_bit_error" else 2), (op, observer, checked, [k for k, _ in va])
+    assert checked >= (1 if op.startswith("one_bit_error") else 2), (op, observer, checked, [k for k, _ in va])
 
 
 # ---------------------------------------------------------------- bad inputs, processes

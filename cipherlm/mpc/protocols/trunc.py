@@ -31,7 +31,8 @@ of s bits, the low carry c as above.  Cost: millionaire(s) + COT(l) + COT(s).
 
 `trunc_one_bit_error` (Cheetah section 4, one-bit error + known MSB): the same w,
 no c; floor(x / 2^s) + {0, 1} (an unbiased stochastic rounding).  Cost: one COT
-of s bits.  Derivations and ranges in the two docstrings.
+of s bits.  Both take ``out_bits`` n >= l: the same truncation with the result
+extended to Z_{2^n} (W needed mod 2^(n-l+s): a COT of n - l bits more).  Derivations and ranges in the two docstrings.
 """
 
 from __future__ import annotations
@@ -138,26 +139,36 @@ def _wrap_known_msb(ctx, xu: np.ndarray, bits: int, s: int, m: int) -> np.ndarra
     return out & mask(s)
 
 
-def _trunc_msb(ctx, x: AShare, s: int, sign, exact: bool, step: str) -> AShare:
-    bits = x.bits
+def _out_bits(out_bits, bits: int) -> int:
+    n = bits if out_bits is None else int(out_bits)
+    if not bits <= n <= 64:
+        raise ValueError(f"out_bits must be in {bits}..64 (the input ring has {bits} bits), got {out_bits!r}")
+    return n
+
+
+def _trunc_msb(ctx, x: AShare, s: int, sign, exact: bool, step: str, out_bits: int) -> AShare:
+    bits, n = x.bits, out_bits
     xs = x.data.reshape(-1) & mask(bits)
     off = 0 if sign is not None else 1 << (bits - 2)  # sign=None: x + 2^(l-2) has MSB 0
     m = 0 if sign is None else sign
     with ctx.step(step):
         xu = (xs + np.uint64(off)) & mask(bits) if ctx.party == 0 else xs
-        W = _wrap_known_msb(ctx, xu, bits, s, m)
+        # 2^(l-s) (w + m) matters mod 2^n: W mod 2^(n-l+s) (mod 2^s without the extension)
+        W = _wrap_known_msb(ctx, xu, bits, n - bits + s, m)
         out = (xu >> np.uint64(s)) - (W << np.uint64(bits - s))
-        if exact:
+        if s == 0:
+            pass  # a pure extension (n > l): no low carry, exact
+        elif exact:
             c = wrap_bits(ctx, xu & mask(s), s)  # carry of the low s bits: millionaire(s)
-            out = out + b2a_bits(ctx, c, bits)
+            out = out + b2a_bits(ctx, c, n)
         elif ctx.party == 0:
             out = out + np.uint64(1)  # floor + 1 - c: error in {0, +1}, unbiased rounding
         if ctx.party == 0 and off:
             out = out - np.uint64(off >> s)
-    return AShare(ctx, (out & mask(bits)).reshape(x.shape), bits, x.frac - s)
+    return AShare(ctx, (out & mask(n)).reshape(x.shape), n, x.frac - s)
 
 
-def trunc_known_sign(ctx, x: AShare, s: int, sign: int | None = 0) -> AShare:
+def trunc_known_sign(ctx, x: AShare, s: int, sign: int | None = 0, out_bits: int | None = None) -> AShare:
     """Exact floor(x / 2^s) when the sign (MSB) of x is public (Cheetah, Huang et al.,
     USENIX Security 2022, section 4, truncation with a known most significant bit;
     the low carry as in SiRNN section 3.4 / CrypTFlow2 section 5).
@@ -193,6 +204,13 @@ def trunc_known_sign(ctx, x: AShare, s: int, sign: int | None = 0) -> AShare:
     millionaire on s bits of `compare.wrap_bits`, then B2A of l bits) and W one of
     w + m, needed mod 2^s only (2^(l-s) W mod 2^l): the COT carries s-bit messages.
 
+    ``out_bits`` = n > l extends the result to Z_{2^n} in the same protocol (SiRNN
+    section 3.1's extension with the known-MSB wrap instead of a millionaire): the
+    output shares u_i + C_i - 2^(l-s) W_i are read mod 2^n, so W is needed mod
+    2^(n-l+s) and C mod 2^n.  The only extra cost is n - l bits on the COT of W;
+    s = 0 is then a pure (exact) extension.  Used after products computed in a
+    narrow ring (`nonlinear.common.mulf` with a bound).
+
     Error: none (exact floor).  Input range: as promised by ``sign`` (above).
     Cost per element: millionaire(s) + COT(l) + COT(s), against trunc_faithful's
     millionaire(l - s) + millionaire(s) + AND + COT(l) + COT(s); with IKNP/KK13 and
@@ -202,12 +220,13 @@ def trunc_known_sign(ctx, x: AShare, s: int, sign: int | None = 0) -> AShare:
     bits = x.bits
     s = _check_shift(s, bits)
     sign = _sign_arg(sign, bits, s)
-    if s == 0:
+    n = _out_bits(out_bits, bits)
+    if s == 0 and n == bits:
         return x
-    return _trunc_msb(ctx, x, s, sign, True, "trunc_known_sign")
+    return _trunc_msb(ctx, x, s, sign, True, "trunc_known_sign", n)
 
 
-def trunc_one_bit_error(ctx, x: AShare, s: int, sign: int | None = None) -> AShare:
+def trunc_one_bit_error(ctx, x: AShare, s: int, sign: int | None = None, out_bits: int | None = None) -> AShare:
     """floor(x / 2^s) + e, e in {0, 1}: the top wrap w only, no low carry c (Cheetah,
     Huang et al., USENIX Security 2022, section 4, truncation with one-bit error
     combined with the known-MSB wrap; SiRNN section 3.4 for the decomposition).
@@ -227,6 +246,9 @@ def trunc_one_bit_error(ctx, x: AShare, s: int, sign: int | None = None) -> ASha
         2^(l-2) (MSB 0) and removes 2^(l-2-s) after the shift (needs s <= l - 2).
     A broken range promise gives an error of a multiple of 2^(l-s).
 
+    ``out_bits``: the output ring, as in `trunc_known_sign` (the COT carries
+    n - l + s bits).  s = 0 with n > l is an exact extension (no rounding to add).
+
     Error: e in {0, +1} (one ulp of the output), mean 2^-s.  Cost per element: one
     COT of s bits (IKNP: 128 + s bits; l = 64, s = 16: 144 bits = 18 B against
     trunc_faithful's 1109 B), 2 flights.  For the full range |x| < 2^(l-1) with no
@@ -235,9 +257,10 @@ def trunc_one_bit_error(ctx, x: AShare, s: int, sign: int | None = None) -> ASha
     bits = x.bits
     s = _check_shift(s, bits)
     sign = _sign_arg(sign, bits, s)
-    if s == 0:
+    n = _out_bits(out_bits, bits)
+    if s == 0 and n == bits:
         return x
-    return _trunc_msb(ctx, x, s, sign, False, "trunc_one_bit_error")
+    return _trunc_msb(ctx, x, s, sign, False, "trunc_one_bit_error", n)
 
 
 register_kernel("trunc_local", trunc_local)  # AShare.mul_public_fixed (cipherlm.mpc.shares)
