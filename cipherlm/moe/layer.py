@@ -147,7 +147,7 @@ def gate_routing(ctx, x: AShare, router: np.ndarray | None, shape: MoEShape, *, 
     lmax = vals[:, :1]
     e = exp_neg(ctx, concatenate([logits - lmax.broadcast_to((m, n)), vals - lmax.broadcast_to((m, k))], axis=1))
     r = reciprocal(ctx, e[:, :n].sum(axis=1, keepdims=True), lo=0.5, hi=float(n + 1))
-    return K, mulf(ctx, e[:, n:], r.broadcast_to((m, k)))
+    return K, mulf(ctx, e[:, n:], r.broadcast_to((m, k)), bound=2.0)  # e <= 1, r <= 1
 
 
 def shared_expert(ctx, x: AShare, w: MoEWeights | None, shape: MoEShape, *, key=None) -> AShare:

@@ -629,7 +629,7 @@ class TwoPCExecutor(GraphExecutor):
             e = hidden.sum(axis=0, keepdims=True).mul_public_fixed(1.0 / T)
             ss = nl.sqf(self.ctx, e, how="faithful").sum(axis=-1, keepdims=True)
             r = nl.rsqrt(self.ctx, ss, 2.0 ** -8, 2.0 ** 12)
-            return nl.mulf(self.ctx, e, r.broadcast_to(e.shape))
+            return nl.mulf(self.ctx, e, r.broadcast_to(e.shape), bound=2.0)  # a unit vector
 
     def classify(self, ids, n: int) -> np.ndarray | None:
         """Class logits (n_classes,) opened to the client (None at the server)."""

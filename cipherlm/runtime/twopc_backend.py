@@ -119,7 +119,8 @@ def rms_statistic(ctx, x: AShare, eps: float) -> AShare:
     ms = trunc_faithful(ctx, s, 28 - NORM_FRAC + k)
     ms = AShare(ctx, ms.data, ms.bits, NORM_FRAC).add_public_fixed(c * eps)
     r = nl.rsqrt(ctx, ms, RMS_LO, RMS_HI)
-    return nl.mulf(ctx, x, r.broadcast_to(x.shape))
+    # |x r| <= 2^(k/2) <= sqrt(d): the normalising product runs in its narrow ring
+    return nl.mulf(ctx, x, r.broadcast_to(x.shape), bound=nl.normalized_bound(d))
 
 
 def rope_shares(ctx, x: AShare, positions: np.ndarray, inv_freq: np.ndarray) -> AShare:

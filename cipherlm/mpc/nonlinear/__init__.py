@@ -6,15 +6,15 @@ Fixed-point products are rescaled with SecureML local truncation by default
 product of magnitude |v|): use a ring with headroom (l = 64, f <= 16).
 """
 
-from .common import TRUNC, compare_public, mulf, sqf
+from .common import TRUNC, compare_public, mulf, product, sqf
 from .piecewise import gelu, gelu_gate, piecewise_poly, silu, silu_gate, swiglu
 from .exp import exp_neg, exp_reduced
 from .recip import reciprocal, rsqrt
 from .softmax import max_last, softmax, softmax_parts
-from .norm import layer_norm, rms_norm
+from .norm import layer_norm, normalized_bound, rms_norm
 from .select import argmax_last, one_hot, topk_last
 
-__all__ = ["TRUNC", "compare_public", "mulf", "sqf", "piecewise_poly", "gelu", "silu", "swiglu", "gelu_gate",
+__all__ = ["TRUNC", "compare_public", "mulf", "sqf", "product", "piecewise_poly", "gelu", "silu", "swiglu", "gelu_gate",
            "silu_gate", "exp_neg", "exp_reduced",
-           "reciprocal", "rsqrt", "max_last", "softmax", "softmax_parts", "layer_norm", "rms_norm",
+           "reciprocal", "rsqrt", "max_last", "softmax", "softmax_parts", "layer_norm", "rms_norm", "normalized_bound",
            "argmax_last", "one_hot", "topk_last"]

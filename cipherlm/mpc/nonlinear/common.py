@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ring import fixed_encode
+from ..ring import fixed_encode, mask
 from ..shares import AShare, BShare
 from ..protocols import compare, mul as _mul, mux as _mux, trunc as _trunc
 
@@ -20,15 +20,61 @@ def _rescale(ctx, p: AShare, s: int, how: str) -> AShare:
     raise ValueError(f"unknown truncation {how!r}")
 
 
-def mulf(ctx, x: AShare, y: AShare, how: str | None = None) -> AShare:
+#: a narrow product is used when it saves at least this many ring bits
+NARROW_MIN_SAVING = 8
+
+
+def narrow_bits(bound: float, frac: int, bits: int) -> int:
+    """The ring width k of a product p = x y at scale 2^frac with |x y| <= ``bound`` (real
+    units) in `product`: |p| <= 2^(k-3) (`compare.range_bits` plus one bit), so that p plus
+    the HE product's unit errors stays below 2^(k-2), the truncation's offset."""
+    return compare.range_bits(2.0 * float(bound), frac, bits)
+
+
+def product(ctx, x: AShare, y: AShare | None, s: int, how: str | None = None,
+            bound: float | None = None) -> AShare:
+    """x y (x^2 when y is None) truncated by s bits, in x's ring.
+
+    Without ``bound``: the product in the full ring l (`mul` / `square` with
+    ``exact=False``), then the truncation ``how`` (default TRUNC).
+
+    With ``bound`` >= |x y| (real units; the caller states it per operator), the product
+    runs in a narrow ring Z_{2^k}, k = `narrow_bits` (SiRNN section 3.3 / 4: operate on
+    the bits that matter): each party reduces its shares mod 2^k (free; x y mod 2^k
+    needs no range on the operands), multiplies there (the HE product needs
+    ceil((2k + 1) / 43) plaintext primes instead of 3 at l = 64, Gilboa k bits instead of
+    l), and one known-MSB truncation (`trunc.trunc_one_bit_error`, "exact":
+    `trunc_known_sign`) both shifts by s and extends the result back to Z_{2^l} in one
+    COT of l - k + s bits.  The truncation's error is as TRUNC's ({0, +1} ulp) and its
+    view is that of a COT; a broken bound gives a wrong result for that element only
+    (off by a multiple of 2^(k-s)), never a different view.  It falls back to the full
+    ring where k would not save NARROW_MIN_SAVING bits."""
+    F = x.frac + (x.frac if y is None else y.frac)
+    k = None if bound is None else max(narrow_bits(bound, F, x.bits), s + 3)
+    if k is None or k > x.bits - NARROW_MIN_SAVING:
+        p = _mul.square(ctx, x, exact=False) if y is None else _mul.mul(ctx, x, y, exact=False)
+        return _rescale(ctx, AShare(ctx, p.data, p.bits, F), s, how or TRUNC)
+    xn = AShare(ctx, x.data & mask(k), k, x.frac)
+    if y is None:
+        p = _mul.square(ctx, xn, exact=False)
+    else:
+        p = _mul.mul(ctx, xn, AShare(ctx, y.data & mask(k), k, y.frac), exact=False)
+    p = AShare(ctx, p.data, k, F)
+    if (how or TRUNC) == "faithful":
+        return _trunc.trunc_known_sign(ctx, p, s, None, out_bits=x.bits)
+    return _trunc.trunc_one_bit_error(ctx, p, s, None, out_bits=x.bits)
+
+
+def mulf(ctx, x: AShare, y: AShare, how: str | None = None, bound: float | None = None) -> AShare:
     """Fixed-point x * y at x's scale (the product may be one unit off before the
-    truncation, `mul` with ``exact=False``: below the truncation's own error)."""
-    return _rescale(ctx, _mul.mul(ctx, x, y, exact=False), y.frac, how or TRUNC)
+    truncation, `mul` with ``exact=False``: below the truncation's own error);
+    ``bound`` >= |x y| (real units): the narrow-ring product of `product`."""
+    return product(ctx, x, y, y.frac, how, bound)
 
 
-def sqf(ctx, x: AShare, how: str | None = None) -> AShare:
-    """Fixed-point x^2 (``exact=False`` as in `mulf`)."""
-    return _rescale(ctx, _mul.square(ctx, x, exact=False), x.frac, how or TRUNC)
+def sqf(ctx, x: AShare, how: str | None = None, bound: float | None = None) -> AShare:
+    """Fixed-point x^2 (``exact=False`` as in `mulf`; ``bound`` >= x^2 as in `product`)."""
+    return product(ctx, x, None, x.frac, how, bound)
 
 
 #: the largest |x| (real units) a comparison of the nonlinear library is correct for: its

@@ -66,7 +66,7 @@ import numpy as np
 
 from ..ring import fixed_encode
 from ..shares import AShare
-from ..protocols import mul as _mul, mux as _mux
+from ..protocols import mux as _mux
 from . import common as _common
 from .common import compare_public, const, sqf
 
@@ -82,9 +82,12 @@ def exp_neg(ctx, x: AShare) -> AShare:
     a1, a2 = EXP_P
     d = 2.0 ** N_SQUARE
     s = x.mul_public_fixed(math.sqrt(a2) / d, frac=_PREC)
-    y = x.mul_public_fixed(a1 / d, frac=_PREC) + sqf(ctx, s) + const(ctx, x, 1.0)
+    # for x in [-T_CLIP, 0]: s^2 <= a2 (T_CLIP / d)^2 = 0.34 and 0 < y <= 1 before and after
+    # every square, so the squares run in the narrow ring of that range (`common.product`);
+    # below -T_CLIP the values are wrong either way and the final MUX discards them
+    y = x.mul_public_fixed(a1 / d, frac=_PREC) + sqf(ctx, s, bound=1.0) + const(ctx, x, 1.0)
     for _ in range(N_SQUARE):
-        y = sqf(ctx, y)
+        y = sqf(ctx, y, bound=1.5)
     return y - _mux.mux(ctx, below, y)
 
 
@@ -136,12 +139,13 @@ def exp_reduced(ctx, x: AShare, lo: float) -> AShare:
     F1, F2, P = f + 6, f + 2, f + 4  # x^2, the bracket, the bracket's constants
     below = compare_public(ctx, x, [lo])[0]
     xc = x + _mux.mux(ctx, below, const(ctx, x, lo) - x)
-    q = _rescale(ctx, _mul.square(ctx, xc, exact=False), 2 * f - F1)       # x^2, frac F1
+    # narrow products (`common.product`): x^2 <= lo^2 <= 1/4, |x^2 bracket| <= 1/4 (|c_i| < 1)
+    q = _common.product(ctx, xc, None, 2 * f - F1, bound=lo * lo)          # x^2, frac F1
     br = _rescale(ctx, _times_public(xc, coeffs[3], P), f + P - F2)       # c3 x, frac F2
     br = br.add_public_fixed(coeffs[2])
     if len(coeffs) > 4:
         br = br + _rescale(ctx, _times_public(q, coeffs[4], P), F1 + P - F2)
-    hi = _rescale(ctx, _mul.mul(ctx, q, br, exact=False), F1 + F2 - 2 * f)  # x^2 (c2 + ...), frac 2f
+    hi = _common.product(ctx, q, br, F1 + F2 - 2 * f, bound=0.5)           # x^2 (c2 + ...), frac 2f
     lin = xc._like((xc.data << np.uint64(f)) & xc.mask, frac=2 * f)         # x, frac 2f (exact)
     lin = lin + _rescale(ctx, _times_public(xc, coeffs[1] - 1.0, f + 8), 8)
     y = (hi + lin).add_public_fixed(coeffs[0])

@@ -10,8 +10,9 @@ with each P_i a degree-4 polynomial in u = a / s (all powers 0..4, near-minimax 
 its segment by iteratively reweighted least squares, computed at import,
 deterministic).  One segment needs two comparisons (the sign of x, then a < T),
 three MUXes and the powers u^2, u^3, u^4 of u = min(a, T) / s (two squares, one
-product); every further segment adds one comparison (batched with a < T, same
-round) and one MUX (batched with the last one), and shares the powers.
+product, in the narrow ring of u <= T / s: `common.product`); every further segment
+adds one comparison (batched with a < T, same round) and one MUX (batched with the
+last one), and shares the powers.
 
 * GeLU: one segment, T = 3: max abs error 4.1e-3 (SPU 0.9.5's GeLU: 8.1e-3 on
   the same inputs, docs/benchmarks.md).  BOLT's GeLU uses the same |x| form
@@ -38,8 +39,7 @@ g(x) = 1/2 + sgn(x) h(|x|), h(a) = g(a) - 1/2 -> 1/2 beyond T:
   (fit 3.4e-4, cut-off sigmoid(-8) = 3.4e-4): max abs error 3.9e-4 measured.
 Cost per element (both): 3 comparisons in 2 MSBs (the sign; a < t_1 and a < T
 batched), 5 MUXes in 4 calls (|x|, min(a, T), the 2 segment terms, the sign), two
-squares and one product (u^2, u^4, u^3): `silu`'s cost plus one MUX (about
-620 B both ways per element at 65536 elements, `silu` 604 B).
+squares and one product (u^2, u^4, u^3) in the narrow ring: `silu`'s cost plus one MUX.
 
 `piecewise_poly` (general: 0 below breaks[0], a polynomial per interval,
 identity above) evaluates
@@ -122,14 +122,19 @@ GELU_GATE_SEGMENTS = _segments(_phi_ref, (1.5, 3.5), scale=2, minus=_minus_half)
 SILU_GATE_SEGMENTS = _segments(_sigmoid_ref, (3.0, 8.0), scale=4, minus=_minus_half)
 
 
-def _powers(ctx, x: AShare, deg: int) -> list[AShare]:
+def _powers(ctx, x: AShare, deg: int, bound: float | None = None) -> list[AShare]:
+    """[None, x, x^2, .., x^deg]; ``bound`` >= |x| (real units) runs the products in the
+    narrow ring the highest power needs (`common.product`: |x^k| <= bound^deg for bound >= 1,
+    with one ulp of slack per factor for the fixed-point roundings).  One ring for all
+    products, so that the HE product's cache uploads x and x^2 once each."""
+    b = None if bound is None else max(1.0, float(bound) + 2.0 ** (4 - x.frac)) ** deg
     p = [None, x]
     for k in range(2, deg + 1):
         p.append(None)
     # square-and-multiply by rounds: p[2k] = p[k]^2, p[2k+1] = p[2k] * x
     k = 2
     while k <= deg:
-        p[k] = sqf(ctx, p[k // 2]) if k % 2 == 0 else mulf(ctx, p[k - 1], x)
+        p[k] = sqf(ctx, p[k // 2], bound=b) if k % 2 == 0 else mulf(ctx, p[k - 1], x, bound=b)
         k += 1
     return p
 
@@ -146,7 +151,7 @@ def piecewise_poly(ctx, x: AShare, breaks, polys, right_identity: bool = True) -
     c1, c2 = mux_many(ctx, _stackb(b[0], above), [const(ctx, x, lo) - x, const(ctx, x, hi) - x])
     xc = x + c1 + c2
     deg = max(len(p) - 1 for p in polys)
-    pw = _powers(ctx, xc, deg)
+    pw = _powers(ctx, xc, deg, max(abs(lo), abs(hi)))
     P = []
     for coeffs in polys:
         acc = const(ctx, x, float(coeffs[0]))
@@ -188,7 +193,7 @@ def abs_piecewise(ctx, x: AShare, segments, beyond):
     (d,) = mux_many(ctx, _stackb(inside), [a - const(ctx, a, T)])
     ac = const(ctx, a, T) + d  # min(a, T)
     u = ac if scale == 1 else ac.mul_public_fixed(1.0 / scale)
-    pw = _powers(ctx, u, max(ABS_POWERS))
+    pw = _powers(ctx, u, max(ABS_POWERS), T / scale)  # 0 <= u <= T / s
     P = []
     for c in coeffs:
         acc = const(ctx, x, float(c[0]))

@@ -100,8 +100,14 @@ def _scaled(z: AShare, c: float) -> AShare:
     return z.mul_public_fixed(c, frac=max(0, SCALE_BITS - math.floor(math.log2(c))))
 
 
+#: a bound on every product with the mantissa m in [1, 4) (0 outside the brackets): m^2, m z,
+#: m z^2 (z within 8 % of 1/m or 1/sqrt(m)); one bound, so one narrow ring, so that the HE
+#: product uploads m once for all of them (`common.product`)
+M_BOUND = 16.0
+
+
 def _poly(ctx, m: AShare, c) -> AShare:
-    m2 = sqf(ctx, m)
+    m2 = sqf(ctx, m, bound=M_BOUND)
     return m.mul_public_fixed(c[1]) + m2.mul_public_fixed(c[2]) + const(ctx, m, c[0])
 
 
@@ -112,22 +118,25 @@ def reciprocal(ctx, x: AShare, lo: float = 2.0 ** -4, hi: float = 2.0 ** 12, ite
     onehot, m, ks = _bracket(ctx, x, lo, hi, 2)
     z = _poly(ctx, m, RECIP_Q)
     for _ in range(iters - 1):
-        z = mulf(ctx, z, const(ctx, x, 2.0) - mulf(ctx, m, z))
-    e = const(ctx, x, 1.0) - mulf(ctx, m, z)
-    e2 = sqf(ctx, e)
+        z = mulf(ctx, z, const(ctx, x, 2.0) - mulf(ctx, m, z, bound=M_BOUND), bound=4.0)
+    # ranges for the narrow products (`common.product`): m in [1, 4) and z within 8 % of 1/m
+    # (m = 0, z = Q(0) < 1.5 and e = 1 outside the brackets, where y0 = 0)
+    e = const(ctx, x, 1.0) - mulf(ctx, m, z, bound=M_BOUND)
+    e2 = sqf(ctx, e, bound=2.0)
     a0, a1, a2, a3 = RECIP_STEP
-    corr = (e.mul_public_fixed(a1) + e2.mul_public_fixed(a2) + mulf(ctx, e2, e).mul_public_fixed(a3)
+    corr = (e.mul_public_fixed(a1) + e2.mul_public_fixed(a2) + mulf(ctx, e2, e, bound=2.0).mul_public_fixed(a3)
             + const(ctx, x, a0))
     y0 = _select(ctx, onehot, [_scaled(z, 2.0 ** -k) for k in ks])
-    return mulf(ctx, y0, corr)
+    return mulf(ctx, y0, corr, bound=2.0 ** (1 - ks[0]))  # y0 <= 1.1 2^-k, corr <= 1.2
 
 
 def rsqrt(ctx, x: AShare, lo: float = 2.0 ** -8, hi: float = 2.0 ** 16) -> AShare:
     """1/sqrt(x) for x in [lo, hi] (0 below lo and from the top threshold 2^k_top to 8 times it)."""
     onehot, m, ks = _bracket(ctx, x, lo, hi, 2)
     z = _poly(ctx, m, RSQRT_Q)
-    e = const(ctx, x, 1.0) - mulf(ctx, m, sqf(ctx, z))
+    # ranges as in `reciprocal`: z within 3 % of 1/sqrt(m) (Q(0) < 1.4 outside the brackets)
+    e = const(ctx, x, 1.0) - mulf(ctx, m, sqf(ctx, z, bound=4.0), bound=M_BOUND)
     a0, a1, a2 = RSQRT_STEP
-    corr = e.mul_public_fixed(a1) + sqf(ctx, e).mul_public_fixed(a2) + const(ctx, x, a0)
+    corr = e.mul_public_fixed(a1) + sqf(ctx, e, bound=2.0).mul_public_fixed(a2) + const(ctx, x, a0)
     y0 = _select(ctx, onehot, [_scaled(z, 2.0 ** (-k / 2)) for k in ks])
-    return mulf(ctx, y0, corr)
+    return mulf(ctx, y0, corr, bound=2.0 ** (1 - ks[0] / 2))  # y0 <= 1.1 2^(-k/2), corr <= 1.1

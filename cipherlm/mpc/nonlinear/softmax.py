@@ -61,4 +61,4 @@ def softmax_parts(ctx, x: AShare, mask=None, iters: int = 1) -> tuple[AShare, AS
 def softmax(ctx, x: AShare, mask=None, iters: int = 1) -> AShare:
     """Softmax over the last axis; mask: public bool array broadcastable to x (True = keep)."""
     e, r = softmax_parts(ctx, x, mask, iters)
-    return mulf(ctx, e, r.broadcast_to(e.shape))
+    return mulf(ctx, e, r.broadcast_to(e.shape), bound=2.0)  # e <= 1, r <= 1 (the row's max gives e = 1)
