@@ -22,22 +22,25 @@ import numpy as np
 from ..ring import fixed_encode
 from ..shares import AShare, concatenate
 from ..protocols import compare, mux as _mux
-from .common import mulf
+from .common import COMPARE_BOUND, mulf
 from .exp import exp_neg
 from .recip import reciprocal
 
 MASK_VALUE = -1024.0
 
 
-def max_last(ctx, x: AShare) -> AShare:
-    """Maximum over the last axis, keepdims (shape (..., 1))."""
+def max_last(ctx, x: AShare, bound: float = COMPARE_BOUND) -> AShare:
+    """Maximum over the last axis, keepdims (shape (..., 1)); inputs |x| <= ``bound``: the
+    comparisons run on the bits of differences up to 2 bound (`compare.range_bits`, SiRNN's
+    bit widths; 39 bits instead of 64 at f = 16 and the default 2^20)."""
+    bits = compare.range_bits(2 * bound, x.frac, x.bits)
     cur = x
     while cur.shape[-1] > 1:
         n = cur.shape[-1]
         h = n // 2
         a, b = cur[..., :h], cur[..., h:2 * h]
         d = a - b
-        m = b + _mux.mux(ctx, compare.drelu(ctx, d), d)
+        m = b + _mux.mux(ctx, compare.drelu(ctx, d, bits), d)
         cur = concatenate([m, cur[..., 2 * h:]], axis=-1) if n % 2 else m
     return cur
 
