@@ -9,10 +9,12 @@ and tends to |x|/2, so with a = |x|
 with each P_i a degree-4 polynomial in u = a / s (all powers 0..4, near-minimax fits on
 its segment by iteratively reweighted least squares, computed at import,
 deterministic).  One segment needs two comparisons (the sign of x, then a < T),
-three MUXes and the powers u^2, u^3, u^4 of u = min(a, T) / s (two squares, one
-product, in the narrow ring of u <= T / s: `common.product`); every further segment
-adds one comparison (batched with a < T, same round) and one MUX (batched with the
-last one), and shares the powers.
+two MUXes and the powers u^2, u^3, u^4 of u = a / s (two squares, one product, in
+the narrow ring of u <= T / s: `common.product`); every further segment adds one
+comparison (batched with a < T, same round) and one MUX (batched with the last one),
+and shares the powers.  u is not clamped to T / s: beyond T the selection
+P_k + 1{a >= T} (a/2 - P_k) is a/2 exactly in the ring and the segment terms are 0,
+whatever the powers hold there (until 2026-11-29 a third MUX computed min(a, T)).
 
 * GeLU: one segment, T = 3: max abs error 4.1e-3 (SPU 0.9.5's GeLU: 8.1e-3 on
   the same inputs, docs/benchmarks.md).  BOLT's GeLU uses the same |x| form
@@ -25,7 +27,7 @@ last one), and shares the powers.
 
 The activation gates of BLB appendix B (algorithm 5: GeLU(x) = x Phi(x), SiLU(x) =
 x sigmoid(x), the gate evaluated in MPC, the product with x fused into HE) use the
-same machinery (`abs_piecewise`: sign, |x|, segments on powers of u = min(a, T) / s,
+same machinery (`abs_piecewise`: sign, |x|, segments on powers of u = a / s,
 fits by `_fit_abs` with the subtracted term a parameter), for the odd symmetry
 g(x) = 1/2 + sgn(x) h(|x|), h(a) = g(a) - 1/2 -> 1/2 beyond T:
 
@@ -38,8 +40,8 @@ g(x) = 1/2 + sgn(x) h(|x|), h(a) = g(a) - 1/2 -> 1/2 beyond T:
 * `silu_gate` sigmoid(x): two degree-4 segments split at 3, T = 8, powers of a / 4
   (fit 3.4e-4, cut-off sigmoid(-8) = 3.4e-4): max abs error 3.9e-4 measured.
 Cost per element (both): 3 comparisons in 2 MSBs (the sign; a < t_1 and a < T
-batched), 5 MUXes in 4 calls (|x|, min(a, T), the 2 segment terms, the sign), two
-squares and one product (u^2, u^4, u^3) in the narrow ring: `silu`'s cost plus one MUX.
+batched), 4 MUXes in 3 calls (|x|, the 2 segment terms, the sign), two squares and
+one product (u^2, u^4, u^3) in the narrow ring: `silu`'s cost plus one MUX.
 
 `piecewise_poly` (general: 0 below breaks[0], a polynomial per interval,
 identity above) evaluates
@@ -190,10 +192,11 @@ def abs_piecewise(ctx, x: AShare, segments, beyond):
     a = x + flip  # |x|
     below = compare_public(ctx, a, list(breaks))  # 1{a < t_i}, i = 1..k
     inside = below[k - 1]  # a < T
-    (d,) = mux_many(ctx, _stackb(inside), [a - const(ctx, a, T)])
-    ac = const(ctx, a, T) + d  # min(a, T)
-    u = ac if scale == 1 else ac.mul_public_fixed(1.0 / scale)
-    pw = _powers(ctx, u, max(ABS_POWERS), T / scale)  # 0 <= u <= T / s
+    # no clamp min(a, T): beyond T the selection below gives P_k + (beyond - P_k) = beyond
+    # exactly in the ring and every segment term is 0, whatever the powers hold there
+    # (wrong values, from the narrow products' range or the ring, stay in those elements)
+    u = a if scale == 1 else a.mul_public_fixed(1.0 / scale)
+    pw = _powers(ctx, u, max(ABS_POWERS), T / scale)  # 0 <= u < T / s where it is used
     P = []
     for c in coeffs:
         acc = const(ctx, x, float(c[0]))
