@@ -41,9 +41,9 @@ def product(ctx, x: AShare, y: AShare | None, s: int, how: str | None = None,
     With ``bound`` >= |x y| (real units; the caller states it per operator), the product
     runs in a narrow ring Z_{2^k}, k = `narrow_bits` (SiRNN section 3.3 / 4: operate on
     the bits that matter): each party reduces its shares mod 2^k (free; x y mod 2^k
-    needs no range on the operands), multiplies there (the HE product needs
-    ceil((2k + 1) / 43) plaintext primes instead of 3 at l = 64, Gilboa k bits instead of
-    l), and one known-MSB truncation (`trunc.trunc_one_bit_error`, "exact":
+    needs no range on the operands), multiplies there (the HE product needs P > 2^(2k-1) T:
+    two 43-bit plaintext primes up to k = 42 instead of three at l = 64; Gilboa k bits
+    instead of l), and one known-MSB truncation (`trunc.trunc_one_bit_error`, "exact":
     `trunc_known_sign`) both shifts by s and extends the result back to Z_{2^l} in one
     COT of l - k + s bits.  The truncation's error is as TRUNC's ({0, +1} ulp) and its
     view is that of a COT; a broken bound gives a wrong result for that element only
