@@ -49,20 +49,19 @@ def product(ctx, x: AShare, y: AShare | None, s: int, how: str | None = None,
     view is that of a COT; a broken bound gives a wrong result for that element only
     (off by a multiple of 2^(k-s)), never a different view.  It falls back to the full
     ring where k would not save NARROW_MIN_SAVING bits."""
+    ring = x.bits
     F = x.frac + (x.frac if y is None else y.frac)
-    k = None if bound is None else max(narrow_bits(bound, F, x.bits), s + 3)
-    if k is None or k > x.bits - NARROW_MIN_SAVING:
-        p = _mul.square(ctx, x, exact=False) if y is None else _mul.mul(ctx, x, y, exact=False)
-        return _rescale(ctx, AShare(ctx, p.data, p.bits, F), s, how or TRUNC)
-    xn = AShare(ctx, x.data & mask(k), k, x.frac)
-    if y is None:
-        p = _mul.square(ctx, xn, exact=False)
-    else:
-        p = _mul.mul(ctx, xn, AShare(ctx, y.data & mask(k), k, y.frac), exact=False)
-    p = AShare(ctx, p.data, k, F)
+    k = None if bound is None else max(narrow_bits(bound, F, ring), s + 3)
+    narrow = k is not None and k <= ring - NARROW_MIN_SAVING
+    if narrow:  # each party's shares mod 2^k (a ring homomorphism: free)
+        x = AShare(ctx, x.data & mask(k), k, x.frac)
+        y = None if y is None else AShare(ctx, y.data & mask(k), k, y.frac)
+    p = _mul.square(ctx, x, exact=False) if y is None else _mul.mul(ctx, x, y, exact=False)  # scale 2^F
+    if not narrow:
+        return _rescale(ctx, p, s, how or TRUNC)
     if (how or TRUNC) == "faithful":
-        return _trunc.trunc_known_sign(ctx, p, s, None, out_bits=x.bits)
-    return _trunc.trunc_one_bit_error(ctx, p, s, None, out_bits=x.bits)
+        return _trunc.trunc_known_sign(ctx, p, s, None, out_bits=ring)
+    return _trunc.trunc_one_bit_error(ctx, p, s, None, out_bits=ring)
 
 
 def mulf(ctx, x: AShare, y: AShare, how: str | None = None, bound: float | None = None) -> AShare:
