@@ -257,9 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench moe: one MoE layer at a reduced shape (default, ~5-10 min) or OLMoE / Qwen1.5-MoE's")
     b.add_argument("--variants", help="bench moe: comma-separated rows (insecure,dense,cipherprune,cryptomoe; "
                                       "default all five); bench blb: BFV+MPC,BLB,BLB+fused (default all three)")
-    b.add_argument("--blb-activation", choices=("whole", "gate"), default=None,
-                   help="bench blb: GeLU / SiLU as one MPC core (whole, the default) or as x * g(x) with the "
-                        "gate in MPC and the product in HE (gate, the paper's Algorithm 4; docs/blb.md)")
+    b.add_argument("--blb-activation", choices=("whole", "gate", "poly"), default=None,
+                   help="bench blb: GeLU / SiLU as one MPC core (whole), as x * g(x) with the gate in MPC and "
+                        "the product in HE (gate, the paper's Algorithm 4), or GeLU's clamped form with its "
+                        "polynomial in HE (poly) (default: the 2pc plan's; docs/blb.md)")
+    b.add_argument("--blb-exp", choices=("core", "poly"), default=None,
+                   help="bench blb: the softmax's exp as one MPC core (core) or its clip in MPC and its "
+                        "polynomial in HE (poly) (default: the 2pc plan's; docs/blb.md)")
     b.add_argument("--expert-sample", type=int, default=None,
                    help="bench moe: run the expert FFNs of this many experts and extrapolate by n/s "
                         "(default: all for reduced, 2 for the full shapes; 0 = all)")

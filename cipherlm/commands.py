@@ -284,9 +284,9 @@ def inspect_blb(config: dict, all_layers: bool = False, tokens: int | None = Non
     gains, ``tokens`` keys)."""
     from cipherlm.compile import build_graph
     from cipherlm.compile.passes import blb_fusion, blb_params
-    from cipherlm.runtime.twopc import DEFAULT_BLB_ACTIVATION
+    from cipherlm.runtime.twopc import DEFAULT_BLB_ACTIVATION, DEFAULT_BLB_EXP
 
-    g = blb_fusion.run(build_graph(config), activation=DEFAULT_BLB_ACTIVATION, norms=norms)
+    g = blb_fusion.run(build_graph(config), activation=DEFAULT_BLB_ACTIVATION, norms=norms, exp=DEFAULT_BLB_EXP)
     T = int(tokens or blb_params.TOKENS)
     params = blb_params.run(g, tokens=T, strict=False)
     att = next((hh for b in g.meta["blb_blocks"] if (hh := blb_params.block_attention(g, b))), None)

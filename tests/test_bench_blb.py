@@ -96,14 +96,17 @@ def test_breakdown_categories(bench):
     assert fused["linear_he"] == 0 and fused["conversions"] > 0 and fused["nonlinear"] > 0
     assert fused["embedding"] == base["embedding"]  # the same embedding protocol in both rows
     he = rows[("tiny", "BLB")]["he_blocks"]
-    g = blb_fusion.run(build_graph(dict(blb.TINY_CONFIG, num_hidden_layers=1)))
+    row = rows[("tiny", "BLB")]
+    g = blb_fusion.run(build_graph(dict(blb.TINY_CONFIG, num_hidden_layers=1)), activation=row["activation"],
+                       exp=row["exp"])
     assert he["count"] == len(g.meta["blb_blocks"]) == len(he["blocks"])
     peaks = [b["peak_rss_bytes"] for b in he["blocks"]]  # the process's peak so far: never falls
     assert peaks[0] > 0 and peaks == sorted(peaks)
     # the server's HE counts per block: the blocks with projections run them natively
     ops = [b["he"] for b in he["blocks"]]
     assert all(set(o) == set(twopc_blb.HE_OP_STATS) for o in ops)
-    with_weights = [o for o in ops if o["ct_pt"] > 1]
+    linear = {b["id"] for b in g.meta["blb_blocks"] if any(g.node(n).op == "linear" for n in b["nodes"])}
+    with_weights = [b["he"] for b in he["blocks"] if b["block"] in linear and b["he"]["ct_pt"] > 1]
     assert with_weights and all(o["native_linear_s"] > 0 == o["encode_weights_s"] for o in with_weights)
     assert sum(o["rotations"] for o in ops) > 0 and sum(o["rescales"] for o in ops) > 0
     # the CKKS keys are made inside the pass (first use of each parameter set): set-up, not counted

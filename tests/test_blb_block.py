@@ -40,15 +40,18 @@ def _family(name):
     if not lattigo.available():
         pytest.skip(lattigo.unavailable_reason())
     if name not in _FAMILIES:
-        cfg, cls = ((_bert_cases()["bert"], T.BertModel) if name == "bert"
+        cfg, cls = ((_bert_cases()["bert"], T.BertModel) if name.startswith("bert")
                     else (T.LlamaConfig(**_LLAMA), T.LlamaForCausalLM))
         config, g0, p = _model(cfg, cls)
-        g = blb_fusion.run(g0)
+        # "bert-poly": GeLU's clamped form, its polynomial in the FFN-down block (5), and the exp's
+        # polynomial before the squarings (block 2)
+        poly = name == "bert-poly"
+        g = blb_fusion.run(g0, activation="poly" if poly else "gate", exp="poly" if poly else "core")
         ex = GraphExecutor(g, p, dtype=np.float64)
         ids = np.random.default_rng(0).integers(0, config["vocab_size"], TOKENS)
         ctx = {"pos0": 0, "positions": np.arange(TOKENS), "T": TOKENS}
         inputs = {"ids": ids, "positions": np.arange(TOKENS)}
-        if name == "bert":
+        if name.startswith("bert"):
             inputs["token_types"] = np.zeros(TOKENS, np.int64)
         vals = ex.run_nodes(ex.graph.nodes, inputs, ctx, ex.new_cache())
         params = {x.block: x for x in bp.run(g, params=p, tokens=TOKENS)}
@@ -121,7 +124,7 @@ def _evaluate(fam, bid, family="bert", attention="auto", period=None, extra_leve
 
 #: BERT's attention blocks (1: Q K^T, 3: P V) in both packings ("auto" is section 5's at 8 tokens)
 CASES = ([("bert", b, "auto") for b in (0, 1, 2, 3, 4, 5, 11)] + [(f, b, "rows") for f in ("bert", "llama") for b in (1, 3)]
-         + [("llama", b, "auto") for b in (0, 1, 3, 5, 11)])
+         + [("llama", b, "auto") for b in (0, 1, 3, 5, 11)] + [("bert-poly", b, "auto") for b in (2, 5)])
 
 
 @pytest.mark.parametrize("family,bid,attention", CASES)

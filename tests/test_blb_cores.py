@@ -1,6 +1,8 @@
 """BLB appendix B's MPC cores (algorithms 4-5) against numpy, two parties in process
 (l = 64, f = 16): `exp_reduced` (softmax's exp on (s - max) 2^-6, squared 6 times
-on the HE side afterwards) and the activation gates `gelu_gate` / `silu_gate`."""
+on the HE side afterwards), the activation gates `gelu_gate` / `silu_gate` and GeLU's
+clamped form (`abs_clamp` on shares, its polynomial `clamped_poly` evaluated here in numpy
+as the HE block would)."""
 
 from math import erf
 
@@ -52,6 +54,7 @@ def _run(ctx):
         "exp_wide": nl.exp_reduced(ctx, w, -0.5).reveal_float(),
         "gelu_gate": nl.gelu_gate(ctx, g).reveal_float(),
         "silu_gate": nl.silu_gate(ctx, g).reveal_float(),
+        "clamp": tuple(v.reveal_float() for v in nl.abs_clamp(ctx, g, nl.clamped_poly("gelu")[0])),
     }
 
 
@@ -110,3 +113,35 @@ def test_gates(out):
     far = np.abs(GATE_IN) >= 16
     assert np.abs(out["gelu_gate"][far] - (GATE_IN[far] > 0)).max() <= 1e-4
     assert np.abs(out["silu_gate"][far] - (GATE_IN[far] > 0)).max() <= 1e-4
+
+
+def _gelu(v):
+    return v * _phi(v)
+
+
+def test_clamped_poly_fit_against_erf():
+    """The clamped form in real arithmetic: within 1.8e-3 of GeLU on [-40, 40] (the whole
+    activation's one segment: 4.1e-3), both forms, and the tanh form against its formula."""
+    x = np.linspace(-40.0, 40.0, 400001)
+    for fn, ref in (("gelu", _gelu(x)),
+                    ("gelu_tanh", 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))))):
+        T, c = nl.clamped_poly(fn)
+        a = np.abs(x)
+        ac = np.minimum(a, T)
+        y = x / 2 + (a - ac) / 2 + np.polyval(c[::-1], ac)
+        assert np.abs(y - ref).max() <= 1.8e-3, (fn, np.abs(y - ref).max())
+    with pytest.raises(ValueError):
+        nl.clamped_poly("silu")
+
+
+def test_abs_clamp_on_shares(out):
+    """(lin, ac) against numpy on the fixed-point inputs: ac = min(|x|, T) exactly and lin
+    within one ulp (one local truncation by one bit), so lin + P(ac) is GeLU within the fit."""
+    lin, ac = out["clamp"]
+    T, c = nl.clamped_poly("gelu")
+    a = np.abs(GATE_IN)
+    want_ac = np.minimum(a, T)
+    assert np.abs(ac - want_ac).max() <= ULP / 2, np.abs(ac - want_ac).max()
+    assert np.abs(lin - (GATE_IN / 2 + (a - want_ac) / 2)).max() <= 1.5 * ULP
+    y = lin + np.polyval(c[::-1], ac)
+    assert np.abs(y - _gelu(GATE_IN)).max() <= 1.8e-3 + 4 * ULP

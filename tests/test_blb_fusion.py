@@ -39,7 +39,8 @@ def _model(cfg, cls, seed=3):
 
 
 def test_new_ops_are_in_the_vocabulary():
-    for op in ("reduce_sum", "reduce_max", "sub", "affine", "rsqrt", "reciprocal", "exp", "act_gate"):
+    for op in ("reduce_sum", "reduce_max", "sub", "affine", "rsqrt", "reciprocal", "exp", "act_gate", "act_clamp",
+               "poly", "clip_min"):
         assert op in OPS and op in OP_CLASS and hasattr(PlainBackend, op)
 
 
@@ -211,7 +212,7 @@ def test_decoder_layers_have_five_blocks(name):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_whole_activation_is_one_core(name):
-    """``activation="whole"`` (the 2pc plan's default): GeLU / SiLU stay one MPC core, the
+    """``activation="whole"``: GeLU / SiLU stay one MPC core, the
     FFN-out block reads its output (SiLU's act * up still fused there) and is one level
     shallower; the graph computes the same function."""
     cfg, cls = _cases()[name]
@@ -236,6 +237,83 @@ def test_whole_activation_is_one_core(name):
         blb_fusion.run(g0, activation="half")
     with pytest.raises(ValueError, match="decomposed with"):
         blb_fusion.run(blb_decompose.run(g0), activation="whole")
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_poly_activation_puts_the_polynomial_in_the_ffn_block(name):
+    """``activation="poly"``: GeLU (GPT-2's tanh form) becomes act_clamp (one MPC core, two
+    outputs) -> poly -> add, the polynomial and the sum in the FFN-down block, which is
+    2 levels deeper than with the whole activation (a monic quartic: two squares and one
+    product, `monic_factors`); SiLU (Llama) stays
+    whole.  The graph computes GeLU's clamped form: within its fit (1.8e-3 absolute per
+    activation) of the original, not exactly."""
+    cfg, cls = _cases()[name]
+    _, g0, p = _model(cfg, cls)
+    poly, whole = blb_fusion.run(g0, activation="poly"), blb_fusion.run(g0, activation="whole")
+    _check_invariants(poly)
+    ids = [3, 17, 5, 60]
+    ref = GraphExecutor(g0, p, dtype=np.float64).forward(ids)
+    got = GraphExecutor(poly, p, dtype=np.float64).forward(ids)
+    if name == "llama":
+        assert not any(n.op in ("act_clamp", "poly") for n in poly.nodes)
+        assert [b["nodes"] for b in poly.meta["blb_blocks"]] == [b["nodes"] for b in whole.meta["blb_blocks"]]
+        assert rel_err(got, ref) < 1e-12
+        return
+    assert [blb_fusion.poly_depth(c) for c in ((1, 2, 3, 4, 5), (1, 2, 3), (1, 2), (1, 2, 3, 4, 1),
+                                                 (1, 2, 1), (1, 1))] == [3, 2, 1, 2, 1, 0]
+    for i in range(2):
+        pb, wb = _layer_blocks(poly, i), _layer_blocks(whole, i)
+        assert [b["mpc_out_cores"] for b in pb][3] == ["gelu_tanh clamp"]
+        ops = [poly.node(x).op for x in pb[4]["nodes"]]
+        assert ops[:2] == ["poly", "add"] and "linear" in ops
+        assert {x["value"] for x in pb[4]["inputs"]} >= {f"L{i}.ffn.act.clamp.lin", f"L{i}.ffn.act.clamp.ac"}
+        assert pb[4]["depth"] == wb[4]["depth"] + 2
+        assert [b["nodes"] for b in pb[:4]] == [b["nodes"] for b in wb[:4]]
+    assert 0 < rel_err(got, ref) < 2e-2
+
+
+def test_poly_exp_puts_the_polynomial_before_the_squarings():
+    """``exp="poly"``: the softmax's exp core becomes clip_min (MPC: max(s - max, -16)) and a
+    cubic on the clipped value in the squarings' block (3 levels: not monic, its 1 / 2^n is in
+    the coefficients); the graph computes exp(z / 64)^64 with that cubic (relative fit 2^-19,
+    times 64 after the squarings) instead of exp; fewer than 5 squarings are refused (the
+    cubic's range)."""
+    _, g0, p = _model(_bert_cases()["bert"], T.BertModel)
+    g, core = blb_fusion.run(g0, exp="poly"), blb_fusion.run(g0)
+    _check_invariants(g)
+    assert g.meta["blb_exp"] == "poly" and core.meta["blb_exp"] == "core"
+    sm = [n.op for n in g.nodes if n.attrs.get("blb_from") == ("softmax", "L0.softmax")]
+    assert sm == ["reduce_max", "sub", "clip_min", "poly"] + ["mul"] * blb_decompose.EXP_SQUARINGS + \
+        ["reduce_sum", "reciprocal", "mul"]
+    b2, c2 = _layer_blocks(g, 0)[1], _layer_blocks(core, 0)[1]
+    assert b2["depth"] == c2["depth"] + 3 and b2["mpc_in_cores"] == ["exp clip"]
+    c = g.node("L0.softmax.exp").attrs["coeffs"]
+    z = np.linspace(-16.0, 0.0, 4001)
+    rel = np.abs(np.polyval(np.asarray(c)[::-1], z) ** 64 / np.exp(z) - 1)
+    assert rel.max() <= 64 * 2.0 ** -19 * 1.01, rel.max()
+    ids = np.array([[2, 17, 33, 90, 5, 3, 0, 0]])
+    h0, _ = GraphExecutor(g0, p, dtype=np.float64).encode(ids, np.ones_like(ids), np.zeros_like(ids))
+    h1, _ = GraphExecutor(g, p, dtype=np.float64).encode(ids, np.ones_like(ids), np.zeros_like(ids))
+    assert 0 < rel_err(h1, h0) < 1e-3
+    with pytest.raises(ValueError, match="squarings"):
+        blb_fusion.run(g0, exp="poly", exp_squarings=4)
+    with pytest.raises(ValueError, match="exp"):
+        blb_fusion.run(g0, exp="half")
+    with pytest.raises(ValueError, match="decomposed with exp"):
+        blb_fusion.run(blb_decompose.run(g0), exp="poly")
+
+
+@pytest.mark.parametrize("coeffs", [(0.3, -2.0, 0.5, 1.0, 1.0), (1.2e-3, -0.0956, 3.7259, -3.3289, 1.0),
+                                    (-6.0, 11.0, -6.0, 1.0), (2.0, 1.0, 1.0, 1.0), (-1.0, 0.0, 1.0), (0.5, 1.0)])
+def test_monic_factors_against_numpy(coeffs):
+    """(z + H)^2 + K and z + H factors multiply back to the polynomial (complex and real roots)."""
+    z = np.linspace(-3.0, 3.0, 1001)
+    got = np.ones_like(z)
+    for h, k in blb_fusion.monic_factors(coeffs):
+        got = got * ((z + h) ** 2 + k if k is not None else z + h)
+    assert np.abs(got - np.polyval(np.asarray(coeffs)[::-1], z)).max() <= 1e-9
+    assert blb_fusion.monic_factors((1.0, 2.0)) is None  # not monic
+    assert blb_fusion.monic_factors((1.0, 2.0, 0.5)) is None and blb_fusion.monic_factors((1.0,) * 6) is None
 
 
 def test_fold_norms_then_fusion():
@@ -288,7 +366,7 @@ def test_cli_inspect_fusion_blb(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(_bert_cases()["minilm"].to_dict()))
     assert cli.main(["inspect", str(tmp_path), "--fusion", "blb"]) == 0
     out = capsys.readouterr().out
-    assert "BLB fused blocks" in out and "5 per layer" in out and "gelu -> rsqrt" in out  # the plan's default split
+    assert "BLB fused blocks" in out and "5 per layer" in out and "gelu clamp -> rsqrt" in out  # the plan's default split
     assert "layers 1..2: the same blocks" in out
     assert "CKKS parameters per block" in out and "  16384 " in out
     assert "attention packing at 16 tokens: fused" in out  # (inspect's default tokens) section 5's converts less

@@ -34,12 +34,14 @@ def _bert():
     return config, normalize_weights(config, w)
 
 
-@pytest.fixture(scope="module", params=[("rows", "gate"), ("fused", "whole")])
+@pytest.fixture(scope="module", params=[("rows", "gate", "core"), ("fused", "whole", "core"),
+                                        ("fused", "poly", "poly")])
 def bert_run(request):
     """The forward with Q K^T / P V on the rows' pair grid and in section 5's packing (its
     re-packs of Q, K and P V's output through conversion round trips); GeLU as Algorithm 4's
-    x * Phi(x) (the gate in MPC, the product in HE) and as one MPC core (the plan's default)."""
-    attention, activation = request.param
+    x * Phi(x) (the gate in MPC, the product in HE), as one MPC core, and as its clamped form
+    with the polynomial in HE, with the softmax's exp polynomial in HE too (the plan's default)."""
+    attention, activation, exp = request.param
     if not lattigo.available():
         pytest.skip(lattigo.unavailable_reason())
     config, w = _bert()
@@ -49,23 +51,24 @@ def bert_run(request):
         {"ids": ids, "positions": np.arange(TOKENS), "token_types": np.zeros(TOKENS, np.int64)},
         {"pos0": 0, "T": TOKENS, "positions": np.arange(TOKENS)})["hidden"]
     sm = twopc_blb.server_model_blb(config, w)
-    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb", blb_activation=activation)
+    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb", blb_activation=activation,
+                             blb_exp=exp)
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
         enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter,
                                   attention=attention if ctx.party == 1 else "auto")
         assert isinstance(enc, twopc_blb.BLBEncoder)
-        assert enc.blb_graph.meta["blb_activation"] == activation
+        assert enc.blb_graph.meta["blb_activation"] == activation and enc.blb_graph.meta["blb_exp"] == exp
         h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
         return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats
 
     r0, r1 = run_inprocess(party, timeout=1200)
-    return ref, r0, r1, attention, activation
+    return ref, r0, r1, attention, activation, exp
 
 
 def test_blb_forward_matches_plaintext(bert_run):
-    ref, (h, _, _), (h1, _, _), _, _ = bert_run
+    ref, (h, _, _), (h1, _, _), _, _, _ = bert_run
     assert h1 is None
     assert h.shape == ref.shape == (TOKENS, _BERT["hidden_size"])
     err = np.abs(h - ref)
@@ -77,7 +80,7 @@ def test_blb_forward_matches_plaintext(bert_run):
 
 
 def test_blb_bytes_are_conversions_cores_and_setup(bert_run):
-    _, (_, s0, blocks), (_, s1, _), attention, activation = bert_run
+    _, (_, s0, blocks), (_, s1, _), attention, activation, exp = bert_run
     for cls in ("conversions", "setup", "softmax", "norm", "activation"):
         assert s0[cls]["bytes"] > 0, cls
     # no HE product of the layer-by-layer pipeline runs: projections are inside the blocks
@@ -85,7 +88,7 @@ def test_blb_bytes_are_conversions_cores_and_setup(bert_run):
     assert s0.get("attention_matmul", {}).get("bytes", 0) == 0
     for cls, s in s0.items():
         assert s["bytes"] == s1[cls]["bytes"], cls
-    g = blb_fusion.run(build_graph(_bert()[0]), activation=activation)
+    g = blb_fusion.run(build_graph(_bert()[0]), activation=activation, exp=exp)
     assert {b["block"] for b in blocks} == {b["id"] for b in g.meta["blb_blocks"]}
 
 
@@ -355,7 +358,15 @@ def test_client_checks_the_plans_fusion():
                           "fusion": "blb"})
     old = {k: v for k, v in plan.items() if not k.startswith("blb_") and k != "fusion"}  # a server from before BLB
     assert check_twopc_plan(old, config) == old
-    assert plan["blb_activation"] == twopc.DEFAULT_BLB_ACTIVATION == "whole"
+    assert plan["blb_activation"] == twopc.DEFAULT_BLB_ACTIVATION == "poly"
+    assert plan["blb_exp"] == twopc.DEFAULT_BLB_EXP == "poly"
+    core = {**plan, "blb_exp": "core"}
+    assert check_twopc_plan(core, config) == core
+    for bad in ("half", 1, None):
+        with pytest.raises(ProtocolError, match="exp split"):
+            check_twopc_plan({**plan, "blb_exp": bad}, config)
+    with pytest.raises(twopc.TwoPCError, match="exp split"):
+        twopc.public_plan(config, None, fusion="blb", blb_exp="half")
     gate = {**plan, "blb_activation": "gate"}
     assert check_twopc_plan(gate, config) == gate
     for bad in ("half", 1, None):

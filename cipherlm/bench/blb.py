@@ -250,9 +250,10 @@ def network_seconds(compute_seconds: float, total_bytes: int, flights: int) -> d
 
 
 def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeout: float = 7200.0,
-            activation: str | None = None, processes: bool = False) -> dict:
+            activation: str | None = None, processes: bool = False, exp: str | None = None) -> dict:
     """One ablation row (JSON-able) of a prepared workload (``activation``: BLB rows' split of
-    GeLU / SiLU, `runtime.twopc.BLB_ACTIVATIONS`; None = the plan's default).  ``processes``:
+    GeLU / SiLU, `runtime.twopc.BLB_ACTIVATIONS`; ``exp``: the softmax's exp split,
+    `runtime.twopc.BLB_EXPS`; None = the plan's defaults).  ``processes``:
     the parties as two OS processes over loopback TCP (`mpc.runner.run_processes`, as a peer
     system runs) instead of two threads of this process."""
     from ..mpc.runner import run_inprocess, run_processes
@@ -263,7 +264,8 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     config, w = prep["config"], prep["weights"]
     server = twopc.server_weights(config, w, keep_bound=FUSION[variant] == "blb")
     plan = twopc.public_plan(config, server, embedding=embedding, fusion=FUSION[variant],
-                             blb_activation=activation or twopc.DEFAULT_BLB_ACTIVATION)
+                             blb_activation=activation or twopc.DEFAULT_BLB_ACTIVATION,
+                             blb_exp=exp or twopc.DEFAULT_BLB_EXP)
     args = (config, server, plan, prep["ids"], ATTENTION.get(variant, "auto"))
     r0, r1 = (run_processes if processes else run_inprocess)(_party, args0=args, args1=args, timeout=timeout)
     ch, sp = r0["channel"], r0["setup_pass"]
@@ -276,7 +278,7 @@ def run_row(prep: dict, variant: str, *, embedding: str = "onehot-linear", timeo
     row = {
         "workload": prep["workload"], "variant": variant, "status": "ok",
         "layers": prep["layers"], "tokens": prep["tokens"], "embedding": plan["embedding"], "fusion": plan["fusion"],
-        "activation": plan.get("blb_activation"), "norms": plan.get("blb_norms"),
+        "activation": plan.get("blb_activation"), "exp": plan.get("blb_exp"), "norms": plan.get("blb_norms"),
         "value_bits": plan.get("blb_value_bits"),
         "bytes": total, "bytes_client_to_server": int(excl["bytes_sent"]),
         "bytes_server_to_client": int(excl["bytes_received"]),
@@ -326,11 +328,12 @@ def _parse_workloads(workloads) -> list[str]:
 
 def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None = None, report: str | None = None,
                   *, variants=VARIANTS, embedding: str = "onehot-linear", seed: int = 0, command=None,
-                  timeout: float = 7200.0, echo: bool = True, activation: str | None = None) -> dict:
+                  timeout: float = 7200.0, echo: bool = True, activation: str | None = None,
+                  exp: str | None = None) -> dict:
     """The ablation of every workload (``layers`` / ``tokens``: None = the workload's default,
     `WORKLOADS`), printed as it goes; the report (JSON-able dict) is written to ``report``
     when given.  ``embedding``: the plan's embedding method, the same for both rows;
-    ``activation``: the BLB rows' activation split (None: the plan's default)."""
+    ``activation`` / ``exp``: the BLB rows' activation and exp splits (None: the plan's defaults)."""
     names = _parse_workloads(workloads)
     variants = tuple(variants)
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -343,7 +346,7 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         for v in variants:
             _log(f"{w} / {v}: {prep['layers']} layer(s), {prep['tokens']} tokens, both parties in process ...")
             tr = time.perf_counter()
-            row = run_row(prep, v, embedding=embedding, timeout=timeout, activation=activation)
+            row = run_row(prep, v, embedding=embedding, timeout=timeout, activation=activation, exp=exp)
             _log(f"{w} / {v}: done in {time.perf_counter() - tr:.1f} s")
             rows.append(row)
             if echo:
@@ -355,7 +358,7 @@ def run_blb_bench(workloads=None, layers: int | None = None, tokens: int | None 
         "wall_seconds": time.perf_counter() - t0,
         "machine": {**machine_start, "load_average_end": _machine()["load_average"]},
         "settings": {"workloads": names, "layers": layers, "tokens": tokens, "embedding": embedding, "seed": seed,
-                     "blb_activation": activation,
+                     "blb_activation": activation, "blb_exp": exp,
                      "variants": list(variants), "parties": "in process (two threads, in-process channel)"},
         "networks": {k: _preset_dict(p) for k, p in NETWORKS.items()},
         "categories": {k: list(v) for k, v in CATEGORIES.items()},
@@ -447,7 +450,7 @@ def run(args) -> dict:
     return run_blb_bench(args.workloads, args.layers, args.tokens, getattr(args, "report", None),
                          variants=variants, embedding=getattr(args, "embedding", None) or "onehot-linear",
                          seed=getattr(args, "seed", 0) or 0, command=sys.argv,
-                         activation=getattr(args, "blb_activation", None))
+                         activation=getattr(args, "blb_activation", None), exp=getattr(args, "blb_exp", None))
 
 
 __all__ = ["run_blb_bench", "run_row", "prepare", "breakdown", "network_seconds", "format_rows", "format_table",

@@ -56,9 +56,15 @@ reciprocal         1 / x
 exp                exp(x * scale) (attrs scale)
 act_gate           the gate g(x) of an activation x * g(x) (attrs fn: gelu ->
                    Phi(x), gelu_tanh -> its tanh form, silu -> sigmoid(x))
+act_clamp          two outputs (lin, ac) = (x/2 + (|x| - ac)/2, min(|x|, T)) of
+                   an activation's clamped form (attrs fn, T): comparisons
+poly               sum_k c_k x^k elementwise (attrs coeffs: public reals; out_bound:
+                   max |output| over the inputs it gets)
+clip_min           max(x, lo) (attrs lo, bound: |output| <= bound for the inputs it
+                   gets): comparisons
 =================  ===========================================================
 
-The last eight are the pieces `passes.blb_decompose` splits LayerNorm, RMSNorm,
+The last eleven are the pieces `passes.blb_decompose` splits LayerNorm, RMSNorm,
 softmax and the GeLU / SiLU activations into (BLB, Algorithms 3-5): the builders
 never make them, and only the plain backend evaluates them.
 
@@ -74,7 +80,8 @@ from typing import Iterable
 OPS = (
     "embed", "linear", "layer_norm", "rms_norm", "rope", "kv_cache", "qk", "softmax", "av", "activation",
     "mul", "add", "clip", "split", "concat", "topk", "dispatch", "combine", "head", "argmax", "moe",
-    "reduce_sum", "reduce_max", "sub", "affine", "rsqrt", "reciprocal", "exp", "act_gate",
+    "reduce_sum", "reduce_max", "sub", "affine", "rsqrt", "reciprocal", "exp", "act_gate", "act_clamp", "poly",
+    "clip_min",
 )
 
 #: The one operator-class vocabulary of every mode's meter, report and plot (issue 13
@@ -94,7 +101,8 @@ OP_CLASS = {
     "combine": "moe", "head": "layout", "argmax": "sampling", "moe": "moe",
     # the pieces of passes.blb_decompose: the class of the layer they usually come from
     "reduce_sum": "norm", "reduce_max": "softmax", "sub": "norm", "affine": "norm", "rsqrt": "norm",
-    "reciprocal": "softmax", "exp": "softmax", "act_gate": "activation",
+    "reciprocal": "softmax", "exp": "softmax", "act_gate": "activation", "act_clamp": "activation",
+    "poly": "activation", "clip_min": "softmax",
 }
 
 

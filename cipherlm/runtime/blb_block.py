@@ -105,12 +105,13 @@ from typing import Any
 import numpy as np
 
 from ..compile.ir import Graph
-from ..compile.passes import blb_params
+from ..compile.passes import blb_fusion, blb_params
 from ..compile.passes.blb_fusion import _only_folded, _shapes, block_depth
 from ..protocols.ckks import blb_matmul
 from ..protocols.ckks.evaluator import CkksEvaluator
 
-SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache", "split")
+SUPPORTED = ("linear", "affine", "add", "sub", "mul", "reduce_sum", "qk", "av", "head", "rope", "kv_cache", "split",
+             "poly")
 
 
 @dataclasses.dataclass
@@ -748,6 +749,51 @@ class _Eval:
         self.stats["ct_pt"] += x.cts.size
         return self._each_chunk(x, lambda c, k: self.rescale(self.be.multiply_plain(self.ctx, c, pts[k])))
 
+    def poly(self, x: Packed, coeffs) -> Packed:
+        """sum_k c_k x^k for public reals c_k (the activation's clamped form), in
+        `blb_fusion.poly_depth` levels.  A monic polynomial of degree <= 4 as the product of
+        its `blb_fusion.monic_factors` (z + H)^2 + K and z + H: constants added, squares and
+        products of ciphertexts only (the result's scale is whatever those leave: the block's
+        next additions encrypt their fresh operands at it).  Any other: x^k = x^(2^j)
+        x^(k - 2^j) by ct-ct products (2^j the highest power of two below k), every power
+        dropped to the deepest one's level, each multiplied by c_k encoded at the scale that
+        brings the term to the block's scale exactly after one rescale (so that the terms
+        add), then c_0 added.  Padding slots stay zero (the constants are period vectors
+        over the row's width)."""
+        coeffs = [float(c) for c in coeffs]
+        if len(coeffs) < 2:
+            raise NotImplementedError("poly of degree < 1 in CKKS")
+        width = x.shape[-1]
+        factors = blb_fusion.monic_factors(coeffs)
+        if factors is not None:
+            parts = []
+            for h, k in factors:
+                f = self.plain_add(x, np.full(width, h)) if h else x
+                if k is not None:
+                    f = self.binary("mul", f, f, x.shape)
+                    f = self.plain_add(f, np.full(width, k)) if k else f
+                parts.append(f)
+            while len(parts) > 1:  # a balanced product tree
+                parts = [self.binary("mul", parts[i], parts[i + 1], x.shape) if i + 1 < len(parts) else parts[i]
+                         for i in range(0, len(parts), 2)]
+            return parts[0]
+        pw = {1: x}
+        for k in range(2, len(coeffs)):
+            h = 1 << ((k - 1).bit_length() - 1)
+            pw[k] = self.binary("mul", pw[h], pw[k - h], x.shape)
+        used = [k for k in pw if coeffs[k] != 0.0]
+        lvl = min(self.level_of(pw[k]) for k in used)
+        acc = None
+        for k in used:
+            t = self.drop_to(pw[k], lvl)
+            pts = self._chunk_pts(t, np.full(width, coeffs[k]), lvl, self.scale * self.q(lvl) / t.first.scale)
+            self.stats["ct_pt"] += t.cts.size
+            term = self._each_chunk(t, lambda c, j: self.rescale(self.be.multiply_plain(self.ctx, c, pts[j])))
+            acc = term if acc is None else self.binary("add", acc, term, x.shape)
+        if coeffs[0]:
+            acc = self.plain_add(acc, np.full(width, coeffs[0]))
+        return acc
+
     def plain_add(self, x: Packed, vec: np.ndarray) -> Packed:
         pts = self._chunk_pts(x, vec, self.level_of(x), x.first.scale)
         return self._each_chunk(x, lambda c, k: self.copied(c, self.be.add_plain_inplace, pts[k]))
@@ -1331,6 +1377,8 @@ def evaluate_block(graph: Graph, block: dict, inputs: dict[str, np.ndarray], par
             out = x
         elif op == "reduce_sum":
             out = ev.reduce_sum(get(n.inputs[0]), float(n.attrs.get("scale", 1.0)))
+        elif op == "poly":
+            out = ev.poly(get(n.inputs[0]), n.attrs["coeffs"])
         elif op == "qk" and n.name in mh:
             L = mh[n.name]
             cols = mh_name("mh_cols", L)

@@ -368,6 +368,21 @@ class PlainBackend:
             return ops.sigmoid(x)
         raise ValueError(f"{node.name}: no gate form for activation {fn!r}")
 
+    def act_clamp(self, node, x, ctx):
+        a = np.abs(x)
+        ac = np.minimum(a, float(node.attrs["T"]))
+        return x / 2 + (a - ac) / 2, ac * float(node.attrs.get("scale", 1.0))
+
+    def clip_min(self, node, x, ctx):
+        return np.maximum(x, float(node.attrs["lo"]))
+
+    def poly(self, node, x, ctx):
+        c = node.attrs["coeffs"]
+        y = np.full(np.shape(x), float(c[-1]))
+        for ck in reversed(c[:-1]):
+            y = y * x + float(ck)
+        return y
+
 
 def needed(producers: dict, outputs: Iterable[str]) -> set[str]:
     """Names of the nodes the values `outputs` depend on (``producers``: value -> node, as

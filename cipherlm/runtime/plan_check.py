@@ -25,6 +25,8 @@ blb_activation with ``fusion`` ``blb`` only: one of `twopc.BLB_ACTIVATIONS` (abs
                both choices are secure (the same protocols, placed differently)
 blb_norms      with ``fusion`` ``blb`` only: ``split`` or ``whole`` (``auto`` is resolved by the
                server; absent: ``split``); both secure, like ``blb_activation``
+blb_exp        with ``fusion`` ``blb`` only: one of `twopc.BLB_EXPS` (absent: ``core``); both
+               secure, like ``blb_activation``
 blb_value_bits with ``fusion`` ``blb`` only: an int in [12, 20), the public bound 2^b on a
                block input's |value| the conversions encode for (absent: 12)
 =============  ===========================================================================
@@ -57,7 +59,7 @@ MAX_CLASSES = 1 << 16
 MAX_DIM = 1 << 24
 #: the HE backends an offload welcome may name (``he_backend``; `cipherlm.he.matmul.OFFLOAD_BACKENDS`)
 OFFLOAD_HE_BACKENDS = ("seal", "lattigo")
-PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion", "blb_activation",
+PLAN_KEYS = frozenset({"embedding", "linear", "moe", "classes", "fold_norms", "fusion", "blb_activation", "blb_exp",
                        "blb_norms", "blb_value_bits"})
 
 __all__ = ["check_twopc_plan", "check_twopc_welcome", "check_offload_welcome", "secure_embedding_methods",
@@ -218,7 +220,8 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
         out["fusion"] = f
     # absent with BLB: "gate" / "split" (plans of servers before the choice)
     for key, what, choices in (("blb_activation", "activation split", twopc.BLB_ACTIVATIONS),
-                               ("blb_norms", "norm split", twopc.BLB_NORM_SPLITS)):
+                               ("blb_norms", "norm split", twopc.BLB_NORM_SPLITS),
+                               ("blb_exp", "exp split", twopc.BLB_EXPS)):
         if key in plan:
             a = plan[key]
             if out.get("fusion") != "blb":
@@ -247,7 +250,7 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
     want = {"embedding", "linear"} | ({"classes"} if kind == "encoder" else {"fold_norms"})
     if moe_model:
         want.add("moe")
-    if set(out) - {"fusion", "blb_activation", "blb_norms", "blb_value_bits"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
+    if set(out) - {"fusion", "blb_activation", "blb_norms", "blb_exp", "blb_value_bits"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
         raise ProtocolError(f"the plan's keys {sorted(out)} do not fit this {'MoE ' if moe_model else ''}{kind} "
                             f"(expected {sorted(want)})")
     return out

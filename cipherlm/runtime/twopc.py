@@ -247,11 +247,17 @@ FUSION_CHOICES = FUSIONS + ("auto",)
 #: (128), 1.12 / 1.10 on GPT2-base (64); at 400 Mbps (WAN1) 1.01, 0.83, 0.99 and at 3 Gbps
 #: (LAN) 0.94, 0.75, 0.94: BLB sends 1.6-1.8x fewer bytes but computes up to 1.35x as long
 BLB_AUTO_MAX_BANDWIDTH_BPS = 100e6
-#: BLB: where GeLU / SiLU run (`compile.passes.blb_decompose.ACTIVATION_SPLITS`): "whole" (one
-#: MPC core, the default: measured cheaper, docs/blb.md "The activation core") or "gate"
-#: (Algorithm 4's x * g(x): the gate in MPC, the product in HE)
+#: BLB: where GeLU / SiLU run (`compile.passes.blb_decompose.ACTIVATION_SPLITS`): "poly" (the
+#: default: GeLU's clamped form, comparisons in MPC and its polynomial in the FFN-down block;
+#: SiLU whole; docs/blb.md "Polynomials in HE"), "whole" (one MPC core) or "gate" (Algorithm
+#: 4's x * g(x): the gate in MPC, the product in HE)
 BLB_ACTIVATIONS = passes.blb_decompose.ACTIVATION_SPLITS
-DEFAULT_BLB_ACTIVATION = "whole"
+DEFAULT_BLB_ACTIVATION = "poly"
+#: BLB: where the softmax's exp runs (`compile.passes.blb_decompose.EXP_SPLITS`): "poly" (the
+#: default: the clip on shares, the polynomial in HE before the squarings) or "core" (the
+#: clip and the polynomial on shares)
+BLB_EXPS = passes.blb_decompose.EXP_SPLITS
+DEFAULT_BLB_EXP = "poly"
 #: BLB: where the LayerNorms / RMSNorms run (`compile.passes.blb_decompose.NORM_SPLITS`):
 #: "split" (Algorithm 3: the statistics fused into HE, rsqrt in MPC), "whole" (each norm one MPC
 #: operator), or "auto" (the server's choice, `blb_norm_split`)
@@ -331,7 +337,7 @@ def blb_value_bits(probe: dict) -> int:
 
 
 def blb_norm_split(config: dict, server: ServerModel | None, activation: str = DEFAULT_BLB_ACTIVATION,
-                   probe: dict | None = None) -> str:
+                   probe: dict | None = None, exp: str = DEFAULT_BLB_EXP) -> str:
     """The server's choice for ``blb_norms="auto"``: "split" when a norm's sum of squares can
     leave its block (on the public probe, `blb_probe`, it stays `NORM_PROBE_MARGIN` below the
     block output bound 2^`blb_params.OUT_VALUE_BITS`) and every fused block of the split graph
@@ -345,7 +351,7 @@ def blb_norm_split(config: dict, server: ServerModel | None, activation: str = D
     probe = probe or blb_probe(config, server.bound)
     if probe["sumsq"] * NORM_PROBE_MARGIN >= 2.0 ** blb_params.OUT_VALUE_BITS:
         return "whole"
-    g = passes.blb_fusion.run(build_graph(config), activation=activation, norms="split")
+    g = passes.blb_fusion.run(build_graph(config), activation=activation, norms="split", exp=exp)
     sets = blb_params.run(g, params=server.bound, strict=False)
     return "split" if all(p is not None for p in sets) else "whole"
 
@@ -374,13 +380,13 @@ def resolve_fusion(config: dict, fusion: str, network: str = "LAN") -> str:
 def public_plan(config: dict, server: ServerModel | None = None, embedding: str = "auto",
                 moe_capacity: float = DEFAULT_MOE_CAPACITY, linear_packing: str = "coeff",
                 network: str = "LAN", fusion: str = "none", blb_activation: str = DEFAULT_BLB_ACTIVATION,
-                blb_norms: str = "auto") -> dict:
+                blb_norms: str = "auto", blb_exp: str = DEFAULT_BLB_EXP) -> dict:
     """What both parties must agree on beyond the config: the structure choices that
     depend on the server's weights (folded norms, classifier width), the MoE
     capacity factor and the linear layers' packing (with the network preset its
     cost model and the SIMD plans assume), the fusion (`resolve_fusion`: "auto" becomes "none"
     or "blb" here, from the model and that network); with "blb" also ``blb_activation``
-    (`BLB_ACTIVATIONS`) and ``blb_norms`` (`BLB_NORMS`, "auto" resolved here by
+    (`BLB_ACTIVATIONS`), ``blb_exp`` (`BLB_EXPS`) and ``blb_norms`` (`BLB_NORMS`, "auto" resolved here by
     `blb_norm_split`), both of which change the fused blocks, and ``blb_value_bits`` (the public
     bound on |block input| the conversions encode for, `blb_value_bits`). JSON-able."""
     from ..net.netmodel import PRESETS
@@ -401,10 +407,13 @@ def public_plan(config: dict, server: ServerModel | None = None, embedding: str 
         if blb_activation not in BLB_ACTIVATIONS:
             raise TwoPCError(f"unknown BLB activation split {blb_activation!r}; one of {BLB_ACTIVATIONS}")
         plan["blb_activation"] = blb_activation
+        if blb_exp not in BLB_EXPS:
+            raise TwoPCError(f"unknown BLB exp split {blb_exp!r}; one of {BLB_EXPS}")
+        plan["blb_exp"] = blb_exp
         if blb_norms not in BLB_NORMS:
             raise TwoPCError(f"unknown BLB norm split {blb_norms!r}; one of {BLB_NORMS}")
         probe = blb_probe(config, server.bound) if server is not None and server.bound is not None else None
-        plan["blb_norms"] = (blb_norm_split(config, server, blb_activation, probe) if blb_norms == "auto"
+        plan["blb_norms"] = (blb_norm_split(config, server, blb_activation, probe, blb_exp) if blb_norms == "auto"
                              else blb_norms)
         plan["blb_value_bits"] = BLB_MIN_VALUE_BITS if probe is None else blb_value_bits(probe)
     if has_moe:

@@ -84,10 +84,12 @@ import numpy as np
 from ..compile import build_graph
 from ..compile.ir import OP_CLASS
 from ..compile.passes import blb_fusion, blb_params
+from ..compile.passes.blb_decompose import EXP_CLIP
 from ..he.backend import get_backend
 from ..he.params import HEParams
 from ..mpc import nonlinear as nl
-from ..mpc.nonlinear.common import const
+from ..mpc.nonlinear.common import compare_public, const
+from ..mpc.protocols.mux import mux
 from ..mpc.protocols.trunc import trunc_faithful, trunc_local
 from ..mpc.ring import fixed_encode
 from ..mpc.shares import AShare
@@ -109,8 +111,6 @@ OUT_SCALE_BITS = 37
 #: work the server could do ahead of time; 0 where the projections run natively) and the seconds
 #: of the native projections (`_Eval._native_linear`: their encoding included)
 HE_OP_STATS = ("ct_ct", "ct_pt", "rotations", "rescales", "relayouts", "encode_weights_s", "native_linear_s")
-#: the exp core's clip: s - max below -EXP_CLIP gives exp(-EXP_CLIP) (1e-7)
-EXP_CLIP = 16.0
 #: a causal mask's scores as they leave a block (public, both parties' shares set locally): far
 #: below every kept score (|s| < 2^6 by the parameters' magnitude bound), so the max ignores them
 #: and s - max lands on the exp core's clip: weight exp(-EXP_CLIP) ~ 1e-7, below the 2^-16 ulp
@@ -159,6 +159,12 @@ class BLBSharesBackend(SharesBackend):
             y = x.mul_public_fixed(scale, frac=CORE_SCALE_FRAC)
         return nl.exp_reduced(self.ctx, y, -EXP_CLIP * scale)
 
+    def clip_min(self, node, x, ctx):
+        """max(x, lo): one comparison, one MUX (x + 1{x < lo} (lo - x), exact in the ring)."""
+        lo = float(node.attrs["lo"])
+        below = compare_public(self.ctx, x, [lo])[0]
+        return x + mux(self.ctx, below, const(self.ctx, x, lo) - x)
+
     def reciprocal(self, node, x, ctx):
         return nl.reciprocal(self.ctx, x)
 
@@ -183,6 +189,11 @@ class BLBSharesBackend(SharesBackend):
         if fn == "silu":
             return nl.silu_gate(self.ctx, x)
         raise BLBError(f"{node.name}: no gate protocol for activation {fn!r}")
+
+    def act_clamp(self, node, x, ctx):
+        """(lin, ac) of an activation's clamped form (`nl.abs_clamp`): its polynomial runs in
+        the next HE block."""
+        return nl.abs_clamp(self.ctx, x, float(node.attrs["T"]), float(node.attrs.get("scale", 1.0)))
 
 
 # ----------------------------------------------------------------------------- key sets
@@ -671,6 +682,7 @@ class _BLBLayers:
     def _blb_init(self, ctx, config: dict, server: ServerModel | None, attention: str) -> None:
         # plans from before the activation choice have no "blb_activation": the gate split they ran
         self.blb_graph = blb_fusion.run(build_graph(config), activation=self.plan.get("blb_activation", "gate"),
+                                        exp=self.plan.get("blb_exp", "core"),
                                         norms=self.plan.get("blb_norms", "split"))
         bound = None
         if server is not None:
@@ -698,7 +710,7 @@ class _BLBLayers:
                 ins = [vals[v] for v in item.inputs]
                 with self.meter(OP_CLASS[item.op], item.name):
                     r = getattr(self.blb_backend, item.op)(item, *ins, ctx=ctx)
-                vals[item.out] = r
+                vals.update(zip(item.outputs, r if len(item.outputs) > 1 else (r,)))
             else:
                 if not any(name in need for name in item["nodes"]):
                     continue

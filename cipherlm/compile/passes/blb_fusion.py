@@ -68,6 +68,8 @@ import itertools
 import math
 from collections import Counter
 
+import numpy as np
+
 from ..ir import Graph, Node
 from . import blb_decompose
 
@@ -88,12 +90,12 @@ _NONLINEAR_OPS = {
     "embed": "lookup", "layer_norm": "layer_norm", "rms_norm": "rms_norm", "softmax": "softmax",
     "activation": None, "clip": "clip", "topk": "top-k", "dispatch": "routing", "combine": "routing",
     "argmax": "argmax", "moe": "moe", "reduce_max": "max", "rsqrt": "rsqrt", "reciprocal": "reciprocal",
-    "exp": "exp", "act_gate": None,
+    "exp": "exp", "act_gate": None, "act_clamp": None, "clip_min": "exp clip",
 }
 _TRANSFORM_OPS = ("linear", "qk", "av", "rope")
 _LAYOUT_OPS = ("split", "concat", "head", "kv_cache", "affine")
 #: ops that need HE (a product with the weights or of two secret values)
-_PRODUCTS = ("linear", "qk", "av", "mul")
+_PRODUCTS = ("linear", "qk", "av", "mul", "poly")
 
 
 def core_name(n: Node) -> str:
@@ -103,7 +105,48 @@ def core_name(n: Node) -> str:
         return n.attrs.get("fn", "activation")
     if n.op == "act_gate":
         return {"gelu": "Phi (gelu gate)", "gelu_tanh": "tanh (gelu gate)", "silu": "sigmoid"}[n.attrs["fn"]]
+    if n.op == "act_clamp":
+        return f"{n.attrs['fn']} clamp"
     return c or n.op
+
+
+#: the highest degree `monic_factors` evaluates without scalar products
+MONIC_MAX_DEGREE = 4
+
+
+def monic_factors(coeffs) -> list[tuple[float, float | None]] | None:
+    """A monic polynomial sum_k c_k z^k (c_deg = 1, 1 <= deg <= MONIC_MAX_DEGREE) as a product
+    of real factors, each ``(H, K)`` = (z + H)^2 + K or ``(H, None)`` = z + H (its roots paired:
+    complex conjugates together, real ones in order), so that CKKS evaluates it with additions
+    of constants, squares and products only: ceil(log2 deg) levels, no scalar product (the
+    activation's clamped form scales its MPC output so that its polynomial is monic,
+    `blb_decompose`).  None when the polynomial is not monic or of another degree."""
+    c = [float(v) for v in coeffs]
+    deg = len(c) - 1
+    if not 1 <= deg <= MONIC_MAX_DEGREE or c[-1] != 1.0:
+        return None
+    roots = list(np.roots(c[::-1]))
+    cplx = sorted([r for r in roots if r.imag > 1e-12], key=lambda r: r.real)
+    real = sorted(float(r.real) for r in roots if abs(r.imag) <= 1e-12)
+    quads = [(-r.real, (r.imag) ** 2) for r in cplx]  # (z - r)(z - conj r) = (z - Re r)^2 + Im r^2
+    while len(real) >= 2:
+        r1, r2 = real.pop(0), real.pop(0)
+        quads.append((-(r1 + r2) / 2, -((r1 - r2) / 2) ** 2))
+    return [(float(h), float(k)) for h, k in quads] + [(-r, None) for r in real]
+
+
+def poly_depth(coeffs) -> int:
+    """Levels of a public polynomial (coefficients c_0..c_deg) in CKKS
+    (`runtime.blb_block._Eval.poly`): a monic one of degree <= MONIC_MAX_DEGREE by its
+    `monic_factors`, ceil(log2 deg) levels; any other by the powers x^k (products of the
+    highest powers of two, ceil(log2 deg) levels) and one plaintext product by the
+    coefficients (one level more)."""
+    deg = len(coeffs) - 1
+    if deg <= 0:
+        return 0
+    if monic_factors(coeffs) is not None:
+        return (deg - 1).bit_length()
+    return (deg - 1).bit_length() + 1
 
 
 def _shapes(graph: Graph) -> dict[str, tuple]:
@@ -125,6 +168,8 @@ def classify(graph: Graph) -> dict[str, str]:
             k = TRANSFORMATION
         elif n.op == "reduce_sum":
             k = REDUCTION
+        elif n.op == "poly":
+            k = IDENTITY
         elif n.op in ("mul", "add", "sub"):
             k = EXPANSION if (any(_broadcast(shapes.get(v, ())) for v in n.inputs)
                               and not _broadcast(n.shape)) else IDENTITY
@@ -232,6 +277,8 @@ def block_depth(nodes: list[Node], producers: dict[str, Node],
             x += 1 if n.attrs.get("gamma") else 0
         elif n.op == "reduce_sum":
             x += 1 if n.attrs.get("scale", 1.0) != 1.0 else 0
+        elif n.op == "poly":
+            x += poly_depth(n.attrs["coeffs"])
         for v in n.outputs:
             d[v] = x
     # an affine read only by projections (all folded) does not exist as a value of its own
@@ -271,12 +318,12 @@ def _short(nodes: list[Node], layer) -> str:
 
 
 def run(graph: Graph, exp_squarings: int = blb_decompose.EXP_SQUARINGS, activation: str = "gate",
-        norms: str = "split") -> Graph:
-    """The graph (decomposed if it was not, ``activation`` and ``norms`` as `blb_decompose.run`
-    takes them) with ``attrs["blb_class"]``, ``attrs["blb_block"]`` on every node and
+        norms: str = "split", exp: str = "core") -> Graph:
+    """The graph (decomposed if it was not, ``activation``, ``norms`` and ``exp`` as
+    `blb_decompose.run` takes them) with ``attrs["blb_class"]``, ``attrs["blb_block"]`` on every node and
     ``meta["blb_blocks"]``, ``meta["blb_local"]``, ``meta["blb_mpc"]``, ``meta["blb_cuts"]``
     (module doc)."""
-    g0 = blb_decompose.run(graph, exp_squarings, activation, norms)
+    g0 = blb_decompose.run(graph, exp_squarings, activation, norms, exp)
     classes = classify(g0)
     shapes = _shapes(g0)
     st = stages(g0, classes)
@@ -386,7 +433,8 @@ def run(graph: Graph, exp_squarings: int = blb_decompose.EXP_SQUARINGS, activati
             "mpc_out_cores": [core_name(g0.node(m)) for m in mpc_out],
             "depth": depth, "folded": folded,
             "products": {"ct_pt": sum(n.op == "linear" for n in ns), "ct_ct_matmul": sum(n.op in ("qk", "av") for n in ns),
-                         "ct_ct_elementwise": sum(n.op == "mul" for n in ns)},
+                         "ct_ct_elementwise": sum(n.op == "mul" for n in ns)
+                         + sum(max(0, len(n.attrs["coeffs"]) - 2) for n in ns if n.op == "poly")},
             "packing": {"layout": "spatial-first", "rotate_and_sum": sums, "broadcast": bcasts},
         })
     for b in blocks:

@@ -83,7 +83,7 @@ from ...he.params import HES_128_CLASSIC_MAX_LOGQ, HEParams, check_security
 from ...mpc.nonlinear.common import COMPARE_BOUND
 from ..ir import Graph
 from ...protocols.ckks import blb_matmul
-from .blb_fusion import FUSED_A_MASKS, FUSED_B_MASKS, _shapes, block_depth, core_name
+from .blb_fusion import FUSED_A_MASKS, FUSED_B_MASKS, _shapes, block_depth, core_name, monic_factors
 
 RING_DEGREES = (8192, 16384, 32768)
 MAX_PRIME_BITS = 60
@@ -204,6 +204,36 @@ def product_magnitude(node, ma: float, mb: float, producers: dict) -> float:
     return ma * mb
 
 
+def poly_error(model: NoiseModel, coeffs, sigma: float, bound: float) -> tuple[float, float]:
+    """(error std, magnitude bound) of sum_k c_k x^k for |x| <= ``bound`` with error ``sigma``,
+    evaluated as `runtime.blb_block._Eval.poly` does: a monic one by its factors
+    (`blb_fusion.monic_factors`: squares of x + H, then products), any other by the powers
+    x^k = x^(2^j) x^(k - 2^j) (2^j the highest power of two below k), each term times c_k by
+    one plaintext product."""
+    factors = monic_factors(coeffs)
+    if factors is not None:
+        parts = []
+        for h, k in factors:
+            m = bound + abs(h)
+            if k is None:
+                parts.append((sigma, m))
+            else:
+                parts.append((model.ct_product(sigma, sigma, m, m, square=True), m * m + abs(k)))
+        while len(parts) > 1:
+            parts = [(model.ct_product(parts[i][0], parts[i + 1][0], parts[i][1], parts[i + 1][1]),
+                      parts[i][1] * parts[i + 1][1]) if i + 1 < len(parts) else parts[i]
+                     for i in range(0, len(parts), 2)]
+        return parts[0]
+    sig, mag = {1: sigma}, {1: bound}
+    for k in range(2, len(coeffs)):
+        h = 1 << ((k - 1).bit_length() - 1)
+        sig[k] = model.ct_product(sig[h], sig[k - h], mag[h], mag[k - h], square=h == k - h)
+        mag[k] = mag[h] * mag[k - h]
+    terms = [model.plain_product(sig[k], abs(float(c))) for k, c in enumerate(coeffs) if k and c]
+    size = sum(abs(float(c)) * (mag[k] if k else 1.0) for k, c in enumerate(coeffs))
+    return _rss(*terms, encoding(model.n, model.delta)), size
+
+
 def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str, float] | None = None,
                   tokens: int = TOKENS, fused: bool = False) -> dict[str, tuple[float, float, float]]:
     """{output value: (predicted std, absolute; its magnitude bound; its floor)}: the module
@@ -249,6 +279,12 @@ def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str,
                 mag[v] = model.a
             elif p.op == "mul":
                 mag[v] = product_magnitude(p, m(p.inputs[0]), m(p.inputs[-1]), prod)
+            elif p.op == "clip_min":
+                mag[v] = float(p.attrs["bound"])
+            elif p.op == "poly" and "out_bound" in p.attrs:  # also when computed in another block
+                mag[v] = float(p.attrs["out_bound"])
+            elif p.op == "act_clamp":  # (lin, ac): ac = min(|x|, T)
+                mag[v] = float(p.attrs["T"]) * float(p.attrs.get("scale", 1.0)) if v == p.outputs[1] else model.a
             else:
                 mag[v] = CORE_RANGE.get(core_name(p), model.a)
         return mag[v]
@@ -282,6 +318,9 @@ def output_errors(graph: Graph, block: dict, model: NoiseModel, gains: dict[str,
             ma, mb = m(n.inputs[0]), m(n.inputs[-1])
             out = model.ct_product(ins[0], ins[-1], ma, mb, square=n.inputs[0] == n.inputs[-1])
             size = product_magnitude(n, ma, mb, prod)
+        elif op == "poly":
+            out, size = poly_error(model, n.attrs["coeffs"], ins[0], m(n.inputs[0]))
+            size = min(size, float(n.attrs.get("out_bound", size)))
         elif op == "rope":
             out = _rss(*(model.plain_product(ins[0], 1.0, rotations=1) for _ in range(2)))
         elif op == "affine":

@@ -7,7 +7,7 @@ product of magnitude |v|): use a ring with headroom (l = 64, f <= 16).
 """
 
 from .common import TRUNC, compare_public, mulf, product, sqf
-from .piecewise import gelu, gelu_gate, piecewise_poly, silu, silu_gate, swiglu
+from .piecewise import abs_clamp, clamped_poly, gelu, gelu_gate, piecewise_poly, silu, silu_gate, swiglu
 from .exp import exp_neg, exp_reduced
 from .recip import reciprocal, rsqrt
 from .softmax import max_last, softmax, softmax_parts
@@ -15,6 +15,6 @@ from .norm import layer_norm, normalized_bound, rms_norm
 from .select import argmax_last, one_hot, topk_last
 
 __all__ = ["TRUNC", "compare_public", "mulf", "sqf", "product", "piecewise_poly", "gelu", "silu", "swiglu", "gelu_gate",
-           "silu_gate", "exp_neg", "exp_reduced",
+           "silu_gate", "abs_clamp", "clamped_poly", "exp_neg", "exp_reduced",
            "reciprocal", "rsqrt", "max_last", "softmax", "softmax_parts", "layer_norm", "rms_norm", "normalized_bound",
            "argmax_last", "one_hot", "topk_last"]
