@@ -250,7 +250,8 @@ def check_twopc_plan(plan, config: dict | None = None) -> dict:
     want = {"embedding", "linear"} | ({"classes"} if kind == "encoder" else {"fold_norms"})
     if moe_model:
         want.add("moe")
-    if set(out) - {"fusion", "blb_activation", "blb_norms", "blb_exp", "blb_value_bits"} != want or (out.get("fusion") == "blb" and kind != "encoder"):
+    blb_keys = {"fusion", "blb_activation", "blb_norms", "blb_exp", "blb_value_bits"}
+    if set(out) - blb_keys != want or (out.get("fusion") == "blb" and kind != "encoder"):
         raise ProtocolError(f"the plan's keys {sorted(out)} do not fit this {'MoE ' if moe_model else ''}{kind} "
                             f"(expected {sorted(want)})")
     return out

@@ -280,7 +280,8 @@ def run(graph: Graph, exp_squarings: int = EXP_SQUARINGS, activation: str = "gat
             g.nodes.extend(parts)
             done.append(n.name)
     g.outputs = dict(graph.outputs)
-    g.meta = {**graph.meta, "blb_decomposed": done, "blb_exp_squarings": exp_squarings, "blb_exp": exp, "blb_activation": activation,
+    g.meta = {**graph.meta, "blb_decomposed": done, "blb_exp_squarings": exp_squarings, "blb_exp": exp,
+              "blb_activation": activation,
               "blb_norms": norms}
     g.validate()
     return g
