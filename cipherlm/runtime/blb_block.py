@@ -65,6 +65,9 @@ additions bring both operands to the lower level, whose scales agree by construc
   evaluated on its own only when something else reads it;
 * ``affine``: gamma as a plaintext product, beta as a plaintext addition;
 * ``add`` / ``sub`` / ``mul``: slot-wise (a (..., 1) operand broadcast: already replicated);
+* ``poly``: a public polynomial slot-wise (`_Eval.poly`: a monic one of degree <= 4 by its
+  real factors, ceil(log2 deg) levels, no plaintext product; any other by its powers and
+  one plaintext product by the coefficients);
 * ``reduce_sum``: rotate-and-sum over the period (the row's sum in its first slot); with a
   scale (a mean's 1/d) that slot is masked with the scale and spread back over the row's C
   slots by a rotate-and-sum the other way, before the rescale (one level, the broadcast of
@@ -750,7 +753,7 @@ class _Eval:
         return self._each_chunk(x, lambda c, k: self.rescale(self.be.multiply_plain(self.ctx, c, pts[k])))
 
     def poly(self, x: Packed, coeffs) -> Packed:
-        """sum_k c_k x^k for public reals c_k (the activation's clamped form), in
+        """sum_k c_k x^k for public reals c_k (GeLU's clamped form, the softmax's exp), in
         `blb_fusion.poly_depth` levels.  A monic polynomial of degree <= 4 as the product of
         its `blb_fusion.monic_factors` (z + H)^2 + K and z + H: constants added, squares and
         products of ciphertexts only (the result's scale is whatever those leave: the block's
@@ -782,6 +785,8 @@ class _Eval:
             h = 1 << ((k - 1).bit_length() - 1)
             pw[k] = self.binary("mul", pw[h], pw[k - h], x.shape)
         used = [k for k in pw if coeffs[k] != 0.0]
+        if not used:
+            raise NotImplementedError("poly with no term of degree >= 1 in CKKS")
         lvl = min(self.level_of(pw[k]) for k in used)
         acc = None
         for k in used:
