@@ -88,8 +88,7 @@ from ..compile.passes.blb_decompose import EXP_CLIP
 from ..he.backend import get_backend
 from ..he.params import HEParams
 from ..mpc import nonlinear as nl
-from ..mpc.nonlinear.common import compare_public, const
-from ..mpc.protocols.mux import mux
+from ..mpc.nonlinear.common import const
 from ..mpc.protocols.trunc import trunc_faithful, trunc_local
 from ..mpc.ring import fixed_encode
 from ..mpc.shares import AShare
@@ -160,10 +159,8 @@ class BLBSharesBackend(SharesBackend):
         return nl.exp_reduced(self.ctx, y, -EXP_CLIP * scale)
 
     def clip_min(self, node, x, ctx):
-        """max(x, lo): one comparison, one MUX (x + 1{x < lo} (lo - x), exact in the ring)."""
-        lo = float(node.attrs["lo"])
-        below = compare_public(self.ctx, x, [lo])[0]
-        return x + mux(self.ctx, below, const(self.ctx, x, lo) - x)
+        """max(x, lo): one comparison, one MUX (`nl.common.clip_min`)."""
+        return nl.common.clip_min(self.ctx, x, float(node.attrs["lo"]))
 
     def reciprocal(self, node, x, ctx):
         return nl.reciprocal(self.ctx, x)

@@ -94,6 +94,13 @@ def compare_public(ctx, x: AShare, thresholds, bound: float = COMPARE_BOUND) -> 
     return compare.msb(ctx, AShare(ctx, d, x.bits, x.frac), bits)
 
 
+def clip_min(ctx, x: AShare, lo: float) -> AShare:
+    """max(x, lo) for a public real lo: one batched MSB and one MUX, x + 1{x < lo} (lo - x),
+    exact in the ring (whatever x holds below lo is replaced)."""
+    below = compare_public(ctx, x, [lo])[0]
+    return x + _mux.mux(ctx, below, const(ctx, x, lo) - x)
+
+
 def mux_many(ctx, bits: BShare, vals: list[AShare]) -> list[AShare]:
     """[bits[k] * vals[k]] in one batched MUX."""
     v = AShare(ctx, np.stack([a.data for a in vals]), vals[0].bits, vals[0].frac)

@@ -137,8 +137,7 @@ def exp_reduced(ctx, x: AShare, lo: float) -> AShare:
     lo = float(lo)
     f = x.frac
     F1, F2, P = f + 6, f + 2, f + 4  # x^2, the bracket, the bracket's constants
-    below = compare_public(ctx, x, [lo])[0]
-    xc = x + _mux.mux(ctx, below, const(ctx, x, lo) - x)
+    xc = _common.clip_min(ctx, x, lo)
     # narrow products (`common.product`): x^2 <= lo^2 <= 1/4, |x^2 bracket| <= 1/4 (|c_i| < 1)
     q = _common.product(ctx, xc, None, 2 * f - F1, bound=lo * lo)          # x^2, frac F1
     br = _rescale(ctx, _times_public(xc, coeffs[3], P), f + P - F2)       # c3 x, frac F2

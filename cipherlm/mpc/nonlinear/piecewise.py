@@ -79,18 +79,22 @@ def _half(a):
     return a / 2
 
 
-def _fit_abs(f, lo: float, hi: float, iters: int = 30, minus=_half) -> np.ndarray:
-    """Near-minimax coefficients of f(a) - minus(a) (default a/2) on [lo, hi] in the powers
-    ABS_POWERS of a (Lawson's iteratively reweighted least squares on a dense grid)."""
-    a = np.linspace(lo, hi, 20001)
-    A = np.stack([a ** p for p in ABS_POWERS], axis=1)
-    y = f(a) - minus(a)
-    w = np.full(a.shape, 1.0 / a.size)
+def _lawson(A: np.ndarray, y: np.ndarray, iters: int) -> np.ndarray:
+    """Near-minimax c for A c ~ y on the rows of A (Lawson's iteratively reweighted least
+    squares)."""
+    w = np.full(y.size, 1.0 / y.size)
     for _ in range(iters):
         c, *_ = np.linalg.lstsq(A * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)
         w = w * (np.abs(A @ c - y) + 1e-15)
         w /= w.sum()
     return c
+
+
+def _fit_abs(f, lo: float, hi: float, iters: int = 30, minus=_half) -> np.ndarray:
+    """Near-minimax coefficients of f(a) - minus(a) (default a/2) on [lo, hi] in the powers
+    ABS_POWERS of a (`_lawson` on a dense grid)."""
+    a = np.linspace(lo, hi, 20001)
+    return _lawson(np.stack([a ** p for p in ABS_POWERS], axis=1), f(a) - minus(a), iters)
 
 
 def _segments(f, breaks, scale: int = 1, minus=_half):
@@ -262,17 +266,13 @@ def _fit_clamped(f, T: float, deg: int, iters: int = 60) -> tuple[np.ndarray, fl
     """(c_0..c_deg, max abs error): the near-minimax P with f(x) ~ x/2 + (a - min(a, T))/2 +
     P(min(a, T)), a = |x|, over a in [0, T + 12] (Lawson's IRLS on a dense grid: the points
     a <= T fit P(a) to f(a) - a/2, the points beyond T fit the one value P(T) to
-    f(a) - a/2 - (a - T)/2, so the tail's error is balanced against the fit's)."""
+    f(a) - a/2 - (a - T)/2, so the tail's error is balanced against the fit's; `_lawson`)."""
     a = np.linspace(0.0, T, 4001)
     at = np.linspace(T, T + 12.0, 2001)
     A = np.concatenate([np.stack([a ** k for k in range(deg + 1)], axis=1),
                         np.tile([T ** k for k in range(deg + 1)], (at.size, 1))])
     y = np.concatenate([f(a) - a / 2, f(at) - at / 2 - (at - T) / 2])
-    w = np.full(y.size, 1.0 / y.size)
-    for _ in range(iters):
-        c, *_ = np.linalg.lstsq(A * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)
-        w = w * (np.abs(A @ c - y) + 1e-15)
-        w /= w.sum()
+    c = _lawson(A, y, iters)
     return c, float(np.abs(A @ c - y).max())
 
 
