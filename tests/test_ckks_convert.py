@@ -136,6 +136,11 @@ def test_fast_wrap_maps_equal_the_dense_ones(n):
             assert (cc._wrap_fast(table, n, W, ns, encode=False) == cc._wrap_product(table, e, i, W)).all()
             Y = W[:ns]
             assert (cc._wrap_fast(table, n, Y, None, encode=True) == cc._wrap_product(table, i, e, Y)).all()
+            # batched rows: each row's map, one table for all
+            W2 = np.stack([W, W[::-1]])
+            assert (cc._wrap_fast(table, n, W2, ns, encode=False)[1] == cc._wrap_product(table, e, i, W[::-1])).all()
+            assert (cc._wrap_fast(table, n, W2[:, :ns], None, encode=True)[1]
+                    == cc._wrap_product(table, i, e, W[::-1][:ns])).all()
 
 
 @pytest.mark.parametrize("modulus,lbits", [(1152921504606830593, 60), (2 ** 64, 64), (134215681, 27)])
@@ -280,6 +285,10 @@ def test_local_ring_to_field_encodes_each_share_exactly_mod_every_prime():
     got = cc.encode_mod_primes(Y, n, 2.0 ** 50, F, primes)
     for i, q in enumerate(primes):
         assert [int(v) for v in got[i]] == list(_dense_encode(Y, n, 2.0 ** 50, F, q))
+    batched = cc.encode_mod_primes(np.stack([Y[::-1], Y]), n, 2.0 ** 50, F, primes)  # (m, k, N), one call
+    assert batched.shape == (2, len(primes), n) and (batched[1] == got).all()
+    for i, q in enumerate(primes):
+        assert [int(v) for v in batched[0, i]] == list(_dense_encode(Y[::-1].copy(), n, 2.0 ** 50, F, q))
     with pytest.raises(ValueError, match="ring_to_field='wrap'"):
         cc.encode_mod_primes(Y, n, 2.0 ** 100, F, primes)
 

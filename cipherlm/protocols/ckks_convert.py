@@ -302,23 +302,28 @@ def _corr_mod64(H: np.ndarray, X: np.ndarray) -> np.ndarray:
     """Cyclic correlation c_j = sum_b H[(j + b) mod K] X[b] mod 2^64, exact: H (signed int64)
     split into 15-bit limbs (the top one signed, below 2^15), X (uint64) into 16-bit limbs,
     each limb product by float FFT (every partial sum stays below 2^(31 + log2 K), far
-    inside float64's exact range for K <= 2^14)."""
+    inside float64's exact range for K <= 2^14).  Batched: X (..., K) gives (..., K), H's
+    spectra computed once for all rows and every row's limbs in one FFT call."""
     K = H.shape[-1]
     H = np.asarray(H, np.int64)
     top = int(np.abs(H).max()) if H.size else 0
     nl = max(1, -(-(top.bit_length() + 1) // 15))
     Hl = [(H >> np.int64(15 * k)) & np.int64((1 << 15) - 1) for k in range(nl - 1)] + [H >> np.int64(15 * (nl - 1))]
     X = np.asarray(X, np.uint64)
-    Xl = [((X >> np.uint64(16 * k)) & np.uint64(0xFFFF)).astype(np.float64) for k in range(4)]
-    FH = [np.fft.rfft(h.astype(np.float64)) for h in Hl]
-    FX = [np.conj(np.fft.rfft(x)) if x.any() else None for x in Xl]  # small X: its top limbs are 0
-    out = np.zeros(K, np.uint64)
-    for p_, fh in enumerate(FH):
-        for l_, fx in enumerate(FX):
+    # the 16-bit limbs of X that are not zero in every row (small X: its top limbs are 0)
+    used = [k for k in range(4) if (X >> np.uint64(16 * k)).any()]
+    out = np.zeros(X.shape, np.uint64)
+    if not used:
+        return out
+    Xl = np.stack([((X >> np.uint64(16 * k)) & np.uint64(0xFFFF)).astype(np.float64) for k in used])
+    FX = np.conj(np.fft.rfft(Xl, axis=-1))  # (limbs, ..., K/2 + 1)
+    for p_, h in enumerate(Hl):
+        fh = np.fft.rfft(h.astype(np.float64))
+        for i, l_ in enumerate(used):
             sh = 15 * p_ + 16 * l_
-            if sh >= 64 or fx is None:
+            if sh >= 64:
                 continue
-            c = np.rint(np.fft.irfft(fh * fx, n=K)).astype(np.int64).astype(np.uint64)
+            c = np.rint(np.fft.irfft(fh * FX[i], n=K, axis=-1)).astype(np.int64).astype(np.uint64)
             out += c << np.uint64(sh)
     return out
 
@@ -349,36 +354,39 @@ def _wrap_fast(table: np.ndarray, n: int, vec, n_out: int, *, encode: bool) -> n
     out_i = sum_{j<len(vec)} table[(i e_j) mod 2N] vec_j for i < N.  The odd residues mod
     M = 2N / 2^a are {+-3^b} (Rader): for the indices i = 2^a (+-3^b), i e_j = 2^a (+-3^(b+j)),
     so each 2-adic level a is two cyclic correlations of length K = N / 2^(a+1) over the
-    powers of 3 (`_corr_mod64`); i = 0 and i = N/2 directly."""
+    powers of 3 (`_corr_mod64`); i = 0 and i = N/2 directly.  Batched: vec (..., len) gives
+    (..., N) (encode) or (..., n_out) (decode), one table for all rows."""
     L = n.bit_length() - 1
     vec = np.asarray(vec, np.uint64)
+    lead = vec.shape[:-1]
     tab = np.asarray(table, np.int64)
     two_n = 2 * n
     if encode:
-        ns = vec.shape[0]
+        ns = vec.shape[-1]
         e = slot_exponents(n, ns)
-        out = np.zeros(n, np.uint64)
-        out[0] = (np.full(ns, tab[0], np.int64).astype(np.uint64) * vec).sum(dtype=np.uint64)
-        out[n // 2] = tab[(e * (n // 2)) % two_n].astype(np.uint64) @ vec
+        out = np.zeros(lead + (n,), np.uint64)
+        out[..., 0] = vec.sum(axis=-1, dtype=np.uint64) * tab[0:1].astype(np.uint64)[0]
+        out[..., n // 2] = vec @ tab[(e * (n // 2)) % two_n].astype(np.uint64)
         for a in range(L - 1):
             K = n >> (a + 1)
             rows = _group(n, a)
-            yf = np.zeros(K, np.uint64)
-            np.add.at(yf, np.arange(ns) % K, vec)
+            pad = -ns % K  # fold the slots mod K: y_f[b] = sum_{j = b mod K} vec_j (wrapping sums)
+            yf = np.concatenate([vec, np.zeros(lead + (pad,), np.uint64)], axis=-1)
+            yf = yf.reshape(lead + ((ns + pad) // K, K)).sum(axis=-2, dtype=np.uint64)
             for idx in rows:
                 ok = idx < n
                 c = _corr_mod64(tab[idx], yf)
-                out[idx[ok]] = c[ok]
+                out[..., idx[ok]] = c[..., ok]
         return out
     e = slot_exponents(n, n_out)
     j = np.arange(n_out)
-    out = np.full(n_out, tab[0], np.int64).astype(np.uint64) * vec[0:1]
-    out += tab[(e * (n // 2)) % two_n].astype(np.uint64) * vec[n // 2:n // 2 + 1]
+    out = vec[..., 0:1] * tab[0:1].astype(np.uint64)[0]
+    out = out + vec[..., n // 2:n // 2 + 1] * tab[(e * (n // 2)) % two_n].astype(np.uint64)
     for a in range(L - 1):
         K = n >> (a + 1)
         for idx in _group(n, a):
-            x = np.where(idx < n, vec[np.minimum(idx, n - 1)], np.uint64(0))
-            out += _corr_mod64(tab[idx], x)[j % K]
+            x = np.where(idx < n, vec[..., np.minimum(idx, n - 1)], np.uint64(0))
+            out += _corr_mod64(tab[idx], x)[..., j % K]
     return out
 
 
@@ -493,16 +501,19 @@ def decode_shares(ctx, x: np.ndarray, q: int, scale, n_slots: int, *, frac: int 
         w = wrap_small(ctx, u.reshape(-1), q, lq)
         W = b2a_bits(ctx, w, 64).reshape(m, n)
     slots = n // 2 if int(generator) != 3 else n_slots  # another slot order: decode all, then permute
+    wraps = np.empty((m, slots * (1 + int(complex_slots))), np.uint64)
+    for scale_i in np.unique(scales):  # the wrap terms of all rows at one scale in one batch
+        rows_i = np.flatnonzero(scales == scale_i)
+        c = q * 2.0 ** sh / scale_i
+        wraps[rows_i, :slots] = _wrap_fast(_cos_table(n, c), n, W[rows_i], slots, encode=False)
+        if complex_slots:
+            wraps[rows_i, slots:] = _wrap_fast(_cos_table(n, c, np.sin), n, W[rows_i], slots, encode=False)
     out = []
     for i in range(m):
         own = u[i].astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
         P = canonical_decode(own, slots, complex_slots) * (2.0 ** sh / scales[i])
         loc = np.rint(P).astype(np.int64).astype(np.uint64)
-        c = q * 2.0 ** sh / scales[i]
-        wrap = _wrap_fast(_cos_table(n, c), n, W[i], slots, encode=False)
-        if complex_slots:
-            wrap = np.concatenate([wrap, _wrap_fast(_cos_table(n, c, np.sin), n, W[i], slots, encode=False)])
-        v = trunc_local_bits(ctx, loc - wrap, guard, 64)
+        v = trunc_local_bits(ctx, loc - wraps[i], guard, 64)
         out.append(v if int(generator) == 3 else _from_seal_order(v, n, n_slots, complex_slots, generator))
     data = np.stack(out)
     return AShare(ctx, data if x.ndim > 1 else data[0], 64, frac)
@@ -625,10 +636,9 @@ def encode_shares(ctx, y: AShare, n: int, scale: float, primes, bits: int = 64,
     data = np.asarray(y.data, np.uint64)
     Ys = data.reshape(-1, data.shape[-1])
     if ring_to_field == "local":
-        res = np.stack([encode_mod_primes(Y, n, scale, frac, primes, complex_slots=complex_slots,
-                                          generator=generator) for Y in Ys])
+        res = encode_mod_primes(Ys, n, scale, frac, primes, complex_slots=complex_slots, generator=generator)
         return res if data.ndim > 1 else res[0]
-    m_local = np.stack([_encode_local(Y, n, scale, frac, complex_slots, generator) for Y in Ys])
+    m_local = _encode_local(Ys, n, scale, frac, complex_slots, generator)
     bits = int(bits)
     mk = mask(bits)
     half = np.uint64(1 << (bits - 1))
@@ -671,50 +681,52 @@ def encode_mod_primes(Y: np.ndarray, n: int, scale: float, frac: int, primes, *,
     limbs L_0..L_2 and a signed top limb L_3 (encoded as its positive and negative parts), each
     A L_l computed by the mod-2^64 encode (`_encode_local`) and exact as a signed integer
     because |A L_l| <= (max |A| + 1) 2^16 (values) < 2^62 (checked); the limbs are combined
-    mod q by Horner's rule."""
+    mod q by Horner's rule.  Batched: Y (m, values) gives (m, k, N), the five limb encodings
+    of all m vectors in one `_encode_local` call."""
     Y = np.asarray(Y, np.uint64)
     c = abs(scale * 2.0 ** (1 - frac) / n)
-    if (c + 1) * 2.0 ** 16 * Y.size >= 2.0 ** 62:
+    if (c + 1) * 2.0 ** 16 * Y.shape[-1] >= 2.0 ** 62:
         raise ValueError(f"scale 2^{math.log2(scale):.1f} at {frac} fraction bits is too large for the "
                          f"exact limb encoding; use ring_to_field='wrap'")
     top = Y.view(np.int64) >> np.int64(48)  # in [-2^15, 2^15)
-
-    def enc(v):
-        return _encode_local(np.asarray(v, np.uint64), n, scale, frac, complex_slots, generator).view(np.int64)
-
-    limbs = [enc((Y >> np.uint64(16 * k)) & np.uint64(0xFFFF)) for k in range(3)]
-    limbs.append(enc(np.maximum(top, 0)) - enc(np.maximum(-top, 0)))
-    out = np.empty((len(primes), n), np.uint64)
+    parts = np.stack([(Y >> np.uint64(16 * k)) & np.uint64(0xFFFF) for k in range(3)]
+                     + [np.maximum(top, 0).astype(np.uint64), np.maximum(-top, 0).astype(np.uint64)])
+    enc = _encode_local(parts, n, scale, frac, complex_slots, generator).view(np.int64)  # (5, ..., N)
+    limbs = [enc[0], enc[1], enc[2], enc[3] - enc[4]]
+    out = np.empty(Y.shape[:-1] + (len(primes), n), np.uint64)
     for i, q in enumerate(primes):
         q = int(q)
         Q = np.uint64(q)
         acc = np.mod(limbs[3], np.int64(q)).astype(np.uint64)
         for k in (2, 1, 0):
             acc = (_shl_mod(acc, 16, q) + np.mod(limbs[k], np.int64(q)).astype(np.uint64)) % Q
-        out[i] = acc
+        out[..., i, :] = acc
     return out
 
 
 def _encode_local(Y: np.ndarray, n: int, scale: float, frac: int, complex_slots: bool, generator: int) -> np.ndarray:
     """Step 1 of Algorithm 2 on one party's share vector: the integer inverse embedding
-    sum_j A_ij Y_j mod 2^64 (N,), Y permuted from the backend's slot order into SEAL's first."""
+    sum_j A_ij Y_j mod 2^64 (N,), Y permuted from the backend's slot order into SEAL's first.
+    Batched: Y (..., values) gives (..., N)."""
+    Y = np.asarray(Y, np.uint64)
+    lead = Y.shape[:-1]
     if int(generator) != 3:
         idx, sign = slot_permutation(n, generator)
-        m = Y.size // 2 if complex_slots else Y.size
-        re = np.zeros(n // 2, np.uint64)
-        re[idx[:m]] = Y[:m]
+        m = Y.shape[-1] // 2 if complex_slots else Y.shape[-1]
+        re = np.zeros(lead + (n // 2,), np.uint64)
+        re[..., idx[:m]] = Y[..., :m]
         if complex_slots:
-            im = np.zeros(n // 2, np.uint64)
-            im[idx[:m]] = np.where(sign[:m] < 0, np.uint64(0) - Y[m:], Y[m:])
-            re = np.concatenate([re, im])
+            im = np.zeros(lead + (n // 2,), np.uint64)
+            im[..., idx[:m]] = np.where(sign[:m] < 0, np.uint64(0) - Y[..., m:], Y[..., m:])
+            re = np.concatenate([re, im], axis=-1)
         Y = re
     c = scale * 2.0 ** (1 - frac) / n
     if complex_slots:  # real parts, then imaginary parts
-        if Y.size % 2:
+        if Y.shape[-1] % 2:
             raise ValueError("complex slots take an even count: the real parts, then the imaginary parts")
-        h = Y.size // 2
-        return (_wrap_fast(_cos_table(n, c), n, Y[:h], None, encode=True)
-                + _wrap_fast(_cos_table(n, c, np.sin), n, Y[h:], None, encode=True))
+        h = Y.shape[-1] // 2
+        return (_wrap_fast(_cos_table(n, c), n, Y[..., :h], None, encode=True)
+                + _wrap_fast(_cos_table(n, c, np.sin), n, Y[..., h:], None, encode=True))
     return _wrap_fast(_cos_table(n, c), n, Y, None, encode=True)
 
 
