@@ -209,13 +209,21 @@ def slot_exponents(n: int, n_slots: int | None = None, generator: int = 3) -> np
     """e_j = generator^j mod 2N: slot j of a CKKS plaintext is m(omega^(e_j)) / Delta (3:
     SEAL's order, 5: Lattigo's; for real slot values the conjugate root -e_j gives the same
     value)."""
-    n_slots = n // 2 if n_slots is None else n_slots
-    out = np.empty(n_slots, np.int64)
-    x = 1
-    for j in range(n_slots):
-        out[j] = x
-        x = x * int(generator) % (2 * n)
-    return out
+    n_slots = n // 2 if n_slots is None else int(n_slots)
+    key = (int(n), int(generator))
+    full = _EXPONENTS.get(key)
+    if full is None or full.size < n_slots:
+        full = np.empty(max(n_slots, n // 2), np.int64)
+        x = 1
+        for j in range(full.size):
+            full[j] = x
+            x = x * int(generator) % (2 * n)
+        full.flags.writeable = False
+        _EXPONENTS[key] = full
+    return full[:n_slots].copy()
+
+
+_EXPONENTS: dict[tuple[int, int], np.ndarray] = {}  # (N, generator) -> its first N/2 (or more) exponents
 
 
 _PERMS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -279,8 +287,19 @@ def canonical_encode(z, n: int) -> np.ndarray:
 
 def _cos_table(n: int, c: float, fn=np.cos) -> np.ndarray:
     """round(c cos(pi t / N)) (or sin) for t in [0, 2N), symmetric rounding (entry t + N =
-    -entry t)."""
-    return np.rint(c * fn(np.pi * np.arange(2 * n) / n)).astype(np.int64)
+    -entry t).  Read-only, cached per (N, c, function): a block converts at a few scales."""
+    key = (int(n), float(c), fn.__name__)
+    tab = _TABLES.get(key)
+    if tab is None:
+        if len(_TABLES) >= 64:
+            _TABLES.clear()
+        tab = np.rint(c * fn(np.pi * np.arange(2 * n) / n)).astype(np.int64)
+        tab.flags.writeable = False
+        _TABLES[key] = tab
+    return tab
+
+
+_TABLES: dict[tuple[int, float, str], np.ndarray] = {}
 
 
 def _wrap_product(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, vec) -> np.ndarray:
@@ -508,14 +527,12 @@ def decode_shares(ctx, x: np.ndarray, q: int, scale, n_slots: int, *, frac: int 
         wraps[rows_i, :slots] = _wrap_fast(_cos_table(n, c), n, W[rows_i], slots, encode=False)
         if complex_slots:
             wraps[rows_i, slots:] = _wrap_fast(_cos_table(n, c, np.sin), n, W[rows_i], slots, encode=False)
-    out = []
-    for i in range(m):
-        own = u[i].astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
-        P = canonical_decode(own, slots, complex_slots) * (2.0 ** sh / scales[i])
-        loc = np.rint(P).astype(np.int64).astype(np.uint64)
-        v = trunc_local_bits(ctx, loc - wraps[i], guard, 64)
-        out.append(v if int(generator) == 3 else _from_seal_order(v, n, n_slots, complex_slots, generator))
-    data = np.stack(out)
+    own = u.astype(np.int64) - (np.int64(H) if ctx.party == 0 else np.int64(0))
+    P = canonical_decode(own, slots, complex_slots) * (2.0 ** sh / scales)[:, None]
+    loc = np.rint(P).astype(np.int64).astype(np.uint64)
+    data = trunc_local_bits(ctx, loc - wraps, guard, 64)
+    if int(generator) != 3:
+        data = np.stack([_from_seal_order(v, n, n_slots, complex_slots, generator) for v in data])
     return AShare(ctx, data if x.ndim > 1 else data[0], 64, frac)
 
 
