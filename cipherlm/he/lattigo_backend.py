@@ -52,7 +52,14 @@ Not implemented (raise NotImplementedError): BFV (the conformance suite of
 tests/test_he_backend.py and the 2pc protocols are BFV with SEAL's
 coefficient-level conventions), `encode_coeffs`, `to_ntt_inplace` /
 `from_ntt_inplace` (Lattigo keeps CKKS ciphertexts in NTT form),
-`pack_lwes_stream`, `plaintext_to_numpy`.
+`pack_lwes_stream` (see `pack_lwes_packer`), `plaintext_to_numpy`.
+
+PackLWEs for FastQuery's embedding lookup (ABI 12, ``native/lattigo/pack_lwes.go``; CDKS 2021
+Algorithms 1-2, FastQuery section 2.3): `pack_context` (`LattigoContext.from_primes`: a context
+with explicit primes, e.g. the plan's), `secret_keys_from_ternary` (a secret key from the
+client's numpy ternary secret), `LattigoGaloisKeys.has_elements`, and `pack_lwes_packer` ->
+`LattigoPackLWEs` (push chunks of coefficient-form leaves, finish: the packed ciphertext; the
+tree's subtrees on goroutines).
 
 Raw CKKS access for BLB's conversions (section 6, `protocols.ckks_convert`; issue 16):
 `decrypt_coeffs`, `ntt_forward` / `ntt_inverse` (Lattigo's own NTT, `clg_ntt`; reproduced bit-exactly in
@@ -119,6 +126,7 @@ __all__ = [
     "LattigoContext",
     "LattigoEvalKeys",
     "LattigoLinearTransform",
+    "LattigoPackLWEs",
     "LattigoSecretKeys",
     "available",
     "chebyshev_coefficients",
@@ -131,7 +139,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 11
+_ABI_VERSION = 12
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -228,6 +236,13 @@ _SIGNATURES: dict[str, tuple] = {
     # blb_linear.go (ABI 10)
     "clg_blb_linear": (_i64, _p_i64, _int, _int, _int, _p_dbl, _int, _int, _int, _p_i64, _dbl, _int, _p_i64,
                        _p_i64),
+    # pack_lwes.go (ABI 12)
+    "clg_ctx_new_primes": (_int, _p_u64, _int, _p_u64, _int, _p_i64),
+    "clg_sk_from_ternary": (_i64, _p_i64, _i64, _p_i64),
+    "clg_evk_has_elements": (_i64, _p_u64, _int, _p_int),
+    "clg_packlwe_new": (_i64, _i64, _int, _p_i64),
+    "clg_packlwe_push": (_i64, _p_u64, _i64, _p_u8, _i64),
+    "clg_packlwe_finish": (_i64, _p_u64, _i64),
 }
 
 _lib = None
@@ -471,6 +486,15 @@ class LattigoGaloisKeys(_Handle):
         _call("clg_evk_has_steps", self.h, p, n, int(conjugate), ctypes.byref(ok))
         return bool(ok.value)
 
+    def has_elements(self, elements: Iterable[int]) -> bool:
+        """Whether the set holds the keys of the automorphisms X -> X^g, g in ``elements``."""
+        els = np.ascontiguousarray(np.asarray(list(elements), dtype=np.uint64).reshape(-1))
+        if els.size == 0:
+            return True
+        ok = _int(0)
+        _call("clg_evk_has_elements", self.h, els.ctypes.data_as(_p_u64), els.size, ctypes.byref(ok))
+        return bool(ok.value)
+
     def to_bytes(self) -> bytes:
         """The whole (expanded) keys; `LattigoSecretKeys.galois_keys_bytes` sends seeded ones."""
         return _bytes_out("clg_evk_to_bytes", self.h)
@@ -493,6 +517,40 @@ class LattigoGaloisKeys(_Handle):
 
 #: An evaluation key set (relinearisation and/or Galois keys): the same Go object as Galois keys.
 LattigoEvalKeys = LattigoGaloisKeys
+
+
+class LattigoPackLWEs(_Handle):
+    """A streaming PackLWEs packer in Go (``native/lattigo/pack_lwes.go``; Chen, Dai, Kim, Song,
+    ACNS 2021, Algorithms 1-2, as FastQuery section 2.3 "PackLWEs optimization" uses it): the
+    same tree, leaf order and output as `cipherlm.he.packlwe.pack_lwes_stream`, with leaves and
+    result as coefficient-form residues.  `push` the leaves in `HEBackend.pack_lwes_order`
+    order, a chunk at a time, then `finish` once (`LattigoBackend.pack_lwes_packer`)."""
+
+    __slots__ = ("k", "n_leaves")
+
+    def __init__(self, h: int, ctx: LattigoContext, n_leaves: int):
+        super().__init__(h, ctx)
+        self.k = len(ctx.q_moduli)
+        self.n_leaves = int(n_leaves)
+
+    def push(self, leaves, present=None) -> None:
+        """The next m leaves: ``leaves`` (m, 2, k, N) uint64 coefficient-form residues modulo
+        the k data primes (each must be reduced), ``present`` (m,) bools (False: an absent,
+        zero leaf; default all present)."""
+        a = np.ascontiguousarray(leaves, dtype=np.uint64)
+        if a.ndim != 4 or a.shape[1:] != (2, self.k, self.ctx.n) or a.shape[0] < 1:
+            raise HEError(f"expected (m, 2, {self.k}, {self.ctx.n}) leaf residues, got {a.shape}")
+        m = a.shape[0]
+        pres = np.ones(m, np.uint8) if present is None else np.ascontiguousarray(present, dtype=bool).astype(np.uint8)
+        if pres.shape != (m,):
+            raise HEError(f"expected {m} presence flags, got shape {pres.shape}")
+        _call("clg_packlwe_push", self.h, a.ctypes.data_as(_p_u64), a.size, pres.ctypes.data_as(_p_u8), m)
+
+    def finish(self) -> np.ndarray:
+        """The packed ciphertext, (2, k, N) uint64 coefficient-form residues."""
+        out = np.empty((2, self.k, self.ctx.n), np.uint64)
+        _call("clg_packlwe_finish", self.h, out.ctypes.data_as(_p_u64), out.size)
+        return out
 
 
 class LattigoBootstrapKeys(_Handle):
@@ -669,6 +727,40 @@ class LattigoContext:
             check_security_logqp(preset, self.n, self.bootstrap_log_qp, secret_hamming_weight=hw.value or None)
         return self
 
+    @classmethod
+    def from_primes(cls, n: int, q_moduli: Sequence[int], p_moduli: Sequence[int]) -> LattigoContext:
+        """A context whose data primes are exactly ``q_moduli`` (q0 first) and whose key-switching
+        primes are ``p_moduli`` (NTT-friendly for 2N; e.g. the primes a SEAL context chose),
+        checked against the HE-standard bound on log2(QP) for N (`params.max_logq`).  Only
+        the ring layer is meant to be used (PackLWEs, `LattigoBackend.pack_lwes_packer`)."""
+        n = int(n)
+        log_n = n.bit_length() - 1
+        if n != 1 << log_n:
+            raise HEError(f"N = {n} is not a power of two")
+        qs = np.ascontiguousarray([int(q) for q in q_moduli], dtype=np.uint64)
+        ps = np.ascontiguousarray([int(p) for p in p_moduli], dtype=np.uint64)
+        log_qp = sum(math.log2(int(m)) for m in list(qs) + list(ps))
+        if log_qp > max_logq(n):
+            raise HEError(f"log2(QP) = {log_qp:.3f} > {max_logq(n)} allowed for N = {n} at 128-bit classical security")
+        h = _Handle(_new("clg_ctx_new_primes", log_n, qs.ctypes.data_as(_p_u64), qs.size,
+                         ps.ctypes.data_as(_p_u64), ps.size), None)
+        self = cls.__new__(cls)
+        self._h, self.handle = h, h.h
+        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
+        mod = (ctypes.c_uint64 * 64)()
+        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
+              ctypes.byref(np_), mod, 64)
+        self.n, self.slots, self.max_level = nn.value, nn.value // 2, ml.value
+        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
+        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
+        self.coeff_moduli = list(self.q_moduli)
+        if self.q_moduli != [int(q) for q in qs] or self.p_moduli != [int(p) for p in ps]:
+            raise HEError("Lattigo did not keep the given primes")
+        bits = tuple(m.bit_length() for m in self.q_moduli + self.p_moduli)
+        self.default_scale_bits = max(1, min(bits) - 2)  # a placeholder (clg_ctx_new_primes)
+        self.params = HEParams(f"primes-{n}-{sum(bits)}", "ckks", n, bits)
+        return self
+
     @property
     def bootstrappable(self) -> bool:
         return hasattr(self, "bootstrap_log_qp")
@@ -687,6 +779,19 @@ class LattigoSecretKeys(SecretKeys):
         self.ctx = ctx
         self._sk = _Handle(sk.value, ctx)
         self.public_key = LattigoPublicKey(pk.value, ctx)
+
+    @classmethod
+    def from_ternary(cls, ctx: LattigoContext, s) -> LattigoSecretKeys:
+        """The secret key with the given ternary coefficients (N values in {-1, 0, 1}; e.g. a
+        numpy RLWE secret, so that numpy and Lattigo encrypt and decrypt under one key)."""
+        a = np.ascontiguousarray(np.asarray(s).reshape(-1), dtype=np.int64)
+        if a.size != ctx.n:
+            raise HEError(f"{a.size} secret coefficients for N = {ctx.n}")
+        self = cls.__new__(cls)
+        self.ctx = ctx
+        self._sk = _Handle(_new("clg_sk_from_ternary", ctx.handle, a.ctypes.data_as(_p_i64), a.size), ctx)
+        self.public_key = LattigoPublicKey(_new("clg_pk_of_sk", self._sk.h), ctx)
+        return self
 
     def encrypt(self, pt: LattigoPlaintext) -> LattigoCiphertext:
         return LattigoCiphertext(_new("clg_encrypt_sk", self._sk.h, pt.h), self.ctx)
@@ -789,7 +894,7 @@ LATTIGO_COSTS = HECostModel(
 class LattigoBackend(HEBackend):
     """CKKS on Lattigo v6 (module docstring: what is implemented and what raises
     NotImplementedError: BFV, encode_coeffs, to_ntt_inplace / from_ntt_inplace,
-    pack_lwes_stream, plaintext_to_numpy)."""
+    pack_lwes_stream (PackLWEs is `pack_lwes_packer`), plaintext_to_numpy)."""
 
     name = "lattigo"
     schemes = ("ckks",)
@@ -1177,7 +1282,22 @@ class LattigoBackend(HEBackend):
         return True
 
     def pack_lwes_stream(self, ctx, galois_keys, n_leaves: int, leaves):
-        raise NotImplementedError("Lattigo backend: PackLWEs (a BFV/FastQuery step) is not wrapped")
+        raise NotImplementedError("Lattigo backend: PackLWEs over numpy leaves is pack_lwes_packer")
+
+    def pack_context(self, n: int, q_moduli: Sequence[int], p_moduli: Sequence[int]) -> LattigoContext:
+        """`LattigoContext.from_primes`: a context with exactly these primes (for PackLWEs)."""
+        return LattigoContext.from_primes(n, q_moduli, p_moduli)
+
+    def secret_keys_from_ternary(self, ctx: LattigoContext, s) -> LattigoSecretKeys:
+        """`LattigoSecretKeys.from_ternary`: the secret key with coefficients ``s``."""
+        return LattigoSecretKeys.from_ternary(ctx, s)
+
+    def pack_lwes_packer(self, galois_keys: LattigoGaloisKeys, n_leaves: int, *, workers: int = 0) -> LattigoPackLWEs:
+        """A streaming PackLWEs packer (`LattigoPackLWEs`) of ``n_leaves`` (1..N) leaves with the
+        Galois keys for X -> X^(2^k + 1), k = 1..log2 N (`pack_lwes_elements`), on ``workers``
+        goroutines (0: GOMAXPROCS)."""
+        ctx = galois_keys.ctx
+        return LattigoPackLWEs(_new("clg_packlwe_new", galois_keys.h, int(n_leaves), int(workers)), ctx, n_leaves)
 
     # -- raw views -----------------------------------------------------------------------
     def ciphertext_to_numpy(self, ct: LattigoCiphertext) -> np.ndarray:

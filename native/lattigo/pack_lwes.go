@@ -1,0 +1,632 @@
+package main
+
+// PackLWEs (Chen, Dai, Kim, Song, "Efficient Homomorphic Conversion Between (Ring) LWE
+// Ciphertexts", ACNS 2021, Algorithms 1-2) for FastQuery's private embedding lookup
+// (fastquery_002 section 2.3, "PackLWEs optimization"; cipherlm/protocols/embedding.py): the
+// same tree and output as cipherlm/he/packlwe.py's pack_lwes_stream (SEAL), here on Lattigo's
+// ring arithmetic with the AVX-512 transforms of fastops.go, over goroutines.
+//
+// With n = 2^l leaves (absent ones are zero), in the bit-reversed order the tree consumes them:
+//
+//	PackLWEs(ct_0..ct_{2^l-1}):
+//	    l = 0: ct_0
+//	    ct_e = PackLWEs(even leaves), ct_o = PackLWEs(odd leaves)
+//	    (ct_e + X^{N/2^l} ct_o) + tau_{2^l+1}(ct_e - X^{N/2^l} ct_o)
+//
+// then the field trace ct <- ct + tau_{2^k+1}(ct), k = log2 N .. l+1.  Coefficient j N/n of
+// the result holds N times the constant coefficient of leaf j (the caller pre-multiplies the
+// leaves by N^-1 mod Q).  tau_g: X -> X^g with the client's Galois keys for g = 2^k + 1.
+//
+// The exported functions:
+//   clg_ctx_new_primes    a context with explicit primes (Q: the data primes, P: the special one)
+//   clg_sk_from_ternary   a secret key from ternary coefficients (the client's numpy secret)
+//   clg_evk_has_elements  whether a key set holds keys for given Galois elements
+//   clg_packlwe_new / clg_packlwe_push / clg_packlwe_finish   the streaming packer
+// Leaves and the output cross the boundary as coefficient-form residues (2, k, N) uint64;
+// inside, ciphertexts are in the NTT domain (a monomial product is a pointwise product, an
+// automorphism a permutation after the key switch).  A pushed chunk is a run of consecutive
+// leaves in consumption order; it splits into aligned complete subtrees, each computed with
+// its two halves on different goroutines (one evaluator and its buffers per goroutine) down
+// to single-goroutine subtrees, then merged into the stack of partial results as in
+// pack_lwes_stream.
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/ring/ringqp"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+)
+
+// clg_ctx_new_primes: a context whose data chain is exactly the primes q[0..nQ) (q0 first) and
+// whose key-switching primes are p[0..nP) (every prime NTT-friendly for 2N), uniform ternary
+// secret, default Gaussian error.  Only the rlwe layer is used (PackLWEs on BFV-style
+// ciphertexts); the CKKS scale is a placeholder.
+//
+//export clg_ctx_new_primes
+func clg_ctx_new_primes(logN C.int, q *C.uint64_t, nQ C.int, p *C.uint64_t, nP C.int, out *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	return call(errbuf, errlen, func() error {
+		if nQ < 1 || nQ > 32 || nP < 1 || nP > 8 || q == nil || p == nil {
+			return errors.New("need 1..32 data primes and 1..8 special primes")
+		}
+		c, err := newContextWithPrimes(int(logN), unsafe.Slice((*uint64)(unsafe.Pointer(q)), int(nQ)),
+			unsafe.Slice((*uint64)(unsafe.Pointer(p)), int(nP)))
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(c))
+		return nil
+	})
+}
+
+// newContextWithPrimes: clg_ctx_new_primes's context.
+func newContextWithPrimes(logN int, q, p []uint64) (*ctxObj, error) {
+	if logN < 10 || logN > 16 {
+		return nil, fmt.Errorf("logN %d out of range [10, 16]", logN)
+	}
+	qs, ps := slicesClone(q), slicesClone(p)
+	minBits := 64
+	for _, m := range append(slicesClone(qs), ps...) {
+		if m < 1<<10 || m >= 1<<61 {
+			return nil, fmt.Errorf("prime %d out of range [2^10, 2^61)", m)
+		}
+		minBits = min(minBits, bits.Len64(m))
+	}
+	lit := ckks.ParametersLiteral{
+		LogN:            logN,
+		Q:               qs,
+		P:               ps,
+		Xs:              ring.Ternary{P: 2.0 / 3.0},
+		Xe:              rlwe.DefaultXe,
+		LogDefaultScale: max(1, minBits-2),
+	}
+	params, err := ckks.NewParametersFromLiteral(lit)
+	if err != nil {
+		return nil, err
+	}
+	return &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}, nil
+}
+
+func slicesClone(v []uint64) []uint64 { return append([]uint64(nil), v...) }
+
+// clg_sk_from_ternary: the secret key whose coefficients are s[0..N) (each -1, 0 or 1), in
+// Lattigo's representation (every Q and P prime, NTT and Montgomery form, as its key generator
+// leaves a sampled key), with its encryptor and decryptor.
+//
+//export clg_sk_from_ternary
+func clg_sk_from_ternary(h C.int64_t, s *C.int64_t, n C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		if int64(n) != int64(c.params.N()) || s == nil {
+			return fmt.Errorf("%d secret coefficients for N = %d", int64(n), c.params.N())
+		}
+		sk, err := secretKeyFromTernary(c, unsafe.Slice((*int64)(unsafe.Pointer(s)), int(n)))
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&skObj{ctx: c, sk: sk, enc: rlwe.NewEncryptor(c.params, sk), dec: rlwe.NewDecryptor(c.params, sk)}))
+		return nil
+	})
+}
+
+// secretKeyFromTernary: clg_sk_from_ternary's key.
+func secretKeyFromTernary(c *ctxObj, coeffs []int64) (*rlwe.SecretKey, error) {
+	if len(coeffs) != c.params.N() {
+		return nil, fmt.Errorf("%d secret coefficients for N = %d", len(coeffs), c.params.N())
+	}
+	for i, v := range coeffs {
+		if v < -1 || v > 1 {
+			return nil, fmt.Errorf("secret coefficient %d is %d, not ternary", i, v)
+		}
+	}
+	sk := rlwe.NewSecretKey(c.params)
+	set := func(p ring.Poly, mods []uint64) {
+		for j, m := range mods[:len(p.Coeffs)] {
+			row := p.Coeffs[j]
+			for i, v := range coeffs {
+				switch v {
+				case 1:
+					row[i] = 1
+				case -1:
+					row[i] = m - 1
+				default:
+					row[i] = 0
+				}
+			}
+		}
+	}
+	set(sk.Value.Q, c.params.Q())
+	if sk.Value.P.Coeffs != nil {
+		set(sk.Value.P, c.params.P())
+	}
+	rqp := c.params.RingQP().AtLevel(sk.LevelQ(), sk.LevelP())
+	rqp.NTT(sk.Value, sk.Value)
+	rqp.MForm(sk.Value, sk.Value)
+	return sk, nil
+}
+
+// clg_evk_has_elements: ok = 1 if the key set holds a key for every Galois element els[0..n)
+// (1, the identity, needs none), else 0.
+//
+//export clg_evk_has_elements
+func clg_evk_has_elements(h C.int64_t, els *C.uint64_t, n C.int, ok *C.int, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(h, "Galois key set", errbuf, errlen, func(e *evkObj) error {
+		gs, err := galoisElementsIn(e.ctx, els, n)
+		if err != nil {
+			return err
+		}
+		*ok = 1
+		for _, g := range gs {
+			if _, found := e.set.GaloisKeys[g]; !found {
+				*ok = 0
+			}
+		}
+		return nil
+	})
+}
+
+// ----------------------------------------------------------------------------- the packer
+
+// packNode: a partial result, a complete subtree of height h (nil ct: all its leaves absent).
+type packNode struct {
+	h  int
+	ct *rlwe.Ciphertext
+}
+
+// packWorker: one goroutine's evaluator and key-switching buffers.
+type packWorker struct {
+	ev     *ckks.Evaluator
+	decomp []ringqp.Poly
+	ctQP   *rlwe.Element[ringqp.Poly]
+	t0, t1 ring.Poly
+	inv    ring.Poly // c1 in the coefficient domain (packDecompose)
+	tmp    *rlwe.Ciphertext
+}
+
+type packObj struct {
+	mu      sync.Mutex
+	ctx     *ctxObj
+	evk     *evkObj
+	logN    int
+	logn    int // log2 of the leaves rounded up to a power of two
+	total   int // 2^logn
+	pushed  int
+	stack   []packNode
+	mono    []ring.Poly // mono[h] = NTT(X^(N/2^h)) in Montgomery form, h = 1..logN
+	workers []*packWorker
+	free    sync.Pool // spent ciphertexts (*rlwe.Ciphertext), reused for leaves: few allocations, few GCs
+	done    bool
+	failed  error // an error inside the tree (not a refused input) spends the packer
+}
+
+func (o *packObj) context() *ctxObj { return o.ctx }
+
+func newPackWorker(params ckks.Parameters, set *rlwe.MemEvaluationKeySet) *packWorker {
+	L, LP := params.MaxLevel(), params.MaxLevelP()
+	w := &packWorker{ev: ckks.NewEvaluator(params, set)}
+	w.decomp = make([]ringqp.Poly, params.BaseRNSDecompositionVectorSize(L, LP))
+	for i := range w.decomp {
+		w.decomp[i] = ringqp.NewPoly(params.N(), L, LP)
+	}
+	w.ctQP = rlwe.NewElementExtended(params, 1, L, LP)
+	w.ctQP.MetaData = &rlwe.MetaData{}
+	w.ctQP.IsNTT = true
+	w.t0 = params.RingQ().NewPoly()
+	w.t1 = params.RingQ().NewPoly()
+	w.inv = params.RingQ().NewPoly()
+	w.tmp = newNTTCiphertext(params)
+	return w
+}
+
+func newNTTCiphertext(params ckks.Parameters) *rlwe.Ciphertext {
+	ct := rlwe.NewCiphertext(params, 1, params.MaxLevel())
+	ct.IsNTT = true
+	return ct
+}
+
+// automorphism: ct <- tau_g(ct) in place (key switch of c1 with the Galois key of g, then the
+// NTT-domain permutation), as automorphismHoisted with this worker's buffers.
+func (w *packWorker) automorphism(ct *rlwe.Ciphertext, g uint64) error {
+	evk, err := w.ev.CheckAndGetGaloisKey(g)
+	if err != nil {
+		return err
+	}
+	params := w.ev.GetRLWEParameters()
+	L, LP := ct.Level(), evk.LevelP()
+	rq := params.RingQ().AtLevel(L)
+	packDecompose(w.ev, L, LP, ct.Value[1], w.inv, w.decomp)
+	if err := w.ev.GadgetProductHoistedLazy(L, w.decomp, &evk.GadgetCiphertext, w.ctQP); err != nil {
+		return err
+	}
+	modDownQPtoQNTT(*params, w.ev.BasisExtender, L, LP, w.ctQP.Value[0].Q, w.ctQP.Value[0].P, w.t0)
+	modDownQPtoQNTT(*params, w.ev.BasisExtender, L, LP, w.ctQP.Value[1].Q, w.ctQP.Value[1].P, w.t1)
+	rq.Add(w.t0, ct.Value[0], w.t0)
+	idx := w.ev.AutomorphismIndex(g)
+	if idx == nil {
+		if idx, err = ring.AutomorphismNTTIndex(rq.N(), rq.NthRoot(), g); err != nil {
+			return err
+		}
+	}
+	rq.AutomorphismNTTWithIndex(w.t0, idx, ct.Value[0])
+	rq.AutomorphismNTTWithIndex(w.t1, idx, ct.Value[1])
+	return nil
+}
+
+// packDecompose: decomposeNTT (fastops.go) for one special prime (nbPi = 1: each digit is c1
+// modulo one data prime q_i, centred, in every other prime), with the same residues.  Lattigo's
+// DecomposeAndSplit reduces the centred digit modulo each target prime with a Barrett step per
+// coefficient; when every target prime exceeds q_i / 2 + 1 (FastQuery's primes are all of one
+// size, P larger), the centred digit is already reduced and only its sign is applied.  Other
+// shapes go to decomposeNTT.
+func packDecompose(eval *ckks.Evaluator, levelQ, levelP int, c2, inv ring.Poly, decompQP []ringqp.Poly) {
+	params := eval.GetRLWEParameters()
+	if levelP != 0 || params.BaseRNSDecompositionVectorSize(levelQ, levelP) != levelQ+1 {
+		decomposeNTT(eval, levelQ, levelP, levelP+1, c2, decompQP)
+		return
+	}
+	ringQ := params.RingQ().AtLevel(levelQ)
+	ringP := params.RingP().AtLevel(levelP)
+	Q, P := ringQ.ModuliChain(), ringP.ModuliChain()
+	minMod := P[0]
+	for _, q := range Q {
+		minMod = min(minMod, q)
+	}
+	for _, q := range Q {
+		if q>>1+1 >= minMod {
+			decomposeNTT(eval, levelQ, levelP, levelP+1, c2, decompQP)
+			return
+		}
+	}
+	for x, s := range ringQ.SubRings[:levelQ+1] {
+		nttOf(s).Backward(c2.Coeffs[x], inv.Coeffs[x])
+	}
+	for i := 0; i <= levelQ; i++ {
+		src, qi, half := inv.Coeffs[i], Q[i], Q[i]>>1
+		split := func(dst []uint64, m uint64) { // c, or m - (q_i - c) for c >= q_i / 2 (branch-free)
+			dst = dst[:len(src)]
+			off := m - qi // mod 2^64
+			for j, c := range src {
+				neg := uint64(int64(half-1-c) >> 63) // all ones iff c >= half (c < q_i < 2^61)
+				dst[j] = c + off&neg
+			}
+		}
+		for x, s := range ringQ.SubRings[:levelQ+1] {
+			if x == i {
+				copy(decompQP[i].Q.Coeffs[x], c2.Coeffs[x])
+				continue
+			}
+			split(decompQP[i].Q.Coeffs[x], Q[x])
+			nttOf(s).Forward(decompQP[i].Q.Coeffs[x], decompQP[i].Q.Coeffs[x])
+		}
+		split(decompQP[i].P.Coeffs[0], P[0])
+		nttOf(ringP.SubRings[0]).Forward(decompQP[i].P.Coeffs[0], decompQP[i].P.Coeffs[0])
+	}
+}
+
+// combine: the node of height h from its children of height h - 1 (CDKS Algorithm 1's step,
+// at level h: shift X^(N/2^h), automorphism 2^h + 1); reuses ce's or co's memory.
+func (o *packObj) combine(w *packWorker, ce, co *rlwe.Ciphertext, h int) (*rlwe.Ciphertext, error) {
+	rq := o.ctx.params.RingQ()
+	g := uint64(1)<<h + 1
+	if co == nil {
+		if ce == nil {
+			return nil, nil
+		}
+		w.tmp.Value[0].Copy(ce.Value[0]) // ct_e + tau(ct_e)
+		w.tmp.Value[1].Copy(ce.Value[1])
+		if err := w.automorphism(w.tmp, g); err != nil {
+			return nil, err
+		}
+		rq.Add(ce.Value[0], w.tmp.Value[0], ce.Value[0])
+		rq.Add(ce.Value[1], w.tmp.Value[1], ce.Value[1])
+		return ce, nil
+	}
+	for i := range co.Value { // X^k ct_o
+		rq.MulCoeffsMontgomery(co.Value[i], o.mono[h], co.Value[i])
+	}
+	if ce == nil { // X^k ct_o + tau(-X^k ct_o)
+		rq.Neg(co.Value[0], w.tmp.Value[0])
+		rq.Neg(co.Value[1], w.tmp.Value[1])
+	} else { // (ct_e + X^k ct_o) + tau(ct_e - X^k ct_o)
+		rq.Sub(ce.Value[0], co.Value[0], w.tmp.Value[0])
+		rq.Sub(ce.Value[1], co.Value[1], w.tmp.Value[1])
+		rq.Add(ce.Value[0], co.Value[0], co.Value[0])
+		rq.Add(ce.Value[1], co.Value[1], co.Value[1])
+	}
+	if err := w.automorphism(w.tmp, g); err != nil {
+		return nil, err
+	}
+	rq.Add(co.Value[0], w.tmp.Value[0], co.Value[0])
+	rq.Add(co.Value[1], w.tmp.Value[1], co.Value[1])
+	if ce != nil {
+		o.free.Put(ce)
+	}
+	return co, nil
+}
+
+// packChunk: the leaves of one push, (m, 2, k, N) coefficient-form residues and presence flags.
+type packChunk struct {
+	data    []uint64
+	present []byte
+	k, n    int
+}
+
+// leaf: leaf i of the chunk as an NTT-domain ciphertext (nil if absent; push checked its
+// residues reduced).
+func (o *packObj) leaf(c *packChunk, i int) (*rlwe.Ciphertext, error) {
+	if c.present[i] == 0 {
+		return nil, nil
+	}
+	params := o.ctx.params
+	ct, _ := o.free.Get().(*rlwe.Ciphertext)
+	if ct == nil {
+		ct = newNTTCiphertext(params)
+	}
+	base := i * 2 * c.k * c.n
+	for p := 0; p < 2; p++ {
+		for j := 0; j < c.k; j++ {
+			src := c.data[base+(p*c.k+j)*c.n : base+(p*c.k+j+1)*c.n]
+			var high uint64 // OR of the coefficients of X^1 .. X^(N-1)
+			for _, v := range src[1:] {
+				high |= v
+			}
+			dst := ct.Value[p].Coeffs[j]
+			if high == 0 { // a constant (FastQuery's c0: one useful coefficient): its NTT is itself
+				for x := range dst {
+					dst[x] = src[0]
+				}
+			} else {
+				nttOf(params.RingQ().SubRings[j]).Forward(src, dst)
+			}
+		}
+	}
+	return ct, nil
+}
+
+// subtree: the complete subtree of height h over chunk leaves [lo, lo + 2^h), its halves on
+// different goroutines while more than one worker is given (ws[0] merges them).
+func (o *packObj) subtree(c *packChunk, lo, h int, ws []*packWorker) (*rlwe.Ciphertext, error) {
+	if h == 0 {
+		return o.leaf(c, lo)
+	}
+	half := 1 << (h - 1)
+	var ce, co *rlwe.Ciphertext
+	var err error
+	if len(ws) > 1 {
+		var errO error
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer recoverInto(&errO)
+			co, errO = o.subtree(c, lo+half, h-1, ws[len(ws)/2:])
+		}()
+		ce, err = o.subtree(c, lo, h-1, ws[:len(ws)/2])
+		wg.Wait()
+		if err == nil {
+			err = errO
+		}
+	} else {
+		if ce, err = o.subtree(c, lo, h-1, ws); err == nil {
+			co, err = o.subtree(c, lo+half, h-1, ws)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o.combine(ws[0], ce, co, h)
+}
+
+// pushNode: a finished subtree of height h onto the stack, merged with the equal-height
+// partial results below it (pack_lwes_stream's loop).
+func (o *packObj) pushNode(ct *rlwe.Ciphertext, h int) error {
+	for len(o.stack) > 0 && o.stack[len(o.stack)-1].h == h {
+		top := o.stack[len(o.stack)-1]
+		o.stack = o.stack[:len(o.stack)-1]
+		var err error
+		if ct, err = o.combine(o.workers[0], top.ct, ct, h+1); err != nil {
+			return err
+		}
+		h++
+	}
+	o.stack = append(o.stack, packNode{h: h, ct: ct})
+	return nil
+}
+
+// clg_packlwe_new: a streaming packer of nLeaves (1..N) leaves with the Galois keys evh (they
+// must hold 2^k + 1, k = 1..log2 N), working on `workers` goroutines (<= 0: GOMAXPROCS).
+//
+//export clg_packlwe_new
+func clg_packlwe_new(evh C.int64_t, nLeaves C.int64_t, workers C.int, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(evh, "Galois key set", errbuf, errlen, func(e *evkObj) error {
+		o, err := newPacker(e, int64(nLeaves), int(workers))
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(o))
+		return nil
+	})
+}
+
+// clg_packlwe_push: the next m leaves in consumption order (bit-reversed slots, as
+// pack_lwes_order): leaves (m, 2, k, N) coefficient-form residues modulo the k data primes
+// (each checked reduced), present[i] 0 for an absent (zero) leaf, 1 otherwise.
+//
+//export clg_packlwe_push
+func clg_packlwe_push(ph C.int64_t, leaves *C.uint64_t, nWords C.int64_t, present *C.uchar, m C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(ph, "PackLWEs packer", errbuf, errlen, func(o *packObj) error {
+		if leaves == nil || present == nil || nWords < 1 || m < 1 || m > 1<<20 {
+			return errors.New("empty leaf buffer")
+		}
+		return o.push(unsafe.Slice((*uint64)(unsafe.Pointer(leaves)), int(nWords)),
+			unsafe.Slice((*byte)(unsafe.Pointer(present)), int(m)))
+	})
+}
+
+// clg_packlwe_finish: after all 2^ceil(log2 n) leaves, the packed ciphertext (the tree's root
+// followed by the field trace) as (2, k, N) coefficient-form residues into dst.  The packer is
+// spent afterwards.
+//
+//export clg_packlwe_finish
+func clg_packlwe_finish(ph C.int64_t, dst *C.uint64_t, nWords C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(ph, "PackLWEs packer", errbuf, errlen, func(o *packObj) error {
+		if dst == nil || nWords < 1 {
+			return errors.New("empty output buffer")
+		}
+		return o.finish(unsafe.Slice((*uint64)(unsafe.Pointer(dst)), int(nWords)))
+	})
+}
+
+// newPacker: clg_packlwe_new's packer.
+func newPacker(e *evkObj, nLeaves int64, workers int) (*packObj, error) {
+	params := e.ctx.params
+	N := params.N()
+	if nLeaves < 1 || nLeaves > int64(N) {
+		return nil, fmt.Errorf("PackLWEs packs 1..%d ciphertexts, got %d", N, nLeaves)
+	}
+	logN := params.LogN()
+	for k := 1; k <= logN; k++ {
+		if _, ok := e.set.GaloisKeys[uint64(1)<<k+1]; !ok {
+			return nil, fmt.Errorf("the Galois keys lack the element %d that PackLWEs needs", uint64(1)<<k+1)
+		}
+	}
+	logn := bits.Len64(uint64(nLeaves) - 1)
+	w := workers
+	if w <= 0 {
+		w = runtime.GOMAXPROCS(0)
+	}
+	w = max(1, min(w, 64))
+	o := &packObj{ctx: e.ctx, evk: e, logN: logN, logn: logn, total: 1 << logn}
+	rq := params.RingQ()
+	o.mono = make([]ring.Poly, logN+1)
+	for h := 1; h <= logN; h++ {
+		m := rq.NewPoly()
+		for j := range m.Coeffs {
+			m.Coeffs[j][N>>h] = 1
+		}
+		rq.NTT(m, m)
+		rq.MForm(m, m)
+		o.mono[h] = m
+	}
+	for t := 0; t < w; t++ {
+		o.workers = append(o.workers, newPackWorker(params, e.set))
+	}
+	return o, nil
+}
+
+// push: clg_packlwe_push on Go slices (len(present) leaves in data).
+func (o *packObj) push(data []uint64, present []byte) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done {
+		return errors.New("PackLWEs packer already finished")
+	}
+	params := o.ctx.params
+	N, k := params.N(), params.MaxLevel()+1
+	m := len(present)
+	if m < 1 || m > o.total-o.pushed {
+		return fmt.Errorf("%d leaves pushed after %d of %d", m, o.pushed, o.total)
+	}
+	if want := int64(m) * 2 * int64(k) * int64(N); int64(len(data)) != want {
+		return fmt.Errorf("leaf buffer of %d words, expected %d (m, 2, %d, %d)", len(data), want, k, N)
+	}
+	q := params.Q()
+	for i, b := range present {
+		if b > 1 {
+			return fmt.Errorf("presence flag %d of leaf %d is not 0 or 1", b, i)
+		}
+		if b == 0 {
+			continue
+		}
+		for p := 0; p < 2; p++ { // every residue reduced, before anything changes the packer
+			for j := 0; j < k; j++ {
+				off := ((i*2+p)*k + j) * N
+				for x, v := range data[off : off+N] {
+					if v >= q[j] {
+						return fmt.Errorf("leaf %d: coefficient %d of part %d, prime %d is %d, not reduced modulo %d",
+							i, x, p, j, v, q[j])
+					}
+				}
+			}
+		}
+	}
+	if o.failed != nil {
+		return o.failed
+	}
+	c := &packChunk{data: data, present: present, k: k, n: N}
+	// split [pushed, pushed + m) into aligned complete subtrees, left to right
+	lo := 0
+	for lo < m {
+		h := bits.TrailingZeros64(uint64(o.pushed+lo) | uint64(o.total))
+		for lo+(1<<h) > m {
+			h--
+		}
+		ct, err := o.subtree(c, lo, h, o.workers)
+		if err == nil {
+			err = o.pushNode(ct, h)
+		}
+		if err != nil { // the stack may hold part of this chunk: the packer is spent
+			o.failed = fmt.Errorf("PackLWEs packer unusable after an earlier error: %w", err)
+			return err
+		}
+		lo += 1 << h
+	}
+	o.pushed += m
+	return nil
+}
+
+// finish: clg_packlwe_finish into dst (2 k N words).
+func (o *packObj) finish(dst []uint64) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done {
+		return errors.New("PackLWEs packer already finished")
+	}
+	params := o.ctx.params
+	N, k := params.N(), params.MaxLevel()+1
+	if len(dst) != 2*k*N {
+		return fmt.Errorf("output buffer of %d words, expected %d (2, %d, %d)", len(dst), 2*k*N, k, N)
+	}
+	if o.failed != nil {
+		return o.failed
+	}
+	if o.pushed != o.total || len(o.stack) != 1 {
+		return fmt.Errorf("PackLWEs got %d leaves, expected %d", o.pushed, o.total)
+	}
+	o.done = true
+	ct := o.stack[0].ct
+	o.stack = nil
+	defer func() { o.workers = nil }()
+	if ct == nil {
+		return errors.New("PackLWEs of zero ciphertexts only")
+	}
+	w := o.workers[0]
+	rq := params.RingQ()
+	for kk := o.logN; kk > o.logn; kk-- { // field trace Tr_{K/K_n}
+		w.tmp.Value[0].Copy(ct.Value[0])
+		w.tmp.Value[1].Copy(ct.Value[1])
+		if err := w.automorphism(w.tmp, uint64(1)<<kk+1); err != nil {
+			return err
+		}
+		rq.Add(ct.Value[0], w.tmp.Value[0], ct.Value[0])
+		rq.Add(ct.Value[1], w.tmp.Value[1], ct.Value[1])
+	}
+	for p := 0; p < 2; p++ {
+		for j := 0; j < k; j++ {
+			nttOf(rq.SubRings[j]).Backward(ct.Value[p].Coeffs[j], dst[(p*k+j)*N:(p*k+j+1)*N])
+		}
+	}
+	return nil
+}
