@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from cipherlm.he.backend import backend_unavailable_reason
 from cipherlm.mpc.ot import OTSession
 from cipherlm.mpc.runner import PartyFailed, run_inprocess
 from cipherlm.protocols import embedding as E
@@ -20,6 +21,10 @@ from cipherlm.protocols import embedding_he as H
 
 ROWS = [m.name for m in E.ABLATION] + ["exact"]
 P_MIN = 1e-6
+#: PackLWEs packers (`E.PACKERS`): SEAL's always, the Go/Lattigo one when its library is built
+_LATTIGO_WHY = backend_unavailable_reason("lattigo")
+PACKERS = ["seal", pytest.param("lattigo", marks=pytest.mark.skipif(
+    _LATTIGO_WHY is not None, reason=f"the Lattigo library is not built or does not load: {_LATTIGO_WHY}"))]
 
 
 def _chi2_sf(x: float, df: int) -> float:
@@ -57,13 +62,13 @@ def _table(V, d, seed=0, scale=0.05):
 ONLINE_STEPS = ("embedding.query", "embedding.response", "embedding.select")
 
 
-def _run_steps(table, ids, method, flood_bits=0, runner=run_inprocess):
+def _run_steps(table, ids, method, flood_bits=0, runner=run_inprocess, packer=None):
     """One lookup; (values, server's setup, client's and server's per-step channel statistics)."""
     V, d = table.shape
 
     def f(ctx):
         st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=V, dim=d, method=method,
-                     flood_bits=flood_bits)
+                     flood_bits=flood_bits, packer=packer)
         before = ctx.chan.stats()
         out = E.lookup(ctx, st, ids if ctx.party == 0 else None)
         after = ctx.chan.stats()
@@ -75,17 +80,21 @@ def _run_steps(table, ids, method, flood_bits=0, runner=run_inprocess):
     return (a + b).view(np.int64).astype(np.float64) / 2.0 ** st0.frac, st1, s0, s1
 
 
-def _run(table, ids, method, flood_bits=0, runner=run_inprocess):
+def _run(table, ids, method, flood_bits=0, runner=run_inprocess, packer=None):
     """One lookup; (values, server's setup, online bytes both ways)."""
-    val, st, s0, s1 = _run_steps(table, ids, method, flood_bits, runner)
+    val, st, s0, s1 = _run_steps(table, ids, method, flood_bits, runner, packer)
     return val, st, sum(s[k]["bytes_sent"] for s in (s0, s1) for k in ONLINE_STEPS if k in s)
 
 
+@pytest.mark.parametrize("packer", PACKERS)
 @pytest.mark.parametrize("method", ROWS)
-def test_lookup_matches_quantised_table(method):
+def test_lookup_matches_quantised_table(method, packer):
+    if packer != "seal" and not E.METHODS[method].packlwe:
+        pytest.skip("no PackLWEs in this row")
     table = _table(300, 7)
     ids = np.array([299, 0, 17, 17, 123])
-    val, st, _ = _run(table, ids, method)
+    val, st, _ = _run(table, ids, method, packer=packer)
+    assert st.packer == (packer if E.METHODS[method].packlwe else "")
     ref = E.quantized_rows(table[ids], st)
     assert np.array_equal(val, ref)
     # and the quantised rows approximate the table within half a step per channel
@@ -175,11 +184,13 @@ def test_view_block_selection(monkeypatch):
     assert server[0] == server[1]
 
 
-def test_packlwes_over_several_ciphertexts():
+@pytest.mark.parametrize("packer", PACKERS)
+def test_packlwes_over_several_ciphertexts(packer):
     """5 tokens x 820 columns = 4100 values: two PackLWEs output ciphertexts."""
     table = _table(40, 820, seed=7)
     ids = np.array([39, 0, 5, 5, 20])
-    val, st, _ = _run(table, ids, "exact")
+    val, st, _ = _run(table, ids, "exact", packer=packer)
+    assert st.packer == packer
     assert -(-len(ids) * st.shape.n_cols // st.plan.n) == 2
     assert np.array_equal(val, E.quantized_rows(table[ids], st))
 
@@ -472,11 +483,16 @@ def test_lookup_bytes_default_ot():
         assert ext[0] + ext[1] < ext_iknp[0] + ext_iknp[1] and ext[2] == ext_iknp[2], (ext, ext_iknp)
 
 
+@pytest.mark.parametrize("packer", PACKERS)
 @pytest.mark.parametrize("method", sorted(PINNED_BYTES))
-def test_lookup_bytes_unchanged(method):
+def test_lookup_bytes_unchanged(method, packer):
     # pinned with IKNP (the default OT is Ferret since 2026-11-27; its extend step is
-    # checked against these in test_lookup_bytes_default_ot)
-    _val, st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method, runner=_iknp_runner)
+    # checked against these in test_lookup_bytes_default_ot); the same online bytes with
+    # either PackLWEs packer
+    if packer != "seal" and not E.METHODS[method].packlwe:
+        pytest.skip("no PackLWEs in this row")
+    _val, st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method, runner=_iknp_runner,
+                                packer=packer)
     client, server, setup = PINNED_BYTES[method]
     for party, want in ((c, client), (s, server)):
         got = tuple((party[k]["bytes_sent"], party[k]["bytes_received"], party[k]["rounds"]) for k in PINNED_STEPS)

@@ -10,8 +10,13 @@ The client (party 0) holds token ids, the server (party 1) holds the table
 2. the server multiplies by its quantised, packed table (block (r, c) is the
    polynomial sum_{a,b} W[r n_i + a, c n_o + b] X^{b n_i + n_i - 1 - a}), so the
    coefficient b n_i + n_i - 1 of output c is the looked-up packed value;
-3. FastQuery rows: PackLWEs (`HEBackend.pack_lwes_stream`; SEAL's is
-   `cipherlm.he.packlwe`) gathers these coefficients into ceil(n / N) ciphertexts; Cheetah rows send each output
+3. FastQuery rows: PackLWEs (CDKS 2021 Algorithms 1-2, FastQuery section 2.3 "PackLWEs
+   optimization") gathers these coefficients into ceil(n / N) ciphertexts, with one of two
+   `PACKERS` the server announces at setup: ``"lattigo"`` (the Go packer of
+   ``native/lattigo/pack_lwes.go``, `LattigoBackend.pack_lwes_packer`, a chunk of leaves per
+   call on all cores; the default when its library is built) or ``"seal"``
+   (`cipherlm.he.packlwe`, one SEAL automorphism per call); the client sends Galois keys in
+   that packer's format and refuses a packer it cannot run; Cheetah rows send each output
    ciphertext's c1 and only the useful c0 coefficients (Cheetah's trick);
 4. the server re-randomises (adds a fresh public-key encryption of zero, so
    c1 is independent of the table), switches the modulus down to the kept
@@ -50,13 +55,14 @@ are publicly known"); the server sends them at setup.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import secrets
 
 import numpy as np
 
-from ..he.backend import get_backend
+from ..he.backend import backend_unavailable_reason, get_backend
 from . import embedding_he as H
 from ..mpc.he_session import FLOOD_SIGMA, flood_counter
 from ..mpc.context import MPCError
@@ -76,7 +82,24 @@ __all__ = [
     "embedding_lookup",
     "quantized_rows",
     "channel_bits",
+    "PACKERS",
+    "default_packer",
 ]
+
+#: PackLWEs implementations (`setup`'s ``packer``): the HE backend that runs the tree
+PACKERS = ("lattigo", "seal")
+
+
+def _packer_unavailable(name: str) -> str | None:
+    """None when this process can run the PackLWEs packer ``name``, else why not."""
+    if name not in PACKERS:
+        return f"unknown PackLWEs packer {name!r}; known: {list(PACKERS)}"
+    return backend_unavailable_reason(name)
+
+
+def default_packer() -> str:
+    """The server's PackLWEs packer: ``"lattigo"`` when its library is built, else ``"seal"``."""
+    return "lattigo" if _packer_unavailable("lattigo") is None else "seal"
 
 
 # --------------------------------------------------------------------------- methods
@@ -402,6 +425,7 @@ class EmbeddingSetup:
     galois: object = None
     flood_counter: object = None  # the session's flooded-coefficient counter (`he_session.flood_counter`)
     setup_bytes: int = 0
+    packer: str = ""  # PackLWEs rows: the packer the server announced (`PACKERS`); "" for the others
 
 
 def _check_ids(ids, vocab):
@@ -429,16 +453,31 @@ def _he_context(plan: H.HEPlan, rns: H.RNS):
     return ctx
 
 
+def _lattigo_context(plan: H.HEPlan, rns: H.RNS):
+    """A Lattigo context whose data primes are exactly ours and whose key-switching prime is
+    the plan's special prime (the ``"lattigo"`` packer)."""
+    _primes_q, special = _primes(plan)
+    if special is None:
+        raise MPCError("PackLWEs needs the plan's special prime")
+    return get_backend("lattigo").pack_context(plan.n, rns.primes, [special])
+
+
 def _primes(plan: H.HEPlan) -> tuple[tuple[int, ...], int | None]:
     primes, special = H.primes_for(list(plan.in_bits), plan.n, with_special=plan.special_bits)
     return tuple(primes), special
 
 
 def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquery", frac: int | None = None,
-          flood_bits: int = FLOOD_SIGMA, n: int | None = None) -> EmbeddingSetup:
+          flood_bits: int = FLOOD_SIGMA, n: int | None = None, packer: str | None = None) -> EmbeddingSetup:
     """Per-session setup (not counted as online): the server quantises and packs the
     table and sends the public quantisation metadata; the client creates its keys
     and sends its public key (for re-randomisation) and, for PackLWEs, Galois keys.
+
+    ``packer`` (PackLWEs rows): the server's PackLWEs implementation, one of `PACKERS`
+    (default `default_packer`); the server announces it with the metadata and the client
+    follows (its own ``packer``, if given, must agree) or refuses with `MPCError` one it
+    cannot run.  ``"lattigo"``: the client's numpy ternary secret imported into Lattigo
+    makes Galois keys in Lattigo's seeded layout; ``"seal"``: SEAL's keys, its secret read back.
 
     ``flood_bits``: the flooding's statistical security per coefficient; the default is
     the 2pc mode's `he_session.FLOOD_SIGMA` (40 + log2 of the flooded coefficients a
@@ -464,6 +503,12 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
             lay = make_layout(qt.bits, qt.absmean, m)
             msg = dict(lay.to_msg(), exp=qt.exp.astype(np.int64), method=np.frombuffer(m.name.encode(), np.uint8),
                        flood=np.array([flood_bits]))
+            if m.packlwe:
+                packer = default_packer() if packer is None else packer
+                why = _packer_unavailable(packer)
+                if why is not None:
+                    raise ValueError(f"PackLWEs packer {packer!r} cannot run here: {why}")
+                msg["packer"] = np.frombuffer(packer.encode(), np.uint8)
             ctx.send(msg)
             W = lay.pack(qt)
             W -= np.int32(lay.centre)
@@ -479,6 +524,17 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
                 raise MPCError("client and server disagree on the embedding method / flooding")
             if exp.shape != (dim,) or lay.chan.max() >= dim:
                 raise MPCError("server's quantisation metadata does not match dim")
+            if m.packlwe:
+                try:
+                    announced = bytes(np.asarray(msg["packer"], np.uint8)).decode()
+                except (KeyError, ValueError, TypeError):
+                    raise MPCError("the server did not announce a valid PackLWEs packer") from None
+                why = _packer_unavailable(announced)
+                if why is not None:
+                    raise MPCError(f"the server packs with {announced!r}, which this client cannot run: {why}")
+                if packer is not None and packer != announced:
+                    raise MPCError(f"the server packs with {announced!r}, the client asked for {packer!r}")
+                packer = announced
             W = None
         shape, plan = _plan_any_n(m, lay, vocab_size, n, flood_bits)
         primes, _special = _primes(plan)
@@ -488,10 +544,17 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
         if W is not None and m.block_ot:
             W = _block_table(W, n)
         st = EmbeddingSetup(m, lay, exp, shape, plan, rns, dim, frac, vocab=vocab_size, sel_blocks=sel, W=W)
+        if m.packlwe:
+            st.packer = packer
         seed = b""
         if ctx.party == 0:
             rng = H.new_rng()
-            if m.packlwe:
+            if m.packlwe and st.packer == "lattigo":
+                be = get_backend("lattigo")
+                st.s = H.sample_ternary(rng, n)
+                keys = be.secret_keys_from_ternary(_lattigo_context(plan, rns), st.s)
+                gk_bytes = keys.galois_keys_bytes_for_elements(be.pack_lwes_elements(n))
+            elif m.packlwe:
                 hectx = _he_context(plan, rns)
                 keys = get_backend().keygen(hectx)
                 st.s = _secret_from_keys(hectx, keys, rns, plan)
@@ -513,9 +576,17 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
             pk1 = H.expand_uniform(seed, b"pk", rns, 1)[0]
             st.pk = (pk0, pk1)
             st.flood_counter = flood_counter(ctx)
-            if m.packlwe:
+            gk_bytes = bytes(np.asarray(msg["galois"], np.uint8))
+            if m.packlwe and st.packer == "lattigo":
+                be = get_backend("lattigo")
+                els = be.pack_lwes_elements(n)
+                st.hectx = _lattigo_context(plan, rns)
+                st.galois = be.galois_keys_from_bytes(st.hectx, gk_bytes, max_keys=len(els))
+                if not st.galois.has_elements(els):
+                    raise MPCError("the client's Galois keys lack some of the PackLWEs automorphisms")
+            elif m.packlwe:
                 st.hectx = _he_context(plan, rns)
-                st.galois = get_backend().galois_keys_from_bytes(st.hectx, bytes(np.asarray(msg["galois"], np.uint8)))
+                st.galois = get_backend().galois_keys_from_bytes(st.hectx, gk_bytes)
         if st.sel_blocks > 1:
             ctx.ot.setup(kk13=True)  # base OTs (IKNP and the selection's KK13): set-up, not online
         else:
@@ -786,13 +857,13 @@ def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarra
     return c0
 
 
-def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> np.ndarray:
+def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256, overlap: bool = True) -> np.ndarray:
     """PackLWEs rows: the T * n_cols product ciphertexts, computed chunk by chunk in the
     order the PackLWEs tree consumes them (so memory stays at one chunk plus log2 N
     partial results; items column-major, `_slot_items`), packed into ceil(T n_cols / N)
-    ciphertexts (G, 2, k, N)."""
-    bitrev = get_backend().pack_lwes_order
-    be = get_backend()
+    ciphertexts (G, 2, k, N) by the setup's packer (``st.packer``: the Go packer takes a
+    chunk per call, SEAL a ciphertext per tree node).  ``overlap`` (Go packer): a worker
+    thread packs one chunk (the GIL released) while numpy makes the next (two chunks alive)."""
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
     # move coefficient N-1 to 0 (times -X) and scale by N^-1 mod Q (PackLWEs multiplies by
@@ -804,9 +875,10 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
     spectra = _query_spectra(st, ct)
     packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
     for g, cnt, _stride in groups:
-        br = np.array(bitrev(cnt), np.int64)
+        br = np.array(get_backend().pack_lwes_order(cnt), np.int64)
 
-        def leaves():
+        def chunks():
+            """(leaves (m, 2, k, N) coefficient-form residues, present (m,)) per chunk of slots."""
             k = g * n  # next item (column-major: item = col * T + tok)
             for p0 in range(0, br.size, chunk):
                 js = br[p0 : p0 + chunk]
@@ -820,10 +892,32 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256) -> n
                     prod = _products(st, ct, ucols, spectra)  # (T, len(ucols), 2, k, N)
                     leaf[valid] = prod[toks, cidx]
                 x = (np.roll(leaf, 1, axis=-1) * shift_scale) % rns.q[:, None]  # residues < 2^31: no overflow
-                for i in range(js.size):
-                    yield be.numpy_to_ciphertext(st.hectx, x[i], ntt=False) if valid[i] else None
+                yield x, valid
 
-        packed[g] = be.ciphertext_to_numpy(be.pack_lwes_stream(st.hectx, st.galois, cnt, leaves()))
+        if st.packer == "lattigo":
+            packer = get_backend("lattigo").pack_lwes_packer(st.galois, cnt)
+            if overlap:
+                with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="packlwes") as pool:
+                    pending = None
+                    for x, valid in chunks():
+                        if pending is not None:
+                            pending.result()
+                        pending = pool.submit(packer.push, x, valid)
+                    if pending is not None:
+                        pending.result()
+            else:
+                for x, valid in chunks():
+                    packer.push(x, valid)
+            packed[g] = packer.finish()
+        else:
+            be = get_backend()
+
+            def leaves():
+                for x, valid in chunks():
+                    for i in range(valid.size):
+                        yield be.numpy_to_ciphertext(st.hectx, x[i], ntt=False) if valid[i] else None
+
+            packed[g] = be.ciphertext_to_numpy(be.pack_lwes_stream(st.hectx, st.galois, cnt, leaves()))
     return packed
 
 
@@ -990,7 +1084,7 @@ def lookup(ctx, st: EmbeddingSetup, ids=None, *, n_ids: int | None = None) -> AS
 
 def embedding_lookup(ctx, ids: np.ndarray | None, table: np.ndarray | None, *, vocab_size: int, dim: int,
                      method: str = "fastquery", frac: int | None = None, flood_bits: int = FLOOD_SIGMA,
-                     n_ids: int | None = None) -> AShare:
+                     n_ids: int | None = None, packer: str | None = None) -> AShare:
     """Private lookup of table[ids] (FastQuery, section 4; or ``method="cheetah"`` /
     ``"exact"`` and the intermediate ablation rows, see `METHODS`).
 
@@ -1000,6 +1094,7 @@ def embedding_lookup(ctx, ids: np.ndarray | None, table: np.ndarray | None, *, v
     (len(ids), dim) with ``frac`` fraction bits (default ``ctx.ring.frac``) of
     the *quantised* table rows (`quantize`: error <= half a quantisation step
     per entry).  ``flood_bits``: statistical circuit privacy per coefficient (default
-    `he_session.FLOOD_SIGMA`, 2^-40 per session; 0 disables flooding)."""
-    st = setup(ctx, table, vocab_size=vocab_size, dim=dim, method=method, frac=frac, flood_bits=flood_bits)
+    `he_session.FLOOD_SIGMA`, 2^-40 per session; 0 disables flooding).  ``packer``: `setup`'s."""
+    st = setup(ctx, table, vocab_size=vocab_size, dim=dim, method=method, frac=frac, flood_bits=flood_bits,
+               packer=packer)
     return lookup(ctx, st, ids, n_ids=n_ids)
