@@ -245,7 +245,9 @@ FUSION_CHOICES = FUSIONS + ("auto",)
 #: (docs/blb.md, "Faster HE blocks" and "The default fusion"): BFV+MPC / BLB modelled time at
 #: 100 Mbps (BLB WAN2 / WAN3) 1.18 / 1.17 on BERT-base (128 tokens), 1.01 / 1.00 on MiniLM
 #: (128), 1.12 / 1.10 on GPT2-base (64); at 400 Mbps (WAN1) 1.01, 0.83, 0.99 and at 3 Gbps
-#: (LAN) 0.94, 0.75, 0.94: BLB sends 1.6-1.8x fewer bytes but computes up to 1.35x as long
+#: (LAN) 0.94, 0.75, 0.94: BLB sends 1.6-1.8x fewer bytes but computes up to 1.35x as long.
+#: Re-measured 2026-11-29 (docs/blb.md, same section): 100 Mbps 1.35 / 1.20 / 1.17, 400 Mbps
+#: 1.14 / 0.96 / 1.00, 3 Gbps 1.05 / 0.85 / 0.93 (BERT-base / MiniLM / GPT2-base): unchanged
 BLB_AUTO_MAX_BANDWIDTH_BPS = 100e6
 #: BLB: where GeLU / SiLU run (`compile.passes.blb_decompose.ACTIVATION_SPLITS`): "poly" (the
 #: default: GeLU's clamped form, comparisons in MPC and its polynomial in the FFN-down block;
