@@ -666,22 +666,26 @@ class LattigoContext:
         _p_arr, p_p, p_n = _i64_array(bits[-1:])
         self._h = _Handle(_new("clg_ckks_new", log_n, q_p, q_n, p_p, p_n, self.default_scale_bits), None)
         self.handle = self._h.h
-        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
-        mod = (ctypes.c_uint64 * 64)()
-        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
-              ctypes.byref(np_), mod, 64)
-        if nn.value != n:
-            raise HEError(f"Lattigo built N = {nn.value}, expected {n}")
-        self.max_level = ml.value
-        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
-        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
-        #: the first data level's primes (the interface's ``coeff_moduli``)
-        self.coeff_moduli = list(self.q_moduli)
+        self._read_info()
+        if self.n != n:
+            raise HEError(f"Lattigo built N = {self.n}, expected {n}")
         # Lattigo picks primes near 2^b, possibly just above: check the actual log2(QP) too
         log_qp = sum(math.log2(q) for q in self.q_moduli + self.p_moduli)
         if log_qp > max_logq(n):
             raise HEError(f"{params.name}: Lattigo's primes give log2(QP) = {log_qp:.3f} > {max_logq(n)} "
                           f"allowed for N = {n} at 128-bit classical security")
+
+    def _read_info(self) -> None:
+        """N, slots, max level and the primes Lattigo holds for this context (``clg_ctx_info``);
+        ``coeff_moduli`` is the first data level's primes (the interface's)."""
+        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
+        mod = (ctypes.c_uint64 * 64)()
+        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
+              ctypes.byref(np_), mod, 64)
+        self.n, self.slots, self.max_level = nn.value, nn.value // 2, ml.value
+        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
+        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
+        self.coeff_moduli = list(self.q_moduli)
 
     #: bootstrappable presets (`LattigoBackend.bootstrappable_context`): name -> (Go preset id, test only)
     PRESETS: ClassVar[dict[str, tuple[int, bool]]] = {"N16QP1546H192H32": (1, False),
@@ -704,14 +708,7 @@ class LattigoContext:
         h = _Handle(_new("clg_ckks_new_preset", pid, int(bool(test_only))), None)
         self = cls.__new__(cls)
         self._h, self.handle = h, h.h
-        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
-        mod = (ctypes.c_uint64 * 64)()
-        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
-              ctypes.byref(np_), mod, 64)
-        self.n, self.slots, self.max_level = nn.value, nn.value // 2, ml.value
-        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
-        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
-        self.coeff_moduli = list(self.q_moduli)
+        self._read_info()
         logqp, hw, eph, lslots, tst = _dbl(), _int(), _int(), _int(), _int()
         _call("clg_btp_ctx_info", self.handle, ctypes.byref(logqp), ctypes.byref(hw), ctypes.byref(eph),
               ctypes.byref(lslots), ctypes.byref(tst))
@@ -746,14 +743,7 @@ class LattigoContext:
                          ps.ctypes.data_as(_p_u64), ps.size), None)
         self = cls.__new__(cls)
         self._h, self.handle = h, h.h
-        nn, ml, nq, np_ = _i64(), _int(), _int(), _int()
-        mod = (ctypes.c_uint64 * 64)()
-        _call("clg_ctx_info", self.handle, ctypes.byref(nn), ctypes.byref(ml), ctypes.byref(nq),
-              ctypes.byref(np_), mod, 64)
-        self.n, self.slots, self.max_level = nn.value, nn.value // 2, ml.value
-        self.q_moduli = [int(mod[i]) for i in range(nq.value)]
-        self.p_moduli = [int(mod[nq.value + i]) for i in range(np_.value)]
-        self.coeff_moduli = list(self.q_moduli)
+        self._read_info()
         if self.q_moduli != [int(q) for q in qs] or self.p_moduli != [int(p) for p in ps]:
             raise HEError("Lattigo did not keep the given primes")
         bits = tuple(m.bit_length() for m in self.q_moduli + self.p_moduli)
