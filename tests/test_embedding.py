@@ -23,8 +23,9 @@ ROWS = [m.name for m in E.ABLATION] + ["exact"]
 P_MIN = 1e-6
 #: PackLWEs packers (`E.PACKERS`): SEAL's always, the Go/Lattigo one when its library is built
 _LATTIGO_WHY = backend_unavailable_reason("lattigo")
-PACKERS = ["seal", pytest.param("lattigo", marks=pytest.mark.skipif(
-    _LATTIGO_WHY is not None, reason=f"the Lattigo library is not built or does not load: {_LATTIGO_WHY}"))]
+_NEEDS_LATTIGO = pytest.mark.skipif(_LATTIGO_WHY is not None,
+                                    reason=f"the Lattigo library is not built or does not load: {_LATTIGO_WHY}")
+PACKERS = ["seal", pytest.param("lattigo", marks=_NEEDS_LATTIGO)]
 
 
 def _chi2_sf(x: float, df: int) -> float:
@@ -86,11 +87,18 @@ def _run(table, ids, method, flood_bits=0, runner=run_inprocess, packer=None):
     return val, st, sum(s[k]["bytes_sent"] for s in (s0, s1) for k in ONLINE_STEPS if k in s)
 
 
-@pytest.mark.parametrize("packer", PACKERS)
-@pytest.mark.parametrize("method", ROWS)
+def _with_packers(methods):
+    """(method, packer) cases: every packer for the PackLWEs rows, SEAL's (unused) for the others."""
+    cases = []
+    for m in methods:
+        cases.append((m, "seal"))
+        if E.METHODS[m].packlwe:
+            cases.append(pytest.param(m, "lattigo", marks=_NEEDS_LATTIGO))
+    return cases
+
+
+@pytest.mark.parametrize("method,packer", _with_packers(ROWS))
 def test_lookup_matches_quantised_table(method, packer):
-    if packer != "seal" and not E.METHODS[method].packlwe:
-        pytest.skip("no PackLWEs in this row")
     table = _table(300, 7)
     ids = np.array([299, 0, 17, 17, 123])
     val, st, _ = _run(table, ids, method, packer=packer)
@@ -483,14 +491,11 @@ def test_lookup_bytes_default_ot():
         assert ext[0] + ext[1] < ext_iknp[0] + ext_iknp[1] and ext[2] == ext_iknp[2], (ext, ext_iknp)
 
 
-@pytest.mark.parametrize("packer", PACKERS)
-@pytest.mark.parametrize("method", sorted(PINNED_BYTES))
+@pytest.mark.parametrize("method,packer", _with_packers(sorted(PINNED_BYTES)))
 def test_lookup_bytes_unchanged(method, packer):
     # pinned with IKNP (the default OT is Ferret since 2026-11-27; its extend step is
     # checked against these in test_lookup_bytes_default_ot); the same online bytes with
     # either PackLWEs packer
-    if packer != "seal" and not E.METHODS[method].packlwe:
-        pytest.skip("no PackLWEs in this row")
     _val, st, c, s = _run_steps(_table(300, 7), np.array([299, 0, 17, 17, 123]), method, runner=_iknp_runner,
                                 packer=packer)
     client, server, setup = PINNED_BYTES[method]

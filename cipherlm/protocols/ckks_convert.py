@@ -384,7 +384,7 @@ def _wrap_fast(table: np.ndarray, n: int, vec, n_out: int, *, encode: bool) -> n
         ns = vec.shape[-1]
         e = slot_exponents(n, ns)
         out = np.zeros(lead + (n,), np.uint64)
-        out[..., 0] = vec.sum(axis=-1, dtype=np.uint64) * tab[0:1].astype(np.uint64)[0]
+        out[..., 0] = (vec * tab[0:1].astype(np.uint64)).sum(axis=-1, dtype=np.uint64)  # arrays: wraps silently
         out[..., n // 2] = vec @ tab[(e * (n // 2)) % two_n].astype(np.uint64)
         for a in range(L - 1):
             K = n >> (a + 1)
