@@ -466,14 +466,22 @@ func clg_evk_has_steps(h C.int64_t, steps *C.int64_t, n C.int, conj C.int, ok *C
 		if err != nil {
 			return err
 		}
-		*ok = 1
-		for _, g := range els {
-			if _, found := e.set.GaloisKeys[g]; !found {
-				*ok = 0
-			}
+		*ok = 0
+		if _, missing := e.missingElement(els); !missing {
+			*ok = 1
 		}
 		return nil
 	})
+}
+
+// missingElement: the first of els the key set holds no Galois key for (and true), or false.
+func (e *evkObj) missingElement(els []uint64) (uint64, bool) {
+	for _, g := range els {
+		if _, found := e.set.GaloisKeys[g]; !found {
+			return g, true
+		}
+	}
+	return 0, false
 }
 
 // galoisElementsIn: the caller's Galois elements els[0..n) (odd, < 2N), without repeats and

@@ -166,11 +166,9 @@ func clg_evk_has_elements(h C.int64_t, els *C.uint64_t, n C.int, ok *C.int, errb
 		if err != nil {
 			return err
 		}
-		*ok = 1
-		for _, g := range gs {
-			if _, found := e.set.GaloisKeys[g]; !found {
-				*ok = 0
-			}
+		*ok = 0
+		if _, missing := e.missingElement(gs); !missing {
+			*ok = 1
 		}
 		return nil
 	})
@@ -497,10 +495,12 @@ func newPacker(e *evkObj, nLeaves int64, workers int) (*packObj, error) {
 		return nil, fmt.Errorf("PackLWEs packs 1..%d ciphertexts, got %d", N, nLeaves)
 	}
 	logN := params.LogN()
+	needed := make([]uint64, logN)
 	for k := 1; k <= logN; k++ {
-		if _, ok := e.set.GaloisKeys[uint64(1)<<k+1]; !ok {
-			return nil, fmt.Errorf("the Galois keys lack the element %d that PackLWEs needs", uint64(1)<<k+1)
-		}
+		needed[k-1] = uint64(1)<<k + 1
+	}
+	if g, missing := e.missingElement(needed); missing {
+		return nil, fmt.Errorf("the Galois keys lack the element %d that PackLWEs needs", g)
 	}
 	logn := bits.Len64(uint64(nLeaves) - 1)
 	w := workers
