@@ -228,6 +228,14 @@ def test_rotations_with_eval_keys(lv):
     p = be.multiply(ctx, be.rotate_rows(ctx, c, 2, both), c, both)
     be.rescale_inplace(ctx, p)
     assert _bits(_dec(be, ctx, keys, p), np.roll(x, -2) * x) >= BITS_OPS
+    # keeping some of the rotations: the relinearisation key and those steps stay, the rest go
+    four = both.merged(keys.galois_keys([3, 4], conjugate=True))
+    kept = four.keeping([4], conjugate=True)
+    assert kept.has_relin and kept.has_steps([4], conjugate=True) and not kept.has_steps([2])
+    assert not kept.has_steps([3]) and not four.keeping([2]).has_steps([], conjugate=True)
+    assert _bits(_dec(be, ctx, keys, be.rotate_rows(ctx, c, 4, kept)), np.roll(x, -4)) >= BITS_OPS
+    with pytest.raises(HEError, match="no key for Galois element"):
+        kept.keeping([2])
 
 
 def test_chebyshev_gelu_degree15(mod, lv):

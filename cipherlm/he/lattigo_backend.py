@@ -139,7 +139,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 12
+_ABI_VERSION = 13
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -243,6 +243,8 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_packlwe_new": (_i64, _i64, _int, _p_i64),
     "clg_packlwe_push": (_i64, _p_u64, _i64, _p_u8, _i64),
     "clg_packlwe_finish": (_i64, _p_u64, _i64),
+    # ckks_ops.go (ABI 13)
+    "clg_evk_keep_steps": (_i64, _p_i64, _int, _int, _p_i64),
 }
 
 _lib = None
@@ -513,6 +515,13 @@ class LattigoGaloisKeys(_Handle):
     def merged(self, other: LattigoGaloisKeys) -> LattigoGaloisKeys:
         """A new set with the keys of both (e.g. a peer's relinearisation key + its Galois keys)."""
         return LattigoGaloisKeys(_new("clg_evk_merge", self.h, other.h), self.ctx)
+
+    def keeping(self, steps: Iterable[int], *, conjugate: bool = False) -> LattigoGaloisKeys:
+        """A new set with this one's relinearisation key and only the rotation keys of ``steps``
+        (and the conjugation's, with ``conjugate``); each must be here.  The keys left out are
+        freed once no other set holds them."""
+        _arr, p, n = _i64_array(steps)
+        return LattigoGaloisKeys(_new("clg_evk_keep_steps", self.h, p if n else None, n, int(conjugate)), self.ctx)
 
 
 #: An evaluation key set (relinearisation and/or Galois keys): the same Go object as Galois keys.

@@ -121,6 +121,9 @@ MAX_ROTATION_KEYS = 512
 #: compressed key is ~6 MB at N = 16384 and 7 primes, ~4x that at N = 32768; the ~200 keys of
 #: section 5's packing at 128 tokens in one message took 1.24 GB)
 KEYS_PER_MESSAGE = 16
+#: the rotation keys (expanded bytes) the server keeps between blocks; beyond it the least
+#: recently used ones that the current block does not need go (`BLBRunner._evict_keys`)
+KEY_CACHE_BYTES = 3 << 30
 #: fraction bits of the public scalings inside the cores (1/d of a norm's mean square)
 CORE_SCALE_FRAC = 24
 _LAYOUTS = ("row", "head", "headsum")
@@ -200,15 +203,58 @@ def _set_key(bp: blb_params.BlockParams) -> tuple:
     return (bp.ring_degree, tuple(bp.chain), tuple(bp.special))
 
 
+class _KeyBatch:
+    """One key message's rotation keys on the server: the steps they cover, whether the
+    conjugation came with them, their expanded size and the last block that used them
+    (`BLBRunner._evict_keys`)."""
+
+    __slots__ = ("steps", "conj", "nbytes", "used")
+
+    def __init__(self, steps, conj: bool, nbytes: int, used: int):
+        self.steps, self.conj, self.nbytes, self.used = frozenset(steps), conj, nbytes, used
+
+
 class _KeySet:
     """One CKKS parameter set: its context, the conversions' side, and (server) the client's
-    evaluation keys with the rotation steps they cover."""
+    evaluation keys (``evk``: the relinearisation key and the rotation keys it sent, one
+    `_KeyBatch` per message)."""
 
     def __init__(self, hectx, side: CKKSSide):
         self.hectx, self.side = hectx, side
         self.evk = None
-        self.steps: set[int] = set()
-        self.conj = False  # whether evk holds the conjugation key (paired inputs)
+        self.batches: list[_KeyBatch] = []
+
+    @property
+    def steps(self) -> set[int]:
+        return set().union(*(b.steps for b in self.batches))
+
+    @property
+    def conj(self) -> bool:
+        """Whether ``evk`` holds the conjugation key (paired inputs)."""
+        return any(b.conj for b in self.batches)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.batches)
+
+    def missing(self, steps) -> list[int]:
+        return sorted(set(steps) - self.steps)
+
+    def touch(self, steps, stamp: int) -> None:
+        """Mark the batches the block ``stamp`` uses (its ``steps``, the conjugation)."""
+        need = set(steps)
+        for b in self.batches:
+            if b.conj or b.steps & need:
+                b.used = stamp
+
+    def add(self, batch: _KeyBatch, keys) -> None:
+        self.batches.append(batch)
+        self.evk = self.evk.merged(keys)
+
+    def drop(self, gone: list[_KeyBatch]) -> None:
+        """Forget the batches ``gone`` (`BLBRunner._evict_keys`): ``evk`` keeps the others' keys."""
+        self.batches = [b for b in self.batches if all(b is not g for g in gone)]
+        self.evk = self.evk.keeping(sorted(self.steps), conjugate=self.conj)
 
 
 def _backend():
@@ -370,8 +416,12 @@ class BLBRunner:
     (`run_block`) or the client's answers to its headers (`serve_block`)."""
 
     def __init__(self, ctx, graph, params: dict | None, meter, attention: str = "auto",
-                 value_bits: int = BLB_MIN_VALUE_BITS):
+                 value_bits: int = BLB_MIN_VALUE_BITS, key_cache_bytes: int = KEY_CACHE_BYTES):
         self.ctx, self.graph, self.params, self.meter = ctx, graph, params, meter
+        #: the server's bound on the client's rotation keys it keeps between blocks (`_evict_keys`)
+        self.key_cache_bytes = int(key_cache_bytes)
+        self._stamp = 0  # the server's block counter (`_KeyBatch.used`)
+        self.keys_evicted = 0  # batches of rotation keys dropped so far
         #: Algorithm 2's largest encoding scale for the plan's bound on the inputs (`in_scale_bits`)
         self.scale_cap = in_scale_bits(value_bits)
         if attention not in blb_params.ATTENTION_PACKINGS:
@@ -399,14 +449,21 @@ class BLBRunner:
         return self._bparams[tokens][block["id"]]
 
     def _ensure_keys(self, bp: blb_params.BlockParams, steps: list[int]) -> _KeySet:
-        """Server: make sure the client's keys for ``bp``'s set cover ``steps`` (a header, then
-        the keys the client sends)."""
+        """Server: make sure the client's keys for ``bp``'s set cover ``steps`` and the
+        conjugation (a header, then the keys the client sends), then keep the session's rotation
+        keys within `key_cache_bytes` (`_evict_keys`)."""
         key = _set_key(bp)
         ks = self.sets.get(key)
-        missing = sorted(set(steps) - (ks.steps if ks is not None else set()))
-        if ks is not None and not missing and ks.conj:
-            return ks
-        ctx, be = self.ctx, self.be
+        missing = ks.missing(steps) if ks is not None else sorted(set(steps))
+        self._stamp += 1
+        if ks is None or missing or not ks.conj:
+            ks = self._receive_keys(bp, ks, missing)
+        ks.touch(steps, self._stamp)
+        self._evict_keys()
+        return ks
+
+    def _receive_keys(self, bp: blb_params.BlockParams, ks: _KeySet | None, missing: list[int]) -> _KeySet:
+        ctx, be, key = self.ctx, self.be, _set_key(bp)
         # the rotation keys in batches of KEYS_PER_MESSAGE (a message stays below the channel's frame limit)
         batches = [missing[i:i + KEYS_PER_MESSAGE] for i in range(0, len(missing), KEYS_PER_MESSAGE)] or [[]]
         with self.meter("setup"), ctx.step("blb_setup"):
@@ -423,10 +480,28 @@ class BLBRunner:
                 if batch or conj:
                     gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=batch,
                                                     max_keys=len(batch) + int(conj), conjugate=conj)
-                    ks.evk = ks.evk.merged(gal)
-                    ks.steps.update(batch)
-                    ks.conj = ks.conj or conj
+                    # seeded keys travel at about half their expanded size (`galois_keys_bytes`)
+                    ks.add(_KeyBatch(batch, conj, 2 * len(msg["galois"]), self._stamp), gal)
         return ks
+
+    def _evict_keys(self) -> None:
+        """Server: drop the least recently used rotation keys, across the parameter sets, that
+        the current block does not use while the kept ones exceed `key_cache_bytes` (a session
+        that sees many sentence lengths asks for new steps at each; without a bound the keys of
+        every length seen stay, ~1 GB per new MiniLM length).  Dropped keys are asked for again
+        when a later block needs them."""
+        held = sorted(((b.used, id(b), b, ks) for ks in self.sets.values() for b in ks.batches),
+                      key=lambda t: t[:2])
+        total = sum(t[2].nbytes for t in held)
+        gone: dict[int, tuple[_KeySet, list]] = {}
+        for used, _, b, ks in held:
+            if total <= self.key_cache_bytes or used >= self._stamp:
+                break
+            gone.setdefault(id(ks), (ks, []))[1].append(b)
+            total -= b.nbytes
+        for ks, batches in gone.values():
+            ks.drop(batches)
+            self.keys_evicted += len(batches)
 
     def _answer_keys(self, msg: dict) -> None:
         """Client: a key set (new parameters: context, secret keys, public and relinearisation
@@ -494,7 +569,7 @@ class BLBRunner:
             self.graph, block, bp.ring_degree // 2, tokens, self.attention))
         steps = blb_block.block_steps(self.graph, block, period, bp.ring_degree // 2, tokens, self.attention)
         have = self.sets.get(_set_key(bp))
-        keys = have is None or not set(steps) <= have.steps
+        keys = have is None or bool(have.missing(steps)) or not have.conj
         with self.meter("conversions", block["name"]):
             self.ctx.send({"op": "block", "id": int(block["id"]), "n": bp.ring_degree, "chain": list(bp.chain),
                            "special": list(bp.special), "period": int(period), "scale_bits": int(bp.scale_bits),

@@ -113,6 +113,30 @@ func clg_evk_merge(a C.int64_t, b C.int64_t, out *C.int64_t, errbuf *C.char, err
 		})
 }
 
+// clg_evk_keep_steps: a new set with the relinearisation key of h (if any) and, of its Galois
+// keys, those of the rotations steps[0..n) and, with conj != 0, of the conjugation (each must be
+// there); the others are not referenced by it (a server bounding the peer keys it keeps).
+//
+//export clg_evk_keep_steps
+func clg_evk_keep_steps(h C.int64_t, steps *C.int64_t, n C.int, conj C.int, out *C.int64_t, errbuf *C.char,
+	errlen C.int) (rc C.int) {
+	return with(h, "key set", errbuf, errlen, func(e *evkObj) error {
+		els, err := galoisElements(e.ctx, i64s(steps, n), conj != 0)
+		if err != nil {
+			return err
+		}
+		if g, missing := e.missingElement(els); missing {
+			return fmt.Errorf("the key set has no key for Galois element %d", g)
+		}
+		set := rlwe.NewMemEvaluationKeySet(e.set.RelinearizationKey)
+		for _, g := range els {
+			set.GaloisKeys[g] = e.set.GaloisKeys[g]
+		}
+		*out = C.int64_t(put(&evkObj{ctx: e.ctx, set: set, eval: ckks.NewEvaluator(e.ctx.params, set)}))
+		return nil
+	})
+}
+
 // productOperands: the ciphertexts a and b of a ct x ct product under the key set e, checked:
 // one context, a relinearisation key, degree 1, a level >= 1 to rescale at, and a product
 // scale the modulus at that level holds.  Returns them, the level and the product's scale.
