@@ -256,3 +256,68 @@ def test_packer_refuses_bad_arguments(pk):
         lat.pack_context(8192, [4], [pk["special"]])
     assert lat.pack_context(8192, pk["rns"].primes, [pk["special"]]).q_moduli == list(pk["rns"].primes)
 
+
+
+@pytest.mark.parametrize("T, B, wscale", [(1, 1, 1), (3, 2, 997)])
+def test_product_leaves_pack_like_coefficient_leaves(pk, T, B, wscale):
+    """`push_products` (the Go packer makes each leaf -N^-1 X sum_b query[t, b] w[c, b]: its c1
+    part in the NTT domain, its c0 part as the constant, an exact dot product) packs bit for bit
+    what `push` packs from the same leaves made here in coefficient form with numpy's exact
+    convolution (c0: the constant only, as the old numpy path made them)."""
+    rns, n = pk["rns"], pk["plan"].n
+    rng = np.random.default_rng(T * 10 + B)
+    C, m = 3, 16  # the packer takes 2^ceil(log2 n) leaves
+    query = np.stack([rng.integers(0, q, size=(T, B, 2, n), dtype=np.int64) for q in rns.primes], axis=3)
+    query = query.astype(np.uint64)  # (T, B, 2, k, N)
+    w_small = rng.integers(-3, 4, size=(C, B, n))
+    w = w_small * wscale  # signed weights beyond the small-convolution range: by linearity below
+    tok, col = rng.integers(0, T, m), rng.integers(0, C, m)
+    present = np.ones(m, bool)
+    present[[2, 7]] = False
+    ninv = pow(n, -1, rns.Q)
+    x = np.zeros((m, 2, rns.k, n), np.uint64)
+    for i in np.flatnonzero(present):
+        acc = np.zeros((2, rns.k, n), np.uint64)
+        for b in range(B):
+            prod = H.conv_small(query[tok[i], b], H.fft_fwd(w_small[col[i], b]), rns.q)
+            acc = (acc + prod * (rns.from_int(wscale)[:, None])) % rns.q[:, None]
+        shifted = np.roll(acc[1], 1, axis=-1)  # times X: coefficient N-1 wraps to 0 negated
+        shifted[:, 0] = (rns.q - shifted[:, 0]) % rns.q
+        x[i, 1] = (shifted * rns.from_int(-ninv)[:, None]) % rns.q[:, None]
+        x[i, 0, :, 0] = (acc[0, :, n - 1] * rns.from_int(ninv)) % rns.q
+    a = get_backend("lattigo").pack_lwes_packer(pk["gk_lat"], m)
+    a.push(x, present)
+    b = get_backend("lattigo").pack_lwes_packer(pk["gk_lat"], m)
+    b.set_query(query)
+    b.push_products(w, tok, col, present)
+    want, got = a.finish(), b.finish()
+    assert got.any() and np.array_equal(got, want)
+
+
+def test_product_leaves_refuse_bad_arguments(pk):
+    rns, n = pk["rns"], pk["plan"].n
+    p = get_backend("lattigo").pack_lwes_packer(pk["gk_lat"], 4)
+    w = np.zeros((1, 1, n), np.int64)
+    with pytest.raises(HEError, match="query first"):
+        p.push_products(w, [0, 0], [0, 0], [True, True])
+    bad = np.zeros((1, 1, 2, rns.k, n), np.uint64)
+    bad[0, 0, 1, 1, 5] = rns.primes[1]
+    with pytest.raises(HEError, match="not reduced"):
+        p.set_query(bad)
+    with pytest.raises(HEError, match="expected"):
+        p.set_query(bad[:, :, 0])
+    p.set_query(np.zeros((1, 1, 2, rns.k, n), np.uint64))
+    with pytest.raises(HEError, match="out of range"):
+        p.push_products(w, [0, 1], [0, 0], [True, True])  # token 1 of 1
+    with pytest.raises(HEError, match="out of range"):
+        p.push_products(w, [0, 0], [0, 3], [True, True])  # column 3 of 1
+    with pytest.raises(HEError, match="weight buffer"):
+        p.push_products(np.zeros((1, 2, n), np.int64), [0, 0], [0, 0], [True, True])
+    big = w.copy()
+    big[0, 0, 9] = -(1 << 32)
+    with pytest.raises(HEError, match="beyond 2"):
+        p.push_products(big, [0, 0], [0, 0], [True, True])
+    p.push_products(w, [1, 0, 0, 0], [0] * 4, [False, True, True, True])  # absent: its token is not read
+    p.finish()
+    with pytest.raises(HEError, match="set before the first leaf"):
+        p.set_query(np.zeros((1, 1, 2, rns.k, n), np.uint64))

@@ -245,6 +245,9 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_packlwe_finish": (_i64, _p_u64, _i64),
     # ckks_ops.go (ABI 13)
     "clg_evk_keep_steps": (_i64, _p_i64, _int, _int, _p_i64),
+    # pack_lwes.go (ABI 13)
+    "clg_packlwe_set_query": (_i64, _p_u64, _i64, _int, _int),
+    "clg_packlwe_push_products": (_i64, _p_i64, _i64, _int, _p_i64, _p_i64, _p_u8, _i64),
 }
 
 _lib = None
@@ -554,6 +557,31 @@ class LattigoPackLWEs(_Handle):
         if pres.shape != (m,):
             raise HEError(f"expected {m} presence flags, got shape {pres.shape}")
         _call("clg_packlwe_push", self.h, a.ctypes.data_as(_p_u64), a.size, pres.ctypes.data_as(_p_u8), m)
+
+    def set_query(self, query) -> None:
+        """For `push_products`: the query ciphertexts, (T, B, 2, k, N) uint64 coefficient-form
+        residues (reduced), before the first leaf."""
+        a = np.ascontiguousarray(query, dtype=np.uint64)
+        if a.ndim != 5 or a.shape[2:] != (2, self.k, self.ctx.n):
+            raise HEError(f"expected (T, B, 2, {self.k}, {self.ctx.n}) query residues, got {a.shape}")
+        _call("clg_packlwe_set_query", self.h, a.ctypes.data_as(_p_u64), a.size, a.shape[0], a.shape[1])
+
+    def push_products(self, w, tok, col, present) -> None:
+        """The next m leaves, made in Go from the query (`set_query`) and weight polynomials, for
+        FastQuery's PackLWEs rows (``native/lattigo/pack_lwes.go``, "product leaves"): leaf i is
+        -N^-1 X sum_b (query of token tok[i], block b) * w[col[i], b] (its c0 part reduced to the
+        constant, which is all the trace keeps).  ``w`` (C, B, N) int64 the weight polynomials of
+        the chunk's columns (|w| < 2^32); ``tok``, ``col``, ``present`` (m,)."""
+        w = np.ascontiguousarray(w, dtype=np.int64)
+        tok = np.ascontiguousarray(tok, dtype=np.int64).reshape(-1)
+        col = np.ascontiguousarray(col, dtype=np.int64).reshape(-1)
+        pres = np.ascontiguousarray(present, dtype=bool).astype(np.uint8).reshape(-1)
+        m = pres.size
+        if w.ndim != 3 or w.shape[2] != self.ctx.n or tok.size != m or col.size != m:
+            raise HEError(f"expected weights (C, B, {self.ctx.n}) and {m} tokens and columns; got {w.shape}, "
+                          f"{tok.size}, {col.size}")
+        _call("clg_packlwe_push_products", self.h, w.ctypes.data_as(_p_i64), w.size, w.shape[0],
+              tok.ctypes.data_as(_p_i64), col.ctypes.data_as(_p_i64), pres.ctypes.data_as(_p_u8), m)
 
     def finish(self) -> np.ndarray:
         """The packed ciphertext, (2, k, N) uint64 coefficient-form residues."""

@@ -730,16 +730,42 @@ def _query_spectra(st: EmbeddingSetup, ct: np.ndarray) -> _QuerySpectra:
     T, B = ct.shape[:2]
     comps, c0_limbs = [0, 1], None
     if st.method.packlwe:
-        comps = [1]
-        c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab]
-        c0_limbs = np.stack([(c0 & np.uint64(0xFFFF)), (c0 >> np.uint64(16))], axis=0).astype(np.float64)
-        c0_limbs = c0_limbs.reshape(2 * T * rns.k, -1)
+        comps, c0_limbs = [1], _c0_limbs(st, ct)
     la, nw = _limb_plan(B, min(n, sh.n_i * sh.n_o), st.layout.centre)
     a_limbs = H.split_limbs(ct[:, :, comps], 31, la)  # each (T, B, m, k, N)
     A = np.stack(a_limbs, axis=0)  # (L, T, B, m, k, N)
     A = A.transpose(2, 0, 1, 3, 4, 5).reshape(B, len(a_limbs) * T * len(comps) * rns.k, n)
     A_hat = H.fft_fwd(A).transpose(2, 1, 0).copy()  # (N/2, P, B)
     return _QuerySpectra(comps, c0_limbs, la, nw, len(a_limbs), A_hat)
+
+
+def _c0_limbs(st: EmbeddingSetup, ct: np.ndarray) -> np.ndarray:
+    """PackLWEs rows: the query's c0 parts over the vocabulary as 16-bit limbs, (2 T k, V) float64
+    (`_c0_dots`)."""
+    rns, sh, n = st.rns, st.shape, st.plan.n
+    T, B = ct.shape[:2]
+    c0 = ct[:, :, 0].transpose(0, 2, 1, 3).reshape(T, rns.k, B * n)[..., : sh.vocab]
+    limbs = np.stack([(c0 & np.uint64(0xFFFF)), (c0 >> np.uint64(16))], axis=0).astype(np.float64)
+    return limbs.reshape(2 * T * rns.k, -1)
+
+
+def _c0_dots(st: EmbeddingSetup, c0_limbs: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """PackLWEs rows (n_i = N, n_o = 1): coefficient N-1 of the products' c0 parts, the dot
+    products c0 . W[:, c] over the vocabulary for the columns ``cols``, exact: (T, k, C) uint64
+    residues (the trace removes the other coefficients)."""
+    rns, sh = st.rns, st.shape
+    T, C = c0_limbs.shape[0] // (2 * rns.k), len(cols)
+    Wsel = st.W[:, cols]  # n_o = 1: column block = column
+    # float64 BLAS with 16-bit limbs: |limb W| sums < 2^16 2^16 2^14 = 2^46 per chunk: exact
+    acc = np.zeros((2, T, rns.k, C), np.int64)
+    q64 = rns.q.astype(np.int64)[None, None, :, None]
+    rows = 1 << max(0, min(14, 46 - 16 - max(1, st.layout.centre.bit_length())))
+    for r0 in range(0, sh.vocab, rows):
+        part = c0_limbs[:, r0 : r0 + rows] @ Wsel[r0 : r0 + rows].astype(np.float64)
+        acc = np.mod(acc + np.mod(np.rint(part).astype(np.int64).reshape(2, T, rns.k, C), q64), q64)
+    qk = rns.q[None, :, None]
+    sh16 = (np.uint64(1 << 16) % rns.q)[None, :, None]
+    return (acc[0].astype(np.uint64) + (acc[1].astype(np.uint64) * sh16) % qk) % qk
 
 
 def _products(st: EmbeddingSetup, ct: np.ndarray, cblocks=None, spectra: _QuerySpectra | None = None,
@@ -759,19 +785,7 @@ def _products(st: EmbeddingSetup, ct: np.ndarray, cblocks=None, spectra: _QueryS
     out = np.zeros((T, 2, rns.k, C, n), np.uint64)
     comps, la, nw, L, m, A_hat = sp.comps, sp.la, sp.nw, sp.n_limbs, len(sp.comps), sp.A_hat
     if st.method.packlwe:
-        Wsel = st.W[:, cblocks]  # n_o = 1: column block = column
-        # float64 BLAS with 16-bit limbs: |limb W| sums < 2^16 2^16 2^14 = 2^46 per chunk: exact
-        acc = np.zeros((2, T, rns.k, C), np.int64)
-        wmax = st.layout.centre
-        rows = 1 << max(0, min(14, 46 - 16 - max(1, wmax.bit_length())))
-        for r0 in range(0, sh.vocab, rows):
-            part = sp.c0_limbs[:, r0 : r0 + rows] @ Wsel[r0 : r0 + rows].astype(np.float64)
-            part = np.rint(part).astype(np.int64).reshape(2, T, rns.k, C)
-            acc = np.mod(acc + np.mod(part, rns.q.astype(np.int64)[None, None, :, None]),
-                         rns.q.astype(np.int64)[None, None, :, None])
-        qk = rns.q[None, :, None]
-        sh16 = (np.uint64(1 << 16) % rns.q)[None, :, None]
-        out[:, 0, :, :, n - 1] = (acc[0].astype(np.uint64) + (acc[1].astype(np.uint64) * sh16) % qk) % qk
+        out[:, 0, :, :, n - 1] = _c0_dots(st, sp.c0_limbs, cblocks)
     P = A_hat.shape[1]
     per_col = B * n * 8 * nw + P * n * 24
     cc = max(1, min(C, chunk_bytes // per_col))
@@ -858,62 +872,80 @@ def _mask_and_flood(st: EmbeddingSetup, out: H.RNS, c0: np.ndarray, S: np.ndarra
 
 
 def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256, overlap: bool = True) -> np.ndarray:
-    """PackLWEs rows: the T * n_cols product ciphertexts, computed chunk by chunk in the
-    order the PackLWEs tree consumes them (so memory stays at one chunk plus log2 N
-    partial results; items column-major, `_slot_items`), packed into ceil(T n_cols / N)
-    ciphertexts (G, 2, k, N) by the setup's packer (``st.packer``: the Go packer takes a
-    chunk per call, SEAL a ciphertext per tree node).  ``overlap`` (Go packer): a worker
-    thread packs one chunk (the GIL released) while numpy makes the next (two chunks alive)."""
+    """PackLWEs rows: the T * n_cols product ciphertexts, made chunk by chunk in the order the
+    PackLWEs tree consumes them (so memory stays at one chunk plus log2 N partial results; items
+    column-major, `_slot_items`), packed into ceil(T n_cols / N) ciphertexts (G, 2, k, N) by the
+    setup's packer (``st.packer``).  The Go packer makes the leaves itself from the query and
+    each chunk's weight polynomials (`LattigoPackLWEs.push_products`: the c1 parts as NTT-domain
+    products, one weight transform per column; the c0 constants as exact dot products) and packs
+    them; ``overlap``: a worker thread runs one chunk (the GIL released) while numpy gathers the
+    next one's weights.  With SEAL the
+    leaves are made here (`_products`, exact float FFTs) and packed a ciphertext per tree node."""
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
-    # move coefficient N-1 to 0 (times -X) and scale by N^-1 mod Q (PackLWEs multiplies by
-    # N) in one product: np.roll, then coefficient 0 times N^-1 and the others times -N^-1
-    shift_scale = np.empty((rns.k, n), np.uint64)
-    shift_scale[:, 0] = rns.from_int(ninv)
-    shift_scale[:, 1:] = rns.from_int(-ninv)[:, None]
     groups = _packed_positions(T * sh.n_cols, n)
-    spectra = _query_spectra(st, ct)
     packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
+    if st.packer == "lattigo":
+        # a chunk's weights modulo each prime and their transforms (2 x C columns x B blocks x
+        # k primes x N words) stay near 64 MiB
+        while chunk > 16 and 2 * (chunk // T + 2) * sh.blocks * rns.k * n * 8 > 1 << 26:
+            chunk //= 2
     for g, cnt, _stride in groups:
         br = np.array(get_backend().pack_lwes_order(cnt), np.int64)
 
-        def chunks():
-            """(leaves (m, 2, k, N) coefficient-form residues, present (m,)) per chunk of slots."""
+        def slots():
+            """Per chunk of slots: (present (m,), token and column-index of each present leaf,
+            the chunk's distinct columns)."""
             k = g * n  # next item (column-major: item = col * T + tok)
             for p0 in range(0, br.size, chunk):
-                js = br[p0 : p0 + chunk]
-                valid = js < cnt
+                valid = br[p0 : p0 + chunk] < cnt
                 items = k + np.arange(int(valid.sum()))
                 k += items.size
                 cols, toks = np.divmod(items, T)
                 ucols, cidx = np.unique(cols, return_inverse=True)
-                leaf = np.zeros((js.size, 2, rns.k, n), np.uint64)
-                if items.size:
-                    prod = _products(st, ct, ucols, spectra)  # (T, len(ucols), 2, k, N)
-                    leaf[valid] = prod[toks, cidx]
-                x = (np.roll(leaf, 1, axis=-1) * shift_scale) % rns.q[:, None]  # residues < 2^31: no overflow
-                yield x, valid
+                yield valid, toks, cidx, ucols
 
         if st.packer == "lattigo":
             packer = get_backend("lattigo").pack_lwes_packer(st.galois, cnt)
+            packer.set_query(ct)
+
+            def chunks():
+                for valid, toks, cidx, ucols in slots():
+                    tok, col = np.zeros(valid.size, np.int64), np.zeros(valid.size, np.int64)
+                    w = np.zeros((1, sh.blocks, n), np.int64)
+                    if toks.size:
+                        tok[valid], col[valid] = toks, cidx
+                        w = _weight_polys(st.W, sh, n, ucols).transpose(1, 0, 2)
+                    yield w, tok, col, valid
+
             if overlap:
                 with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="packlwes") as pool:
                     pending = None
-                    for x, valid in chunks():
+                    for args in chunks():
                         if pending is not None:
                             pending.result()
-                        pending = pool.submit(packer.push, x, valid)
+                        pending = pool.submit(packer.push_products, *args)
                     if pending is not None:
                         pending.result()
             else:
-                for x, valid in chunks():
-                    packer.push(x, valid)
+                for args in chunks():
+                    packer.push_products(*args)
             packed[g] = packer.finish()
         else:
             be = get_backend()
+            spectra = _query_spectra(st, ct)
+            # move coefficient N-1 to 0 (times -X) and scale by N^-1 mod Q in one product:
+            # np.roll, then coefficient 0 times N^-1 and the others times -N^-1
+            shift_scale = np.empty((rns.k, n), np.uint64)
+            shift_scale[:, 0] = rns.from_int(ninv)
+            shift_scale[:, 1:] = rns.from_int(-ninv)[:, None]
 
             def leaves():
-                for x, valid in chunks():
+                for valid, toks, cidx, ucols in slots():
+                    leaf = np.zeros((valid.size, 2, rns.k, n), np.uint64)
+                    if toks.size:
+                        leaf[valid] = _products(st, ct, ucols, spectra)[toks, cidx]  # (T, C, 2, k, N)
+                    x = (np.roll(leaf, 1, axis=-1) * shift_scale) % rns.q[:, None]  # residues < 2^31: no overflow
                     for i in range(valid.size):
                         yield be.numpy_to_ciphertext(st.hectx, x[i], ntt=False) if valid[i] else None
 

@@ -203,6 +203,7 @@ type packObj struct {
 	stack   []packNode
 	mono    []ring.Poly // mono[h] = NTT(X^(N/2^h)) in Montgomery form, h = 1..logN
 	workers []*packWorker
+	query   *productQuery // the product leaves' query (clg_packlwe_set_query), or nil
 	free    sync.Pool // spent ciphertexts (*rlwe.Ciphertext), reused for leaves: few allocations, few GCs
 	done    bool
 	failed  error // an error inside the tree (not a refused input) spends the packer
@@ -353,11 +354,23 @@ func (o *packObj) combine(w *packWorker, ce, co *rlwe.Ciphertext, h int) (*rlwe.
 	return co, nil
 }
 
-// packChunk: the leaves of one push, (m, 2, k, N) coefficient-form residues and presence flags.
+// packChunk: the leaves of one push and their presence flags: (m, 2, k, N) coefficient-form
+// residues (clg_packlwe_push), or products of the packer's query and weight polynomials (prod,
+// clg_packlwe_push_products).
 type packChunk struct {
 	data    []uint64
 	present []byte
 	k, n    int
+	prod    *productChunk
+}
+
+// productChunk: product leaves (see clg_packlwe_push_products): the chunk's weight polynomials
+// modulo each prime and their NTTs (C*B*k rows of N each, standard form), each leaf's token and
+// column.
+type productChunk struct {
+	wmod     [][]uint64
+	what     [][]uint64
+	tok, col []int64
 }
 
 // leaf: leaf i of the chunk as an NTT-domain ciphertext (nil if absent; push checked its
@@ -370,6 +383,10 @@ func (o *packObj) leaf(c *packChunk, i int) (*rlwe.Ciphertext, error) {
 	ct, _ := o.free.Get().(*rlwe.Ciphertext)
 	if ct == nil {
 		ct = newNTTCiphertext(params)
+	}
+	if c.prod != nil {
+		o.productLeaf(c, i, ct)
+		return ct, nil
 	}
 	base := i * 2 * c.k * c.n
 	for p := 0; p < 2; p++ {
@@ -526,27 +543,37 @@ func newPacker(e *evkObj, nLeaves int64, workers int) (*packObj, error) {
 	return o, nil
 }
 
+// checkPush: a push of len(present) leaves is allowed (not finished, room left, flags 0 or 1).
+func (o *packObj) checkPush(present []byte) error {
+	if o.done {
+		return errors.New("PackLWEs packer already finished")
+	}
+	if m := len(present); m < 1 || m > o.total-o.pushed {
+		return fmt.Errorf("%d leaves pushed after %d of %d", m, o.pushed, o.total)
+	}
+	for i, b := range present {
+		if b > 1 {
+			return fmt.Errorf("presence flag %d of leaf %d is not 0 or 1", b, i)
+		}
+	}
+	return nil
+}
+
 // push: clg_packlwe_push on Go slices (len(present) leaves in data).
 func (o *packObj) push(data []uint64, present []byte) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.done {
-		return errors.New("PackLWEs packer already finished")
+	if err := o.checkPush(present); err != nil {
+		return err
 	}
 	params := o.ctx.params
 	N, k := params.N(), params.MaxLevel()+1
 	m := len(present)
-	if m < 1 || m > o.total-o.pushed {
-		return fmt.Errorf("%d leaves pushed after %d of %d", m, o.pushed, o.total)
-	}
 	if want := int64(m) * 2 * int64(k) * int64(N); int64(len(data)) != want {
 		return fmt.Errorf("leaf buffer of %d words, expected %d (m, 2, %d, %d)", len(data), want, k, N)
 	}
 	q := params.Q()
 	for i, b := range present {
-		if b > 1 {
-			return fmt.Errorf("presence flag %d of leaf %d is not 0 or 1", b, i)
-		}
 		if b == 0 {
 			continue
 		}
@@ -562,10 +589,15 @@ func (o *packObj) push(data []uint64, present []byte) error {
 			}
 		}
 	}
+	return o.pushChunk(&packChunk{data: data, present: present, k: k, n: N})
+}
+
+// pushChunk: a checked chunk's leaves into the tree (the caller holds o.mu).
+func (o *packObj) pushChunk(c *packChunk) error {
 	if o.failed != nil {
 		return o.failed
 	}
-	c := &packChunk{data: data, present: present, k: k, n: N}
+	m := len(c.present)
 	// split [pushed, pushed + m) into aligned complete subtrees, left to right
 	lo := 0
 	for lo < m {
@@ -629,4 +661,207 @@ func (o *packObj) finish(dst []uint64) error {
 		}
 	}
 	return nil
+}
+
+// ----------------------------------------------------------------------------- product leaves
+
+// FastQuery's PackLWEs rows (n_i = N, n_o = 1; cipherlm/protocols/embedding.py `_pack_all`)
+// pack, for every (token t, column c), the product of the query ciphertexts of t (one per table
+// block b) with the weight polynomials w[c, b], moved so that its coefficient N-1 is the
+// constant and scaled by N^-1 (the tree multiplies by N):
+//
+//	leaf = -N^-1 X sum_b (c0, c1)[t, b] w[c, b].
+//
+// Only the constant of its c0 part matters (the trace removes the other coefficients): that is
+// N^-1 times coefficient N-1 of sum_b c0[t, b] w[c, b], a dot product of c0[t, b] with w[c, b]
+// reversed, computed here exactly.  Its c1 part is made in the NTT domain: sum_b qhat[t, b] *
+// NTT(w[c, b]) with qhat[t, b] = NTT(c1[t, b]) * NTT(-N^-1 X); one weight transform per column,
+// shared by the tokens, and no coefficient-form leaf at all.
+
+// productQuery: the packer's query (clg_packlwe_set_query): c0, T*B*k coefficient rows, and qhat,
+// T*B*k NTT rows in Montgomery form (one Montgomery product with a standard-form weight
+// transform gives a standard product); ninv[j] = N^-1 mod q_j.
+type productQuery struct {
+	T, B int
+	c0   [][]uint64
+	qhat [][]uint64
+	ninv []uint64
+}
+
+// clg_packlwe_set_query: the query of the product leaves, (T, B, 2, k, N) coefficient-form
+// residues (each checked reduced); before the first clg_packlwe_push_products.
+//
+//export clg_packlwe_set_query
+func clg_packlwe_set_query(ph C.int64_t, q *C.uint64_t, nWords C.int64_t, T C.int, B C.int, errbuf *C.char,
+	errlen C.int) (rc C.int) {
+	return with(ph, "PackLWEs packer", errbuf, errlen, func(o *packObj) error {
+		if q == nil || nWords < 1 || T < 1 || B < 1 || int64(T)*int64(B) > 1<<20 {
+			return errors.New("empty query buffer")
+		}
+		return o.setQuery(unsafe.Slice((*uint64)(unsafe.Pointer(q)), int(nWords)), int(T), int(B))
+	})
+}
+
+func (o *packObj) setQuery(query []uint64, T, B int) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done || o.pushed > 0 {
+		return errors.New("the query is set before the first leaf")
+	}
+	params := o.ctx.params
+	rq := params.RingQ()
+	N, k := params.N(), params.MaxLevel()+1
+	if int64(len(query)) != int64(T)*int64(B)*2*int64(k)*int64(N) {
+		return fmt.Errorf("query buffer of %d words, expected %d (%d, %d, 2, %d, %d)", len(query), T*B*2*k*N, T, B, k, N)
+	}
+	q := params.Q()
+	for r := 0; r < T*B*2*k; r++ {
+		for x, v := range query[r*N : (r+1)*N] {
+			if v >= q[r%k] {
+				return fmt.Errorf("query row %d: coefficient %d is %d, not reduced modulo %d", r, x, v, q[r%k])
+			}
+		}
+	}
+	ninv := make([]uint64, k)
+	shift := rq.NewPoly() // -N^-1 X, then its NTT in Montgomery form
+	for j, qj := range q {
+		ninv[j] = ring.ModExp(uint64(N), qj-2, qj)
+		shift.Coeffs[j][1] = qj - ninv[j]
+	}
+	rq.NTT(shift, shift)
+	rq.MForm(shift, shift)
+	qy := &productQuery{T: T, B: B, c0: make([][]uint64, T*B*k), qhat: make([][]uint64, T*B*k), ninv: ninv}
+	parallelRows(T*B*k, len(o.workers), func(r int) { // r = (t*B + b)*k + j; query row (t*B + b)*2*k + p*k + j
+		tb, j := r/k, r%k
+		s := rq.SubRings[j]
+		qy.c0[r] = query[(tb*2*k+j)*N : (tb*2*k+j+1)*N]
+		row := make([]uint64, N)
+		nttOf(s).Forward(query[(tb*2*k+k+j)*N:(tb*2*k+k+j+1)*N], row)
+		s.MulCoeffsMontgomery(row, shift.Coeffs[j], row) // standard-form product
+		s.MForm(row, row)
+		qy.qhat[r] = row
+	})
+	for r := range qy.c0 { // the caller's buffer is not ours after the call
+		qy.c0[r] = slicesClone(qy.c0[r])
+	}
+	o.query = qy
+	return nil
+}
+
+// clg_packlwe_push_products: the next m leaves as products (see above): w (C, B, N) the weight
+// polynomials of the chunk's C columns (signed, |w| < 2^32), tok[i] in [0, T) and col[i] in
+// [0, C) each leaf's token and column, present[i] 0 for an absent leaf.
+//
+//export clg_packlwe_push_products
+func clg_packlwe_push_products(ph C.int64_t, w *C.int64_t, nW C.int64_t, nCols C.int, tok *C.int64_t, col *C.int64_t,
+	present *C.uchar, m C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(ph, "PackLWEs packer", errbuf, errlen, func(o *packObj) error {
+		if w == nil || tok == nil || col == nil || present == nil || nW < 1 || nCols < 1 || m < 1 || m > 1<<20 {
+			return errors.New("empty product-leaf buffer")
+		}
+		return o.pushProducts(unsafe.Slice((*int64)(unsafe.Pointer(w)), int(nW)), int(nCols),
+			unsafe.Slice((*int64)(unsafe.Pointer(tok)), int(m)), unsafe.Slice((*int64)(unsafe.Pointer(col)), int(m)),
+			unsafe.Slice((*byte)(unsafe.Pointer(present)), int(m)))
+	})
+}
+
+func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byte) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.checkPush(present); err != nil {
+		return err
+	}
+	qy := o.query
+	if qy == nil {
+		return errors.New("product leaves need the query first (clg_packlwe_set_query)")
+	}
+	params := o.ctx.params
+	rq := params.RingQ()
+	N, k := params.N(), params.MaxLevel()+1
+	if int64(len(w)) != int64(C)*int64(qy.B)*int64(N) {
+		return fmt.Errorf("weight buffer of %d words, expected %d (%d, %d, %d)", len(w), C*qy.B*N, C, qy.B, N)
+	}
+	for x, v := range w {
+		if v <= -1<<32 || v >= 1<<32 {
+			return fmt.Errorf("weight %d is %d, beyond 2^32 in magnitude", x, v)
+		}
+	}
+	for i := range present {
+		if present[i] != 0 && (tok[i] < 0 || tok[i] >= int64(qy.T) || col[i] < 0 || col[i] >= int64(C)) {
+			return fmt.Errorf("leaf %d: token %d or column %d out of range (%d tokens, %d columns)", i, tok[i], col[i],
+				qy.T, C)
+		}
+	}
+	q := params.Q()
+	p := &productChunk{wmod: make([][]uint64, C*qy.B*k), what: make([][]uint64, C*qy.B*k), tok: tok, col: col}
+	parallelRows(len(p.what), len(o.workers), func(r int) { // r = (c*B + b)*k + j
+		j, src := r%k, w[(r/k)*N:(r/k+1)*N]
+		qj := q[j]
+		row := make([]uint64, N)
+		for x, v := range src { // v mod q_j, v signed
+			if v >= 0 {
+				row[x] = uint64(v) % qj
+			} else if t := uint64(-v) % qj; t != 0 {
+				row[x] = qj - t
+			}
+		}
+		p.wmod[r] = row
+		p.what[r] = make([]uint64, N)
+		nttOf(rq.SubRings[j]).Forward(row, p.what[r])
+	})
+	return o.pushChunk(&packChunk{present: present, k: k, n: N, prod: p})
+}
+
+// productLeaf: leaf i of a product chunk into ct (NTT domain).
+func (o *packObj) productLeaf(c *packChunk, i int, ct *rlwe.Ciphertext) {
+	qy, p, rq := o.query, c.prod, o.ctx.params.RingQ()
+	t, cl, N := int(p.tok[i]), int(p.col[i]), c.n
+	for j := 0; j < c.k; j++ {
+		s, qj := rq.SubRings[j], rq.SubRings[j].Modulus
+		var v uint64 // coefficient N-1 of sum_b c0[t, b] w[c, b] (no wrap-around at N-1)
+		for b := 0; b < qy.B; b++ {
+			row, wrow := qy.c0[(t*qy.B+b)*c.k+j], p.wmod[(cl*qy.B+b)*c.k+j]
+			var hi, lo uint64 // 128-bit sum of at most 32 products < q^2 < 2^122, then folded mod q
+			for a0 := 0; a0 < N; a0 += 32 {
+				for a := a0; a < min(a0+32, N); a++ {
+					h, l := bits.Mul64(row[a], wrow[N-1-a])
+					var carry uint64
+					lo, carry = bits.Add64(lo, l, 0)
+					hi += h + carry
+				}
+				hi, lo = 0, bits.Rem64(hi, lo, qj)
+			}
+			v = (v + lo) % qj
+		}
+		v = ring.BRed(v, qy.ninv[j], qj, s.BRedConstant) // v N^-1
+		dst := ct.Value[0].Coeffs[j]
+		for x := range dst { // a constant's NTT is itself
+			dst[x] = v
+		}
+		acc := ct.Value[1].Coeffs[j]
+		for b := 0; b < qy.B; b++ {
+			qrow, wrow := qy.qhat[(t*qy.B+b)*c.k+j], p.what[(cl*qy.B+b)*c.k+j]
+			if b == 0 {
+				s.MulCoeffsMontgomery(qrow, wrow, acc)
+			} else {
+				s.MulCoeffsMontgomeryThenAdd(qrow, wrow, acc)
+			}
+		}
+	}
+}
+
+// parallelRows: f(0..n-1) on up to `workers` goroutines.
+func parallelRows(n, workers int, f func(int)) {
+	workers = max(1, min(workers, n))
+	var wg sync.WaitGroup
+	for g := 0; g < workers; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for r := g; r < n; r += workers {
+				f(r)
+			}
+		}(g)
+	}
+	wg.Wait()
 }
