@@ -59,7 +59,9 @@ Algorithms 1-2, FastQuery section 2.3): `pack_context` (`LattigoContext.from_pri
 with explicit primes, e.g. the plan's), `secret_keys_from_ternary` (a secret key from the
 client's numpy ternary secret), `LattigoGaloisKeys.has_elements`, and `pack_lwes_packer` ->
 `LattigoPackLWEs` (push chunks of coefficient-form leaves, finish: the packed ciphertext; the
-tree's subtrees on goroutines).
+tree's subtrees on goroutines).  ABI 13: `LattigoPackLWEs.set_query` / `push_products` (the
+leaves of FastQuery's PackLWEs rows made in Go from the query and weight polynomials) and
+`LattigoGaloisKeys.keeping` (a key set without the rotation keys a server drops).
 
 Raw CKKS access for BLB's conversions (section 6, `protocols.ckks_convert`; issue 16):
 `decrypt_coeffs`, `ntt_forward` / `ntt_inverse` (Lattigo's own NTT, `clg_ntt`; reproduced bit-exactly in
