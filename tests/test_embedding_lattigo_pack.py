@@ -172,7 +172,8 @@ def _with_client_keys(monkeypatch, mangle):
 @pytest.mark.parametrize("mangle, match", [
     (lambda b: b[: len(b) // 2], "bytes, expected"),
     (lambda b: b"", "shorter than its header"),
-    (lambda b: b[:-3] + b"\xff\xff\xff", "not reduced"),
+    # the last row is the special prime's, bit-packed: its last coefficient all ones is >= p
+    (lambda b: b[:-8] + b"\xff" * 8, "not reduced"),
 ])
 def test_lookup_refuses_malformed_client_keys(monkeypatch, mangle, match):
     _with_client_keys(monkeypatch, mangle)

@@ -276,7 +276,12 @@ def test_serialisation_round_trip(lat):
     gblob = keys.galois_keys_bytes([1, 3])  # seeded: about half of the expanded keys
     g2 = be.galois_keys_from_bytes(ctx, gblob, required_steps=[1, 3])
     full = g2.to_bytes()
-    assert gblob[5] == 1 and full[5] == 0 and len(gblob) < 0.55 * len(full)
+    assert gblob[5] == 2 and full[5] == 0
+    # seeded: the uniform halves go (a seed instead), and each row is bit-packed at its prime's
+    # bits: packed / expanded polys = sum of the primes' bits / (2 halves x rows x 64)
+    mods = list(ctx.q_moduli) + list(ctx.p_moduli)
+    packed, expanded = len(gblob) - 12 - 2 * (8 + 32), len(full) - 12 - 2 * 8
+    assert packed * 2 * len(mods) * 64 == expanded * sum((m - 1).bit_length() for m in mods)
     g3 = be.galois_keys_from_bytes(ctx, full, required_steps=[1, 3])
     assert g3.to_bytes() == full
     assert np.abs(_dec(be, ctx, keys, be.rotate_rows(ctx, ct, 1, g3)) - np.roll(x, -1)).max() < TOL
@@ -459,10 +464,11 @@ def test_malformed_bytes_give_heerror(lat):
             _expect_heerror(gload, gb[:cut])
         _expect_heerror(gload, gb + b"\0" * 8)
         bad = bytearray(gb)
-        bad[5] = 0 if seeded else 1  # the other layout's flag: the length no longer matches
+        bad[5] = 0 if seeded else 2  # the other layout's flag: the length no longer matches
         _expect_heerror(gload, bytes(bad))
-        bad[5] = 2
-        _expect_heerror(gload, bytes(bad))
+        for flag in (1, 3):  # 1: the retired seeded layout with 64-bit words
+            bad[5] = flag
+            _expect_heerror(gload, bytes(bad))
         bad = bytearray(gb)
         struct.pack_into("<Q", bad, len(gb) - 8, 2 ** 64 - 1)  # unreduced last word
         _expect_heerror(gload, bytes(bad))

@@ -118,11 +118,13 @@ MASKED_SCORE = -2.0 ** 12
 #: work; section 5's packing at 128 tokens asks for ~170 per set at N = 16384, ~320 at 32768)
 MAX_ROTATION_KEYS = 512
 #: rotation keys per message, so that one stays well below the channel's 1 GiB frame limit (a
-#: compressed key is ~6 MB at N = 16384 and 7 primes, ~4x that at N = 32768; the ~200 keys of
-#: section 5's packing at 128 tokens in one message took 1.24 GB)
+#: seeded key was ~6 MB at N = 16384 and 7 primes in 64-bit words, ~4x that at N = 32768, and is
+#: now bit-packed at its primes' bits; the ~200 keys of section 5's packing at 128 tokens in one
+#: message took 1.24 GB)
 KEYS_PER_MESSAGE = 16
-#: the rotation keys (expanded bytes) the server keeps between blocks; beyond it the least
-#: recently used ones that the current block does not need go (`BLBRunner._evict_keys`)
+#: the rotation keys (expanded bytes, `_expanded_key_bytes`) the server keeps between blocks;
+#: beyond it the least recently used ones that the current block does not need go
+#: (`BLBRunner._evict_keys`)
 KEY_CACHE_BYTES = 3 << 30
 #: fraction bits of the public scalings inside the cores (1/d of a norm's mean square)
 CORE_SCALE_FRAC = 24
@@ -255,6 +257,14 @@ class _KeySet:
         """Forget the batches ``gone`` (`BLBRunner._evict_keys`): ``evk`` keeps the others' keys."""
         self.batches = [b for b in self.batches if all(b is not g for g in gone)]
         self.evk = self.evk.keeping(sorted(self.steps), conjugate=self.conj)
+
+
+def _expanded_key_bytes(bp: blb_params.BlockParams) -> int:
+    """The server's memory for one of the client's Galois keys of ``bp``'s set once expanded:
+    two halves x one gadget digit per group of |P| data primes x (data + special) primes x N
+    words (the wire carries a seed for one half and bit-packed residues, `galois_keys_bytes`)."""
+    k, p = len(bp.chain), len(bp.special)
+    return 2 * -(-k // p) * (k + p) * bp.ring_degree * 8
 
 
 def _backend():
@@ -480,8 +490,8 @@ class BLBRunner:
                 if batch or conj:
                     gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=batch,
                                                     max_keys=len(batch) + int(conj), conjugate=conj)
-                    # seeded keys travel at about half their expanded size (`galois_keys_bytes`)
-                    ks.add(_KeyBatch(batch, conj, 2 * len(msg["galois"]), self._stamp), gal)
+                    nbytes = (len(batch) + int(conj)) * _expanded_key_bytes(bp)
+                    ks.add(_KeyBatch(batch, conj, nbytes, self._stamp), gal)
         return ks
 
     def _evict_keys(self) -> None:

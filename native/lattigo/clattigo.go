@@ -66,7 +66,7 @@ type ctxObj struct {
 	eval    *ckks.Evaluator // without keys: add, mul by plaintext, rescale
 	gkSize  int             // words of one Galois key (lazily computed)
 	gkOnce  sync.Once
-	gkcSize int // words of one compressed (seeded, degree-0) Galois key
+	gkcSize int // bytes of one seeded Galois key's bit-packed polys (packedGaloisKeyBytes)
 	gkcOnce sync.Once
 	btp     *btpPreset // bootstrappable contexts only (bootstrap.go)
 }
@@ -1318,8 +1318,10 @@ func clg_ct_coeffs(cth C.int64_t, dst *C.uint64_t, n C.int64_t, errbuf *C.char, 
 //             order), the row zero-padded to ceil(N b_j / 8) bytes (`seededLen`).
 // Public key:  "CLGP" | version u8 | 3 zero bytes | the 2 QP polys of the key, raw (prime-major).
 // Galois keys: "CLGK" | version u8 | flag u8 | 2 zero bytes | count u32 | count x (galEl u64 | key).
-//             flag 0: the key's polys raw; flag 1 (compressed): a 32-byte seed, then the degree-0
-//             polys (the uniform halves are expanded from the seed on loading).
+//             flag 0: the key's polys raw; flag 2 (compressed): a 32-byte seed, then the degree-0
+//             polys (the uniform halves are expanded from the seed on loading), each row
+//             bit-packed as the seeded ciphertext's c0 rows (primeBits of its prime a residue).
+//             (Flag 1, the compressed polys as uint64 words, is no longer written or read.)
 // Key polynomials are written in Lattigo's (NTT, Montgomery) representation; their shape is the one
 // rlwe.NewPublicKey / rlwe.NewGaloisKey allocate for the parameters, so the reader knows every size.
 // wireVersion 2: the seeded ciphertext's c0 bit-packed (version 1 wrote it as uint64 words).
@@ -1719,9 +1721,68 @@ func (c *ctxObj) galoisKeyWords() int {
 
 var compressedKey = rlwe.EvaluationKeyParameters{Compressed: true}
 
-func (c *ctxObj) compressedGaloisKeyWords() int {
-	c.gkcOnce.Do(func() { c.gkcSize = polysWords(gkPolys(rlwe.NewGaloisKey(c.params, compressedKey))) })
+// packedKeysFlag: the Galois key blob flag of seeded keys with bit-packed rows.
+const packedKeysFlag = 2
+
+// packedGaloisKeyBytes: the bytes of one seeded Galois key's bit-packed polys (appendPackedKey).
+func (c *ctxObj) packedGaloisKeyBytes() int {
+	c.gkcOnce.Do(func() {
+		gk := rlwe.NewGaloisKey(c.params, compressedKey)
+		c.gkcSize = len(appendPackedKey(nil, &gk.EvaluationKey, c.params.Q(), c.params.P()))
+	})
 	return c.gkcSize
+}
+
+// appendPackedKey appends the rows of an evaluation key's QP polys (in readQP's order), each
+// bit-packed with primeBits of its prime (q for the Q parts, p for the P parts).
+func appendPackedKey(b []byte, evk *rlwe.EvaluationKey, q, p []uint64) []byte {
+	for i := range evk.Value {
+		for j := range evk.Value[i] {
+			for _, v := range evk.Value[i][j] {
+				for part, poly := range []*ring.Poly{&v.Q, &v.P} {
+					mods := q
+					if part == 1 {
+						mods = p
+					}
+					for r, row := range poly.Coeffs {
+						b = appendPacked(b, row, primeBits(mods[r]))
+					}
+				}
+			}
+		}
+	}
+	return b
+}
+
+// readPackedKey fills the (already shaped) evaluation key from appendPackedKey's rows, every
+// value checked reduced; returns the rest of b.
+func readPackedKey(evk *rlwe.EvaluationKey, q, p []uint64, b []byte) ([]byte, error) {
+	for i := range evk.Value {
+		for j := range evk.Value[i] {
+			for _, v := range evk.Value[i][j] {
+				for part, poly := range []*ring.Poly{&v.Q, &v.P} {
+					mods := q
+					if part == 1 {
+						mods = p
+					}
+					if len(poly.Coeffs) > len(mods) {
+						return nil, errors.New("key shape exceeds the moduli")
+					}
+					for r, row := range poly.Coeffs {
+						need := packedRowLen(len(row), mods[r])
+						if len(b) < need {
+							return nil, errors.New("truncated key")
+						}
+						if err := readPacked(row, b[:need], mods[r]); err != nil {
+							return nil, err
+						}
+						b = b[need:]
+					}
+				}
+			}
+		}
+	}
+	return b, nil
 }
 
 // clg_steps_to_elements: the Galois elements of slot rotations by steps (and conjugation).
@@ -1774,12 +1835,12 @@ func clg_galois_keys_compressed(skh C.int64_t, els *C.uint64_t, n C.int, out **C
 					}
 					kb := binary.LittleEndian.AppendUint64(nil, gs[i])
 					kb = append(kb, gk.Seed[:]...)
-					keys[i] = writePolys(kb, gkPolys(gk))
+					keys[i] = appendPackedKey(kb, &gk.EvaluationKey, s.ctx.params.Q(), s.ctx.params.P())
 				}
 			}(t)
 		}
 		wg.Wait()
-		b := []byte{'C', 'L', 'G', 'K', wireVersion, 1, 0, 0}
+		b := []byte{'C', 'L', 'G', 'K', wireVersion, packedKeysFlag, 0, 0}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(gs)))
 		for i := range gs {
 			if errs[i] != nil {
@@ -1819,17 +1880,18 @@ func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, o
 		if len(b) < keyHeader+4 {
 			return fmt.Errorf("Galois key blob of %d bytes is shorter than its header", len(b))
 		}
-		if string(b[:4]) != "CLGK" || b[4] != wireVersion || b[5] > 1 || b[6] != 0 || b[7] != 0 {
+		if string(b[:4]) != "CLGK" || b[4] != wireVersion || (b[5] != 0 && b[5] != packedKeysFlag) || b[6] != 0 ||
+			b[7] != 0 {
 			return errors.New("not a cipherlm/Lattigo Galois key set (bad header)")
 		}
-		compressed := b[5] == 1
+		compressed := b[5] == packedKeysFlag
 		count := int(binary.LittleEndian.Uint32(b[8:12]))
 		if count < 1 || count > int(maxKeys) {
 			return fmt.Errorf("%d Galois keys (allowed 1..%d)", count, int(maxKeys))
 		}
 		per := 8 + 8*c.galoisKeyWords()
 		if compressed {
-			per = 8 + seedLen + 8*c.compressedGaloisKeyWords()
+			per = 8 + seedLen + c.packedGaloisKeyBytes()
 		}
 		if want := keyHeader + 4 + count*per; len(b) != want {
 			return fmt.Errorf("Galois key blob of %d bytes, expected %d for %d keys", len(b), want, count)
@@ -1857,12 +1919,19 @@ func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, o
 			}
 			gk.GaloisElement = g
 			var err error
-			for i := range gk.Value {
-				for j := range gk.Value[i] {
-					if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
-						return err
+			if compressed {
+				rest, err = readPackedKey(&gk.EvaluationKey, c.params.Q(), c.params.P(), rest)
+			} else {
+				for i := range gk.Value {
+					for j := range gk.Value[i] {
+						if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
+							break
+						}
 					}
 				}
+			}
+			if err != nil {
+				return err
 			}
 			if compressed {
 				gk.Seed = &seed

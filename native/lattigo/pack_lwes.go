@@ -204,7 +204,7 @@ type packObj struct {
 	mono    []ring.Poly // mono[h] = NTT(X^(N/2^h)) in Montgomery form, h = 1..logN
 	workers []*packWorker
 	query   *productQuery // the product leaves' query (clg_packlwe_set_query), or nil
-	free    sync.Pool // spent ciphertexts (*rlwe.Ciphertext), reused for leaves: few allocations, few GCs
+	free    sync.Pool     // spent ciphertexts (*rlwe.Ciphertext), reused for leaves: few allocations, few GCs
 	done    bool
 	failed  error // an error inside the tree (not a refused input) spends the packer
 }
