@@ -527,3 +527,16 @@ def test_server_keeps_rotation_keys_within_its_budget(budget):
         assert evicted == 0 and setup[2] == 0
         held = [nbytes for _, _, (nbytes, _) in r1]
         assert held[2] == held[1] > held[0] > 0
+
+
+@pytest.mark.parametrize("chain, special", [((60, 40, 40, 40), (60,)), ((60, 40, 40, 40, 40, 40), (60, 60))])
+def test_expanded_key_bytes_match_the_loaded_keys(chain, special):
+    """The key budget's size of a batch (`_expanded_key_bytes`, from the seeded bit-packed blob)
+    is the loaded keys' expanded size (their 64-bit serialisation without header and elements)."""
+    if not lattigo.available():
+        pytest.skip(lattigo.unavailable_reason())
+    be = lattigo.LattigoBackend()
+    hc = twopc_blb._context(16384, chain, special)
+    wire = be.keygen(hc).galois_keys_bytes([1, 2], conjugate=True)
+    full = be.galois_keys_from_bytes(hc, wire, required_steps=[1, 2], conjugate=True, max_keys=3).to_bytes()
+    assert twopc_blb._expanded_key_bytes(hc, len(wire), 3) == len(full) - 12 - 3 * 8

@@ -259,12 +259,14 @@ class _KeySet:
         self.evk = self.evk.keeping(sorted(self.steps), conjugate=self.conj)
 
 
-def _expanded_key_bytes(bp: blb_params.BlockParams) -> int:
-    """The server's memory for one of the client's Galois keys of ``bp``'s set once expanded:
-    two halves x one gadget digit per group of |P| data primes x (data + special) primes x N
-    words (the wire carries a seed for one half and bit-packed residues, `galois_keys_bytes`)."""
-    k, p = len(bp.chain), len(bp.special)
-    return 2 * -(-k // p) * (k + p) * bp.ring_degree * 8
+def _expanded_key_bytes(hectx, wire_bytes: int, n_keys: int) -> int:
+    """The server's memory for ``n_keys`` of the client's Galois keys once expanded, from their
+    blob of ``wire_bytes`` (clattigo's seeded layout: a 12-byte header, per key its element and a
+    32-byte seed, then one half's rows bit-packed at their primes' bits; expanded, both halves in
+    64-bit words)."""
+    mods = list(hectx.q_moduli) + list(hectx.p_moduli)
+    bits = sum((m - 1).bit_length() for m in mods)
+    return (wire_bytes - 12 - 40 * n_keys) * 2 * 64 * len(mods) // bits
 
 
 def _backend():
@@ -490,7 +492,7 @@ class BLBRunner:
                 if batch or conj:
                     gal = be.galois_keys_from_bytes(ks.hectx, msg["galois"], required_steps=batch,
                                                     max_keys=len(batch) + int(conj), conjugate=conj)
-                    nbytes = (len(batch) + int(conj)) * _expanded_key_bytes(bp)
+                    nbytes = _expanded_key_bytes(ks.hectx, len(msg["galois"]), len(batch) + int(conj))
                     ks.add(_KeyBatch(batch, conj, nbytes, self._stamp), gal)
         return ks
 
