@@ -50,6 +50,13 @@ def _write(path, obj) -> None:
         p.write_text(json.dumps(obj, indent=2) + "\n")
 
 
+def _plan_header(plan: dict) -> dict:
+    """The plan's choices a report records: the embedding, the fusion and, with BLB, its splits
+    (activation, exp, norms) and value bound."""
+    keys = ("embedding", "fusion", "blb_activation", "blb_exp", "blb_norms", "blb_value_bits")
+    return {k: plan[k] for k in keys if k in plan}
+
+
 def polarity(args) -> dict:
     from cipherlm.models import load_model
     from cipherlm.models.data import load_polarity
@@ -79,8 +86,7 @@ def polarity(args) -> dict:
     plan = twopc.public_plan(lm.config, sw, embedding=args.embedding, fusion=args.fusion)
     ids_list = [tok.encode(pairs[i][0]).ids for i in sel]
     ref = [np.asarray(ex.classify(*ex.batch_encode(tok, [pairs[i][0]]))).reshape(-1) for i in sel]
-    out = {"task": "polarity", "model": lm.name, "every": args.every, "shard": args.shard, "embedding": plan["embedding"],
-           "fusion": plan["fusion"],
+    out = {"task": "polarity", "model": lm.name, "every": args.every, "shard": args.shard, **_plan_header(plan),
            "command": " ".join(sys.argv), "rows": rows, "earlier_op_classes": earlier_classes}
 
     def party(ctx):
@@ -185,9 +191,7 @@ def smollm(args) -> dict:
     if args.resume:
         print(f"resuming {args.out}: {len(rows)} prompts done, {len(cases)} to run", flush=True)
     out = {"task": "smollm-teacher-forced", "model": lm.name, "prompt_tokens": P, "new_tokens": K,
-           "embedding": plan["embedding"], "fold_norms": plan["fold_norms"], "fusion": plan["fusion"],
-           **{k: plan[k] for k in ("blb_activation", "blb_norms", "blb_value_bits") if k in plan},
-           "command": " ".join(sys.argv), "rows": rows}
+           "fold_norms": plan["fold_norms"], **_plan_header(plan), "command": " ".join(sys.argv), "rows": rows}
 
     def party(ctx):
         meter = twopc.OpMeter(ctx.chan)
