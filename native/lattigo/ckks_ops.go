@@ -42,10 +42,15 @@ func evkPolys(evk *rlwe.EvaluationKey) []*ring.Poly {
 // readEvk fills the (already shaped) evaluation key from b with the moduli q (Q part) and p
 // (P part); every word must be reduced.  Returns the rest of b.
 func readEvk(evk *rlwe.EvaluationKey, q, p []uint64, b []byte) ([]byte, error) {
+	return readEvkRows(evk, q, p, b, wordRows)
+}
+
+// readEvkRows: readEvk with the rows stored in the given format (packedRows: seeded Galois keys).
+func readEvkRows(evk *rlwe.EvaluationKey, q, p []uint64, b []byte, rows rowFormat) ([]byte, error) {
 	var err error
 	for i := range evk.Value {
 		for j := range evk.Value[i] {
-			if b, err = readQP(evk.Value[i][j], q, p, b); err != nil {
+			if b, err = readQPRows(evk.Value[i][j], q, p, b, rows); err != nil {
 				return nil, err
 			}
 		}

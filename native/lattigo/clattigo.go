@@ -1464,9 +1464,26 @@ func readQPPolys(c *ctxObj, v []ringqp.Poly, b []byte) ([]byte, error) {
 	return readQP(v, c.params.Q(), c.params.P(), b)
 }
 
+// rowFormat: how one key row of n residues modulo q is stored: its byte length and a reader that
+// checks every value reduced (wordRows: 64-bit words; packedRows: bit-packed, appendPacked).
+type rowFormat struct {
+	size func(n int, q uint64) int
+	read func(dst []uint64, b []byte, q uint64) error
+}
+
+var (
+	wordRows   = rowFormat{size: func(n int, _ uint64) int { return 8 * n }, read: readReduced}
+	packedRows = rowFormat{size: packedRowLen, read: readPacked}
+)
+
 // readQP fills the (already shaped) QP polynomials from b with the moduli q (Q parts) and p (P
-// parts); every word must be reduced.  Returns the rest of b.
+// parts) as 64-bit words; every word must be reduced.  Returns the rest of b.
 func readQP(v []ringqp.Poly, q, p []uint64, b []byte) ([]byte, error) {
+	return readQPRows(v, q, p, b, wordRows)
+}
+
+// readQPRows: readQP with the rows stored in the given format.
+func readQPRows(v []ringqp.Poly, q, p []uint64, b []byte, rows rowFormat) ([]byte, error) {
 	for i := range v {
 		for part, poly := range []*ring.Poly{&v[i].Q, &v[i].P} {
 			mods := q
@@ -1477,11 +1494,11 @@ func readQP(v []ringqp.Poly, q, p []uint64, b []byte) ([]byte, error) {
 				return nil, errors.New("key shape exceeds the moduli")
 			}
 			for j, row := range poly.Coeffs {
-				need := 8 * len(row)
+				need := rows.size(len(row), mods[j])
 				if len(b) < need {
 					return nil, errors.New("truncated key")
 				}
-				if err := readReduced(row, b[:need], mods[j]); err != nil {
+				if err := rows.read(row, b[:need], mods[j]); err != nil {
 					return nil, err
 				}
 				b = b[need:]
@@ -1733,7 +1750,7 @@ func (c *ctxObj) packedGaloisKeyBytes() int {
 	return c.gkcSize
 }
 
-// appendPackedKey appends the rows of an evaluation key's QP polys (in readQP's order), each
+// appendPackedKey appends the rows of an evaluation key's QP polys (in readEvk's order), each
 // bit-packed with primeBits of its prime (q for the Q parts, p for the P parts).
 func appendPackedKey(b []byte, evk *rlwe.EvaluationKey, q, p []uint64) []byte {
 	for i := range evk.Value {
@@ -1752,37 +1769,6 @@ func appendPackedKey(b []byte, evk *rlwe.EvaluationKey, q, p []uint64) []byte {
 		}
 	}
 	return b
-}
-
-// readPackedKey fills the (already shaped) evaluation key from appendPackedKey's rows, every
-// value checked reduced; returns the rest of b.
-func readPackedKey(evk *rlwe.EvaluationKey, q, p []uint64, b []byte) ([]byte, error) {
-	for i := range evk.Value {
-		for j := range evk.Value[i] {
-			for _, v := range evk.Value[i][j] {
-				for part, poly := range []*ring.Poly{&v.Q, &v.P} {
-					mods := q
-					if part == 1 {
-						mods = p
-					}
-					if len(poly.Coeffs) > len(mods) {
-						return nil, errors.New("key shape exceeds the moduli")
-					}
-					for r, row := range poly.Coeffs {
-						need := packedRowLen(len(row), mods[r])
-						if len(b) < need {
-							return nil, errors.New("truncated key")
-						}
-						if err := readPacked(row, b[:need], mods[r]); err != nil {
-							return nil, err
-						}
-						b = b[need:]
-					}
-				}
-			}
-		}
-	}
-	return b, nil
 }
 
 // clg_steps_to_elements: the Galois elements of slot rotations by steps (and conjugation).
@@ -1918,19 +1904,12 @@ func clg_evk_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, maxKeys C.int, o
 				gk = rlwe.NewGaloisKey(c.params)
 			}
 			gk.GaloisElement = g
-			var err error
+			rows := wordRows
 			if compressed {
-				rest, err = readPackedKey(&gk.EvaluationKey, c.params.Q(), c.params.P(), rest)
-			} else {
-				for i := range gk.Value {
-					for j := range gk.Value[i] {
-						if rest, err = readQPPolys(c, gk.Value[i][j], rest); err != nil {
-							break
-						}
-					}
-				}
+				rows = packedRows
 			}
-			if err != nil {
+			var err error
+			if rest, err = readEvkRows(&gk.EvaluationKey, c.params.Q(), c.params.P(), rest, rows); err != nil {
 				return err
 			}
 			if compressed {
