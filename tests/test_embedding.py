@@ -154,6 +154,33 @@ def test_block_ot_sends_one_query_ciphertext_per_token():
     assert fq_steps["embedding.query"]["bytes_sent"] > 2.5 * c_steps["embedding.query"]["bytes_sent"]
 
 
+def test_block_ot_over_groups_of_blocks():
+    """+blockot2: two query ciphertexts per token cover a group of two blocks, the group chosen
+    by OT: 4 blocks make 2 groups, the last one partly filled; every id exact, the query twice
+    +blockot's, the server's leaves (packed values) half of them."""
+    table = _table(3 * 4096 + 5, 10, seed=5)
+    ids = np.array([3 * 4096 + 4, 8192, 8191, 0, 4100])
+    val, st, c_steps, _ = _run_steps(table, ids, "+blockot2", flood_bits=40)
+    assert st.sel_blocks == 2 and st.shape.blocks == 2 and st.shape.vocab == 2 * 4096
+    assert np.array_equal(val, E.quantized_rows(table[ids], st))
+    _, st1, c1_steps, _ = _run_steps(table, ids, "+blockot", flood_bits=40)
+    assert st1.sel_blocks == 4 and st.shape.n_cols * 2 == st1.shape.n_cols
+    q1, q2 = (s["embedding.query"]["bytes_sent"] for s in (c1_steps, c_steps))
+    assert 1.9 * q1 < q2 < 2.1 * q1 + 200
+
+
+def test_block_table_groups_k_blocks():
+    """`_block_table`: row r, column g c + j of the k = 2 layout holds W[2 g N + r, j]."""
+    n, c = 8, 3
+    W = np.arange(5 * n * c).reshape(5 * n, c)[: 5 * n - 2]
+    out = E._block_table(W, n, 2)
+    assert out.shape == (2 * n, 3 * c)
+    for r in range(2 * n):
+        for g in range(3):
+            v = g * 2 * n + r
+            assert np.array_equal(out[r, g * c:(g + 1) * c], W[v] if v < len(W) else np.zeros(c))
+
+
 def test_view_block_selection(monkeypatch):
     """The client's view in +blockot: the decrypted rows of every block (u_b = W_b[a] -
     S_b) and its final share (u_blk + m_blk = W[id] - R) are uniform mod t and do not

@@ -110,7 +110,8 @@ class Method:
     pack: int  # channels per plaintext coefficient (1 or 3)
     t_bits: int | None  # fixed plaintext modulus (Cheetah: 37) or None: max(13, field bits + 1)
     packlwe: bool
-    block_ot: bool = False  # one query ciphertext per token; its block chosen by 1-of-B OT (ours)
+    block_ot: bool = False  # a query over k table blocks per token; the group chosen by OT (ours)
+    query_blocks: int = 1  # block_ot: k, the blocks (query ciphertexts) one token's query covers
 
 
 ABLATION = (
@@ -123,6 +124,9 @@ ABLATION = (
 )
 METHODS = {m.name: m for m in ABLATION}
 METHODS["exact"] = Method("exact", "uniform12", 1, None, True)
+# the block-OT row at k query ciphertexts per token: k x the query bytes, 1/k of the server's leaves
+for _k in (2, 4):
+    METHODS[f"+blockot{_k}"] = Method(f"+blockot{_k}", "mixed433", 3, None, True, block_ot=True, query_blocks=_k)
 ROW_TITLES = {
     "cheetah": "Baseline Cheetah",
     "+quant": "+Quant",
@@ -130,6 +134,8 @@ ROW_TITLES = {
     "+packing": "+Low bit-width aware element packing",
     "fastquery": "+PackLWEs (FastQuery)",
     "+blockot": "+1-ct query, block by OT (ours)",
+    "+blockot2": "+2-ct query, block pair by OT (ours)",
+    "+blockot4": "+4-ct query, 4 blocks by OT (ours)",
     "exact": "exact (12-bit, PackLWEs)",
 }
 
@@ -370,12 +376,14 @@ def _plan_any_n(method: Method, layout: Layout, vocab: int, n: int | None, flood
     with 40-bit flooding needs more than the 109 bits N = 4096 allows; so does every
     method with the 2pc mode's FLOOD_SIGMA = 77-bit flooding: N = 8192, docs/embedding.md).
 
-    ``block_ot`` rows plan the reshaped table (`_block_table`): N rows (the position
-    inside a block) by B = ceil(V / N) blocks x the packed columns."""
+    ``block_ot`` rows plan the reshaped table (`_block_table`): k N rows (the position
+    inside a group of k blocks) by ceil(B / k) groups x the packed columns, B = ceil(V / N)."""
 
     def one(n):
         if method.block_ot:
-            return _plan(method, layout, n, n, flood_bits, n_cols=-(-vocab // n) * layout.n_coeff)
+            k = method.query_blocks
+            groups = -(-vocab // (k * n))
+            return _plan(method, layout, k * n, n, flood_bits, n_cols=groups * layout.n_coeff)
         return _plan(method, layout, vocab, n, flood_bits)
 
     if n is not None:
@@ -388,15 +396,16 @@ def _plan_any_n(method: Method, layout: Layout, vocab: int, n: int | None, flood
     return one(16384)
 
 
-def _block_table(W: np.ndarray, n: int) -> np.ndarray:
-    """(V, c) -> (N, B c): row a, column b c + j holds W[b N + a, j] (zero past V), so the
-    product with a one-hot over the N positions of a block gives that position's row in
-    every block at once (`lookup` with ``block_ot``)."""
+def _block_table(W: np.ndarray, n: int, k: int = 1) -> np.ndarray:
+    """(V, c) -> (k N, G c), G = ceil(V / (k N)) groups of k blocks: row r, column g c + j
+    holds W[g k N + r, j] (zero past V), so the product with a one-hot over the k N
+    positions of a group gives that position's row in every group at once (`lookup` with
+    ``block_ot``; k = 1: a block's N positions, every block)."""
     V, c = W.shape
-    B = -(-V // n)
-    out = np.zeros((B * n, c), W.dtype)
+    G = -(-V // (k * n))
+    out = np.zeros((G * k * n, c), W.dtype)
     out[:V] = W
-    return np.ascontiguousarray(out.reshape(B, n, c).transpose(1, 0, 2).reshape(n, B * c))
+    return np.ascontiguousarray(out.reshape(G, k * n, c).transpose(1, 0, 2).reshape(k * n, G * c))
 
 
 # --------------------------------------------------------------------------- setup
@@ -414,7 +423,7 @@ class EmbeddingSetup:
     dim: int
     frac: int
     vocab: int = 0  # the table's rows (``shape.vocab`` is N for block_ot rows)
-    sel_blocks: int = 1  # block_ot: B, the blocks the 1-of-B OT chooses from
+    sel_blocks: int = 1  # block_ot: G = ceil(V / (k N)), the groups of k blocks the 1-of-G OT chooses from
     # client
     s: np.ndarray | None = None
     s_hat: np.ndarray | None = None
@@ -540,9 +549,9 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
         primes, _special = _primes(plan)
         n = plan.n
         rns = H.RNS(primes, n)
-        sel = -(-vocab_size // n) if m.block_ot else 1
+        sel = -(-vocab_size // (m.query_blocks * n)) if m.block_ot else 1
         if W is not None and m.block_ot:
-            W = _block_table(W, n)
+            W = _block_table(W, n, m.query_blocks)
         st = EmbeddingSetup(m, lay, exp, shape, plan, rns, dim, frac, vocab=vocab_size, sel_blocks=sel, W=W)
         if m.packlwe:
             st.packer = packer
@@ -1042,8 +1051,9 @@ def _uniform_mod_pow2(key: bytes, count: int, bits: int) -> np.ndarray:
 
 
 def _select_block(ctx, st: EmbeddingSetup, share: np.ndarray, blk: np.ndarray | None) -> np.ndarray:
-    """``block_ot`` rows: shares of the packed row in every block -> shares of the row in
-    the client's block, which stays hidden from the server.
+    """``block_ot`` rows: shares of the packed row in every block (with k query blocks: in
+    every group of k blocks, "block" below) -> shares of the row in the client's block,
+    which stays hidden from the server.
 
     After the response, the client holds u_b = W_b[a] - S_b (mod t) for every block b
     (``share`` (T, B c)) and the server the masks S_b.  The server draws a fresh
@@ -1088,8 +1098,9 @@ def lookup(ctx, st: EmbeddingSetup, ids=None, *, n_ids: int | None = None) -> AS
             raise ValueError("the client (party 0) must pass ids")
         ids = _check_ids(ids, st.vocab or st.shape.vocab)
         T = ids.size
-        if st.method.block_ot:  # query the position inside the block; the block goes by OT
-            blk, ids = ids // n, ids % n
+        if st.method.block_ot:  # query the position inside the group of k blocks; the group goes by OT
+            group = st.method.query_blocks * n
+            blk, ids = ids // group, ids % group
         with ctx.step("embedding.query"):
             seed, c0 = _encrypt_queries(st, ids, rng)
             ctx.send({"n": np.array([T], np.int64), "seed": np.frombuffer(seed, np.uint8),
