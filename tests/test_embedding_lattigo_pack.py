@@ -259,12 +259,14 @@ def test_packer_refuses_bad_arguments(pk):
 
 
 
-@pytest.mark.parametrize("T, B, wscale", [(1, 1, 1), (3, 2, 997)])
+@pytest.mark.parametrize("T, B, wscale", [(1, 1, 1), (3, 2, 997), (2, 2, 2**29 + 3)])
 def test_product_leaves_pack_like_coefficient_leaves(pk, T, B, wscale):
     """`push_products` (the Go packer makes each leaf -N^-1 X sum_b query[t, b] w[c, b]: its c1
     part in the NTT domain, its c0 part as the constant, an exact dot product) packs bit for bit
     what `push` packs from the same leaves made here in coefficient form with numpy's exact
-    convolution (c0: the constant only, as the old numpy path made them)."""
+    convolution (c0: the constant only, as the old numpy path made them).  Weights below the
+    primes (the tables' case: reduced by a conditional add, c0's dot products in int64) and up to
+    2^31 (reduced by division, 128-bit dot products)."""
     rns, n = pk["rns"], pk["plan"].n
     rng = np.random.default_rng(T * 10 + B)
     C, m = 3, 16  # the packer takes 2^ceil(log2 n) leaves

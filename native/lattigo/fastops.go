@@ -164,11 +164,57 @@ func modDownQPtoQNTT(params rlwe.Parameters, be *ring.BasisExtender, levelQ, lev
 	for i, s := range ringP.SubRings[:levelP+1] {
 		nttOf(s).BackwardLazy(p1P.Coeffs[i], buffP.Coeffs[i])
 	}
-	be.ModUpPtoQ(levelP, levelQ, buffP, buffQ)
+	if levelP == 0 {
+		modUpOnePrime(ringP.SubRings[0], ringQ, buffP.Coeffs[0], buffQ)
+	} else {
+		be.ModUpPtoQ(levelP, levelQ, buffP, buffQ)
+	}
 	c := modDownConstants(params.RingQ(), params.RingP(), levelP)
 	for i, s := range ringQ.SubRings[:levelQ+1] {
 		nttOf(s).ForwardLazy(buffQ.Coeffs[i], buffQ.Coeffs[i])
 		s.SubThenMulScalarMontgomeryTwoModulus(buffQ.Coeffs[i], p1Q.Coeffs[i], s.Modulus-c[i], p2Q.Coeffs[i])
+	}
+}
+
+// modUpOnePrime: ring.BasisExtender.ModUpPtoQ for one prime P: x (< 2P, the lazy inverse
+// transform's range) -> y = (x + floor(P / 2)) mod P -> c = y - v P - floor(P / 2) (signed,
+// |c| < P), c in every prime of ringQ, fully reduced (the residues of Lattigo's, whose lazy
+// outputs the next steps reduce).  Lattigo's ModUpExact takes v = uint64(float64(y) /
+// float64(P)), 1 only where float64(y) rounds to float64(P) (y within ~2^-53 P of P): here a
+// threshold on y, found once per call.  Replaces the general basis extension (reconstructRNS /
+// multSum, 128-bit sums) by one Barrett reduction per prime: c + M_j, M_j the multiple of q_j
+// just above P, is non-negative and below 2^63.
+func modUpOnePrime(sp *ring.SubRing, ringQ *ring.Ring, x []uint64, out ring.Poly) {
+	P := sp.Modulus
+	half := P >> 1
+	pf := float64(P)
+	lo, hi := P-min(P, 1<<16), P // the smallest y < P with uint64(float64(y) / pf) == 1, or P
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if uint64(float64(mid)/pf) >= 1 {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	thr := lo
+	b := getScratch(len(x))
+	defer putScratch(b)
+	c := (*b)[:len(x)]
+	for i, v := range x {
+		y := v + half // < 2.5 P
+		y -= P & uint64(int64(P-1-y)>>63)
+		y -= P & uint64(int64(P-1-y)>>63)
+		y -= P & uint64(int64(thr-1-y)>>63) // v P
+		c[i] = y - half                     // c mod 2^64
+	}
+	for j, s := range ringQ.SubRings[:ringQ.Level()+1] {
+		q, brc := s.Modulus, s.BRedConstant
+		m := (P/q + 1) * q
+		dst := out.Coeffs[j][:len(x)]
+		for i, v := range c {
+			dst[i] = ring.BRedAdd(v+m, q, brc)
+		}
 	}
 }
 

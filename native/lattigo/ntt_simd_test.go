@@ -396,3 +396,51 @@ func TestSIMDTablesSharedAcrossRings(t *testing.T) {
 		}
 	}
 }
+
+// modUpOnePrime gives the residues of Lattigo's ModUpPtoQ for one special prime (the PackLWEs
+// context's), on random words below 2P (the lazy inverse transform's range) and around the
+// points where the centring and Lattigo's float correction term change; and modDownQPtoQNTT,
+// which uses it there, stays Lattigo's ModDownQPtoQNTT bit for bit.
+func TestModUpOnePrimeMatchesLattigo(t *testing.T) {
+	c, _, _, e := packSetup(t, true)
+	params := c.params
+	eval := newPackWorker(params, e.set).ev
+	ringQ, ringP := params.RingQ(), params.RingP().AtLevel(0)
+	P := ringP.SubRings[0].Modulus
+	n := params.N()
+	r := rand.New(rand.NewSource(11))
+	src := ringP.NewPoly()
+	edges := []uint64{0, 1, P >> 1, P>>1 - 1, P>>1 + 1, P - 1, P, P + 1, P + P>>1, 2*P - 1}
+	for k := uint64(0); k < 300; k++ {
+		edges = append(edges, P>>1-k-1, P+P>>1-k-1, P-k-1) // y = x + P/2 mod P just below P
+	}
+	for i := range src.Coeffs[0] {
+		if i < len(edges) {
+			src.Coeffs[0][i] = edges[i]
+		} else {
+			src.Coeffs[0][i] = r.Uint64() % (2 * P)
+		}
+	}
+	want, got := ringQ.NewPoly(), ringQ.NewPoly()
+	eval.BasisExtender.ModUpPtoQ(0, params.MaxLevel(), src, want)
+	modUpOnePrime(ringP.SubRings[0], ringQ, src.Coeffs[0], got)
+	for j, q := range params.Q() {
+		for i := 0; i < n; i++ {
+			if want.Coeffs[j][i]%q != got.Coeffs[j][i] {
+				t.Fatalf("prime %d, word %d (x = %d): Lattigo %d, ours %d", j, i, src.Coeffs[0][i],
+					want.Coeffs[j][i]%q, got.Coeffs[j][i])
+			}
+		}
+	}
+	qp := ringqp.NewPoly(n, params.MaxLevel(), 0)
+	prng, err := sampling.NewKeyedPRNG([]byte{4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	smp := ringqp.NewUniformSampler(prng, *params.RingQP())
+	smp.Read(qp)
+	w, g := ringQ.NewPoly(), ringQ.NewPoly()
+	eval.BasisExtender.ModDownQPtoQNTT(params.MaxLevel(), 0, qp.Q, qp.P, w)
+	modDownQPtoQNTT(params.Parameters, eval.BasisExtender, params.MaxLevel(), 0, qp.Q, qp.P, g)
+	samePoly(t, "ModDownQPtoQNTT, one special prime", w, g)
+}

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -265,9 +266,9 @@ func (w *packWorker) automorphism(ct *rlwe.Ciphertext, g uint64) error {
 // packDecompose: decomposeNTT (fastops.go) for one special prime (nbPi = 1: each digit is c1
 // modulo one data prime q_i, centred, in every other prime), with the same residues.  Lattigo's
 // DecomposeAndSplit reduces the centred digit modulo each target prime with a Barrett step per
-// coefficient; when every target prime exceeds q_i / 2 + 1 (FastQuery's primes are all of one
-// size, P larger), the centred digit is already reduced and only its sign is applied.  Other
-// shapes go to decomposeNTT.
+// coefficient; when every target prime m exceeds (q_i / 2 + 1) / 2 (FastQuery's primes differ by
+// a bit at most, P larger), the digit's magnitude is below 2 m: one conditional subtraction
+// reduces it, then its sign is applied.  Other shapes go to decomposeNTT.
 func packDecompose(eval *ckks.Evaluator, levelQ, levelP int, c2, inv ring.Poly, decompQP []ringqp.Poly) {
 	params := eval.GetRLWEParameters()
 	if levelP != 0 || params.BaseRNSDecompositionVectorSize(levelQ, levelP) != levelQ+1 {
@@ -282,7 +283,7 @@ func packDecompose(eval *ckks.Evaluator, levelQ, levelP int, c2, inv ring.Poly, 
 		minMod = min(minMod, q)
 	}
 	for _, q := range Q {
-		if q>>1+1 >= minMod {
+		if q>>1+1 >= 2*minMod {
 			decomposeNTT(eval, levelQ, levelP, levelP+1, c2, decompQP)
 			return
 		}
@@ -292,12 +293,22 @@ func packDecompose(eval *ckks.Evaluator, levelQ, levelP int, c2, inv ring.Poly, 
 	}
 	for i := 0; i <= levelQ; i++ {
 		src, qi, half := inv.Coeffs[i], Q[i], Q[i]>>1
-		split := func(dst []uint64, m uint64) { // c, or m - (q_i - c) for c >= q_i / 2 (branch-free)
+		split := func(dst []uint64, m uint64) { // the centred digit modulo m, branch-free
 			dst = dst[:len(src)]
-			off := m - qi // mod 2^64
-			for j, c := range src {
-				neg := uint64(int64(half-1-c) >> 63) // all ones iff c >= half (c < q_i < 2^61)
-				dst[j] = c + off&neg
+			if half+1 < m { // |digit| < m: c, or m - (q_i - c) for c >= q_i / 2
+				off := m - qi // mod 2^64
+				for j, c := range src {
+					neg := uint64(int64(half-1-c) >> 63) // all ones iff c >= half (c < q_i < 2^61)
+					dst[j] = c + off&neg
+				}
+				return
+			}
+			for j, c := range src { // |digit| <= half + 1 < 2 m: one conditional subtraction
+				neg := uint64(int64(half-1-c) >> 63)
+				mag := c ^ (c^(qi-c))&neg
+				mag -= m & uint64(int64(m-1-mag)>>63)
+				neg &= uint64(int64(-mag) >> 63) // a negative digit not 0 mod m: m - mag
+				dst[j] = mag ^ (mag^(m-mag))&neg
 			}
 		}
 		for x, s := range ringQ.SubRings[:levelQ+1] {
@@ -371,6 +382,8 @@ type productChunk struct {
 	wmod     [][]uint64
 	what     [][]uint64
 	tok, col []int64
+	w        []int64 // the signed weights (C, B, N), the caller's buffer during the push
+	smallDot bool    // N max(q) max|w| < 2^62: c0's dot products in int64
 }
 
 // leaf: leaf i of the chunk as an NTT-domain ciphertext (nil if absent; push checked its
@@ -781,10 +794,12 @@ func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byt
 	if int64(len(w)) != int64(C)*int64(qy.B)*int64(N) {
 		return fmt.Errorf("weight buffer of %d words, expected %d (%d, %d, %d)", len(w), C*qy.B*N, C, qy.B, N)
 	}
+	var maxAbs uint64
 	for x, v := range w {
 		if v <= -1<<32 || v >= 1<<32 {
 			return fmt.Errorf("weight %d is %d, beyond 2^32 in magnitude", x, v)
 		}
+		maxAbs = max(maxAbs, uint64(max(v, -v)))
 	}
 	for i := range present {
 		if present[i] != 0 && (tok[i] < 0 || tok[i] >= int64(qy.T) || col[i] < 0 || col[i] >= int64(C)) {
@@ -793,16 +808,24 @@ func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byt
 		}
 	}
 	q := params.Q()
-	p := &productChunk{wmod: make([][]uint64, C*qy.B*k), what: make([][]uint64, C*qy.B*k), tok: tok, col: col}
+	minQ, maxQ := slices.Min(q), slices.Max(q)
+	p := &productChunk{wmod: make([][]uint64, C*qy.B*k), what: make([][]uint64, C*qy.B*k), tok: tok, col: col, w: w,
+		smallDot: bits.Len(uint(N))+bits.Len64(maxQ)+bits.Len64(maxAbs) <= 62}
 	parallelRows(len(p.what), len(o.workers), func(r int) { // r = (c*B + b)*k + j
 		j, src := r%k, w[(r/k)*N:(r/k+1)*N]
 		qj := q[j]
 		row := make([]uint64, N)
-		for x, v := range src { // v mod q_j, v signed
-			if v >= 0 {
-				row[x] = uint64(v) % qj
-			} else if t := uint64(-v) % qj; t != 0 {
-				row[x] = qj - t
+		if maxAbs < minQ { // |v| < q_j: v, or q_j + v for v < 0
+			for x, v := range src {
+				row[x] = uint64(v) + qj&uint64(v>>63)
+			}
+		} else {
+			for x, v := range src { // v mod q_j, v signed
+				if v >= 0 {
+					row[x] = uint64(v) % qj
+				} else if t := uint64(-v) % qj; t != 0 {
+					row[x] = qj - t
+				}
 			}
 		}
 		p.wmod[r] = row
@@ -820,7 +843,18 @@ func (o *packObj) productLeaf(c *packChunk, i int, ct *rlwe.Ciphertext) {
 		s, qj := rq.SubRings[j], rq.SubRings[j].Modulus
 		var v uint64 // coefficient N-1 of sum_b c0[t, b] w[c, b] (no wrap-around at N-1)
 		for b := 0; b < qy.B; b++ {
-			row, wrow := qy.c0[(t*qy.B+b)*c.k+j], p.wmod[(cl*qy.B+b)*c.k+j]
+			row := qy.c0[(t*qy.B+b)*c.k+j]
+			if p.smallDot { // the signed weights: N products below 2^62 / N each, no overflow
+				wrow := p.w[(cl*qy.B+b)*N : (cl*qy.B+b+1)*N]
+				var acc int64
+				for a, x := range row {
+					acc += int64(x) * wrow[N-1-a]
+				}
+				r := acc % int64(qj)
+				v = (v + uint64(r) + qj&uint64(r>>63)) % qj
+				continue
+			}
+			wrow := p.wmod[(cl*qy.B+b)*c.k+j]
 			var hi, lo uint64 // 128-bit sum of at most 32 products < q^2 < 2^122, then folded mod q
 			for a0 := 0; a0 < N; a0 += 32 {
 				for a := a0; a < min(a0+32, N); a++ {

@@ -243,10 +243,38 @@ func TestPackLWEsMatchesDefinition(t *testing.T) {
 	}
 }
 
-// packDecompose gives decomposeNTT's residues (its fast path, FastQuery's primes).
+// packDecompose gives decomposeNTT's residues (its fast path): FastQuery's primes at 2pc
+// flooding (four 29-bit) and at 40-bit flooding (27 + 26 + 26 bits: digits of q_0 beyond the
+// 26-bit primes, reduced by one conditional subtraction).
 func TestPackLWEsDecomposeMatchesFastops(t *testing.T) {
 	c, _, _, e := packSetup(t, true)
-	w := newPackWorker(c.params, e.set)
+	checkPackDecompose(t, c, e.set)
+	var q []uint64
+	gens := map[int]ring.NTTFriendlyPrimesGenerator{}
+	for _, bits := range []int{27, 26, 26, 60} {
+		g, ok := gens[bits]
+		if !ok {
+			g = ring.NewNTTFriendlyPrimesGenerator(uint64(bits), 2<<12)
+		}
+		p, err := g.NextDownstreamPrime()
+		gens[bits] = g
+		if err != nil {
+			t.Fatal(err)
+		}
+		q = append(q, p)
+	}
+	mixed, err := newContextWithPrimes(12, q[:3], q[3:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q[0]>>1+1 < q[1] {
+		t.Fatalf("primes %v do not exercise the conditional subtraction", q)
+	}
+	checkPackDecompose(t, mixed, rlwe.NewMemEvaluationKeySet(nil))
+}
+
+func checkPackDecompose(t *testing.T, c *ctxObj, set *rlwe.MemEvaluationKeySet) {
+	w := newPackWorker(c.params, set)
 	params := c.params
 	L, LP := params.MaxLevel(), params.MaxLevelP()
 	r := rand.New(rand.NewPCG(5, 6))
