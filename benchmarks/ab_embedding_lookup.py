@@ -1,6 +1,7 @@
 """Seconds per private embedding lookup (32000 x 4096 table, flood 40 bits, one token), several
 lookups after one set-up, both parties as threads of one process.  For A/B runs of the HE
-library: run it once per `CIPHERLM_LATTIGO_LIB`, alternating.  ``PERF_CTL``: a perf control FIFO
+library: run it once per `CIPHERLM_LATTIGO_LIB`, alternating; ``WEIGHT_CACHE_BYTES``: the
+server's budget for the prepared weights (`embedding.setup`'s ``weight_cache_bytes``; 0: none).  ``PERF_CTL``: a perf control FIFO
 (`perf record --control=fifo:...  -D -1`), enabled around the timed lookups only.
 
     python benchmarks/ab_embedding_lookup.py +blockot 3
@@ -13,7 +14,9 @@ method = sys.argv[1]; reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 table = (0.02 * np.random.default_rng(0).standard_normal((V, D), dtype=np.float32))
 ctl = os.environ.get("PERF_CTL")
 def party(ctx):
-    st = E.setup(ctx, table if ctx.party else None, vocab_size=V, dim=D, method=method, flood_bits=40)
+    wcb = os.environ.get("WEIGHT_CACHE_BYTES")
+    st = E.setup(ctx, table if ctx.party else None, vocab_size=V, dim=D, method=method, flood_bits=40,
+                 weight_cache_bytes=None if wcb is None else int(wcb))
     ctx.ot.prime() if os.environ.get("PRIME") else None
     E.lookup(ctx, st, np.array([V - 1]) if ctx.party == 0 else None, n_ids=1)  # warm: OT pools
     ts = []

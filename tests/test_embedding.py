@@ -531,3 +531,28 @@ def test_lookup_bytes_unchanged(method, packer):
         assert got == want
     if setup is not None:
         assert st.setup_bytes == setup
+
+
+@_NEEDS_LATTIGO
+@pytest.mark.parametrize("method", ["exact", "+blockot2"])
+def test_prepared_weights_change_nothing_on_the_wire(method):
+    """The Lattigo server prepares its table's weights at set-up (`_prepare_weights`) unless
+    the budget is 0; either way the client gets the same bytes and exact rows (the packed
+    ciphertexts are the same words; only the server's uniform masks differ)."""
+    table = _table(4096 + 300, 12, seed=9)
+    ids = np.array([4096 + 299, 7, 4100, 7])
+    out = []
+    for budget in (None, 0):
+        def f(ctx):
+            st = E.setup(ctx, table if ctx.party == 1 else None, vocab_size=table.shape[0], dim=12, method=method,
+                         flood_bits=40, packer="lattigo", weight_cache_bytes=budget)
+            before = ctx.chan.totals()
+            sh = E.lookup(ctx, st, ids if ctx.party == 0 else None)
+            after = ctx.chan.totals()
+            return sh.data, st.weights is not None, after["bytes_sent"] - before["bytes_sent"]
+
+        (a, _, sent0), (b, prepared, sent1) = run_inprocess(f, timeout=600)
+        out.append(((a + b).view(np.int64), prepared, sent0, sent1))
+    (v0, p0, *bytes0), (v1, p1, *bytes1) = out
+    assert p0 and not p1
+    assert bytes0 == bytes1 and np.array_equal(v0, v1)

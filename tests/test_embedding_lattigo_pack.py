@@ -324,3 +324,64 @@ def test_product_leaves_refuse_bad_arguments(pk):
     p.finish()
     with pytest.raises(HEError, match="set before the first leaf"):
         p.set_query(np.zeros((1, 1, 2, rns.k, n), np.uint64))
+
+
+@pytest.mark.parametrize("T, B", [(1, 1), (3, 2)])
+def test_prepared_weights_pack_like_product_leaves(pk, T, B):
+    """`push_cached` (the weights reduced and transformed once, `pack_weights`) packs bit for bit
+    what `push_products` packs from the same weights, with leaves of several tokens and columns
+    over two pushes; freeing the prepared weights releases their Go object."""
+    rns, n = pk["rns"], pk["plan"].n
+    lat = get_backend("lattigo")
+    rng = np.random.default_rng(5 + T)
+    C, m = 5, 16
+    query = np.stack([rng.integers(0, q, size=(T, B, 2, n), dtype=np.int64) for q in rns.primes], axis=3)
+    query = query.astype(np.uint64)
+    w = rng.integers(-(1 << 15) + 1, 1 << 15, size=(C, B, n))
+    tok, col = rng.integers(0, T, m), rng.integers(0, C, m)
+    present = np.ones(m, bool)
+    present[[3, 11]] = False
+    from cipherlm.he import lattigo_backend
+
+    lib = lattigo_backend._load()
+    before = lib.clg_live_objects()
+    pw = lat.pack_weights(pk["gk_lat"], C, B)
+    pw.add(w[:2])
+    pw.add(w[2:])
+    a = lat.pack_lwes_packer(pk["gk_lat"], m)
+    a.set_query(query)
+    b = lat.pack_lwes_packer(pk["gk_lat"], m)
+    b.set_query(query)
+    for lo, hi in ((0, 6), (6, m)):
+        a.push_products(w, tok[lo:hi], col[lo:hi], present[lo:hi])
+        b.push_cached(pw, tok[lo:hi], col[lo:hi], present[lo:hi])
+    want, got = a.finish(), b.finish()
+    assert got.any() and np.array_equal(got, want)
+    del a, b, pw
+    assert lib.clg_live_objects() == before
+
+
+def test_prepared_weights_refuse_bad_arguments(pk):
+    rns, n = pk["rns"], pk["plan"].n
+    lat = get_backend("lattigo")
+    pw = lat.pack_weights(pk["gk_lat"], 2, 1)
+    with pytest.raises(HEError, match="beyond 2\\^15"):
+        pw.add(np.full((1, 1, n), 1 << 15))
+    with pytest.raises(HEError, match="expected weights"):
+        pw.add(np.zeros((1, 2, n), np.int64))
+    pw.add(np.ones((1, 1, n), np.int64))
+    p = lat.pack_lwes_packer(pk["gk_lat"], 2)
+    p.set_query(np.zeros((1, 1, 2, rns.k, n), np.uint64))
+    with pytest.raises(HEError, match="do not fit"):
+        p.push_cached(pw, [0, 0], [0, 0], [True, True])  # 1 of 2 columns filled
+    with pytest.raises(HEError, match="more columns"):
+        pw.add(np.zeros((2, 1, n), np.int64))
+    pw.add(np.ones((1, 1, n), np.int64))
+    with pytest.raises(HEError, match="out of range"):
+        p.push_cached(pw, [0, 0], [0, 2], [True, True])  # column 2 of 2
+    two = lat.pack_weights(pk["gk_lat"], 1, 2)
+    two.add(np.zeros((1, 2, n), np.int64))
+    with pytest.raises(HEError, match="do not fit"):
+        p.push_cached(two, [0, 0], [0, 0], [True, True])  # 2 blocks, the query has 1
+    p.push_cached(pw, [0, 0], [0, 1], [True, True])
+    assert p.finish().shape == (2, rns.k, n)

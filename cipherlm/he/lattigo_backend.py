@@ -61,7 +61,9 @@ client's numpy ternary secret), `LattigoGaloisKeys.has_elements`, and `pack_lwes
 `LattigoPackLWEs` (push chunks of coefficient-form leaves, finish: the packed ciphertext; the
 tree's subtrees on goroutines).  ABI 13: `LattigoPackLWEs.set_query` / `push_products` (the
 leaves of FastQuery's PackLWEs rows made in Go from the query and weight polynomials) and
-`LattigoGaloisKeys.keeping` (a key set without the rotation keys a server drops).
+`LattigoGaloisKeys.keeping` (a key set without the rotation keys a server drops).  ABI 14:
+`pack_weights` -> `LattigoPackWeights` (a table's weight polynomials reduced and transformed once
+per session) and `LattigoPackLWEs.push_cached` (product leaves from them).
 
 Raw CKKS access for BLB's conversions (section 6, `protocols.ckks_convert`; issue 16):
 `decrypt_coeffs`, `ntt_forward` / `ntt_inverse` (Lattigo's own NTT, `clg_ntt`; reproduced bit-exactly in
@@ -129,6 +131,7 @@ __all__ = [
     "LattigoEvalKeys",
     "LattigoLinearTransform",
     "LattigoPackLWEs",
+    "LattigoPackWeights",
     "LattigoSecretKeys",
     "available",
     "chebyshev_coefficients",
@@ -141,7 +144,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 13
+_ABI_VERSION = 14
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -250,6 +253,10 @@ _SIGNATURES: dict[str, tuple] = {
     # pack_lwes.go (ABI 13)
     "clg_packlwe_set_query": (_i64, _p_u64, _i64, _int, _int),
     "clg_packlwe_push_products": (_i64, _p_i64, _i64, _int, _p_i64, _p_i64, _p_u8, _i64),
+    # pack_lwes.go (ABI 14)
+    "clg_packlwe_weights_new": (_i64, _i64, _int, _p_i64),
+    "clg_packlwe_weights_add": (_i64, _p_i64, _i64, _int),
+    "clg_packlwe_push_cached": (_i64, _i64, _p_i64, _p_i64, _p_u8, _i64),
 }
 
 _lib = None
@@ -585,11 +592,43 @@ class LattigoPackLWEs(_Handle):
         _call("clg_packlwe_push_products", self.h, w.ctypes.data_as(_p_i64), w.size, w.shape[0],
               tok.ctypes.data_as(_p_i64), col.ctypes.data_as(_p_i64), pres.ctypes.data_as(_p_u8), m)
 
+    def push_cached(self, weights: "LattigoPackWeights", tok, col, present) -> None:
+        """`push_products` with the weight polynomials of a prepared table (`pack_weights`,
+        complete, with the query's blocks): ``col`` (m,) columns of the whole table."""
+        tok = np.ascontiguousarray(tok, dtype=np.int64).reshape(-1)
+        col = np.ascontiguousarray(col, dtype=np.int64).reshape(-1)
+        pres = np.ascontiguousarray(present, dtype=bool).astype(np.uint8).reshape(-1)
+        m = pres.size
+        if tok.size != m or col.size != m:
+            raise HEError(f"expected {m} tokens and columns; got {tok.size}, {col.size}")
+        _call("clg_packlwe_push_cached", self.h, weights.h, tok.ctypes.data_as(_p_i64), col.ctypes.data_as(_p_i64),
+              pres.ctypes.data_as(_p_u8), m)
+
     def finish(self) -> np.ndarray:
         """The packed ciphertext, (2, k, N) uint64 coefficient-form residues."""
         out = np.empty((2, self.k, self.ctx.n), np.uint64)
         _call("clg_packlwe_finish", self.h, out.ctypes.data_as(_p_u64), out.size)
         return out
+
+
+class LattigoPackWeights(_Handle):
+    """A table's weight polynomials for `LattigoPackLWEs.push_cached`, prepared once per session
+    (``native/lattigo/pack_lwes.go``, "weights made once"): the signed weights as int16 and their
+    transforms modulo each data prime as uint32, (2 + 4 k) bytes per coefficient.  `add` the
+    columns in order, then push."""
+
+    __slots__ = ("n_cols", "blocks")
+
+    def __init__(self, h: int, ctx: LattigoContext, n_cols: int, blocks: int):
+        super().__init__(h, ctx)
+        self.n_cols, self.blocks = int(n_cols), int(blocks)
+
+    def add(self, w) -> None:
+        """The next columns' weight polynomials, (c, blocks, N) signed ints with |w| < 2^15."""
+        w = np.ascontiguousarray(w, dtype=np.int64)
+        if w.ndim != 3 or w.shape[1:] != (self.blocks, self.ctx.n):
+            raise HEError(f"expected weights (c, {self.blocks}, {self.ctx.n}), got {w.shape}")
+        _call("clg_packlwe_weights_add", self.h, w.ctypes.data_as(_p_i64), w.size, w.shape[0])
 
 
 class LattigoBootstrapKeys(_Handle):
@@ -1327,6 +1366,20 @@ class LattigoBackend(HEBackend):
         goroutines (0: GOMAXPROCS)."""
         ctx = galois_keys.ctx
         return LattigoPackLWEs(_new("clg_packlwe_new", galois_keys.h, int(n_leaves), int(workers)), ctx, n_leaves)
+
+    @staticmethod
+    def pack_weights_nbytes(n: int, k: int, n_cols: int, blocks: int) -> int:
+        """Memory of a `pack_weights` table of ``n_cols`` columns x ``blocks`` blocks (ring
+        degree n, k data primes)."""
+        return n_cols * blocks * n * (2 + 4 * k)
+
+    def pack_weights(self, galois_keys: LattigoGaloisKeys, n_cols: int, blocks: int) -> LattigoPackWeights:
+        """An empty `LattigoPackWeights` for ``n_cols`` columns of ``blocks`` weight polynomials
+        each, in the context of ``galois_keys`` (the packer's); every data prime must be below
+        2^32."""
+        ctx = galois_keys.ctx
+        return LattigoPackWeights(_new("clg_packlwe_weights_new", galois_keys.h, int(n_cols), int(blocks)), ctx,
+                                  n_cols, blocks)
 
     # -- raw views -----------------------------------------------------------------------
     def ciphertext_to_numpy(self, ct: LattigoCiphertext) -> np.ndarray:

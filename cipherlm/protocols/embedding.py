@@ -88,6 +88,11 @@ __all__ = [
 
 #: PackLWEs implementations (`setup`'s ``packer``): the HE backend that runs the tree
 PACKERS = ("lattigo", "seal")
+#: the Lattigo packer's server prepares its table's weight polynomials once per session
+#: (`LattigoPackWeights`, (2 + 4 k) bytes per coefficient: 0.63 GB for a 32000 x 4096 table at
+#: N = 4096, 0.23 GB for MiniLM's at N = 8192) when they fit in this many bytes; otherwise each
+#: lookup reduces and transforms the weights of the columns it packs
+WEIGHT_CACHE_BYTES = 1 << 30
 
 
 def _packer_unavailable(name: str) -> str | None:
@@ -432,6 +437,7 @@ class EmbeddingSetup:
     pk: tuple | None = None  # (pk0, pk1) residues (k, N)
     hectx: object = None
     galois: object = None
+    weights: object = None  # the Lattigo packer's prepared table (`_prepare_weights`), or None
     flood_counter: object = None  # the session's flooded-coefficient counter (`he_session.flood_counter`)
     setup_bytes: int = 0
     packer: str = ""  # PackLWEs rows: the packer the server announced (`PACKERS`); "" for the others
@@ -477,7 +483,8 @@ def _primes(plan: H.HEPlan) -> tuple[tuple[int, ...], int | None]:
 
 
 def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquery", frac: int | None = None,
-          flood_bits: int = FLOOD_SIGMA, n: int | None = None, packer: str | None = None) -> EmbeddingSetup:
+          flood_bits: int = FLOOD_SIGMA, n: int | None = None, packer: str | None = None,
+          weight_cache_bytes: int | None = None) -> EmbeddingSetup:
     """Per-session setup (not counted as online): the server quantises and packs the
     table and sends the public quantisation metadata; the client creates its keys
     and sends its public key (for re-randomisation) and, for PackLWEs, Galois keys.
@@ -487,6 +494,10 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
     follows (its own ``packer``, if given, must agree) or refuses with `MPCError` one it
     cannot run.  ``"lattigo"``: the client's numpy ternary secret imported into Lattigo
     makes Galois keys in Lattigo's seeded layout; ``"seal"``: SEAL's keys, its secret read back.
+
+    ``weight_cache_bytes`` (server, Lattigo packer): the most memory its table's prepared
+    weight polynomials may take (default `WEIGHT_CACHE_BYTES`; 0: none, each lookup transforms
+    the weights it packs).
 
     ``flood_bits``: the flooding's statistical security per coefficient; the default is
     the 2pc mode's `he_session.FLOOD_SIGMA` (40 + log2 of the flooded coefficients a
@@ -593,6 +604,8 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
                 st.galois = be.galois_keys_from_bytes(st.hectx, gk_bytes, max_keys=len(els))
                 if not st.galois.has_elements(els):
                     raise MPCError("the client's Galois keys lack some of the PackLWEs automorphisms")
+                st.weights = _prepare_weights(st, WEIGHT_CACHE_BYTES if weight_cache_bytes is None
+                                              else int(weight_cache_bytes))
             elif m.packlwe:
                 st.hectx = _he_context(plan, rns)
                 st.galois = get_backend().galois_keys_from_bytes(st.hectx, gk_bytes)
@@ -603,6 +616,26 @@ def setup(ctx, table=None, *, vocab_size: int, dim: int, method: str = "fastquer
     after = ctx.chan.totals()
     st.setup_bytes = (after["bytes_sent"] + after["bytes_received"]) - (before["bytes_sent"] + before["bytes_received"])
     return st
+
+
+def _prepare_weights(st: EmbeddingSetup, budget: int):
+    """The Lattigo packer's table prepared once (`LattigoPackWeights`: every column's weight
+    polynomials reduced and transformed, as `push_products` would per lookup), or None when it
+    would exceed ``budget`` bytes or a weight is beyond int16."""
+    sh, n = st.shape, st.plan.n
+    lat = get_backend("lattigo")
+    if lat.pack_weights_nbytes(n, st.rns.k, sh.n_cols, sh.blocks) > budget or max(st.rns.primes) >= 1 << 32:
+        return None
+    if st.W.size and int(np.abs(st.W).max()) >= 1 << 15:
+        return None
+    try:
+        pw = lat.pack_weights(st.galois, sh.n_cols, sh.blocks)
+    except ValueError:  # HEError: primes beyond its int64 dot products; transform per lookup
+        return None
+    step = max(1, (1 << 26) // (8 * sh.blocks * n))  # ~64 MiB of int64 weight polynomials per call
+    for c0 in range(0, sh.n_cols, step):
+        pw.add(_weight_polys(st.W, sh, n, np.arange(c0, min(sh.n_cols, c0 + step))).transpose(1, 0, 2))
+    return pw
 
 
 def _secret_from_keys(hectx, keys, rns: H.RNS, plan: H.HEPlan) -> np.ndarray:
@@ -888,13 +921,14 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256, over
     each chunk's weight polynomials (`LattigoPackLWEs.push_products`: the c1 parts as NTT-domain
     products, one weight transform per column; the c0 constants as exact dot products) and packs
     them; ``overlap``: a worker thread runs one chunk (the GIL released) while numpy gathers the
-    next one's weights.  With SEAL the
+    next one's weights.  With the table prepared at set-up (``st.weights``, `_prepare_weights`)
+    Go reads the columns' transforms from it (`LattigoPackLWEs.push_cached`): nothing to gather.  With SEAL the
     leaves are made here (`_products`, exact float FFTs) and packed a ciphertext per tree node."""
     rns, sh, n = st.rns, st.shape, st.plan.n
     ninv = pow(n, -1, rns.Q)
     groups = _packed_positions(T * sh.n_cols, n)
     packed = np.empty((len(groups), 2, rns.k, n), np.uint64)
-    if st.packer == "lattigo":
+    if st.packer == "lattigo" and st.weights is None:
         # a chunk's weights modulo each prime and their transforms (2 x C columns x B blocks x
         # k primes x N words) stay near 64 MiB
         while chunk > 16 and 2 * (chunk // T + 2) * sh.blocks * rns.k * n * 8 > 1 << 26:
@@ -921,24 +955,29 @@ def _pack_all(st: EmbeddingSetup, ct: np.ndarray, T: int, chunk: int = 256, over
             def chunks():
                 for valid, toks, cidx, ucols in slots():
                     tok, col = np.zeros(valid.size, np.int64), np.zeros(valid.size, np.int64)
+                    if st.weights is not None:  # the prepared table: columns of the whole table
+                        if toks.size:
+                            tok[valid], col[valid] = toks, ucols[cidx]
+                        yield packer.push_cached, (st.weights, tok, col, valid)
+                        continue
                     w = np.zeros((1, sh.blocks, n), np.int64)
                     if toks.size:
                         tok[valid], col[valid] = toks, cidx
                         w = _weight_polys(st.W, sh, n, ucols).transpose(1, 0, 2)
-                    yield w, tok, col, valid
+                    yield packer.push_products, (w, tok, col, valid)
 
-            if overlap:
+            if overlap and st.weights is None:
                 with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="packlwes") as pool:
                     pending = None
-                    for args in chunks():
+                    for push, args in chunks():
                         if pending is not None:
                             pending.result()
-                        pending = pool.submit(packer.push_products, *args)
+                        pending = pool.submit(push, *args)
                     if pending is not None:
                         pending.result()
             else:
-                for args in chunks():
-                    packer.push_products(*args)
+                for push, args in chunks():
+                    push(*args)
             packed[g] = packer.finish()
         else:
             be = get_backend()

@@ -46,7 +46,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
-const abiVersion = 13
+const abiVersion = 14
 
 // The offload server keeps ~2.7 GB of encoded weights alive (SmolLM2) and allocates a few
 // hundred MB of short-lived ciphertexts per token: at Go's default GOGC=100 the heap grows to
@@ -279,8 +279,12 @@ func clg_abi_version() C.int { return abiVersion }
 //export clg_free
 func clg_free(h C.int64_t) {
 	mu.Lock()
+	o := objects[int64(h)]
 	delete(objects, int64(h))
 	mu.Unlock()
+	if f, ok := o.(interface{ free() }); ok { // memory outside the Go heap (packWeights)
+		f.free()
+	}
 }
 
 //export clg_free_buf

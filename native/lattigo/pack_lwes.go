@@ -22,6 +22,8 @@ package main
 //   clg_sk_from_ternary   a secret key from ternary coefficients (the client's numpy secret)
 //   clg_evk_has_elements  whether a key set holds keys for given Galois elements
 //   clg_packlwe_new / clg_packlwe_push / clg_packlwe_finish   the streaming packer
+//   clg_packlwe_set_query / clg_packlwe_push_products          leaves made here from a query
+//   clg_packlwe_weights_new / _add / clg_packlwe_push_cached   ... from weights made once
 // Leaves and the output cross the boundary as coefficient-form residues (2, k, N) uint64;
 // inside, ciphertexts are in the NTT domain (a monomial product is a pointwise product, an
 // automorphism a permutation after the key switch).  A pushed chunk is a run of consecutive
@@ -32,6 +34,7 @@ package main
 
 /*
 #include <stdint.h>
+#include <stdlib.h>
 */
 import "C"
 
@@ -210,7 +213,8 @@ type packObj struct {
 	failed  error // an error inside the tree (not a refused input) spends the packer
 }
 
-func (o *packObj) context() *ctxObj { return o.ctx }
+func (o *packObj) context() *ctxObj      { return o.ctx }
+func (pw *packWeights) context() *ctxObj { return pw.ctx }
 
 func newPackWorker(params ckks.Parameters, set *rlwe.MemEvaluationKeySet) *packWorker {
 	L, LP := params.MaxLevel(), params.MaxLevelP()
@@ -384,6 +388,7 @@ type productChunk struct {
 	tok, col []int64
 	w        []int64 // the signed weights (C, B, N), the caller's buffer during the push
 	smallDot bool    // N max(q) max|w| < 2^62: c0's dot products in int64
+	cache    *packWeights
 }
 
 // leaf: leaf i of the chunk as an NTT-domain ciphertext (nil if absent; push checked its
@@ -841,6 +846,10 @@ func (o *packObj) productLeaf(c *packChunk, i int, ct *rlwe.Ciphertext) {
 	t, cl, N := int(p.tok[i]), int(p.col[i]), c.n
 	for j := 0; j < c.k; j++ {
 		s, qj := rq.SubRings[j], rq.SubRings[j].Modulus
+		if p.cache != nil {
+			p.cache.leafPrime(qy, t, cl, j, ct)
+			continue
+		}
 		var v uint64 // coefficient N-1 of sum_b c0[t, b] w[c, b] (no wrap-around at N-1)
 		for b := 0; b < qy.B; b++ {
 			row := qy.c0[(t*qy.B+b)*c.k+j]
@@ -882,6 +891,199 @@ func (o *packObj) productLeaf(c *packChunk, i int, ct *rlwe.Ciphertext) {
 			}
 		}
 	}
+}
+
+// ----------------------------------------------------------------------------- weights made once
+
+// packWeights: a table's weight polynomials prepared once per session (clg_packlwe_weights_new /
+// _add) for clg_packlwe_push_cached, so that a lookup no longer reduces and transforms the
+// weights of every column it packs: the signed weights (C, B, N) as int16 (|w| < 2^15: c0's dot
+// products) and their transforms modulo each data prime (C, B, k, N) as uint32 (every data prime
+// below 2^32).  The leaves are the same words as push_products'.
+type packWeights struct {
+	mu     sync.Mutex
+	ctx    *ctxObj
+	C, B   int
+	filled int      // columns added so far
+	w      []int16  // C-allocated (wbuf): see free
+	what   []uint32 // C-allocated (hbuf)
+	wbuf   unsafe.Pointer
+	hbuf   unsafe.Pointer
+	k, n   int
+}
+
+func newPackWeights(c *ctxObj, C, B int) (*packWeights, error) {
+	params := c.params
+	N, k := params.N(), params.MaxLevel()+1
+	if C < 1 || B < 1 || int64(C)*int64(B)*int64(N)*int64(2+4*k) > 1<<36 {
+		return nil, fmt.Errorf("weights of %d columns x %d blocks: out of range", C, B)
+	}
+	if q := slices.Max(params.Q()); q >= 1<<32 || bits.Len(uint(N))+bits.Len64(q)+15 > 62 {
+		return nil, fmt.Errorf("data prime %d at N = %d: beyond 32 bits or the int64 dot products", q, N)
+	}
+	pw := &packWeights{ctx: c, C: C, B: B, k: k, n: N}
+	// outside the Go heap, so that clg_free returns it to the OS at once (free)
+	pw.wbuf, pw.hbuf = C.malloc(C.size_t(C*B*N*2)), C.malloc(C.size_t(C*B*k*N*4))
+	pw.w = unsafe.Slice((*int16)(pw.wbuf), C*B*N)
+	pw.what = unsafe.Slice((*uint32)(pw.hbuf), C*B*k*N)
+	return pw, nil
+}
+
+// free: the buffers back to the C allocator (clg_free; the object is unusable afterwards).
+func (pw *packWeights) free() {
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	pw.w, pw.what, pw.filled, pw.C = nil, nil, 0, 0
+	C.free(pw.wbuf)
+	C.free(pw.hbuf)
+	pw.wbuf, pw.hbuf = nil, nil
+}
+
+// add: the next columns' weight polynomials, w (c, B, N) signed, |w| < 2^15.
+func (pw *packWeights) add(w []int64, c int) error {
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	N, k, B := pw.n, pw.k, pw.B
+	if c < 1 || pw.filled+c > pw.C || int64(len(w)) != int64(c)*int64(B)*int64(N) {
+		return fmt.Errorf("weights of %d words for %d more columns (%d of %d filled, %d blocks, N = %d)", len(w), c,
+			pw.filled, pw.C, B, N)
+	}
+	for x, v := range w {
+		if v <= -1<<15 || v >= 1<<15 {
+			return fmt.Errorf("weight %d is %d, beyond 2^15 in magnitude", x, v)
+		}
+	}
+	base := pw.filled * B
+	for r, v := range w {
+		pw.w[base*N+r] = int16(v)
+	}
+	rq := pw.ctx.params.RingQ()
+	parallelRows(c*B*k, runtime.GOMAXPROCS(0), func(r int) { // r = (col*B + b)*k + j
+		j, src := r%k, w[(r/k)*N:(r/k+1)*N]
+		qj := rq.SubRings[j].Modulus
+		row := make([]uint64, N)
+		for x, v := range src { // |v| < 2^15 < q_j
+			row[x] = uint64(v) + qj&uint64(v>>63)
+		}
+		nttOf(rq.SubRings[j]).Forward(row, row)
+		dst := pw.what[(base*k+r)*N : (base*k+r+1)*N]
+		for x, v := range row {
+			dst[x] = uint32(v)
+		}
+	})
+	pw.filled += c
+	return nil
+}
+
+// leafPrime: prime j of product leaf (token t, column cl) from the prepared weights: c0's
+// constant N^-1 sum_b coefficient N-1 of c0[t, b] w[cl, b], c1 = sum_b qhat[t, b] what[cl, b]
+// (Montgomery products: the words of productLeaf's other paths).
+func (pw *packWeights) leafPrime(qy *productQuery, t, cl, j int, ct *rlwe.Ciphertext) {
+	N, k, B := pw.n, pw.k, qy.B
+	s := pw.ctx.params.RingQ().SubRings[j]
+	qj, mrc := s.Modulus, s.MRedConstant
+	var v uint64
+	for b := 0; b < B; b++ {
+		row, wrow := qy.c0[(t*B+b)*k+j], pw.w[(cl*B+b)*N:(cl*B+b+1)*N]
+		var acc int64 // N products below 2^62 / N each (newPackWeights)
+		for a, x := range row {
+			acc += int64(x) * int64(wrow[N-1-a])
+		}
+		r := acc % int64(qj)
+		v = (v + uint64(r) + qj&uint64(r>>63)) % qj
+	}
+	v = ring.BRed(v, qy.ninv[j], qj, s.BRedConstant)
+	dst := ct.Value[0].Coeffs[j]
+	for x := range dst {
+		dst[x] = v
+	}
+	acc := ct.Value[1].Coeffs[j]
+	for b := 0; b < B; b++ {
+		qrow, wrow := qy.qhat[(t*B+b)*k+j], pw.what[((cl*B+b)*k+j)*N:((cl*B+b)*k+j+1)*N]
+		if b == 0 {
+			for x, q := range qrow {
+				acc[x] = ring.MRed(q, uint64(wrow[x]), qj, mrc)
+			}
+		} else {
+			for x, q := range qrow {
+				acc[x] = ring.CRed(acc[x]+ring.MRed(q, uint64(wrow[x]), qj, mrc), qj)
+			}
+		}
+	}
+}
+
+// clg_packlwe_weights_new: an empty set of prepared weights for C columns of B blocks in the
+// context of the Galois key set evh (the packer's).
+//
+//export clg_packlwe_weights_new
+func clg_packlwe_weights_new(evh C.int64_t, nCols C.int64_t, B C.int, out *C.int64_t, errbuf *C.char,
+	errlen C.int) (rc C.int) {
+	return with(evh, "Galois key set", errbuf, errlen, func(e *evkObj) error {
+		pw, err := newPackWeights(e.ctx, int(nCols), int(B))
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(pw))
+		return nil
+	})
+}
+
+// clg_packlwe_weights_add: the next nCols columns' weight polynomials, w (nCols, B, N) signed
+// int64 with |w| < 2^15.
+//
+//export clg_packlwe_weights_add
+func clg_packlwe_weights_add(wh C.int64_t, w *C.int64_t, nW C.int64_t, nCols C.int, errbuf *C.char,
+	errlen C.int) (rc C.int) {
+	return with(wh, "PackLWEs weights", errbuf, errlen, func(pw *packWeights) error {
+		if w == nil || nW < 1 || nCols < 1 {
+			return errors.New("empty weight buffer")
+		}
+		return pw.add(unsafe.Slice((*int64)(unsafe.Pointer(w)), int(nW)), int(nCols))
+	})
+}
+
+// clg_packlwe_push_cached: as clg_packlwe_push_products, the weights from the prepared set wh
+// (complete; made in the packer's context, with the query's blocks): col[i] in [0, C) a column
+// of the whole table.
+//
+//export clg_packlwe_push_cached
+func clg_packlwe_push_cached(ph C.int64_t, wh C.int64_t, tok *C.int64_t, col *C.int64_t, present *C.uchar, m C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	return with2(ph, "PackLWEs packer", wh, "PackLWEs weights", "the prepared weights belong to another context",
+		errbuf, errlen, func(o *packObj, pw *packWeights) error {
+			if tok == nil || col == nil || present == nil || m < 1 || m > 1<<20 {
+				return errors.New("empty leaf buffer")
+			}
+			return o.pushCached(pw, unsafe.Slice((*int64)(unsafe.Pointer(tok)), int(m)),
+				unsafe.Slice((*int64)(unsafe.Pointer(col)), int(m)), unsafe.Slice((*byte)(unsafe.Pointer(present)), int(m)))
+		})
+}
+
+func (o *packObj) pushCached(pw *packWeights, tok, col []int64, present []byte) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.checkPush(present); err != nil {
+		return err
+	}
+	qy := o.query
+	if qy == nil {
+		return errors.New("product leaves need the query first (clg_packlwe_set_query)")
+	}
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	if pw.B != qy.B || pw.filled != pw.C {
+		return fmt.Errorf("prepared weights (%d of %d columns, %d blocks) do not fit this packer (%d query blocks)",
+			pw.filled, pw.C, pw.B, qy.B)
+	}
+	for i := range present {
+		if present[i] != 0 && (tok[i] < 0 || tok[i] >= int64(qy.T) || col[i] < 0 || col[i] >= int64(pw.C)) {
+			return fmt.Errorf("leaf %d: token %d or column %d out of range (%d tokens, %d columns)", i, tok[i], col[i],
+				qy.T, pw.C)
+		}
+	}
+	params := o.ctx.params
+	return o.pushChunk(&packChunk{present: present, k: params.MaxLevel() + 1, n: params.N(),
+		prod: &productChunk{tok: tok, col: col, cache: pw}})
 }
 
 // parallelRows: f(0..n-1) on up to `workers` goroutines.
