@@ -783,15 +783,31 @@ func clg_packlwe_push_products(ph C.int64_t, w *C.int64_t, nW C.int64_t, nCols C
 	})
 }
 
-func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byte) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
+// productQueryFor: the query product leaves are made from, once the push's flags, tokens and
+// columns (of C) are checked; the caller holds o.mu.
+func (o *packObj) productQueryFor(tok, col []int64, present []byte, C int) (*productQuery, error) {
 	if err := o.checkPush(present); err != nil {
-		return err
+		return nil, err
 	}
 	qy := o.query
 	if qy == nil {
-		return errors.New("product leaves need the query first (clg_packlwe_set_query)")
+		return nil, errors.New("product leaves need the query first (clg_packlwe_set_query)")
+	}
+	for i := range present {
+		if present[i] != 0 && (tok[i] < 0 || tok[i] >= int64(qy.T) || col[i] < 0 || col[i] >= int64(C)) {
+			return nil, fmt.Errorf("leaf %d: token %d or column %d out of range (%d tokens, %d columns)", i, tok[i],
+				col[i], qy.T, C)
+		}
+	}
+	return qy, nil
+}
+
+func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byte) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	qy, err := o.productQueryFor(tok, col, present, C)
+	if err != nil {
+		return err
 	}
 	params := o.ctx.params
 	rq := params.RingQ()
@@ -805,12 +821,6 @@ func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byt
 			return fmt.Errorf("weight %d is %d, beyond 2^32 in magnitude", x, v)
 		}
 		maxAbs = max(maxAbs, uint64(max(v, -v)))
-	}
-	for i := range present {
-		if present[i] != 0 && (tok[i] < 0 || tok[i] >= int64(qy.T) || col[i] < 0 || col[i] >= int64(C)) {
-			return fmt.Errorf("leaf %d: token %d or column %d out of range (%d tokens, %d columns)", i, tok[i], col[i],
-				qy.T, C)
-		}
 	}
 	q := params.Q()
 	minQ, maxQ := slices.Min(q), slices.Max(q)
@@ -1062,24 +1072,15 @@ func clg_packlwe_push_cached(ph C.int64_t, wh C.int64_t, tok *C.int64_t, col *C.
 func (o *packObj) pushCached(pw *packWeights, tok, col []int64, present []byte) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if err := o.checkPush(present); err != nil {
-		return err
-	}
-	qy := o.query
-	if qy == nil {
-		return errors.New("product leaves need the query first (clg_packlwe_set_query)")
-	}
 	pw.mu.Lock()
 	defer pw.mu.Unlock()
+	qy, err := o.productQueryFor(tok, col, present, pw.C)
+	if err != nil {
+		return err
+	}
 	if pw.B != qy.B || pw.filled != pw.C {
 		return fmt.Errorf("prepared weights (%d of %d columns, %d blocks) do not fit this packer (%d query blocks)",
 			pw.filled, pw.C, pw.B, qy.B)
-	}
-	for i := range present {
-		if present[i] != 0 && (tok[i] < 0 || tok[i] >= int64(qy.T) || col[i] < 0 || col[i] >= int64(pw.C)) {
-			return fmt.Errorf("leaf %d: token %d or column %d out of range (%d tokens, %d columns)", i, tok[i], col[i],
-				qy.T, pw.C)
-		}
 	}
 	params := o.ctx.params
 	return o.pushChunk(&packChunk{present: present, k: params.MaxLevel() + 1, n: params.N(),
