@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import pytest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_go_heap():
+    """After each module: collect Python's garbage (whose handles free Go objects), then hand
+    the Go heap they leave back to the OS, so that one long test process does not keep every
+    module's HE keys and buffers (the suite once peaked at 20 GB of this 24 GB machine)."""
+    yield
+    lat = sys.modules.get("cipherlm.he.lattigo_backend")
+    if lat is not None:
+        gc.collect()
+        lat.release_memory()
 
 
 @pytest.fixture(scope="session")

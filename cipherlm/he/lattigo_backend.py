@@ -137,6 +137,7 @@ __all__ = [
     "chebyshev_coefficients",
     "ckks_params",
     "library_path",
+    "release_memory",
     "packed_row_bytes",
     "seeded_ciphertext_bytes",
 ]
@@ -300,8 +301,19 @@ def _load():
         lib.clg_free.argtypes, lib.clg_free.restype = [_i64], None
         lib.clg_free_buf.argtypes, lib.clg_free_buf.restype = [_p_u8], None
         lib.clg_live_objects.argtypes, lib.clg_live_objects.restype = [], _i64
+        try:
+            lib.clg_release_memory.argtypes, lib.clg_release_memory.restype = [], None
+        except AttributeError:
+            raise HEError(f"{path} lacks clg_release_memory: an old build; {BUILD_HINT}") from None
         _lib, _lib_pid = lib, os.getpid()
         return lib
+
+
+def release_memory() -> None:
+    """Return the Go heap that freed objects left to the OS now (`clg_release_memory`: a
+    collection, then `debug.FreeOSMemory`); a no-op when the library was never loaded here."""
+    if _lib is not None and _lib_pid == os.getpid():
+        _lib.clg_release_memory()
 
 
 def available() -> bool:

@@ -290,6 +290,15 @@ func clg_free(h C.int64_t) {
 //export clg_free_buf
 func clg_free_buf(p *C.uchar) { C.free(unsafe.Pointer(p)) }
 
+// clg_release_memory: a garbage collection, then the freed heap back to the OS now (the Go
+// runtime otherwise keeps it for reuse and returns it over minutes); for long-lived processes
+// between workloads, e.g. a test run between modules.
+//
+//export clg_release_memory
+func clg_release_memory() {
+	debug.FreeOSMemory()
+}
+
 //export clg_live_objects
 func clg_live_objects() C.int64_t {
 	mu.RLock()
