@@ -44,6 +44,9 @@ channels with the largest mean |value| at 4 bits, the rest at 3, power-of-two
 scales; same HE parameters), ``+accbits`` (one-hot-aware accumulation width:
 t = 2^max(13, b_w + 1) and a smaller Q), ``+packing`` (three channels, 4+1, 3+1,
 3+1 bits, per 13-bit coefficient, so d / 3 columns), ``fastquery`` (+PackLWEs).
+``+blockot`` / ``+blockot2`` / ``+blockot4`` (ours, docs/embedding.md): the query covers a
+group of k = 1, 2, 4 blocks (k query ciphertexts per token instead of ceil(V / N)), the server
+answers for every group and a 1-of-G OT (`_select_block`) hands the client its group's share.
 ``exact``: the table at 12 bits per channel (per-channel power-of-two scale),
 one channel per coefficient, PackLWEs: the mode for real models where 3/4-bit
 quantisation costs accuracy.
