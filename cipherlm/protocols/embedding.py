@@ -627,13 +627,13 @@ def _prepare_weights(st: EmbeddingSetup, budget: int):
     would exceed ``budget`` bytes or a weight is beyond int16."""
     sh, n = st.shape, st.plan.n
     lat = get_backend("lattigo")
-    if lat.pack_weights_nbytes(n, st.rns.k, sh.n_cols, sh.blocks) > budget or max(st.rns.primes) >= 1 << 32:
+    if lat.pack_weights_nbytes(n, st.rns.k, sh.n_cols, sh.blocks) > budget:
         return None
     if st.W.size and int(np.abs(st.W).max()) >= 1 << 15:
         return None
     try:
         pw = lat.pack_weights(st.galois, sh.n_cols, sh.blocks)
-    except ValueError:  # HEError: primes beyond its int64 dot products; transform per lookup
+    except ValueError:  # HEError: primes beyond 32 bits or its int64 dot products; per lookup then
         return None
     step = max(1, (1 << 26) // (8 * sh.blocks * n))  # ~64 MiB of int64 weight polynomials per call
     for c0 in range(0, sh.n_cols, step):

@@ -830,10 +830,8 @@ func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byt
 		j, src := r%k, w[(r/k)*N:(r/k+1)*N]
 		qj := q[j]
 		row := make([]uint64, N)
-		if maxAbs < minQ { // |v| < q_j: v, or q_j + v for v < 0
-			for x, v := range src {
-				row[x] = uint64(v) + qj&uint64(v>>63)
-			}
+		if maxAbs < minQ {
+			reduceSmall(row, src, qj)
 		} else {
 			for x, v := range src { // v mod q_j, v signed
 				if v >= 0 {
@@ -853,53 +851,84 @@ func (o *packObj) pushProducts(w []int64, C int, tok, col []int64, present []byt
 // productLeaf: leaf i of a product chunk into ct (NTT domain).
 func (o *packObj) productLeaf(c *packChunk, i int, ct *rlwe.Ciphertext) {
 	qy, p, rq := o.query, c.prod, o.ctx.params.RingQ()
-	t, cl, N := int(p.tok[i]), int(p.col[i]), c.n
+	t, cl := int(p.tok[i]), int(p.col[i])
 	for j := 0; j < c.k; j++ {
-		s, qj := rq.SubRings[j], rq.SubRings[j].Modulus
-		if p.cache != nil {
-			p.cache.leafPrime(qy, t, cl, j, ct)
-			continue
-		}
+		s := rq.SubRings[j]
 		var v uint64 // coefficient N-1 of sum_b c0[t, b] w[c, b] (no wrap-around at N-1)
-		for b := 0; b < qy.B; b++ {
-			row := qy.c0[(t*qy.B+b)*c.k+j]
-			if p.smallDot { // the signed weights: N products below 2^62 / N each, no overflow
-				wrow := p.w[(cl*qy.B+b)*N : (cl*qy.B+b+1)*N]
-				var acc int64
-				for a, x := range row {
-					acc += int64(x) * wrow[N-1-a]
-				}
-				r := acc % int64(qj)
-				v = (v + uint64(r) + qj&uint64(r>>63)) % qj
-				continue
-			}
-			wrow := p.wmod[(cl*qy.B+b)*c.k+j]
-			var hi, lo uint64 // 128-bit sum of at most 32 products < q^2 < 2^122, then folded mod q
-			for a0 := 0; a0 < N; a0 += 32 {
-				for a := a0; a < min(a0+32, N); a++ {
-					h, l := bits.Mul64(row[a], wrow[N-1-a])
-					var carry uint64
-					lo, carry = bits.Add64(lo, l, 0)
-					hi += h + carry
-				}
-				hi, lo = 0, bits.Rem64(hi, lo, qj)
-			}
-			v = (v + lo) % qj
+		if p.cache != nil {
+			v = p.cache.c0Sum(qy, t, cl, j)
+		} else {
+			v = p.c0Sum(qy, t, cl, j, c.k, s.Modulus)
 		}
-		v = ring.BRed(v, qy.ninv[j], qj, s.BRedConstant) // v N^-1
+		v = ring.BRed(v, qy.ninv[j], s.Modulus, s.BRedConstant) // v N^-1
 		dst := ct.Value[0].Coeffs[j]
 		for x := range dst { // a constant's NTT is itself
 			dst[x] = v
 		}
-		acc := ct.Value[1].Coeffs[j]
-		for b := 0; b < qy.B; b++ {
-			qrow, wrow := qy.qhat[(t*qy.B+b)*c.k+j], p.what[(cl*qy.B+b)*c.k+j]
-			if b == 0 {
-				s.MulCoeffsMontgomery(qrow, wrow, acc)
-			} else {
-				s.MulCoeffsMontgomeryThenAdd(qrow, wrow, acc)
-			}
+		if p.cache != nil {
+			p.cache.c1Sum(qy, t, cl, j, ct.Value[1].Coeffs[j])
+		} else {
+			p.c1Sum(qy, s, t, cl, j, c.k, ct.Value[1].Coeffs[j])
 		}
+	}
+}
+
+// c0Sum: coefficient N-1 of sum_b c0[t, b] w[cl, b] modulo q_j, from the chunk's weights (k
+// data primes).
+func (p *productChunk) c0Sum(qy *productQuery, t, cl, j, k int, qj uint64) uint64 {
+	var v uint64
+	for b := 0; b < qy.B; b++ {
+		row := qy.c0[(t*qy.B+b)*k+j]
+		N := len(row)
+		if p.smallDot { // the signed weights: N products below 2^62 / N each, no overflow
+			v = (v + reversedDotMod(row, p.w[(cl*qy.B+b)*N:(cl*qy.B+b+1)*N], qj)) % qj
+			continue
+		}
+		wrow := p.wmod[(cl*qy.B+b)*k+j]
+		var hi, lo uint64 // 128-bit sum of at most 32 products < q^2 < 2^122, then folded mod q
+		for a0 := 0; a0 < N; a0 += 32 {
+			for a := a0; a < min(a0+32, N); a++ {
+				h, l := bits.Mul64(row[a], wrow[N-1-a])
+				var carry uint64
+				lo, carry = bits.Add64(lo, l, 0)
+				hi += h + carry
+			}
+			hi, lo = 0, bits.Rem64(hi, lo, qj)
+		}
+		v = (v + lo) % qj
+	}
+	return v
+}
+
+// c1Sum: acc = sum_b qhat[t, b] NTT(w[cl, b]) modulo q_j (Montgomery products), from the
+// chunk's weight transforms.
+func (p *productChunk) c1Sum(qy *productQuery, s *ring.SubRing, t, cl, j, k int, acc []uint64) {
+	for b := 0; b < qy.B; b++ {
+		qrow, wrow := qy.qhat[(t*qy.B+b)*k+j], p.what[(cl*qy.B+b)*k+j]
+		if b == 0 {
+			s.MulCoeffsMontgomery(qrow, wrow, acc)
+		} else {
+			s.MulCoeffsMontgomeryThenAdd(qrow, wrow, acc)
+		}
+	}
+}
+
+// reversedDotMod: sum_a row[a] w[N-1-a] modulo q, in [0, q); the caller guarantees the sum
+// stays in int64 (N max(row) max|w| < 2^63).
+func reversedDotMod[W int16 | int64](row []uint64, w []W, q uint64) uint64 {
+	N := len(row)
+	var acc int64
+	for a, x := range row {
+		acc += int64(x) * int64(w[N-1-a])
+	}
+	r := acc % int64(q)
+	return uint64(r) + q&uint64(r>>63)
+}
+
+// reduceSmall: dst = src mod q for signed |src| < q (q + v for v < 0).
+func reduceSmall(dst []uint64, src []int64, q uint64) {
+	for x, v := range src {
+		dst[x] = uint64(v) + q&uint64(v>>63)
 	}
 }
 
@@ -972,9 +1001,7 @@ func (pw *packWeights) add(w []int64, c int) error {
 		j, src := r%k, w[(r/k)*N:(r/k+1)*N]
 		qj := rq.SubRings[j].Modulus
 		row := make([]uint64, N)
-		for x, v := range src { // |v| < 2^15 < q_j
-			row[x] = uint64(v) + qj&uint64(v>>63)
-		}
+		reduceSmall(row, src, qj) // |v| < 2^15 < q_j
 		nttOf(rq.SubRings[j]).Forward(row, row)
 		dst := pw.what[(base*k+r)*N : (base*k+r+1)*N]
 		for x, v := range row {
@@ -985,29 +1012,24 @@ func (pw *packWeights) add(w []int64, c int) error {
 	return nil
 }
 
-// leafPrime: prime j of product leaf (token t, column cl) from the prepared weights: c0's
-// constant N^-1 sum_b coefficient N-1 of c0[t, b] w[cl, b], c1 = sum_b qhat[t, b] what[cl, b]
-// (Montgomery products: the words of productLeaf's other paths).
-func (pw *packWeights) leafPrime(qy *productQuery, t, cl, j int, ct *rlwe.Ciphertext) {
+// c0Sum: coefficient N-1 of sum_b c0[t, b] w[cl, b] modulo q_j, from the prepared weights
+// (productChunk.c0Sum's int64 path: N max(q) 2^15 < 2^62, newPackWeights).
+func (pw *packWeights) c0Sum(qy *productQuery, t, cl, j int) uint64 {
+	N, k, B := pw.n, pw.k, qy.B
+	qj := pw.ctx.params.RingQ().SubRings[j].Modulus
+	var v uint64
+	for b := 0; b < B; b++ {
+		v = (v + reversedDotMod(qy.c0[(t*B+b)*k+j], pw.w[(cl*B+b)*N:(cl*B+b+1)*N], qj)) % qj
+	}
+	return v
+}
+
+// c1Sum: acc = sum_b qhat[t, b] what[cl, b] modulo q_j from the prepared uint32 transforms, the
+// words of productChunk.c1Sum (Lattigo's MulCoeffsMontgomery / ...ThenAdd, element by element).
+func (pw *packWeights) c1Sum(qy *productQuery, t, cl, j int, acc []uint64) {
 	N, k, B := pw.n, pw.k, qy.B
 	s := pw.ctx.params.RingQ().SubRings[j]
 	qj, mrc := s.Modulus, s.MRedConstant
-	var v uint64
-	for b := 0; b < B; b++ {
-		row, wrow := qy.c0[(t*B+b)*k+j], pw.w[(cl*B+b)*N:(cl*B+b+1)*N]
-		var acc int64 // N products below 2^62 / N each (newPackWeights)
-		for a, x := range row {
-			acc += int64(x) * int64(wrow[N-1-a])
-		}
-		r := acc % int64(qj)
-		v = (v + uint64(r) + qj&uint64(r>>63)) % qj
-	}
-	v = ring.BRed(v, qy.ninv[j], qj, s.BRedConstant)
-	dst := ct.Value[0].Coeffs[j]
-	for x := range dst {
-		dst[x] = v
-	}
-	acc := ct.Value[1].Coeffs[j]
 	for b := 0; b < B; b++ {
 		qrow, wrow := qy.qhat[(t*B+b)*k+j], pw.what[((cl*B+b)*k+j)*N:((cl*B+b)*k+j+1)*N]
 		if b == 0 {
