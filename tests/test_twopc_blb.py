@@ -34,32 +34,13 @@ def _bert():
     return config, normalize_weights(config, w)
 
 
-def _bert_party(ctx, attention, activation, exp):
-    """One party of `bert_run`'s forward (module level: the parties run as two processes, so
-    that each configuration's keys and HE buffers leave with them instead of staying in the
-    test process)."""
-    config, w = _bert()
-    ids = np.random.default_rng(0).integers(0, config["vocab_size"], TOKENS)
-    sm = twopc_blb.server_model_blb(config, w)
-    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb", blb_activation=activation,
-                             blb_exp=exp)
-    meter = twopc.OpMeter(ctx.chan)
-    enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter,
-                              attention=attention if ctx.party == 1 else "auto")
-    assert isinstance(enc, twopc_blb.BLBEncoder)
-    assert enc.blb_graph.meta["blb_activation"] == activation and enc.blb_graph.meta["blb_exp"] == exp
-    h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
-    return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats
-
-
 @pytest.fixture(scope="module", params=[("rows", "gate", "core"), ("fused", "whole", "core"),
                                         ("fused", "poly", "poly")])
 def bert_run(request):
     """The forward with Q K^T / P V on the rows' pair grid and in section 5's packing (its
     re-packs of Q, K and P V's output through conversion round trips); GeLU as Algorithm 4's
     x * Phi(x) (the gate in MPC, the product in HE), as one MPC core, and as its clamped form
-    with the polynomial in HE, with the softmax's exp polynomial in HE too (the plan's default).
-    The parties are two processes (`_bert_party`)."""
+    with the polynomial in HE, with the softmax's exp polynomial in HE too (the plan's default)."""
     attention, activation, exp = request.param
     if not lattigo.available():
         pytest.skip(lattigo.unavailable_reason())
@@ -69,9 +50,20 @@ def bert_run(request):
     ref = GraphExecutor(g, bind(g, w), dtype=np.float64).run(
         {"ids": ids, "positions": np.arange(TOKENS), "token_types": np.zeros(TOKENS, np.int64)},
         {"pos0": 0, "T": TOKENS, "positions": np.arange(TOKENS)})["hidden"]
-    from cipherlm.mpc.runner import run_processes
-    args = (attention, activation, exp)
-    r0, r1 = run_processes(_bert_party, args0=args, args1=args, timeout=1200)
+    sm = twopc_blb.server_model_blb(config, w)
+    plan = twopc.public_plan(config, sm, embedding="onehot-linear", fusion="blb", blb_activation=activation,
+                             blb_exp=exp)
+
+    def party(ctx):
+        meter = twopc.OpMeter(ctx.chan)
+        enc = make_twopc_executor(ctx, config, sm if ctx.party == 1 else None, plan, meter=meter,
+                                  attention=attention if ctx.party == 1 else "auto")
+        assert isinstance(enc, twopc_blb.BLBEncoder)
+        assert enc.blb_graph.meta["blb_activation"] == activation and enc.blb_graph.meta["blb_exp"] == exp
+        h = enc.encode_shares(ids if ctx.party == 0 else None, TOKENS)
+        return h.reveal_float(to=0), meter.summary(), enc.runner.block_stats
+
+    r0, r1 = run_inprocess(party, timeout=1200)
     return ref, r0, r1, attention, activation, exp
 
 
