@@ -71,7 +71,7 @@ demo: install
 	$(BIN)/cipherlm demo $(DEMO_ARGS)
 
 test: install-test
-	$(BIN)/python -m pytest -q $(TEST_ARGS)
+	$(BIN)/python tests/run_groups.py $(TEST_ARGS)
 
 clean:
 	rm -rf $(VENV) target

@@ -9,15 +9,28 @@ import pytest
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _release_go_heap():
+def _release_heaps():
     """After each module: collect Python's garbage (whose handles free Go objects), then hand
-    the Go heap they leave back to the OS, so that one long test process does not keep every
-    module's HE keys and buffers (the suite once peaked at 20 GB of this 24 GB machine)."""
+    the Go heap they leave and glibc's free pages back to the OS, so that one long test process
+    does not keep every module's HE keys and buffers (the suite once peaked at 20 GB of this
+    24 GB machine; `make test` also runs it as several processes, tests/run_groups.py)."""
     yield
+    gc.collect()
     lat = sys.modules.get("cipherlm.he.lattigo_backend")
     if lat is not None:
-        gc.collect()
         lat.release_memory()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    """Hand glibc's free heap pages back to the OS (numpy buffers below the mmap threshold are
+    freed into malloc's arenas, which otherwise keep them)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 @pytest.fixture(scope="session")
