@@ -21,7 +21,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip uv
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml Cargo.toml src/lib.rs | $(LATTIGO_SO)
+$(VENV)/.installed: $(BIN)/python pyproject.toml Cargo.toml $(wildcard src/*.rs) | $(LATTIGO_SO)
 	$(UV) -e .
 	$(UV) --no-deps $(DATA_PKGS)
 	touch $@

@@ -9,9 +9,13 @@
 //!   channel.  Every heavy function releases the GIL.
 
 mod baseot;
+mod bfv_finish;
+mod bfv_sym;
 mod crt;
+mod dyadic;
 mod ferret;
 mod iknp;
+mod ntt;
 mod otops;
 mod prg;
 mod transpose;
@@ -150,5 +154,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crt::crt_encode_scaled, m)?)?;
     m.add_function(wrap_pyfunction!(crt::crt_rescale_pow2, m)?)?;
     m.add_function(wrap_pyfunction!(crt::multiword_residues, m)?)?;
+    m.add_function(wrap_pyfunction!(dyadic::ntt_mul_sum, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_finish::bfv_encode_ntt, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_finish::ntt_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_finish::bfv_finish, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_sym::bfv_encrypt_symmetric, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_sym::bfv_expand_seeded, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_sym::bfv_decrypt_positions, m)?)?;
     Ok(())
 }

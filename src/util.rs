@@ -116,3 +116,23 @@ pub fn u64_bytes(v: &[u64]) -> Vec<u8> {
     }
     out
 }
+
+/// A C-contiguous buffer of 8-byte integers (numpy uint64 / int64 viewed as uint8) as u64s,
+/// without a copy; empty buffers give an empty slice.
+pub fn u64_slice<'a>(b: &'a PyBuffer<u8>, what: &str) -> PyResult<&'a [u64]> {
+    let v = view(b)?;
+    if v.is_empty() {
+        return Ok(&[]);
+    }
+    if v.len() % 8 != 0 || (v.as_ptr() as usize) % 8 != 0 {
+        return err(format!("{what} must be an aligned array of 8-byte integers"));
+    }
+    // SAFETY: aligned, length a multiple of 8, alive as long as the buffer.
+    Ok(unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u64, v.len() / 8) })
+}
+
+/// The bytes of a u64 slice (native byte order), without a copy.
+pub fn bytes_of(v: &[u64]) -> &[u8] {
+    // SAFETY: plain integers, viewed as their bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
+}

@@ -15,7 +15,7 @@ from cipherlm.mpc.context import MPCError
 from cipherlm.mpc.runner import PartyFailed, run_inprocess, run_processes
 from cipherlm.mpc.shares import share_input
 from cipherlm.protocols import linear as L
-from cipherlm.mpc.he_session import he_session
+from cipherlm.mpc.he_session import he_session, u64_bytes_view
 
 
 def _negacyclic(a: np.ndarray, b: np.ndarray, t: int) -> np.ndarray:
@@ -138,7 +138,7 @@ def test_encryptor_output_share_is_uniform_and_independent_of_weights():
     assert_uniform_and_alike(client_views_for_two_weights(_view_party), 1 << 59)
 
 
-def _noise_party(ctx, flood):
+def _noise_party(ctx, flood, native=False):
     """Encryptor: the remaining noise budget of one result ciphertext (all of c0 sent)."""
     import tenseal.sealapi as seal
 
@@ -158,17 +158,24 @@ def _noise_party(ctx, flood):
     ct = he.load_input(bytes(ctx.recv()["cts"][0]))
     acc = seal.Ciphertext()
     he.he.evaluator.multiply_plain(ct, he.encode_plain(np.arange(he.n) % 7 - 3), acc)
-    c1, c0, _ = he.finish(acc, np.arange(he.n), L.noise_bound(he.n, 3), send_level=he.top)
+    if native:  # the same product, finished by `_core.bfv_finish`
+        c1, c0, _ = he.finish_native(he.backend.ciphertext_to_numpy(acc)[None], np.arange(he.n),
+                                     L.noise_bound(he.n, 3), keep=len(he.he.coeff_moduli))
+        c1, c0 = c1[0], c0[0]
+    else:
+        c1, c0, _ = he.finish(acc, np.arange(he.n), L.noise_bound(he.n, 3), send_level=he.top)
     ctx.send({"c1": c1, "c0": c0})
     return None
 
 
-def test_result_noise_is_flooded():
+@pytest.mark.parametrize("native", [False, True], ids=["backend", "native"])
+def test_result_noise_is_flooded(native):
     """Before the modulus switch, the noise of a result is >= 2^40 times larger with
     flooding than without (the remaining noise budget drops by >= 40 bits), and
     the result still decrypts (budget > 0).  (After the switch to two primes both
     are below the switch's own rounding noise, which is why this looks earlier.)"""
-    budgets = [run_inprocess(_noise_party, args0=(flood,), args1=(flood,), timeout=120)[0] for flood in (False, True)]
+    budgets = [run_inprocess(_noise_party, args0=(flood,), args1=(flood, native), timeout=120)[0]
+               for flood in (False, True)]
     assert budgets[0] - budgets[1] >= 40, budgets
     assert budgets[1] > 0, budgets
 
@@ -202,3 +209,175 @@ def test_malformed_reply_is_an_error():
 def test_empty_product_is_an_error():
     with pytest.raises(MPCError):
         L.plan_blocks(0, 3, 4, 64)
+
+
+# ----------------------------------------------------------------------------- the native block products
+def _exact_mul_sum(xs, ws, offsets, x_idx, w_idx, moduli):
+    """Python-integer reference of `_core.ntt_mul_sum`."""
+    n_out = len(offsets) - 1
+    out = np.zeros((n_out,) + xs.shape[1:], np.uint64)
+    for o in range(n_out):
+        for j, q in enumerate(moduli):
+            acc = np.zeros((xs.shape[1], xs.shape[3]), dtype=object)
+            for p in range(offsets[o], offsets[o + 1]):
+                acc += xs[x_idx[p], :, j].astype(object) * ws[w_idx[p], j].astype(object)
+            out[o, :, j] = (acc % q).astype(np.uint64)
+    return out
+
+
+def test_ntt_mul_sum_matches_exact_integers():
+    """Sums of up to 300 products of residues just below 60-bit primes (past the lazy
+    accumulator's limit, so the partial reductions run) equal Python's exact arithmetic."""
+    from cipherlm import _core
+
+    rng = np.random.default_rng(5)
+    moduli = [1152921504606830593, 1152921504606748673, 274877906939]
+    n, comps = 16, 2
+    xs = np.stack([np.stack([rng.integers(q - 1000, q, (comps, n), dtype=np.uint64) for q in moduli], axis=1)
+                   for _ in range(7)])
+    ws = np.stack([np.stack([rng.integers(q - 1000, q, n, dtype=np.uint64) for q in moduli]) for _ in range(5)])
+    pairs = [[(i % 7, i % 5) for i in range(300)], [], [(3, 1)], [(i, i % 5) for i in range(7)]]
+    offsets = np.cumsum([0] + [len(p) for p in pairs]).tolist()
+    x_idx = [i for p in pairs for i, _ in p]
+    w_idx = [w for p in pairs for _, w in p]
+    got = np.frombuffer(_core.ntt_mul_sum(u64_bytes_view(xs), u64_bytes_view(ws), offsets, x_idx, w_idx, moduli,
+                                          comps, n), np.uint64).reshape(len(pairs), comps, len(moduli), n)
+    np.testing.assert_array_equal(got, _exact_mul_sum(xs, ws, offsets, x_idx, w_idx, moduli))
+    assert not got[1].any()
+
+
+def test_ntt_mul_sum_refuses_bad_input():
+    from cipherlm import _core
+
+    q = [1152921504606830593]
+    x = np.zeros((1, 2, 1, 8), np.uint64)
+    w = np.zeros((1, 1, 8), np.uint64)
+    ok = dict(offsets=[0, 1], x_idx=[0], w_idx=[0], moduli=q, comps=2, n=8)
+    _core.ntt_mul_sum(u64_bytes_view(x), u64_bytes_view(w), **ok)
+    for bad in ({"x_idx": [1]}, {"w_idx": [3]}, {"offsets": [0, 2]}, {"moduli": [2 ** 62 + 1]}, {"n": 3}):
+        with pytest.raises(ValueError):
+            _core.ntt_mul_sum(u64_bytes_view(x), u64_bytes_view(w), **{**ok, **bad})
+    x[0, 1, 0, 3] = q[0]  # an unreduced input residue (the peer's bytes)
+    with pytest.raises(ValueError, match="below its prime"):
+        _core.ntt_mul_sum(u64_bytes_view(x), u64_bytes_view(w), **ok)
+
+
+def _seal_block_products_party(ctx):
+    """Evaluator's block products: the native kernel against SEAL's multiply_plain + add."""
+    he = he_session(ctx)
+    rng = np.random.default_rng(ctx.party)
+    plan = L.plan_blocks(4, 64, 300, he.n)
+    if ctx.party == 0:
+        A = rng.integers(0, he.t, (1, 4, 64), dtype=np.uint64)
+        ctx.send({"cts": he.encrypt_polys(L._pack_lhs(plan, A).reshape(-1, he.n))})
+        return None
+    blobs = ctx.recv()["cts"]
+    B = rng.integers(-(1 << 18), 1 << 18, (1, 64, 300))
+    B[:, :, :plan.ow] = 0  # an all-zero output block column
+    cts = [he.load_input(bytes(b)) for b in blobs]
+    xs = np.stack([he.backend.ciphertext_to_numpy(c) for c in cts])
+    rhs = L._encoded_rhs(he, plan, B, L.W_BITS, None)
+    chunks = list(L._block_products(he, plan, xs, rhs))
+    native = [s for sums, _ in chunks for s in sums]
+    empty = [e for _, es in chunks for e in es]
+    be, hectx, k, zero_blocks = he.backend, he.he, 0, 0
+    for mi in range(plan.mb):
+        for oi in range(plan.ob):
+            acc = None
+            for di in range(plan.db):
+                w = rhs.index[0, di, oi]
+                if w < 0:
+                    continue
+                pt = he.encode_plain(L._pack_rhs(plan, B)[0, di, oi])
+                prod = be.multiply_plain(hectx, cts[mi * plan.db + di], pt)
+                acc = prod if acc is None else (be.add_inplace(hectx, acc, prod) or acc)
+            if acc is not None:
+                assert not empty[k]
+                np.testing.assert_array_equal(native[k], be.ciphertext_to_numpy(acc))
+            else:  # no products: a zero sum, flagged (the finishing re-randomises it)
+                assert empty[k] and not native[k].any()
+                zero_blocks += 1
+            k += 1
+    return k, zero_blocks
+
+
+def test_native_block_products_equal_seal():
+    """The native kernel gives the same residues as SEAL's multiply_plain + add_inplace on
+    real encrypted inputs and encoded weights (including an all-zero weight column)."""
+    _, (k, zero_blocks) = run_inprocess(_seal_block_products_party, timeout=120)
+    assert k > 2 and zero_blocks >= 1
+
+
+# ----------------------------------------------------------------------------- the native encryptor side
+def _local_sessions():
+    """Two HE sessions (party 0 and 1) that exchanged public keys, in this thread."""
+    out = {}
+
+    def party(ctx):
+        he = he_session(ctx)
+        out[ctx.party] = he
+        return he.native
+
+    assert run_inprocess(party, timeout=60) == (True, True)
+    return out[0], out[1]
+
+
+def test_native_encryption_decrypts_with_seal():
+    """A native seeded encryption, expanded by the evaluator and handed to SEAL as a
+    ciphertext, decrypts under SEAL to the plaintext (an oracle that shares no code)."""
+    enc, _ = _local_sessions()
+    rng = np.random.default_rng(11)
+    polys = rng.integers(0, enc.t, (3, enc.n), dtype=np.uint64)
+    msg = enc.encrypt_native(polys)
+    assert len(msg["c0"]) == 3 * sum(-(-enc.n * int(q).bit_length() // 8) for q in enc.he.coeff_moduli)
+    xs = enc.load_native(msg, 3)  # this party can expand its own seeds too
+    be = enc.backend
+    for i in range(3):
+        ct = be.numpy_to_ciphertext(enc.he, xs[i], level=enc.top, ntt=True)
+        be.from_ntt_inplace(enc.he, ct)
+        got = be.plaintext_to_numpy(enc.keys.decrypt(ct))
+        np.testing.assert_array_equal(np.pad(got, (0, enc.n - got.size)), polys[i])
+
+
+def test_native_decryption_matches_seal():
+    """decrypt_native equals SEAL's decrypt_compact on finished results (both switched down)."""
+    enc, ev = _local_sessions()
+    rng = np.random.default_rng(12)
+    xs = ev.load_native(enc.encrypt_native(rng.integers(0, enc.t, (2, enc.n), dtype=np.uint64)), 2)
+    positions = np.sort(rng.choice(enc.n, 300, replace=False))
+    c1, c0, _ = ev.finish_native(xs, positions, L.noise_bound(1, 1))
+    native = enc.decrypt_native(c1, c0, positions)
+    seal_vals = np.stack([enc.decrypt_compact(c1[i], c0[i], positions) for i in range(2)])
+    np.testing.assert_array_equal(native, seal_vals)
+
+
+def test_native_inputs_refuse_malformed_messages():
+    from cipherlm.mpc.context import MPCError as E
+
+    enc, ev = _local_sessions()
+    msg = enc.encrypt_native(np.zeros((2, enc.n), np.uint64))
+    with pytest.raises(E, match="seeds"):
+        ev.load_native(msg, 3)
+    with pytest.raises(E):
+        ev.load_native({"c0": msg["c0"][:-1], "seeds": msg["seeds"]}, 2)
+    with pytest.raises(E):
+        ev.load_native({"c0": "not bytes", "seeds": msg["seeds"]}, 2)
+    bad = bytearray(msg["c0"])
+    bad[:8] = b"\xff" * 8  # the first residue above its prime
+    with pytest.raises(E, match="below its prime"):
+        ev.load_native({"c0": bytes(bad), "seeds": msg["seeds"]}, 2)
+    c1 = np.full((1, 2, enc.n), np.uint64(2 ** 63))
+    with pytest.raises(E, match="below its prime"):
+        enc.decrypt_native(c1, np.zeros((1, 2, 4), np.uint64), np.arange(4))
+
+
+def test_evaluator_view_of_native_inputs_is_uniform_and_plaintext_independent():
+    """What the server receives (c_0 residues of the first prime) is uniform and identically
+    distributed for an all-zero and an all-(t - 1) plaintext."""
+    enc, ev = _local_sessions()
+    q0 = int(enc.he.coeff_moduli[0])
+    views = []
+    for fill in (0, enc.t - 1):
+        xs = ev.load_native(enc.encrypt_native(np.full((4, enc.n), fill, np.uint64)), 4)
+        views.append(xs[:, 0, 0].reshape(-1))
+    assert_uniform_and_alike(views, q0)

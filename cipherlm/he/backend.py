@@ -154,6 +154,13 @@ class SecretKeys(abc.ABC):
     def galois_keys_bytes_for_elements(self, elements) -> bytes:
         """Serialised (seeded) Galois keys for automorphisms X -> X^g, g in ``elements``."""
 
+    def secret_key_ntt(self) -> np.ndarray:
+        """The secret key's NTT-form residues (k, N) at the context's data primes, for this
+        party's own native encryption and decryption (`_core.bfv_encrypt_symmetric`); it never
+        leaves the process.  Not abstract: without it the 2pc linear layers encrypt and decrypt
+        through the backend."""
+        raise NotImplementedError(f"{type(self).__name__} has no raw secret-key access")
+
 
 class HEBackend(abc.ABC):
     """Operations the protocols use (module docstring).  Stateless: per-parameter state
@@ -289,6 +296,13 @@ class HEBackend(abc.ABC):
     @abc.abstractmethod
     def plaintext_to_numpy(self, pt) -> np.ndarray:
         """Plaintext coefficients, flat (coefficient form: up to N values mod t)."""
+
+    def public_key_to_numpy(self, ctx, data: bytes) -> np.ndarray:
+        """A peer's public key (untrusted bytes, validated as `load_public_key` does) as its
+        NTT-form residues (2, k, N) at the context's k data primes: what the native cross-term
+        finishing (`_core.bfv_finish`) re-randomises with.  Not abstract: without it the 2pc
+        linear layers finish through the backend, one call per step."""
+        raise NotImplementedError(f"backend {self.name!r} has no raw public-key access")
 
     # -- CKKS raw coefficient access (BLB section 6: `protocols.ckks_convert`) ----------
     # Not abstract: a backend without them cannot run the CKKS <-> MPC conversions.

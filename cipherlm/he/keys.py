@@ -9,6 +9,7 @@ for the client's own local storage and is deliberately separate.
 
 from __future__ import annotations
 
+import numpy as np
 import tenseal.sealapi as seal
 
 from . import serialize
@@ -75,6 +76,14 @@ class ClientKeys(SecretKeys):
         pt = seal.Plaintext()
         self._decryptor.decrypt(ct, pt)
         return pt
+
+    def secret_key_ntt(self) -> np.ndarray:
+        """The secret key's NTT-form residues at the data primes (k, N), for this process's
+        native encryption and decryption only (cached; never serialised for sending)."""
+        if getattr(self, "_sk_ntt", None) is None:
+            arr = serialize.plaintext_to_numpy(self._sk.data(), self.ctx)  # (k + 1, N): key level
+            self._sk_ntt = np.ascontiguousarray(arr[: len(self.ctx.coeff_moduli)])
+        return self._sk_ntt
 
     def export_secret_key(self) -> bytes:
         """For the client's own storage only; never send this."""

@@ -49,6 +49,11 @@ class SealBackend(HEBackend):
     def load_public_key(self, ctx: HEContext, data: bytes):
         return seal.Encryptor(ctx.seal, serialize.public_key_from_bytes(ctx, data))
 
+    def public_key_to_numpy(self, ctx: HEContext, data: bytes) -> np.ndarray:
+        pk = serialize.public_key_from_bytes(ctx, data)  # kept alive: data() is a view into it
+        key = serialize.ciphertext_to_numpy(pk.data())
+        return key[:, : len(ctx.coeff_moduli)].copy()  # SEAL keeps the key at the special prime's level too
+
     def encrypt_zero(self, ctx: HEContext, pk, level):
         ct = seal.Ciphertext()
         pk.encrypt_zero(list(level), ct)

@@ -74,6 +74,7 @@ from cipherlm import _core
 from ..he.backend import DEFAULT_BACKEND, HEBackend, get_backend
 from ..he.errors import HEError
 from ..he.params import HEParams
+from . import crt
 from .context import MPCError
 from .ring import new_rng
 
@@ -192,6 +193,16 @@ class HESession:
         if be.params_from_bytes(bytes(peer["bfv_params"])) != params:
             raise MPCError("peer uses different BFV parameters")
         self._peer_pk = be.load_public_key(self.he, bytes(peer["public_key"]))
+        try:  # the keys as residues, for the native cross-term kernels (`native`)
+            self._peer_pk_ntt = be.public_key_to_numpy(self.he, bytes(peer["public_key"]))
+            self._sk_ntt = self.keys.secret_key_ntt()
+        except NotImplementedError:
+            self._peer_pk_ntt = self._sk_ntt = None
+        self._moduli = [int(q) for q in self.he.coeff_moduli]
+        q_all = math.prod(self._moduli)
+        #: round(q m / t) = delta m + floor((q_mod_t m + floor((t + 1) / 2)) / t), per prime
+        self._delta = [(q_all // self.t) % q for q in self._moduli]
+        self._q_mod_t = q_all % self.t
         self.plain_cache: dict = {}
         self.flooded = flood_counter(ctx)
 
@@ -307,6 +318,80 @@ class HESession:
         return out[1], out[0][:, positions], share
 
 
+    @property
+    def native(self) -> bool:
+        """Whether the native cross-term kernels apply (`encrypt_native`, `load_native`,
+        `finish_native`, `decrypt_native`): coefficient packing (t a power of two) and a
+        backend that gives the keys as residues in SEAL's NTT convention."""
+        return self.pow2 and self._peer_pk_ntt is not None
+
+    # -- native encryptor side (`_core.bfv_encrypt_symmetric`, `bfv_decrypt_positions`) --
+    def encrypt_native(self, polys: np.ndarray) -> dict:
+        """Seeded symmetric encryptions of coefficient vectors (values mod t) in NTT form:
+        {"c0": bit-packed c_0 of each, "seeds": 32 bytes each} (`_core.bfv_encrypt_symmetric`)."""
+        polys = np.ascontiguousarray(polys, np.uint64).reshape(-1, self.n) & np.uint64(self.t - 1)
+        c0, seeds = _core.bfv_encrypt_symmetric(u64_bytes_view(polys), u64_bytes_view(self._sk_ntt), self._delta,
+                                                self._q_mod_t, self.t, self._moduli, self.n)
+        return {"c0": bytes(c0), "seeds": bytes(seeds)}
+
+    def decrypt_native(self, c1: np.ndarray, c0_sel: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """`decrypt_compact` for a batch: c1 (r, RESULT_PRIMES, N), c0 at positions
+        (r, RESULT_PRIMES, P) -> plaintext values (r, P) mod t.  Residues not below their
+        primes (the peer's bytes) raise MPCError."""
+        kr = self.result_primes
+        primes = tuple(self._moduli[:kr])
+        try:
+            res = _core.bfv_decrypt_positions(u64_bytes_view(c1), u64_bytes_view(c0_sel), u64_bytes_view(self._sk_ntt),
+                                              [int(v) for v in positions], list(primes), self.n)
+        except ValueError as e:
+            raise MPCError(f"cross term reply: {e}") from None
+        r, p = c1.shape[0], positions.size
+        res = np.frombuffer(res, np.uint64).reshape(r, kr, p).transpose(1, 0, 2).reshape(kr, r * p)
+        return crt.rescale(res, primes, self.t_bits).reshape(r, p)
+
+    # -- native evaluator side ------------------------------------------------------------
+    def load_native(self, msg: dict, count: int) -> np.ndarray:
+        """The encryptor's {"c0", "seeds"} as NTT-form ciphertexts (count, 2, k, N)
+        (`_core.bfv_expand_seeded`: c_0 checked below its primes, c_1 from the seed)."""
+        c0, seeds = msg.get("c0"), msg.get("seeds")
+        if not isinstance(c0, (bytes, bytearray)) or not isinstance(seeds, (bytes, bytearray)) \
+                or len(seeds) != 32 * count:
+            raise MPCError(f"cross term: expected c0 bytes and {count} 32-byte seeds")
+        try:
+            out = _core.bfv_expand_seeded(bytes(c0), bytes(seeds), self._moduli, self.n)
+        except ValueError as e:
+            raise MPCError(f"cross term input: {e}") from None
+        return np.frombuffer(out, np.uint64).reshape(count, 2, len(self._moduli), self.n)
+
+    def finish_native(self, sums: np.ndarray, positions: np.ndarray, noise_bound: float, *,
+                      keep: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`finish` for a batch of NTT-form products ``sums`` (n_out, 2, k, N) at the top level,
+        in one native call (`_core.bfv_finish`: every core, no backend objects): the same
+        mask (encoded as round(q r / t), as SEAL's `add_plain`), re-randomisation (a
+        public-key encryption of zero drawn natively from a CSPRNG), flooding (drawn here, as
+        in `finish`) and switch to RESULT_PRIMES.
+        ``keep`` (default RESULT_PRIMES) is for tests that inspect the noise before the switch.
+        Returns (c1 (n_out, keep, N), c0 at positions (n_out, keep, P), -r mod t (n_out, P)),
+        the last being this party's shares."""
+        if not self.native:
+            raise HEError("finish_native needs t = 2^k and the keys as residues")
+        sums = np.ascontiguousarray(sums, np.uint64)
+        n_out, k, p = sums.shape[0], len(self.he.coeff_moduli), positions.size
+        if sums.shape[1:] != (2, k, self.n):
+            raise HEError(f"expected (n, 2, {k}, {self.n}) products, got {sums.shape}")
+        moduli = self._moduli
+        r = self.rng.integers(0, self.t, size=(n_out, p), dtype=np.uint64)
+        b_f = self.flood_bound(noise_bound)
+        self.flooded.add(n_out * p)
+        flood = np.stack(self._flood_residues(b_f, n_out * p)).reshape(k, n_out, p).transpose(1, 0, 2)
+        keep = self.result_primes if keep is None else int(keep)
+        c1, c0 = _core.bfv_finish(u64_bytes_view(sums), u64_bytes_view(self._peer_pk_ntt), u64_bytes_view(r),
+                                  [int(v) for v in positions], u64_bytes_view(flood), self._delta, self._q_mod_t, self.t,
+                                  moduli, self.n, keep)
+        c1 = np.frombuffer(c1, np.uint64).reshape(n_out, keep, self.n)
+        c0 = np.frombuffer(c0, np.uint64).reshape(n_out, keep, p)
+        return c1, c0, (np.uint64(self.t) - r) % np.uint64(self.t)
+
     def _flood_residues(self, b_f: int, count: int) -> list[np.ndarray]:
         """A uniform integer vector u - b_f, u in [0, 2 b_f) (b_f a power of two),
         as residues modulo each data prime; u is drawn as 64-bit words from the
@@ -320,6 +405,11 @@ class HESession:
         out = _core.multiword_residues(np.ascontiguousarray(words).view(np.uint8).reshape(-1), w, moduli,
                                        [b_f % q for q in moduli])
         return list(np.frombuffer(out, np.uint64).reshape(len(moduli), count))
+
+
+def u64_bytes_view(a: np.ndarray) -> np.ndarray:
+    """A uint64 array as the flat C-contiguous uint8 view the native kernels take."""
+    return np.ascontiguousarray(a, np.uint64).reshape(-1).view(np.uint8)
 
 
 def he_session(ctx) -> HESession:

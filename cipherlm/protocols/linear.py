@@ -55,12 +55,14 @@ import dataclasses
 
 import numpy as np
 
+from .. import _core
 from ..mpc.context import MPCError
 from ..mpc.protocols.trunc import trunc_local
 from ..mpc.ring import fixed_encode, mask
 from ..mpc.shares import AShare
 
-from ..mpc.he_session import FLOOD_SIGMA, RESULT_PRIMES, HESession, he_session, he_session_wide, noise_bound
+from ..mpc.he_session import (FLOOD_SIGMA, RESULT_PRIMES, HESession, he_session, he_session_wide, noise_bound,
+                               u64_bytes_view)
 # the pieces linear_simd shares, defined below both (re-exported: protocols.linear.plan_blocks, W_BITS, ...)
 from .linear_common import IN_FRAC, W_BITS, W_FRAC, BlockPlan, _to_in_frac, plan_blocks  # noqa: F401
 
@@ -147,48 +149,75 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     positions = plan.positions()
     if ctx.party == encryptor:
         A = np.asarray(A, np.uint64).reshape(batch, m, d) & np.uint64(t - 1)
-        ctx.send({"cts": he.encrypt_polys(_pack_lhs(plan, A).reshape(-1, n))})
+        polys = _pack_lhs(plan, A).reshape(-1, n)
+        ctx.send(he.encrypt_native(polys) if he.native else {"cts": he.encrypt_polys(polys)})
         reply = ctx.recv()
         c1 = np.asarray(reply["c1"], np.uint64)
         c0 = np.asarray(reply["c0"], np.uint64)
         want1, want0 = (plan.out_cts, RESULT_PRIMES, n), (plan.out_cts, RESULT_PRIMES, positions.size)
         if c1.shape != want1 or c0.shape != want0:
             raise MPCError(f"cross term reply has shapes {c1.shape}/{c0.shape}, expected {want1}/{want0}")
-        vals = np.stack([he.decrypt_compact(c1[i], c0[i], positions) for i in range(plan.out_cts)])
+        if he.native:
+            vals = he.decrypt_native(c1, c0, positions)
+        else:
+            vals = np.stack([he.decrypt_compact(c1[i], c0[i], positions) for i in range(plan.out_cts)])
         return _unpack_out(plan, vals.reshape(batch, plan.mb, plan.ob, -1))
-    # evaluator
+    # evaluator: the inputs in NTT form as one array, order (batch, mb, db)
     msg = ctx.recv()
-    blobs = msg.get("cts") if isinstance(msg, dict) else None
-    if not isinstance(blobs, list) or len(blobs) != plan.in_cts:
-        raise MPCError(f"cross term: expected {plan.in_cts} ciphertexts, got "
-                       f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
-    cts = [he.load_input(bytes(b)) for b in blobs]  # order (batch, mb, db)
-    pts = _encoded_rhs(he, plan, B, b_bits, cache_key)  # [batch][db][ob]
-    be, hectx = he.backend, he.he
+    if not isinstance(msg, dict):
+        raise MPCError(f"cross term: expected a dict of ciphertexts, got {type(msg).__name__}")
+    if he.native:
+        xs = he.load_native(msg, plan.in_cts)
+    else:
+        blobs = msg.get("cts")
+        if not isinstance(blobs, list) or len(blobs) != plan.in_cts:
+            raise MPCError(f"cross term: expected {plan.in_cts} ciphertexts, got "
+                           f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
+        xs = np.stack([he.backend.ciphertext_to_numpy(he.load_input(bytes(b))) for b in blobs])
+    rhs = _encoded_rhs(he, plan, B, b_bits, cache_key)
     c1s, c0s, shares = [], [], []
-    tmp = None  # the product buffer (`multiply_plain(out=)`)
-    for bi in range(batch):
-        for mi in range(plan.mb):
-            row = cts[(bi * plan.mb + mi) * plan.db:(bi * plan.mb + mi + 1) * plan.db]
-            for oi in range(plan.ob):
-                acc = None
-                for di in range(plan.db):
-                    pt = pts[bi][di][oi]
-                    if pt is None:
-                        continue
-                    if acc is None:
-                        acc = be.multiply_plain(hectx, row[di], pt)
-                    else:
-                        tmp = be.multiply_plain(hectx, row[di], pt, out=tmp)
-                        be.add_inplace(hectx, acc, tmp)
-                if acc is None:  # an all-zero block: a re-randomised encryption of zero still hides it
-                    acc = he.zero_ntt()
-                c1, c0, sh = he.finish(acc, positions, bound)
-                c1s.append(c1)
-                c0s.append(c0)
-                shares.append(sh)
-    ctx.send({"c1": np.stack(c1s), "c0": np.stack(c0s)})
-    return _unpack_out(plan, np.stack(shares).reshape(batch, plan.mb, plan.ob, -1))
+    for sums, empty in _block_products(he, plan, xs, rhs):
+        if he.native:
+            c1, c0, sh = he.finish_native(sums, positions, bound)
+        else:  # through the backend, one result at a time
+            c1, c0, sh = (np.stack(v) for v in zip(*(
+                he.finish(he.zero_ntt() if e else he.backend.numpy_to_ciphertext(he.he, s, level=he.top, ntt=True),
+                          positions, bound) for s, e in zip(sums, empty))))
+        c1s.append(c1)
+        c0s.append(c0)
+        shares.append(sh)
+    ctx.send({"c1": np.concatenate(c1s), "c0": np.concatenate(c0s)})
+    return _unpack_out(plan, np.concatenate(shares).reshape(batch, plan.mb, plan.ob, -1))
+
+
+#: output blocks per native call of `_block_products` (bounds the result buffer: 393 kB each
+#: at N = 8192 and 3 primes)
+PRODUCT_CHUNK = 64
+
+
+def _block_products(he: HESession, plan: BlockPlan, xs: np.ndarray, rhs: EncodedRhs):
+    """Yield (sums, empty) per chunk of output blocks in the order (batch, mb, ob): sums
+    (chunk, 2, k, N) the NTT-form products sum_di x[b, mi, di] * W[b, di, oi], computed in one
+    native call (`_core.ntt_mul_sum`: every core, one reduction per coefficient) instead of a
+    backend call per block pair; empty[i] when output i's weight blocks are all zero (its
+    sum is zero; the finishing re-randomises it like every other)."""
+    n, k = he.n, xs.shape[2]
+    moduli = [int(q) for q in he.he.coeff_moduli[:k]]
+    outs = [(bi, mi, oi) for bi in range(plan.batch) for mi in range(plan.mb) for oi in range(plan.ob)]
+    for start in range(0, len(outs), PRODUCT_CHUNK):
+        chunk = outs[start:start + PRODUCT_CHUNK]
+        offsets, x_idx, w_idx = [0], [], []
+        for bi, mi, oi in chunk:
+            for di in range(plan.db):
+                w = int(rhs.index[bi, di, oi])
+                if w >= 0:
+                    x_idx.append((bi * plan.mb + mi) * plan.db + di)
+                    w_idx.append(w)
+            offsets.append(len(x_idx))
+        sums = np.frombuffer(_core.ntt_mul_sum(u64_bytes_view(xs), u64_bytes_view(rhs.weights), offsets, x_idx,
+                                               w_idx, moduli, xs.shape[1], n),
+                             np.uint64).reshape(len(chunk), xs.shape[1], k, n)
+        yield sums, [offsets[o] == offsets[o + 1] for o in range(len(chunk))]
 
 
 def cross_session(ctx, d: int, b_bits: int) -> HESession:
@@ -207,7 +236,17 @@ def cross_session(ctx, d: int, b_bits: int) -> HESession:
     return wide
 
 
-def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, cache_key):
+@dataclasses.dataclass
+class EncodedRhs:
+    """A cross term's plaintext operand, encoded: ``weights`` (n_w, k, N) uint64 NTT-form
+    residues of its non-zero blocks, ``index`` (batch, db, ob) the row of block (b, di, oi)
+    in ``weights`` or -1 for an all-zero block."""
+
+    weights: np.ndarray
+    index: np.ndarray
+
+
+def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, cache_key) -> EncodedRhs:
     key = None if cache_key is None else (cache_key, plan.dw, plan.ow, plan.d, plan.o, plan.batch)
     if key is not None and key in he.plain_cache:
         return he.plain_cache[key]
@@ -224,8 +263,15 @@ def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, cache_key):
         if np.abs(B).max(initial=0) >= 1 << (b_bits - 1):
             raise MPCError(f"weights exceed the public bound |W| < 2^{b_bits - 1 - W_FRAC}")
     polys = _pack_rhs(plan, B)  # (b, db, ob, N)
-    out = [[[(he.encode_plain(polys[bi, di, oi]) if polys[bi, di, oi].any() else None)
-             for oi in range(plan.ob)] for di in range(plan.db)] for bi in range(plan.batch)]
+    nonzero = polys.any(axis=-1)
+    index = np.full(nonzero.shape, -1, np.int64)
+    index[nonzero] = np.arange(int(nonzero.sum()))
+    moduli = [int(q) for q in he.he.coeff_moduli]
+    rows = np.ascontiguousarray(polys[nonzero], np.int64)
+    # centred lift + NTT natively, the same residues as `he.encode_plain` (SEAL) gives
+    weights = np.frombuffer(_core.bfv_encode_ntt(rows.reshape(-1).view(np.uint8), moduli, he.n),
+                            np.uint64).reshape(rows.shape[0], len(moduli), he.n)
+    out = EncodedRhs(weights, index)
     if key is not None:
         he.plain_cache[key] = out
     return out
