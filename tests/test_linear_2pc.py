@@ -381,3 +381,14 @@ def test_evaluator_view_of_native_inputs_is_uniform_and_plaintext_independent():
         xs = ev.load_native(enc.encrypt_native(np.full((4, enc.n), fill, np.uint64)), 4)
         views.append(xs[:, 0, 0].reshape(-1))
     assert_uniform_and_alike(views, q0)
+
+
+@pytest.mark.parametrize("d,wbits", [(576, 20), (1536, 20), (40, 40)])
+def test_small_matmul_through_blas_is_exact(d, wbits):
+    """The server's local term x_1 W through float64 limbs equals the integer product mod 2^59
+    (and falls back to it where a double could not hold the sums: 40-bit weights)."""
+    rng = np.random.default_rng(d)
+    a = rng.integers(0, 1 << 59, (7, d), dtype=np.uint64)
+    w = rng.integers(-(1 << (wbits - 1)) + 1, 1 << (wbits - 1), (d, 33))
+    w[0, 0] = -(1 << (wbits - 1)) + 1
+    np.testing.assert_array_equal(L.matmul_small_mod(a, w, 59), L._matmul_mod(a, w.astype(np.uint64), 59))

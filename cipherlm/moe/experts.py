@@ -15,7 +15,8 @@ from ..mpc.nonlinear import swiglu
 from ..mpc.ring import mask
 from ..mpc.shares import AShare
 # _to_in_frac: the same input rescaling as linear()
-from ..protocols.linear import IN_FRAC, W_BITS, W_FRAC, _to_in_frac, cross_matmul, he_session, lift_local, linear
+from ..protocols.linear import (IN_FRAC, W_BITS, W_FRAC, _to_in_frac, cross_matmul, he_session, lift_local, linear,
+                               matmul_small_mod)
 
 
 def expert_linear(ctx, X: AShare, weight: np.ndarray | None, *, out_features: int, cache_key=None) -> AShare:
@@ -39,7 +40,7 @@ def expert_linear(ctx, X: AShare, weight: np.ndarray | None, *, out_features: in
         y = cross_matmul(ctx, 0, xk if ctx.party == 0 else None, Wq, (n, r, d, o), b_bits=W_BITS,
                          cache_key=cache_key)
     if ctx.party == 1:
-        y = (y + np.matmul(xk, Wq.astype(np.uint64))) & mask(kbits)
+        y = (y + matmul_small_mod(xk, Wq, kbits)) & mask(kbits)
     return lift_local(ctx, y, kbits, IN_FRAC + W_FRAC, ctx.ring.frac)
 
 

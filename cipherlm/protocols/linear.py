@@ -283,6 +283,28 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
     return np.matmul(a.astype(np.uint64), b.astype(np.uint64)) & mask(bits)
 
 
+#: limb width of `matmul_small_mod`: d (2^LIMB - 1) max|W| must stay below 2^53
+LIMB_BITS = 20
+
+
+def matmul_small_mod(a: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
+    """(a @ w) mod 2^bits for a (m, d) uint64 mod 2^bits and small signed integers w (d, o),
+    exactly, through float64 BLAS: a is cut into LIMB_BITS-bit limbs whose products with w
+    sum exactly in a double while d (2^LIMB_BITS - 1) max|w| < 2^53; otherwise numpy's
+    (BLAS-less, ~30x slower) integer matmul."""
+    w = np.asarray(w, np.int64)
+    big = int(np.abs(w).max(initial=0))
+    if a.shape[-1] * ((1 << LIMB_BITS) - 1) * big >= 1 << 53:
+        return _matmul_mod(a, w.astype(np.uint64), bits)
+    wf = w.astype(np.float64)
+    a = np.asarray(a, np.uint64)
+    acc = np.zeros(a.shape[:-1] + (w.shape[-1],), np.uint64)
+    for shift in range(0, bits, LIMB_BITS):
+        limb = ((a >> np.uint64(shift)) & mask(LIMB_BITS)).astype(np.float64)
+        acc += np.matmul(limb, wf).astype(np.int64).astype(np.uint64) << np.uint64(shift)
+    return acc & mask(bits)
+
+
 def lift_local(ctx, y: np.ndarray, bits: int, frac: int, out_frac: int) -> AShare:
     """Shares mod 2^bits -> ring shares, locally: each party reads its share as a
     centred integer (correct except with probability about |y| / 2^bits), then
@@ -344,7 +366,7 @@ def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = 
         y = cross_matmul(ctx, 0, xk if ctx.party == 0 else None, Wq, (1, m, d, o), b_bits=W_BITS,
                          cache_key=cache_key)[0]
     if ctx.party == 1:
-        y = y + _matmul_mod(xk[0], Wq[0].astype(np.uint64), k)
+        y = y + matmul_small_mod(xk[0], Wq[0], k)
     out = lift_local(ctx, y, k, IN_FRAC + W_FRAC, ring.frac)
     if ctx.party == 1 and bias is not None:
         bias = np.asarray(bias, np.float64).reshape(-1)
@@ -378,5 +400,5 @@ def matmul_shared(ctx, a: AShare, b: AShare) -> AShare:
     return out.reshape(*lead, m, n)
 
 
-__all__ = ["linear", "matmul_shared", "cross_matmul", "lift_local", "plan_blocks", "BlockPlan", "LinearStats",
+__all__ = ["linear", "matmul_shared", "cross_matmul", "lift_local", "matmul_small_mod", "plan_blocks", "BlockPlan", "LinearStats",
            "linear_stats", "IN_FRAC", "W_FRAC", "W_BITS"]
