@@ -42,7 +42,7 @@ pub fn cached_tables(q: u64, n: usize) -> Result<Arc<NttTables>, String> {
     Ok(t)
 }
 
-/// x mod q for x < 2q (q < 2^62), without a branch.
+/// x mod q for x < 2q (q < 2^63), without a branch.
 #[inline(always)]
 pub fn reduce_once(x: u64, q: u64) -> u64 {
     let d = x.wrapping_sub(q);
@@ -74,11 +74,18 @@ impl Shoup {
         Shoup { w, wq: (((w as u128) << 64) / q as u128) as u64 }
     }
 
-    /// x w mod q for x < q (Shoup: the estimate is off by at most one q).
+    /// x w mod q, in [0, 2q), for any 64-bit x (Shoup: the quotient estimate is off by at
+    /// most one).
+    #[inline(always)]
+    pub fn mul_lazy(self, x: u64, q: u64) -> u64 {
+        let hi = ((x as u128 * self.wq as u128) >> 64) as u64;
+        x.wrapping_mul(self.w).wrapping_sub(hi.wrapping_mul(q))
+    }
+
+    /// x w mod q, in [0, q).
     #[inline(always)]
     pub fn mul(self, x: u64, q: u64) -> u64 {
-        let hi = ((x as u128 * self.wq as u128) >> 64) as u64;
-        reduce_once(x.wrapping_mul(self.w).wrapping_sub(hi.wrapping_mul(q)), q)
+        reduce_once(self.mul_lazy(x, q), q)
     }
 }
 
@@ -171,9 +178,11 @@ impl NttTables {
         Ok(NttTables { q, n, roots, inv_roots, inv_n })
     }
 
-    /// In place: coefficients (each < q) -> NTT form.
+    /// In place: coefficients (each < q) -> NTT form (each < q).  Harvey's lazy butterflies:
+    /// values stay in [0, 4q) between stages (q < 2^62), one correction at the end.
     pub fn forward(&self, a: &mut [u64]) {
         let (q, n) = (self.q, self.n);
+        let two_q = 2 * q;
         let mut t = n;
         let mut m = 1;
         while m < n {
@@ -182,19 +191,24 @@ impl NttTables {
                 let s = self.roots[m + i];
                 let (lo, hi) = a[2 * i * t..2 * i * t + 2 * t].split_at_mut(t);
                 for (x, y) in lo.iter_mut().zip(hi.iter_mut()) {
-                    let u = *x;
-                    let v = s.mul(*y, q);
-                    *x = add_mod(u, v, q);
-                    *y = sub_mod(u, v, q);
+                    let u = reduce_once(*x, two_q); // [0, 2q)
+                    let v = s.mul_lazy(*y, q); // [0, 2q)
+                    *x = u + v;
+                    *y = u + two_q - v;
                 }
             }
             m <<= 1;
         }
+        for x in a.iter_mut() {
+            *x = reduce_once(reduce_once(*x, two_q), q);
+        }
     }
 
-    /// In place: NTT form -> coefficients (each < q).
+    /// In place: NTT form (each < q) -> coefficients (each < q); lazy as `forward`, values in
+    /// [0, 2q) between stages.
     pub fn inverse(&self, a: &mut [u64]) {
         let (q, n) = (self.q, self.n);
+        let two_q = 2 * q;
         let mut t = 1;
         let mut m = n >> 1;
         while m >= 1 {
@@ -203,15 +217,15 @@ impl NttTables {
                 let (lo, hi) = a[2 * i * t..2 * i * t + 2 * t].split_at_mut(t);
                 for (x, y) in lo.iter_mut().zip(hi.iter_mut()) {
                     let (u, v) = (*x, *y);
-                    *x = add_mod(u, v, q);
-                    *y = s.mul(sub_mod(u, v, q), q);
+                    *x = reduce_once(u + v, two_q);
+                    *y = s.mul_lazy(u + two_q - v, q);
                 }
             }
             t <<= 1;
             m >>= 1;
         }
         for x in a.iter_mut() {
-            *x = self.inv_n.mul(*x, q);
+            *x = self.inv_n.mul(reduce_once(*x, two_q), q);
         }
     }
 }

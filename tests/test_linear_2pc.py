@@ -392,3 +392,26 @@ def test_small_matmul_through_blas_is_exact(d, wbits):
     w = rng.integers(-(1 << (wbits - 1)) + 1, 1 << (wbits - 1), (d, 33))
     w[0, 0] = -(1 << (wbits - 1)) + 1
     np.testing.assert_array_equal(L.matmul_small_mod(a, w, 59), L._matmul_mod(a, w.astype(np.uint64), 59))
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["n8192", "n16384"])
+def test_native_ntt_is_seals(wide):
+    """`_core.ntt_rows` gives SEAL's NTT form bit for bit (both 2pc parameter sets), and its
+    inverse undoes it."""
+    from cipherlm import _core
+    from cipherlm.he import serialize
+    from cipherlm.he.backend import get_backend
+    from cipherlm.mpc.he_session import TWOPC_BFV, TWOPC_BFV_WIDE
+
+    be = get_backend("seal")
+    hectx = be.context(TWOPC_BFV_WIDE if wide else TWOPC_BFV)
+    keys = be.keygen(hectx)
+    k = len(hectx.coeff_moduli)
+    ct = be.encrypt_zero(hectx, be.load_public_key(hectx, keys.public_key_bytes()), be.level(hectx, k))
+    coeff = serialize.ciphertext_to_numpy(ct)
+    be.to_ntt_inplace(hectx, ct)
+    moduli = [int(q) for q in hectx.coeff_moduli]
+    mine = np.frombuffer(_core.ntt_rows(u64_bytes_view(coeff), moduli, hectx.n), np.uint64).reshape(coeff.shape)
+    np.testing.assert_array_equal(mine, serialize.ciphertext_to_numpy(ct))
+    back = np.frombuffer(_core.ntt_rows(u64_bytes_view(mine), moduli, hectx.n, True), np.uint64)
+    np.testing.assert_array_equal(back.reshape(coeff.shape), coeff)
