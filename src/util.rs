@@ -51,30 +51,29 @@ pub fn packed_len(n: usize, bits: u32) -> usize {
 /// Pack the low `bits` bits of each value, LSB first, into a contiguous bit
 /// stream (value i occupies stream bits [i*bits, (i+1)*bits)).
 pub fn pack(vals: &[u64], bits: u32) -> Vec<u8> {
-    let mut out = vec![0u8; packed_len(vals.len(), bits)];
+    let total = packed_len(vals.len(), bits);
+    let mut out = Vec::with_capacity(total + 8);
     if bits == 64 {
-        for (o, v) in out.chunks_exact_mut(8).zip(vals) {
-            o.copy_from_slice(&v.to_le_bytes());
+        for v in vals {
+            out.extend_from_slice(&v.to_le_bytes());
         }
         return out;
     }
     let m = mask(bits);
+    // whole 64-bit words of the stream at a time (the same LSB-first byte stream)
     let mut acc: u128 = 0;
     let mut nacc: u32 = 0;
-    let mut pos = 0usize;
     for &v in vals {
         acc |= ((v & m) as u128) << nacc;
         nacc += bits;
-        while nacc >= 8 {
-            out[pos] = acc as u8;
-            pos += 1;
-            acc >>= 8;
-            nacc -= 8;
+        if nacc >= 64 {
+            out.extend_from_slice(&(acc as u64).to_le_bytes());
+            acc >>= 64;
+            nacc -= 64;
         }
     }
-    if nacc > 0 {
-        out[pos] = acc as u8;
-    }
+    out.extend_from_slice(&(acc as u64).to_le_bytes()[..((nacc + 7) / 8) as usize]);
+    debug_assert_eq!(out.len(), total);
     out
 }
 
@@ -93,10 +92,19 @@ pub fn unpack(buf: &[u8], n: usize, bits: u32) -> Vec<u64> {
     let mut nacc: u32 = 0;
     let mut pos = 0usize;
     for _ in 0..n {
-        while nacc < bits {
-            acc |= (buf[pos] as u128) << nacc;
-            pos += 1;
-            nacc += 8;
+        if nacc < bits {
+            if pos + 8 <= buf.len() {
+                // a whole word of the stream (nacc < bits <= 63: it fits beside what is left)
+                acc |= (u64::from_le_bytes(buf[pos..pos + 8].try_into().unwrap()) as u128) << nacc;
+                pos += 8;
+                nacc += 64;
+            } else {
+                while nacc < bits {
+                    acc |= (buf[pos] as u128) << nacc;
+                    pos += 1;
+                    nacc += 8;
+                }
+            }
         }
         out.push((acc as u64) & m);
         acc >>= bits;
@@ -135,4 +143,41 @@ pub fn u64_slice<'a>(b: &'a PyBuffer<u8>, what: &str) -> PyResult<&'a [u64]> {
 pub fn bytes_of(v: &[u64]) -> &[u8] {
     // SAFETY: plain integers, viewed as their bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packed stream bit by bit: value i's bit b is stream bit i * bits + b, LSB first.
+    fn reference_pack(vals: &[u64], bits: u32) -> Vec<u8> {
+        let mut out = vec![0u8; packed_len(vals.len(), bits)];
+        for (i, &v) in vals.iter().enumerate() {
+            for b in 0..bits as usize {
+                if v >> b & 1 == 1 {
+                    let at = i * bits as usize + b;
+                    out[at / 8] |= 1 << (at % 8);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn pack_matches_the_bit_stream_and_unpack_inverts_it() {
+        let mut s: u64 = 0x9e3779b97f4a7c15;
+        for bits in 1..=64u32 {
+            for n in [0usize, 1, 7, 8, 9, 63, 64, 65, 200] {
+                let vals: Vec<u64> = (0..n)
+                    .map(|_| {
+                        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        s & mask(bits)
+                    })
+                    .collect();
+                let packed = pack(&vals, bits);
+                assert_eq!(packed, reference_pack(&vals, bits), "bits {bits} n {n}");
+                assert_eq!(unpack(&packed, n, bits), vals, "bits {bits} n {n}");
+            }
+        }
+    }
 }
