@@ -22,35 +22,15 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 use rand_chacha::ChaCha20Rng;
-use rand_core::{OsRng, RngCore, SeedableRng};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use rand_core::RngCore;
 
+use crate::pool::parallel;
 use crate::ntt::{add_mod, cached_tables, powmod, sub_mod, Barrett128, NttTables, Shoup};
 use std::sync::Arc;
 use crate::util::{bytes_of, err, u64_slice};
 
 pub(crate) fn tables(moduli: &[u64], n: usize) -> PyResult<Vec<Arc<NttTables>>> {
     moduli.iter().map(|&q| cached_tables(q, n).or_else(err)).collect()
-}
-
-/// Run `job(i, rng)` for i in 0..jobs over the machine's cores (one CSPRNG per thread).
-pub(crate) fn parallel(jobs: usize, job: impl Fn(usize, &mut ChaCha20Rng) + Sync) {
-    let threads = std::thread::available_parallelism().map_or(1, |v| v.get()).min(jobs.max(1));
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                let mut rng = ChaCha20Rng::from_rng(OsRng).expect("the OS random source failed");
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= jobs {
-                        break;
-                    }
-                    job(i, &mut rng);
-                }
-            });
-        }
-    });
 }
 
 /// Signed integers (rows of n int64) -> their centred lift mod each prime, in NTT form:

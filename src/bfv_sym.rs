@@ -24,7 +24,8 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::bfv_finish::{cbd21, parallel, tables};
+use crate::bfv_finish::{cbd21, tables};
+use crate::pool::parallel;
 use crate::ntt::{add_mod, sub_mod, Barrett128};
 use crate::util::{bytes_of, err, pack, packed_len, u64_slice, unpack, view};
 

@@ -20,9 +20,9 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::ntt::Barrett128;
+use crate::pool::parallel;
 use crate::util::{bytes_of, err, u64_slice};
 
 /// How many products of residues below q fit in a u128 accumulator that already holds a
@@ -88,33 +88,20 @@ pub fn ntt_mul_sum<'py>(
     }
     let n_out = offsets.len() - 1;
     let mut out = vec![0u64; n_out * x_len];
+    // each job (o, j) writes out[o][c][j][..] for every c: disjoint ranges
+    let out_ptr = out.as_mut_ptr() as usize;
     py.allow_threads(|| {
-        let jobs = n_out * k;
-        let threads = std::thread::available_parallelism().map_or(1, |v| v.get()).min(jobs.max(1));
-        let next = AtomicUsize::new(0);
-        // each job (o, j) writes out[o][c][j][..] for every c: disjoint ranges
-        let out_ptr = out.as_mut_ptr() as usize;
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let job = next.fetch_add(1, Ordering::Relaxed);
-                    if job >= jobs {
-                        break;
-                    }
-                    let (o, j) = (job / k, job % k);
-                    let pairs = offsets[o]..offsets[o + 1];
-                    let dst: Vec<&mut [u64]> = (0..comps)
-                        .map(|c| {
-                            let at = ((o * comps + c) * k + j) * n;
-                            // SAFETY: (o, c, j) ranges are disjoint between jobs and inside `out`.
-                            unsafe { std::slice::from_raw_parts_mut((out_ptr as *mut u64).add(at), n) }
-                        })
-                        .collect();
-                    let xi: Vec<usize> = x_idx[pairs.clone()].to_vec();
-                    let wi: Vec<usize> = w_idx[pairs].to_vec();
-                    sum_products(xs, ws, &xi, &wi, j, k, n, comps, moduli[j], dst);
-                });
-            }
+        parallel(n_out * k, |job, _| {
+            let (o, j) = (job / k, job % k);
+            let pairs = offsets[o]..offsets[o + 1];
+            let dst: Vec<&mut [u64]> = (0..comps)
+                .map(|c| {
+                    let at = ((o * comps + c) * k + j) * n;
+                    // SAFETY: (o, c, j) ranges are disjoint between jobs and inside `out`.
+                    unsafe { std::slice::from_raw_parts_mut((out_ptr as *mut u64).add(at), n) }
+                })
+                .collect();
+            sum_products(xs, ws, &x_idx[pairs.clone()], &w_idx[pairs], j, k, n, comps, moduli[j], dst);
         });
     });
     Ok(PyByteArray::new_bound(py, bytes_of(&out)))

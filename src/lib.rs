@@ -17,6 +17,7 @@ mod ferret;
 mod iknp;
 mod ntt;
 mod otops;
+mod pool;
 mod prg;
 mod transpose;
 mod util;
