@@ -287,13 +287,14 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
 LIMB_BITS = 20
 
 
-def matmul_small_mod(a: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
+def matmul_small_mod(a: np.ndarray, w: np.ndarray, bits: int, bound: int | None = None) -> np.ndarray:
     """(a @ w) mod 2^bits for a (m, d) uint64 mod 2^bits and small signed integers w (d, o),
     exactly, through float64 BLAS: a is cut into LIMB_BITS-bit limbs whose products with w
     sum exactly in a double while d (2^LIMB_BITS - 1) max|w| < 2^53; otherwise numpy's
-    (BLAS-less, ~30x slower) integer matmul."""
+    (BLAS-less, ~30x slower) integer matmul.  ``bound``: a known bound on max|w| (the
+    weights' public bound, checked where they are encoded) instead of scanning w."""
     w = np.asarray(w, np.int64)
-    big = int(np.abs(w).max(initial=0))
+    big = int(np.abs(w).max(initial=0)) if bound is None else int(bound)
     if a.shape[-1] * ((1 << LIMB_BITS) - 1) * big >= 1 << 53:
         return _matmul_mod(a, w.astype(np.uint64), bits)
     wf = w.astype(np.float64)
@@ -366,7 +367,8 @@ def linear(ctx, x: AShare, weight: np.ndarray | None, bias: np.ndarray | None = 
         y = cross_matmul(ctx, 0, xk if ctx.party == 0 else None, Wq, (1, m, d, o), b_bits=W_BITS,
                          cache_key=cache_key)[0]
     if ctx.party == 1:
-        y = y + matmul_small_mod(xk[0], Wq[0], k)
+        # |Wq| < 2^(W_BITS - 1): checked where the blocks were encoded (`_encoded_rhs`)
+        y = y + matmul_small_mod(xk[0], Wq[0], k, bound=1 << (W_BITS - 1))
     out = lift_local(ctx, y, k, IN_FRAC + W_FRAC, ring.frac)
     if ctx.party == 1 and bias is not None:
         bias = np.asarray(bias, np.float64).reshape(-1)
