@@ -15,8 +15,8 @@
 //! The noise this encryption of zero adds, -u e_pk + e_0 + e_1 s, is at most 2 N 21 + 21, within
 //! the `2 N FRESH_NOISE_MAX` the flooding bound already counts for the re-randomisation.
 //! u, e_0 and e_1 come from ChaCha20 seeded by the OS (one generator per thread and call).
-//! `bfv_encode_ntt` encodes the plaintext operand (centred lift of signed integers, then the
-//! NTT), so that no weight block goes through SEAL either.
+//! `bfv_encode_blocks` encodes the plaintext operand's blocks straight from the matrix (Cheetah's
+//! layout, centred lift, NTT), so that no weight block goes through SEAL either.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -33,32 +33,70 @@ pub(crate) fn tables(moduli: &[u64], n: usize) -> PyResult<Vec<Arc<NttTables>>> 
     moduli.iter().map(|&q| cached_tables(q, n).or_else(err)).collect()
 }
 
-/// Signed integers (rows of n int64) -> their centred lift mod each prime, in NTT form:
-/// (rows, k, n) u64.
+/// Cheetah's weight blocks (`cipherlm.protocols.linear._pack_rhs`) encoded straight from the
+/// matrix: `b` (batch, d, o) int64, blocks of dw x ow, db x ob of them per batch entry; block
+/// (e, di, oi) is the polynomial sum_{j, i} B[e, di dw + j, oi ow + i] X^(i dw + dw - 1 - j)
+/// (zero outside the matrix), centred-lifted and in NTT form.  Returns (a byte per block: 1 if
+/// it has a non-zero coefficient, the encodings (blocks with a 1, k, n) u64 in block order).
 #[pyfunction]
-pub fn bfv_encode_ntt<'py>(py: Python<'py>, coeffs: PyBuffer<u8>, moduli: Vec<u64>, n: usize) -> PyResult<Bound<'py, PyByteArray>> {
+#[allow(clippy::too_many_arguments)]
+pub fn bfv_encode_blocks<'py>(
+    py: Python<'py>,
+    b: PyBuffer<u8>,
+    shape: (usize, usize, usize),
+    block: (usize, usize),
+    moduli: Vec<u64>,
+    n: usize,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
     let tabs = tables(&moduli, n)?;
-    let xs = u64_slice(&coeffs, "coeffs")?;
-    if xs.len() % n != 0 {
-        return err(format!("coeffs must hold rows of {n} int64"));
+    let (batch, d, o) = shape;
+    let (dw, ow) = block;
+    let vals = u64_slice(&b, "b")?;
+    if vals.len() != batch * d * o || dw == 0 || ow == 0 || dw * ow > n {
+        return err("bfv_encode_blocks: b must hold batch x d x o int64 and dw ow <= n");
     }
-    let (rows, k) = (xs.len() / n, moduli.len());
-    let mut out = vec![0u64; rows * k * n];
+    let (db, ob) = ((d + dw - 1) / dw, (o + ow - 1) / ow);
+    let blocks = batch * db * ob;
+    let coeff = |e: usize, di: usize, oi: usize, dst: &mut [i64]| {
+        for j in 0..dw.min(d.saturating_sub(di * dw)) {
+            let row = &vals[(e * d + di * dw + j) * o..(e * d + di * dw + j + 1) * o];
+            for i in 0..ow.min(o.saturating_sub(oi * ow)) {
+                dst[i * dw + dw - 1 - j] = row[oi * ow + i] as i64;
+            }
+        }
+    };
+    let nonzero: Vec<u8> = (0..blocks)
+        .map(|blk| {
+            let (e, di, oi) = (blk / (db * ob), blk / ob % db, blk % ob);
+            let any = (0..dw.min(d.saturating_sub(di * dw))).any(|j| {
+                let row = &vals[(e * d + di * dw + j) * o..(e * d + di * dw + j + 1) * o];
+                row[oi * ow..(oi * ow + ow).min(o)].iter().any(|&v| v != 0)
+            });
+            any as u8
+        })
+        .collect();
+    let rows: Vec<usize> = (0..blocks).filter(|&blk| nonzero[blk] == 1).collect();
+    let k = moduli.len();
+    let mut out = vec![0u64; rows.len() * k * n];
     let base = out.as_mut_ptr() as usize;
     py.allow_threads(|| {
-        parallel(rows * k, |job, _| {
-            let (r, j) = (job / k, job % k);
-            let q = moduli[j];
-            // SAFETY: each (row, prime) job owns its own n outputs.
-            let dst = unsafe { std::slice::from_raw_parts_mut((base as *mut u64).add((r * k + j) * n), n) };
-            for (d, &c) in dst.iter_mut().zip(&xs[r * n..(r + 1) * n]) {
-                let v = c as i64;
-                *d = if v >= 0 { v as u64 % q } else { (q - v.unsigned_abs() % q) % q };
+        parallel(rows.len(), |r, _| {
+            let blk = rows[r];
+            let (e, di, oi) = (blk / (db * ob), blk / ob % db, blk % ob);
+            let mut poly = vec![0i64; n];
+            coeff(e, di, oi, &mut poly);
+            for j in 0..k {
+                let q = moduli[j];
+                // SAFETY: row r owns its own k n outputs.
+                let dst = unsafe { std::slice::from_raw_parts_mut((base as *mut u64).add((r * k + j) * n), n) };
+                for (x, &v) in dst.iter_mut().zip(&poly) {
+                    *x = if v.unsigned_abs() < q { lift_small(v, q) } else { lift_any(v, q) };
+                }
+                tabs[j].forward(dst);
             }
-            tabs[j].forward(dst);
         });
     });
-    Ok(PyByteArray::new_bound(py, bytes_of(&out)))
+    Ok((PyByteArray::new_bound(py, &nonzero), PyByteArray::new_bound(py, bytes_of(&out))))
 }
 
 /// Rows of (k, n) residues (each < q_j) -> NTT form (`inverse`: and back), for tests and tools.
@@ -103,6 +141,15 @@ pub(crate) fn cbd21(rng: &mut ChaCha20Rng, out: &mut [i8]) {
     for e in out.iter_mut() {
         let w = rng.next_u64();
         *e = ((w & 0x1f_ffff).count_ones() as i32 - ((w >> 21) & 0x1f_ffff).count_ones() as i32) as i8;
+    }
+}
+
+/// Any signed value mod q.
+fn lift_any(v: i64, q: u64) -> u64 {
+    if v >= 0 {
+        v as u64 % q
+    } else {
+        (q - v.unsigned_abs() % q) % q
     }
 }
 

@@ -156,7 +156,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crt::crt_rescale_pow2, m)?)?;
     m.add_function(wrap_pyfunction!(crt::multiword_residues, m)?)?;
     m.add_function(wrap_pyfunction!(dyadic::ntt_mul_sum, m)?)?;
-    m.add_function(wrap_pyfunction!(bfv_finish::bfv_encode_ntt, m)?)?;
+    m.add_function(wrap_pyfunction!(bfv_finish::bfv_encode_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(bfv_finish::ntt_rows, m)?)?;
     m.add_function(wrap_pyfunction!(bfv_finish::bfv_finish, m)?)?;
     m.add_function(wrap_pyfunction!(bfv_sym::bfv_encrypt_symmetric, m)?)?;

@@ -110,7 +110,9 @@ def _pack_lhs(plan: BlockPlan, A: np.ndarray) -> np.ndarray:
 
 
 def _pack_rhs(plan: BlockPlan, B: np.ndarray) -> np.ndarray:
-    """B (batch, d, o) signed ints -> polynomials (batch, db, ob, N) (int64)."""
+    """B (batch, d, o) signed ints -> polynomials (batch, db, ob, N) (int64): the layout's
+    reference definition (`_encoded_rhs` builds the same blocks natively,
+    `_core.bfv_encode_blocks`; tests/test_linear_2pc.py compares the two through SEAL)."""
     bsz = B.shape[0]
     pad = np.zeros((bsz, plan.db * plan.dw, plan.ob * plan.ow), np.int64)
     pad[:, : plan.d, : plan.o] = B
@@ -262,15 +264,16 @@ def _encoded_rhs(he: HESession, plan: BlockPlan, B, b_bits: int, cache_key) -> E
         B = B.astype(np.int64)
         if np.abs(B).max(initial=0) >= 1 << (b_bits - 1):
             raise MPCError(f"weights exceed the public bound |W| < 2^{b_bits - 1 - W_FRAC}")
-    polys = _pack_rhs(plan, B)  # (b, db, ob, N)
-    nonzero = polys.any(axis=-1)
+    # Cheetah's blocks (`_pack_rhs`'s layout), centred lift and NTT, natively and straight from
+    # B: the same residues as `he.encode_plain(_pack_rhs(plan, B)[b, di, oi])` (SEAL) gives
+    moduli = [int(q) for q in he.he.coeff_moduli]
+    B = np.ascontiguousarray(B, np.int64)
+    nonzero, enc = _core.bfv_encode_blocks(B.reshape(-1).view(np.uint8), (plan.batch, plan.d, plan.o),
+                                           (plan.dw, plan.ow), moduli, he.n)
+    nonzero = np.frombuffer(nonzero, np.uint8).astype(bool).reshape(plan.batch, plan.db, plan.ob)
     index = np.full(nonzero.shape, -1, np.int64)
     index[nonzero] = np.arange(int(nonzero.sum()))
-    moduli = [int(q) for q in he.he.coeff_moduli]
-    rows = np.ascontiguousarray(polys[nonzero], np.int64)
-    # centred lift + NTT natively, the same residues as `he.encode_plain` (SEAL) gives
-    weights = np.frombuffer(_core.bfv_encode_ntt(rows.reshape(-1).view(np.uint8), moduli, he.n),
-                            np.uint64).reshape(rows.shape[0], len(moduli), he.n)
+    weights = np.frombuffer(enc, np.uint64).reshape(-1, len(moduli), he.n)
     out = EncodedRhs(weights, index)
     if key is not None:
         he.plain_cache[key] = out
