@@ -155,7 +155,8 @@ class SecretKeys(abc.ABC):
         """Serialised (seeded) Galois keys for automorphisms X -> X^g, g in ``elements``."""
 
     def secret_key_ntt(self) -> np.ndarray:
-        """The secret key's NTT-form residues (k, N) at the context's data primes, for this
+        """The secret key's NTT-form residues (k, N) at the context's data primes (SEAL's NTT
+        convention, as `HEBackend.public_key_to_numpy`), for this
         party's own native encryption and decryption (`_core.bfv_encrypt_symmetric`); it never
         leaves the process.  Not abstract: without it the 2pc linear layers encrypt and decrypt
         through the backend."""
@@ -299,7 +300,8 @@ class HEBackend(abc.ABC):
 
     def public_key_to_numpy(self, ctx, data: bytes) -> np.ndarray:
         """A peer's public key (untrusted bytes, validated as `load_public_key` does) as its
-        NTT-form residues (2, k, N) at the context's k data primes: what the native cross-term
+        NTT-form residues (2, k, N) at the context's k data primes, in SEAL's NTT convention
+        (`_core.ntt_rows`, which the native kernels share): what the native cross-term
         finishing (`_core.bfv_finish`) re-randomises with.  Not abstract: without it the 2pc
         linear layers finish through the backend, one call per step."""
         raise NotImplementedError(f"backend {self.name!r} has no raw public-key access")
