@@ -352,7 +352,7 @@ def test_native_decryption_matches_seal():
 
 
 def test_native_inputs_refuse_malformed_messages():
-    from cipherlm.mpc.context import MPCError as E
+    from cipherlm.he.errors import HEError as E
 
     enc, ev = _local_sessions()
     msg = enc.encrypt_native(np.zeros((2, enc.n), np.uint64))

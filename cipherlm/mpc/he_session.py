@@ -337,14 +337,14 @@ class HESession:
     def decrypt_native(self, c1: np.ndarray, c0_sel: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """`decrypt_compact` for a batch: c1 (r, RESULT_PRIMES, N), c0 at positions
         (r, RESULT_PRIMES, P) -> plaintext values (r, P) mod t.  Residues not below their
-        primes (the peer's bytes) raise MPCError."""
+        primes (the peer's bytes) raise HEError."""
         kr = self.result_primes
         primes = tuple(self._moduli[:kr])
         try:
             res = _core.bfv_decrypt_positions(u64_bytes_view(c1), u64_bytes_view(c0_sel), u64_bytes_view(self._sk_ntt),
                                               [int(v) for v in positions], list(primes), self.n)
         except ValueError as e:
-            raise MPCError(f"cross term reply: {e}") from None
+            raise HEError(f"cross term reply: {e}") from None
         r, p = c1.shape[0], positions.size
         res = np.frombuffer(res, np.uint64).reshape(r, kr, p).transpose(1, 0, 2).reshape(kr, r * p)
         return crt.rescale(res, primes, self.t_bits).reshape(r, p)
@@ -352,15 +352,16 @@ class HESession:
     # -- native evaluator side ------------------------------------------------------------
     def load_native(self, msg: dict, count: int) -> np.ndarray:
         """The encryptor's {"c0", "seeds"} as NTT-form ciphertexts (count, 2, k, N)
-        (`_core.bfv_expand_seeded`: c_0 checked below its primes, c_1 from the seed)."""
+        (`_core.bfv_expand_seeded`: c_0 checked below its primes, c_1 from the seed).
+        Malformed ciphertext bytes raise HEError."""
         c0, seeds = msg.get("c0"), msg.get("seeds")
         if not isinstance(c0, (bytes, bytearray)) or not isinstance(seeds, (bytes, bytearray)) \
                 or len(seeds) != 32 * count:
-            raise MPCError(f"cross term: expected c0 bytes and {count} 32-byte seeds")
+            raise HEError(f"cross term: expected c0 bytes and {count} 32-byte seeds")
         try:
             out = _core.bfv_expand_seeded(bytes(c0), bytes(seeds), self._moduli, self.n)
         except ValueError as e:
-            raise MPCError(f"cross term input: {e}") from None
+            raise HEError(f"cross term input: {e}") from None
         return np.frombuffer(out, np.uint64).reshape(count, 2, len(self._moduli), self.n)
 
     def finish_native(self, sums: np.ndarray, positions: np.ndarray, noise_bound: float, *,
