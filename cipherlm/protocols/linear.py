@@ -203,6 +203,8 @@ def _block_products(he: HESession, plan: BlockPlan, xs: np.ndarray, rhs: Encoded
     native call (`_core.ntt_mul_sum`: every core, one reduction per coefficient) instead of a
     backend call per block pair; empty[i] when output i's weight blocks are all zero (its
     sum is zero; the finishing re-randomises it like every other)."""
+    if he.backend.name != "seal":  # the inputs, weights and finishing share SEAL's NTT convention
+        raise MPCError(f"the coefficient-packed cross term runs on SEAL, not {he.backend.name!r}")
     n, k = he.n, xs.shape[2]
     moduli = [int(q) for q in he.he.coeff_moduli[:k]]
     outs = [(bi, mi, oi) for bi in range(plan.batch) for mi in range(plan.mb) for oi in range(plan.ob)]
