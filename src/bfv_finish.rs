@@ -25,7 +25,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::RngCore;
 
 use crate::pool::parallel;
-use crate::ntt::{add_mod, cached_tables, powmod, sub_mod, Barrett128, NttTables, Shoup};
+use crate::ntt::{add_mod, cached_tables, powmod, residues_reduced, sub_mod, Barrett128, NttTables, ScaleUp, Shoup};
 use std::sync::Arc;
 use crate::util::{bytes_of, err, u64_slice};
 
@@ -109,11 +109,11 @@ pub fn ntt_rows<'py>(py: Python<'py>, data: PyBuffer<u8>, moduli: Vec<u64>, n: u
     if v.len() % (k * n) != 0 {
         return err(format!("data must hold rows of ({k}, {n}) u64"));
     }
+    if !residues_reduced(&v, n, &moduli) {
+        return err("every residue must be below its prime");
+    }
     for (i, row) in v.chunks_exact_mut(n).enumerate() {
         let t = &tabs[i % k];
-        if row.iter().any(|&x| x >= t.q) {
-            return err("every residue must be below its prime");
-        }
         if inverse {
             t.inverse(row)
         } else {
@@ -155,7 +155,7 @@ fn lift_any(v: i64, q: u64) -> u64 {
 
 /// A small signed value (|v| < q) mod q.
 #[inline(always)]
-fn lift_small(v: i64, q: u64) -> u64 {
+pub(crate) fn lift_small(v: i64, q: u64) -> u64 {
     if v >= 0 {
         v as u64
     } else {
@@ -207,8 +207,7 @@ pub fn bfv_finish<'py>(
     if masks.iter().any(|&r| r >= t) {
         return err("bfv_finish: every mask value must be below t");
     }
-    let check = |v: &[u64], rows: usize, len: usize| (0..rows).all(|r| v[r * len..(r + 1) * len].iter().all(|&x| x < moduli[r % k]));
-    if !check(sums, n_out * 2 * k, n) || !check(pk, 2 * k, n) || !check(flood, n_out * k, p) {
+    if !residues_reduced(sums, n, &moduli) || !residues_reduced(pk, n, &moduli) || !residues_reduced(flood, p, &moduli) {
         return err("bfv_finish: every residue must be below its prime");
     }
     // divide-and-round constants for each dropped prime l: q_l^-1 mod q_j and floor(q_l / 2)
@@ -216,6 +215,7 @@ pub fn bfv_finish<'py>(
         .map(|l| (0..l).map(|j| Shoup::new(powmod(moduli[l] % moduli[j], moduli[j] - 2, moduli[j]), moduli[j])).collect())
         .collect();
     let red: Vec<Barrett128> = moduli.iter().map(|&q| Barrett128::new(q)).collect();
+    let scale = ScaleUp::new(&moduli, delta, q_mod_t, t);
     let mut c1_out = vec![0u64; n_out * keep * n];
     let mut c0_out = vec![0u64; n_out * keep * p];
     let (c1_base, c0_base) = (c1_out.as_mut_ptr() as usize, c0_out.as_mut_ptr() as usize);
@@ -248,17 +248,12 @@ pub fn bfv_finish<'py>(
                 }
             }
             // c_0 at the positions: + round(q r / t) + flooding
-            let fix: Vec<u64> = masks[o * p..(o + 1) * p]
-                .iter()
-                .map(|&r| ((q_mod_t as u128 * r as u128 + (t as u128 + 1) / 2) / t as u128) as u64)
-                .collect();
+            let fix: Vec<u64> = masks[o * p..(o + 1) * p].iter().map(|&r| scale.fix(r)).collect();
             let mut c0 = vec![0u64; k * p];
             for j in 0..k {
                 let q = moduli[j];
                 for (a, &pos) in positions.iter().enumerate() {
-                    let r = masks[o * p + a];
-                    let enc = add_mod(red[j].mul(delta[j], r % q), fix[a] % q, q);
-                    let masked = add_mod(c[j * n + pos], enc, q);
+                    let masked = add_mod(c[j * n + pos], scale.at(masks[o * p + a], fix[a], j, q), q);
                     c0[j * p + a] = add_mod(masked, flood[(o * k + j) * p + a], q);
                 }
             }

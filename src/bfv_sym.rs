@@ -24,9 +24,9 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::bfv_finish::{cbd21, tables};
+use crate::bfv_finish::{cbd21, lift_small, tables};
 use crate::pool::parallel;
-use crate::ntt::{add_mod, sub_mod, Barrett128};
+use crate::ntt::{add_mod, residues_reduced, sub_mod, Barrett128, ScaleUp};
 use crate::util::{bytes_of, err, pack, packed_len, u64_slice, unpack, view};
 
 const SEED: usize = 32;
@@ -82,6 +82,7 @@ pub fn bfv_encrypt_symmetric<'py>(
     }
     let m = plain.len() / n;
     let red: Vec<Barrett128> = moduli.iter().map(|&q| Barrett128::new(q)).collect();
+    let scale = ScaleUp::new(&moduli, delta, q_mod_t, t);
     let ct_len = packed_c0_len(&moduli, n);
     let mut c0_out = vec![0u8; m * ct_len];
     let mut seeds = vec![0u8; m * SEED];
@@ -94,8 +95,7 @@ pub fn bfv_encrypt_symmetric<'py>(
             let mut e = vec![0i8; n];
             cbd21(rng, &mut e);
             let pm = &plain[i * n..(i + 1) * n];
-            // round(q m / t) = Delta m + floor(((q mod t) m + floor((t + 1) / 2)) / t)
-            let fix: Vec<u64> = pm.iter().map(|&v| ((q_mod_t as u128 * v as u128 + (t as u128 + 1) / 2) / t as u128) as u64).collect();
+            let fix: Vec<u64> = pm.iter().map(|&v| scale.fix(v)).collect();
             let out = unsafe { std::slice::from_raw_parts_mut((c0_base as *mut u8).add(i * ct_len), ct_len) };
             let mut at = 0;
             let mut row = vec![0u64; n];
@@ -103,9 +103,7 @@ pub fn bfv_encrypt_symmetric<'py>(
             for j in 0..k {
                 let q = moduli[j];
                 for x in 0..n {
-                    let noise = if e[x] >= 0 { e[x] as u64 } else { q - e[x].unsigned_abs() as u64 };
-                    let enc = add_mod(red[j].mul(delta[j], pm[x] % q), fix[x] % q, q);
-                    row[x] = add_mod(noise, enc, q);
+                    row[x] = add_mod(lift_small(e[x] as i64, q), scale.at(pm[x], fix[x], j, q), q);
                 }
                 tabs[j].forward(&mut row);
                 expand_uniform(seed, j, q, &mut a);
@@ -188,10 +186,8 @@ pub fn bfv_decrypt_positions<'py>(
     if c0.len() != r * k * p {
         return err("bfv_decrypt_positions: c0 must be (r, k, P)");
     }
-    for (rows, len, v) in [(r * k, n, c1), (r * k, p, c0)] {
-        if (0..rows).any(|row| v[row * len..(row + 1) * len].iter().any(|&x| x >= moduli[row % k])) {
-            return err("bfv_decrypt_positions: a residue is not below its prime");
-        }
+    if !residues_reduced(c1, n, &moduli) || !residues_reduced(c0, p, &moduli) {
+        return err("bfv_decrypt_positions: a residue is not below its prime");
     }
     let red: Vec<Barrett128> = moduli.iter().map(|&q| Barrett128::new(q)).collect();
     let mut out = vec![0u64; r * k * p];

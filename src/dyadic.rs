@@ -21,7 +21,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 
-use crate::ntt::Barrett128;
+use crate::ntt::{residues_reduced, Barrett128};
 use crate::pool::parallel;
 use crate::util::{bytes_of, err, u64_slice};
 
@@ -81,10 +81,8 @@ pub fn ntt_mul_sum<'py>(
     }
     // the inputs come from the peer (checked); the weights are the caller's own encodings
     // (not rescanned on every call: a residue >= q there gives a wrong sum, never unsafety)
-    for (j, &q) in moduli.iter().enumerate() {
-        if (0..n_in * comps).any(|r| xs[(r * k + j) * n..(r * k + j + 1) * n].iter().any(|&v| v >= q)) {
-            return err("every input residue must be below its prime");
-        }
+    if !residues_reduced(xs, n, &moduli) {
+        return err("every input residue must be below its prime");
     }
     let n_out = offsets.len() - 1;
     let mut out = vec![0u64; n_out * x_len];

@@ -134,6 +134,40 @@ impl Barrett128 {
     }
 }
 
+/// Whether every row of `v` (rows of `len`, row r taken mod moduli[r % k]) is reduced: the check
+/// the kernels run on residues that arrive from the peer.
+pub fn residues_reduced(v: &[u64], len: usize, moduli: &[u64]) -> bool {
+    len == 0 || v.chunks_exact(len).enumerate().all(|(r, row)| row.iter().all(|&x| x < moduli[r % moduli.len()]))
+}
+
+/// A plaintext value m < t scaled to round(q m / t) mod each prime q_j, as SEAL's BFV encoding
+/// does: Delta m + floor(((q mod t) m + floor((t + 1) / 2)) / t), Delta = floor(q / t).
+pub struct ScaleUp {
+    delta: Vec<u64>,
+    q_mod_t: u64,
+    t: u64,
+    red: Vec<Barrett128>,
+}
+
+impl ScaleUp {
+    /// `delta[j]` = floor(q / t) mod q_j, `q_mod_t` = q mod t.
+    pub fn new(moduli: &[u64], delta: Vec<u64>, q_mod_t: u64, t: u64) -> Self {
+        ScaleUp { delta, q_mod_t, t, red: moduli.iter().map(|&q| Barrett128::new(q)).collect() }
+    }
+
+    /// The part of round(q m / t) beyond Delta m (the same for every prime).
+    #[inline(always)]
+    pub fn fix(&self, m: u64) -> u64 {
+        ((self.q_mod_t as u128 * m as u128 + (self.t as u128 + 1) / 2) / self.t as u128) as u64
+    }
+
+    /// round(q m / t) mod q_j, given `fix(m)`.
+    #[inline(always)]
+    pub fn at(&self, m: u64, fix: u64, j: usize, q: u64) -> u64 {
+        add_mod(self.red[j].mul(self.delta[j], m % q), fix % q, q)
+    }
+}
+
 fn bitrev(x: usize, bits: u32) -> usize {
     if bits == 0 {
         0
