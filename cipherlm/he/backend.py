@@ -158,8 +158,8 @@ class SecretKeys(abc.ABC):
         """The secret key's NTT-form residues (k, N) at the context's data primes (SEAL's NTT
         convention, as `HEBackend.public_key_to_numpy`), for this
         party's own native encryption and decryption (`_core.bfv_encrypt_symmetric`); it never
-        leaves the process.  Not abstract: without it the 2pc linear layers encrypt and decrypt
-        through the backend."""
+        leaves the process.  Not abstract: without it the coefficient-packed 2pc cross term
+        (`protocols.linear.cross_matmul`) refuses to run."""
         raise NotImplementedError(f"{type(self).__name__} has no raw secret-key access")
 
 
@@ -302,8 +302,8 @@ class HEBackend(abc.ABC):
         """A peer's public key (untrusted bytes, validated as `load_public_key` does) as its
         NTT-form residues (2, k, N) at the context's k data primes, in SEAL's NTT convention
         (`_core.ntt_rows`, which the native kernels share): what the native cross-term
-        finishing (`_core.bfv_finish`) re-randomises with.  Not abstract: without it the 2pc
-        linear layers finish through the backend, one call per step."""
+        finishing (`_core.bfv_finish`) re-randomises with.  Not abstract: without it the
+        coefficient-packed 2pc cross term (`protocols.linear.cross_matmul`) refuses to run."""
         raise NotImplementedError(f"backend {self.name!r} has no raw public-key access")
 
     # -- CKKS raw coefficient access (BLB section 6: `protocols.ckks_convert`) ----------

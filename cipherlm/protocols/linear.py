@@ -140,6 +140,9 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     batch, m, d, o = (int(v) for v in shape)
     mag = float(1 << (b_bits - 1))
     he = cross_session(ctx, d, b_bits)
+    if he.backend.name != "seal" or not he.native:  # the kernels share SEAL's NTT convention and keys
+        raise MPCError(f"the coefficient-packed cross term needs SEAL's keys as residues "
+                       f"(HESession.native), not backend {he.backend.name!r}")
     n, t = he.n, he.t
     # flooding must fit below q / 2t: noise_bound(d * ow, mag) * 2^(FLOOD_SIGMA + 1) * 2 < 2^(log q - log t - 1)
     max_terms = he.max_flood_terms(mag)
@@ -152,39 +155,24 @@ def cross_matmul(ctx, encryptor: int, A: np.ndarray | None, B: np.ndarray | None
     if ctx.party == encryptor:
         A = np.asarray(A, np.uint64).reshape(batch, m, d) & np.uint64(t - 1)
         polys = _pack_lhs(plan, A).reshape(-1, n)
-        ctx.send(he.encrypt_native(polys) if he.native else {"cts": he.encrypt_polys(polys)})
+        ctx.send(he.encrypt_native(polys))
         reply = ctx.recv()
         c1 = np.asarray(reply["c1"], np.uint64)
         c0 = np.asarray(reply["c0"], np.uint64)
         want1, want0 = (plan.out_cts, RESULT_PRIMES, n), (plan.out_cts, RESULT_PRIMES, positions.size)
         if c1.shape != want1 or c0.shape != want0:
             raise MPCError(f"cross term reply has shapes {c1.shape}/{c0.shape}, expected {want1}/{want0}")
-        if he.native:
-            vals = he.decrypt_native(c1, c0, positions)
-        else:
-            vals = np.stack([he.decrypt_compact(c1[i], c0[i], positions) for i in range(plan.out_cts)])
+        vals = he.decrypt_native(c1, c0, positions)
         return _unpack_out(plan, vals.reshape(batch, plan.mb, plan.ob, -1))
     # evaluator: the inputs in NTT form as one array, order (batch, mb, db)
     msg = ctx.recv()
     if not isinstance(msg, dict):
         raise MPCError(f"cross term: expected a dict of ciphertexts, got {type(msg).__name__}")
-    if he.native:
-        xs = he.load_native(msg, plan.in_cts)
-    else:
-        blobs = msg.get("cts")
-        if not isinstance(blobs, list) or len(blobs) != plan.in_cts:
-            raise MPCError(f"cross term: expected {plan.in_cts} ciphertexts, got "
-                           f"{len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
-        xs = np.stack([he.backend.ciphertext_to_numpy(he.load_input(bytes(b))) for b in blobs])
+    xs = he.load_native(msg, plan.in_cts)
     rhs = _encoded_rhs(he, plan, B, b_bits, cache_key)
     c1s, c0s, shares = [], [], []
-    for sums, empty in _block_products(he, plan, xs, rhs):
-        if he.native:
-            c1, c0, sh = he.finish_native(sums, positions, bound)
-        else:  # through the backend, one result at a time
-            c1, c0, sh = (np.stack(v) for v in zip(*(
-                he.finish(he.zero_ntt() if e else he.backend.numpy_to_ciphertext(he.he, s, level=he.top, ntt=True),
-                          positions, bound) for s, e in zip(sums, empty))))
+    for sums in _block_products(he, plan, xs, rhs):
+        c1, c0, sh = he.finish_native(sums, positions, bound)
         c1s.append(c1)
         c0s.append(c0)
         shares.append(sh)
@@ -198,13 +186,11 @@ PRODUCT_CHUNK = 64
 
 
 def _block_products(he: HESession, plan: BlockPlan, xs: np.ndarray, rhs: EncodedRhs):
-    """Yield (sums, empty) per chunk of output blocks in the order (batch, mb, ob): sums
-    (chunk, 2, k, N) the NTT-form products sum_di x[b, mi, di] * W[b, di, oi], computed in one
-    native call (`_core.ntt_mul_sum`: every core, one reduction per coefficient) instead of a
-    backend call per block pair; empty[i] when output i's weight blocks are all zero (its
-    sum is zero; the finishing re-randomises it like every other)."""
-    if he.backend.name != "seal":  # the inputs, weights and finishing share SEAL's NTT convention
-        raise MPCError(f"the coefficient-packed cross term runs on SEAL, not {he.backend.name!r}")
+    """Yield per chunk of output blocks, in the order (batch, mb, ob), the NTT-form products
+    sum_di x[b, mi, di] * W[b, di, oi] (chunk, 2, k, N), computed in one native call
+    (`_core.ntt_mul_sum`: every core, one reduction per coefficient) instead of a backend call
+    per block pair.  An output whose weight blocks are all zero sums to zero (the finishing
+    re-randomises it like every other)."""
     n, k = he.n, xs.shape[2]
     moduli = [int(q) for q in he.he.coeff_moduli[:k]]
     outs = [(bi, mi, oi) for bi in range(plan.batch) for mi in range(plan.mb) for oi in range(plan.ob)]
@@ -221,7 +207,7 @@ def _block_products(he: HESession, plan: BlockPlan, xs: np.ndarray, rhs: Encoded
         sums = np.frombuffer(_core.ntt_mul_sum(u64_bytes_view(xs), u64_bytes_view(rhs.weights), offsets, x_idx,
                                                w_idx, moduli, xs.shape[1], n),
                              np.uint64).reshape(len(chunk), xs.shape[1], k, n)
-        yield sums, [offsets[o] == offsets[o + 1] for o in range(len(chunk))]
+        yield sums
 
 
 def cross_session(ctx, d: int, b_bits: int) -> HESession:
