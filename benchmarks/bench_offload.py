@@ -30,6 +30,9 @@ seconds (client + server, from getrusage), with the load average at each start (
 
     .venv/bin/python benchmarks/bench_offload.py --generation-ab /tmp/old --rounds 2 --new-tokens 6
 
+``--workers-ab W``: the same, this tree only, alternating the server's ``--workers 1`` and
+``--workers W`` (on Lattigo: goroutines per request).
+
 ``--prefill-ab [--rounds R] [--prompt-tokens 14] [--prefill-tokens 2] [--new-tokens N]``: only
 part 1, this tree, alternating the packed prefill (``$CIPHERLM_OFFLOAD_PREFILL_PACK`` = the
 given T) and rows one by one (= 1) R times; first-token (prefill) seconds and bytes up / down
@@ -112,31 +115,38 @@ def _child_run(child: str, env: dict) -> dict | None:
     return {"result": g, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu}
 
 
-def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, out: Path | None) -> int:
-    """This tree against ``old_tree``, alternated, each run a child process (see the docstring)."""
+def generation_ab(variants: dict[str, tuple[str, tuple]], rounds: int, new_tokens: int, he_backend: str,
+                  out: Path | None) -> int:
+    """Variants alternated (the order reversed every other round), each run a child process starting
+    its own server; ``variants``: label -> (tree on PYTHONPATH, extra ``cipherlm serve`` flags).
+    The ratios printed are of the second variant over the first (see the docstring)."""
     import os
 
-    trees = {"new": str(ROOT), "old": str(Path(old_tree).resolve())}
-    child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
-             f"g = bench_generation('smollm2-135m', 8, {int(new_tokens)}, progress=lambda s: print(s, file=sys.stderr)); "
-             "print('RESULT ' + json.dumps(g, default=float))")
+    labels = list(variants)
     runs = []
     for rnd in range(rounds):
-        for label in (["new", "old"] if rnd % 2 == 0 else ["old", "new"]):
-            env = dict(os.environ, PYTHONPATH=trees[label], CIPHERLM_OFFLOAD_HE_BACKEND=he_backend)
+        for label in (labels if rnd % 2 == 0 else labels[::-1]):
+            tree, server_args = variants[label]
+            child = ("import json, sys; from cipherlm.bench.offload import bench_generation; "
+                     f"g = bench_generation('smollm2-135m', 8, {int(new_tokens)}, "
+                     "progress=lambda s: print(s, file=sys.stderr)"
+                     # (an older tree's bench_generation may not take server_args)
+                     f"{f', server_args={tuple(server_args)!r}' if server_args else ''}); "
+                     "print('RESULT ' + json.dumps(g, default=float))")
+            env = dict(os.environ, PYTHONPATH=tree, CIPHERLM_OFFLOAD_HE_BACKEND=he_backend)
             env.pop("CIPHERLM_LATTIGO_LIB", None)
             m = _child_run(child, env)
             if m is None:
                 return 1
             g, start, load, wall, cpu = m["result"], m["start_utc"], m["load"], m["wall_s"], m["cpu_s"]
             he = sum(g.get("server_seconds_by_class", {}).values()) if isinstance(g.get("server_seconds_by_class"), dict) else None
-            row = {"round": rnd + 1, "tree": label, "start_utc": start, "load": load, "wall_s": wall, "cpu_s": cpu,
-                   "server_he_s": he, **g}
+            row = {"round": rnd + 1, "tree": label, "server_args": list(server_args), "start_utc": start, "load": load,
+                   "wall_s": wall, "cpu_s": cpu, "server_he_s": he, **g}
             runs.append(row)
             log(f"round {rnd + 1} {label} start {start} load {' '.join(load)}: first {g['first_token_seconds']:.1f} s, "
                 f"later mean {g['later_token_seconds_mean']:.2f} s max {g['later_token_seconds_max']:.2f} s, "
                 f"server HE {he} s, CPU {cpu:.0f} s, wall {wall:.0f} s")
-    print("| round | tree | start (UTC) | load | server start s | first token s | later tokens mean / max s | "
+    print("| round | variant | start (UTC) | load | server start s | first token s | later tokens mean / max s | "
           "server HE s (session) | CPU s (client + server) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
@@ -144,10 +154,12 @@ def generation_ab(old_tree: str, rounds: int, new_tokens: int, he_backend: str, 
         print(f"| {r['round']} | {r['tree']} | {r['start_utc']} | {' '.join(r['load'])} | {r['server_start_seconds']:.1f} | "
               f"{r['first_token_seconds']:.1f} | {r['later_token_seconds_mean']:.2f} / {r['later_token_seconds_max']:.2f} | "
               f"{he} | {r['cpu_s']:.0f} |")
+    a_label, b_label = labels[:2]
     for rnd in range(1, rounds + 1):
         a = {r["tree"]: r for r in runs if r["round"] == rnd}
-        print(f"round {rnd}: later tokens new / old = {a['new']['later_token_seconds_mean'] / a['old']['later_token_seconds_mean']:.2f}, "
-              f"CPU new / old = {a['new']['cpu_s'] / a['old']['cpu_s']:.2f}")
+        print(f"round {rnd}: later tokens {b_label} / {a_label} = "
+              f"{a[b_label]['later_token_seconds_mean'] / a[a_label]['later_token_seconds_mean']:.2f}, "
+              f"CPU {b_label} / {a_label} = {a[b_label]['cpu_s'] / a[a_label]['cpu_s']:.2f}")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1, default=float))
@@ -219,6 +231,8 @@ def main() -> int:
                     help="--prefill-ab's packed variants, comma-separated: T (diagonals of period S/T stored at "
                          "1/T) or Tw (stored whole), e.g. 2,2w,4")
     ap.add_argument("--generation-ab", metavar="OLD_TREE", help="only the SmolLM2 generation, A/B against OLD_TREE")
+    ap.add_argument("--workers-ab", type=int, metavar="W",
+                    help="only the SmolLM2 generation, this tree, the server's --workers 1 against W")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=6)
     ap.add_argument("--he-backend", default="lattigo")
@@ -231,8 +245,11 @@ def main() -> int:
     if args.prefill_ab:
         return prefill_ab(args.rounds, args.prompt_tokens, args.new_tokens, args.he_backend, args.prefill_tokens,
                           args.json if "--json" in sys.argv else None)
-    if args.generation_ab:
-        return generation_ab(args.generation_ab, args.rounds, args.new_tokens, args.he_backend,
+    if args.generation_ab or args.workers_ab:
+        variants = ({"old": (str(Path(args.generation_ab).resolve()), ()), "new": (str(ROOT), ())} if args.generation_ab
+                    else {"workers=1": (str(ROOT), ("--workers", "1")),
+                          f"workers={args.workers_ab}": (str(ROOT), ("--workers", str(args.workers_ab)))})
+        return generation_ab(variants, args.rounds, args.new_tokens, args.he_backend,
                              args.json if "--json" in sys.argv else None)
 
     from cipherlm.bench import offload

@@ -162,9 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=None,
                    help="seconds a session may stay silent (default: offload 300, 2pc 600)")
     _add_limit_args(s)
-    s.add_argument("--workers", type=int, default=1,
-                   help="offload: HE worker processes that share each request (SEAL holds the GIL); fhe: Ray "
-                        "actors one pass is spread over (AEGIS placement, docs/aegis.md)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="offload: on Lattigo goroutines per request (default: one per core), on SEAL HE worker "
+                        "processes that share each request (default 1: SEAL holds the GIL); fhe: Ray actors one "
+                        "pass is spread over (AEGIS placement, docs/aegis.md; default 1)")
     s.add_argument("--ray-address", default=None,
                    help="fhe with --workers > 1: the Ray cluster to run the workers on (default: ray.init() "
                         "on this machine)")

@@ -728,6 +728,8 @@ def cmd_serve(args) -> int:
     timeout = getattr(args, "timeout", None)  # None: the mode's own default idle timeout
     if timeout is not None and timeout <= 0:
         raise UserError("--timeout must be a positive number of seconds")
+    if getattr(args, "workers", None) is not None and args.workers < 1:
+        raise UserError("--workers must be at least 1")
     if args.mode == "2pc":
         from cipherlm.runtime import twopc_session
 
@@ -1005,7 +1007,8 @@ def serve_fhe(args, timeout) -> int:
     if getattr(args, "session_processes", None) not in (None, 1):
         raise UserError("--session-processes: the fhe mode runs sessions in threads (Lattigo's Go runtime "
                         "must not be forked; it uses every core)")
-    workers = getattr(args, "workers", 1)
+    workers = getattr(args, "workers", None)
+    workers = 1 if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise UserError("--workers must be a positive integer")
     if getattr(args, "ray_address", None) and workers == 1:

@@ -76,14 +76,15 @@ def _serve_cli(monkeypatch, argv):
     class FakeModelHost:
         name, startup_seconds = "fake", 0.0
 
-        def __init__(self, *a, he_backend="seal", **kw):
-            made["he_backend"] = he_backend
+        def __init__(self, *a, he_backend="seal", workers=None, **kw):
+            made["he_backend"], made["workers"] = he_backend, workers
             self.fork_safe = he_backend == "seal"
             self.engine = type("E", (), {"close": lambda self: None})()
 
     monkeypatch.setattr(offload_server, "ModelHost", FakeModelHost)
     monkeypatch.setattr(offload_server.OffloadServer, "serve_forever", lambda self: None)
     rc = cli.main(["serve", "--mode", "offload", "--port", "0", "--model", "fake", "--session-processes", "1", *argv])
+    _serve_cli.workers = made.get("workers")
     return rc, made.get("he_backend")
 
 
@@ -101,6 +102,28 @@ def test_serve_defaults_to_auto(monkeypatch, caplog):
     if _lattigo_built():
         assert _serve_cli(monkeypatch, ["--he-backend", "lattigo"]) == (0, "lattigo")
         assert _serve_cli(monkeypatch, ["--he-backend", "auto"]) == (0, "lattigo")
+
+
+def test_serve_workers_default_per_backend(monkeypatch, capsys):
+    """Without ``--workers``: one goroutine per core on Lattigo (the client is idle while the
+    server computes), 1 on SEAL (its workers are processes holding the encoded weights); an
+    explicit W is passed through; W < 1 is a user error before anything is loaded."""
+    import os
+
+    from cipherlm.runtime.offload_server import default_workers
+
+    monkeypatch.delenv("CIPHERLM_OFFLOAD_HE_BACKEND", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert default_workers("lattigo") == cores and default_workers("seal") == 1
+    assert _serve_cli(monkeypatch, ["--he-backend", "seal"]) == (0, "seal") and _serve_cli.workers == 1
+    assert _serve_cli(monkeypatch, ["--he-backend", "seal", "--workers", "3"]) == (0, "seal")
+    assert _serve_cli.workers == 3
+    if _lattigo_built():
+        assert _serve_cli(monkeypatch, ["--he-backend", "lattigo"]) == (0, "lattigo") and _serve_cli.workers == cores
+    capsys.readouterr()
+    assert _serve_cli(monkeypatch, ["--workers", "0"]) == (2, None)
+    err = capsys.readouterr().err
+    assert "--workers must be at least 1" in err and "Traceback" not in err, err
 
 
 def test_serve_without_the_library_falls_back_with_one_log_line(no_lattigo, monkeypatch, caplog, capsys):

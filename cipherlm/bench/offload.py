@@ -40,13 +40,15 @@ def _peak_memory_bytes(pid: int) -> int | None:
     return None
 
 
-def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_tokens: int = 16, progress=print) -> dict:
-    """Server and client as two processes on loopback; per-token latency and bytes."""
+def bench_generation(model: str = "smollm2-135m", prompt_tokens: int = 8, new_tokens: int = 16, progress=print,
+                     server_args=()) -> dict:
+    """Server and client as two processes on loopback; per-token latency and bytes
+    (``server_args``: more ``cipherlm serve`` flags, e.g. ``("--workers", "2")``)."""
     from cipherlm.launch import start_server_process, stop_process
     from cipherlm.runtime.offload_client import OffloadClient
 
     t0 = time.perf_counter()
-    proc, (host, port) = start_server_process(model)
+    proc, (host, port) = start_server_process(model, extra_args=tuple(server_args))
     server_start = time.perf_counter() - t0
     try:
         with OffloadClient(host, port, model=model) as client:

@@ -1383,23 +1383,21 @@ func seededLen(q []uint64, n, level int) int {
 // appendPacked appends row (every value < 2^w, 1 <= w <= 64) bit-packed with w bits a value,
 // LSB first, the last byte zero-padded.
 func appendPacked(b []byte, row []uint64, w int) []byte {
-	var acc, spill uint64 // the pending bits: acc the low 64, spill the ones above
-	n := 0                // pending bit count, < 8 between values
+	var acc uint64 // the pending bits, n of them (< 64 between values), emitted a word at a time
+	n := 0
 	for _, x := range row {
 		acc |= x << n
-		if n > 0 {
-			spill = x >> (64 - n)
-		}
-		n += w
-		for n >= 8 {
-			b = append(b, byte(acc))
-			acc = acc>>8 | spill<<56
-			spill >>= 8
-			n -= 8
+		if n+w >= 64 {
+			b = binary.LittleEndian.AppendUint64(b, acc)
+			acc = x >> (64 - n) // Go: a shift by 64 gives 0
+			n += w - 64
+		} else {
+			n += w
 		}
 	}
-	if n > 0 {
+	for ; n > 0; n -= 8 {
 		b = append(b, byte(acc))
+		acc >>= 8
 	}
 	return b
 }
@@ -1412,28 +1410,35 @@ func readPacked(dst []uint64, b []byte, q uint64) error {
 		return fmt.Errorf("packed row of %d bytes, expected %d", len(b), packedRowLen(len(dst), q))
 	}
 	mask := uint64(1)<<w - 1 // all ones for w = 64 (Go's shift by 64 gives 0)
-	var acc, spill uint64
+	var acc uint64           // n unread bits, read a word at a time (the last one zero-padded)
 	n, pos := 0, 0
+	var tail [8]byte
 	for i := range dst {
-		for n < w {
-			x := uint64(b[pos])
-			pos++
-			acc |= x << n
-			if n > 56 {
-				spill = x >> (64 - n)
+		v := acc
+		if n < w {
+			var word uint64
+			if pos+8 <= len(b) {
+				word = binary.LittleEndian.Uint64(b[pos:])
+			} else {
+				clear(tail[:])
+				copy(tail[:], b[pos:])
+				word = binary.LittleEndian.Uint64(tail[:])
 			}
-			n += 8
+			pos += 8
+			v |= word << n
+			acc = word >> (w - n) // Go: a shift by 64 gives 0
+			n += 64 - w
+		} else {
+			acc >>= w
+			n -= w
 		}
-		v := acc & mask
+		v &= mask
 		if v >= q {
 			return fmt.Errorf("coefficient %d not reduced modulo %d", v, q)
 		}
 		dst[i] = v
-		acc = acc>>w | spill<<(64-w)
-		spill = 0
-		n -= w
 	}
-	if acc != 0 || pos != len(b) {
+	if acc != 0 {
 		return errors.New("nonzero padding bits in a packed row")
 	}
 	return nil
@@ -1588,41 +1593,64 @@ func expandUniform(c *ctxObj, seed []byte, level int) (ring.Poly, error) {
 // clg_encrypt_seeded: symmetric encryption whose uniform half is expanded from a fresh random
 // 32-byte seed, serialised as "CLGS" | the ciphertext header fields | seed | c0 bit-packed (each
 // row j with bits.Len64(q_j - 1) bits a coefficient: under half the size).
-// From a fresh encryption (c0, c1) with c0 + c1 s = m + e: c0' = c0 + c1 s - a s, so (c0', a) also
-// decrypts to m + e, with a = expandUniform(seed).
+// c0 = m + e - a s in NTT form, a = expandUniform(seed) (read as NTT residues, as Lattigo's own
+// symmetric encryption reads its c1), e from the parameters' error distribution (Xe) drawn with
+// AES-CTR under a second, secret, fresh key from crypto/rand: one sampling of a and one product,
+// where a Lattigo encryption followed by the swap of c1 for a took two of each.
 //
 //export clg_encrypt_seeded
 func clg_encrypt_seeded(skh C.int64_t, ph C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	return with2(skh, "secret key", ph, "plaintext", "", errbuf, errlen, func(s *skObj, p *ptObj) error {
-		ct, err := s.enc.EncryptNew(p.pt)
-		if err != nil {
-			return err
+		b, err := s.encryptSeeded(p.pt)
+		if err == nil {
+			bytesOut(b, out, outLen)
 		}
-		if !ct.IsNTT || ct.IsMontgomery {
-			return errors.New("seeded encryption expects an NTT, non-Montgomery ciphertext")
-		}
-		seed := make([]byte, seedLen)
-		if _, err := rand.Read(seed); err != nil {
-			return err
-		}
-		lvl := ct.Level()
-		a, err := expandUniform(s.ctx, seed, lvl)
-		if err != nil {
-			return err
-		}
-		rq := s.ctx.params.RingQ().AtLevel(lvl)
-		rq.MulCoeffsMontgomeryThenAdd(ct.Value[1], s.sk.Value.Q, ct.Value[0]) // sk is in Montgomery form
-		rq.MulCoeffsMontgomeryThenSub(a, s.sk.Value.Q, ct.Value[0])
-		N, L, q := s.ctx.params.N(), lvl+1, s.ctx.params.Q()
-		b := make([]byte, 0, seededLen(q, N, lvl))
-		b = append(b, ctHeaderBytes("CLGS", ct)...)
-		b = append(b, seed...)
-		for j := 0; j < L; j++ {
-			b = appendPacked(b, ct.Value[0].Coeffs[j][:N], primeBits(q[j]))
-		}
-		bytesOut(b, out, outLen)
-		return nil
+		return err
 	})
+}
+
+// encryptSeeded: clg_encrypt_seeded's blob for pt.
+func (s *skObj) encryptSeeded(pt *rlwe.Plaintext) ([]byte, error) {
+	if !pt.IsNTT || pt.IsMontgomery {
+		return nil, errors.New("seeded encryption expects an NTT, non-Montgomery plaintext")
+	}
+	lvl := min(pt.Level(), s.ctx.params.MaxLevel())
+	var keys [2 * seedLen]byte // the public seed of a, then the secret key of e's stream
+	defer clear(keys[seedLen:])
+	if _, err := rand.Read(keys[:]); err != nil {
+		return nil, err
+	}
+	seed := keys[:seedLen]
+	a, err := expandUniform(s.ctx, seed, lvl)
+	if err != nil {
+		return nil, err
+	}
+	noise, err := newSeedStream(keys[seedLen:])
+	if err != nil {
+		return nil, err
+	}
+	rq := s.ctx.params.RingQ().AtLevel(lvl)
+	xe, err := ring.NewSampler(noise, rq, s.ctx.params.Xe(), false)
+	if err != nil {
+		return nil, err
+	}
+	ct := rlwe.NewCiphertext(s.ctx.params, 1, lvl)
+	*ct.MetaData = *pt.MetaData
+	c0 := ct.Value[0]
+	xe.Read(c0)
+	for j, sub := range rq.SubRings[:lvl+1] { // the AVX-512 transform where it is there
+		nttOf(sub).Forward(c0.Coeffs[j], c0.Coeffs[j])
+	}
+	rq.Add(c0, pt.Value, c0)
+	rq.MulCoeffsMontgomeryThenSub(a, s.sk.Value.Q, c0) // sk is in Montgomery form
+	N, L, q := s.ctx.params.N(), lvl+1, s.ctx.params.Q()
+	b := make([]byte, 0, seededLen(q, N, lvl))
+	b = append(b, ctHeaderBytes("CLGS", ct)...)
+	b = append(b, seed...)
+	for j := 0; j < L; j++ {
+		b = appendPacked(b, c0.Coeffs[j][:N], primeBits(q[j]))
+	}
+	return b, nil
 }
 
 // clg_ct_from_bytes: validate and load a peer's ciphertext; wantLevel >= 0 requires that level.
