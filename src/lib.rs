@@ -11,6 +11,7 @@
 mod baseot;
 mod bfv_finish;
 mod bfv_sym;
+mod compare;
 mod crt;
 mod dyadic;
 mod ferret;
@@ -142,6 +143,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(otops::acot_mod_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::kk13_sender, m)?)?;
     m.add_function(wrap_pyfunction!(otops::kk13_receiver, m)?)?;
+    m.add_function(wrap_pyfunction!(compare::digit_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(compare::cmp_leaf_msgs, m)?)?;
     m.add_function(wrap_pyfunction!(otops::np1ofn_sender, m)?)?;
     m.add_function(wrap_pyfunction!(otops::np1ofn_receiver, m)?)?;
     m.add_function(wrap_pyfunction!(otops::pack_bits, m)?)?;

@@ -685,9 +685,12 @@ fn check_np(nn: usize) -> PyResult<usize> {
 /// 1-out-of-N from log2 N correlated OTs with a global Delta (Naor-Pinkas 1999's
 /// construction on random OTs; the Ferret path of `OTSession.send_1ofN`), sender:
 /// q (n * m rows of 16 bytes, instance j owns rows j m .. j m + m - 1, row i for
-/// bit i of the index), Delta (16 bytes), msgs (n*N uint64) ->
-/// pack(msgs_{j,x} xor pad_j(x), bits), pad from fixed-key AES (`np_pads_sender`).
+/// bit i of the index), Delta (16 bytes), msgs (n*N words of `msg_bytes` bytes:
+/// 8, uint64, or 1, uint8 for messages of at most 8 bits, as the comparison's
+/// leaves have) -> pack(msgs_{j,x} xor pad_j(x), bits), pad from fixed-key AES
+/// (`np_pads_sender`).
 #[pyfunction]
+#[pyo3(signature = (q, delta, tweak, nn, msgs, bits, msg_bytes=8))]
 pub fn np1ofn_sender<'py>(
     py: Python<'py>,
     q: PyBuffer<u8>,
@@ -696,20 +699,29 @@ pub fn np1ofn_sender<'py>(
     nn: usize,
     msgs: PyBuffer<u8>,
     bits: u32,
+    msg_bytes: usize,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let m = check_np(nn)?;
     let a = ot_args(&q, 16, Some(&delta), None, Some(bits))?;
     if a.n % m != 0 {
         return err(format!("{} correlated OTs is not a multiple of log2 N = {m}", a.n));
     }
+    if msg_bytes != 8 && !(msg_bytes == 1 && bits <= 8) {
+        return err(format!("messages of {msg_bytes} bytes (8, or 1 for at most 8 bits) at {bits} bits"));
+    }
     let (q, n, d, mk) = (a.rows, a.n / m, a.delta16(), a.mask);
-    let msgs = sized(&msgs, n * nn * 8, "messages")?;
+    let msgs = sized(&msgs, n * nn * msg_bytes, "messages")?;
     let y = py.allow_threads(|| {
-        let mv = u64s(msgs);
         let mut v = vec![0u64; n * nn];
         np_pads_sender(q, u128::from_le_bytes(d), tweak, n, m, nn, &mut v);
-        for (o, &x) in v.iter_mut().zip(mv.iter()) {
-            *o = (*o ^ x) & mk;
+        if msg_bytes == 1 {
+            for (o, &x) in v.iter_mut().zip(msgs.iter()) {
+                *o = (*o ^ x as u64) & mk;
+            }
+        } else {
+            for (o, &x) in v.iter_mut().zip(u64s(msgs).iter()) {
+                *o = (*o ^ x) & mk;
+            }
         }
         pack(&v, bits)
     });

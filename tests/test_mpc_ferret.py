@@ -323,16 +323,18 @@ def test_bytes_per_ot_formula(monkeypatch):
     assert bytes_per_ot("1ofN", 2, 16) == (256 + 16 * 2) / 8
 
 
-@pytest.mark.parametrize("N,batch", [(2, 1 << 16), (8, 16), (16, 1 << 16), (256, 64)])
-def test_1ofN_from_correlated_ots(N, batch):
+@pytest.mark.parametrize("N,batch,dtype", [(2, 1 << 16, np.uint64), (8, 16, np.uint64), (16, 1 << 16, np.uint64),
+                                           (256, 64, np.uint64), (8, 16, np.uint8), (16, 1 << 16, np.uint8)])
+def test_1ofN_from_correlated_ots(N, batch, dtype):
     """Naor-Pinkas 1-out-of-N from log2 N Ferret COTs: the chosen message arrives, batches
-    split only between instances, and the wire carries m + N l bits per OT."""
+    split only between instances, and the wire carries m + N l bits per OT (uint8 messages
+    go to the kernel one byte each; the bits above `bits` are dropped as for uint64)."""
     n, bits = 2000, 5
-    msgs = RNG.integers(0, 2**63, (n, N), dtype=np.uint64)
+    msgs = RNG.integers(0, 2**63, (n, N), dtype=np.uint64).astype(dtype)
     ch = RNG.integers(0, N, n)
     (_, got), (a, _), _ = run_both(lambda ot: ot.send_1ofN(msgs, bits), lambda ot: ot.recv_1ofN(ch, N, bits),
                                    batch=batch, step="ot")
-    np.testing.assert_array_equal(got, msgs[np.arange(n), ch] & np.uint64(31))
+    np.testing.assert_array_equal(got, msgs[np.arange(n), ch].astype(np.uint64) & np.uint64(31))
     step = a.stats()["ot"]
     m = N.bit_length() - 1
     payload = step["bytes_sent"] + step["bytes_received"]

@@ -172,6 +172,16 @@ def test_np1ofN_fixed_key_aes_pads(N):
     y = _core.np1ofn_sender(q.view(np.uint8).reshape(-1), delta.view(np.uint8), tw, N, msgs.view(np.uint8).reshape(-1), bits)
     got = np.frombuffer(_core.np1ofn_receiver(t.view(np.uint8).reshape(-1), ch, tw, N, y, bits), np.uint64)
     np.testing.assert_array_equal(got, msgs[np.arange(n), ch])
+    # the same messages one byte each (msg_bytes = 1): the same reply; refused above 8 bits or mis-sized
+    y8 = _core.np1ofn_sender(q.view(np.uint8).reshape(-1), delta.view(np.uint8), tw, N,
+                             msgs.astype(np.uint8).reshape(-1), bits, 1)
+    assert bytes(y8) == bytes(y)
+    with pytest.raises(ValueError, match="messages of 1 bytes"):
+        _core.np1ofn_sender(q.view(np.uint8).reshape(-1), delta.view(np.uint8), tw, N,
+                            np.zeros(n * N, np.uint8), 9, 1)
+    with pytest.raises(ValueError, match="messages has"):
+        _core.np1ofn_sender(q.view(np.uint8).reshape(-1), delta.view(np.uint8), tw, N,
+                            np.zeros(n * N - 1, np.uint8), bits, 1)
     # a different tweak gives other pads (the receiver's message is then wrong)
     bad = np.frombuffer(_core.np1ofn_receiver(t.view(np.uint8).reshape(-1), ch, tw + 1, N, y, bits), np.uint64)
     assert (bad != got).mean() > 0.6

@@ -83,6 +83,39 @@ def test_millionaire_private_inputs(bits):
     assert (lt == (A < B)).all() and (eq == (A == B)).all()
 
 
+@pytest.mark.parametrize("bits,m", [(1, 3), (5, 3), (63, 3), (64, 3), (64, 4), (13, 8), (64, 1)])
+def test_comparison_leaf_kernels_against_numpy(bits, m):
+    """The Rust core's digit split and leaf message tables (`millionaire._blocks`,
+    `_core.cmp_leaf_msgs`) equal the numpy expressions they replace; bad arguments are refused."""
+    from cipherlm import _core
+
+    rng = np.random.default_rng(bits * 10 + m)
+    v = rng.integers(0, 2 ** 63, 3000, dtype=np.uint64) | (rng.integers(0, 2, 3000, dtype=np.uint64) << np.uint64(63))
+    q, N = -(-bits // m), 1 << m
+    shifts = np.arange(q, dtype=np.uint64) * np.uint64(m)
+    ref = (((v & mask(bits))[:, None] >> shifts) & np.uint64(N - 1)).astype(np.uint8)
+    blocks = millionaire._blocks(v, bits, m)
+    np.testing.assert_array_equal(blocks, ref)
+    lt0, eq0 = rng.integers(0, 2, (2, 3000, q), dtype=np.uint8)
+    k = np.arange(N, dtype=np.uint8)
+    eq_tab = (ref[:, :, None] == k).view(np.uint8) ^ eq0[:, :, None]
+    full = ((ref[:, :, None] < k).view(np.uint8) ^ lt0[:, :, None]) | (eq_tab << 1)
+    for want_lt, want in ((True, full), (False, eq_tab)):
+        got = np.frombuffer(_core.cmp_leaf_msgs(ref.reshape(-1), lt0.reshape(-1), eq0.reshape(-1), N, want_lt), np.uint8)
+        np.testing.assert_array_equal(got, want.reshape(-1))
+    if N < 256:  # a digit of N does not fit a byte at m = 8
+        with pytest.raises(ValueError, match="digits must be"):
+            _core.cmp_leaf_msgs(np.full(4, N, np.uint8), np.zeros(4, np.uint8), np.zeros(4, np.uint8), N, True)
+    with pytest.raises(ValueError, match="shares 0 or 1"):
+        _core.cmp_leaf_msgs(np.zeros(4, np.uint8), np.full(4, 2, np.uint8), np.zeros(4, np.uint8), N, True)
+    with pytest.raises(ValueError, match="lt shares"):
+        _core.cmp_leaf_msgs(np.zeros(4, np.uint8), np.zeros(3, np.uint8), np.zeros(4, np.uint8), N, True)
+    with pytest.raises(ValueError, match="digits of 9 bits"):
+        _core.digit_blocks(v.view(np.uint8), bits, 9)
+    with pytest.raises(ValueError, match="bits must be in"):
+        _core.digit_blocks(v.view(np.uint8), 65, m)
+
+
 def _trunc(ctx, X, bits, s):
     x = share_input(ctx, from_signed(X, bits) if ctx.party == 0 else None, 0, bits=bits)
     o = {"faithful": trunc.trunc_faithful(ctx, x, s).reveal_signed(),

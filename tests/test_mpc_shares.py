@@ -5,7 +5,7 @@ import pytest
 
 from cipherlm.mpc.context import MPCError
 from cipherlm.mpc.ring import (RingConfig, fixed_decode, fixed_encode, from_signed, mask, mulmod_scalar, new_rng,
-                               reduce, to_signed, uniform)
+                               reduce, to_signed, uniform, uniform_bits)
 from cipherlm.mpc.runner import PartyFailed, MPCTimeout, run_inprocess, run_processes
 from cipherlm.mpc.shares import AShare, BShare, concatenate, reveal, share_bits_input, share_input, stack
 
@@ -47,6 +47,15 @@ def test_uniform_and_mulmod():
     c = 123456789012345678
     ref = np.array([(int(x) * c) % q for x in a], dtype=np.uint64)
     assert (mulmod_scalar(a, c, q) == ref).all()
+    # bits from every bit of the generator's words: 0/1, the shape asked for (a count not a
+    # multiple of 64 too), balanced, no position biased, and each call fresh
+    b = uniform_bits(rng, (3, 70001))
+    assert b.dtype == np.uint8 and b.shape == (3, 70001) and set(np.unique(b)) == {0, 1}
+    assert abs(b.mean() - 0.5) < 0.005
+    per_position = b.reshape(-1)[: 64 * 3000].reshape(3000, 64).mean(axis=0)  # bit i of the words
+    assert np.all(np.abs(per_position - 0.5) < 0.05)
+    assert (uniform_bits(rng, 1000) != uniform_bits(rng, 1000)).any()
+    assert uniform_bits(rng, 5).shape == (5,) and uniform_bits(rng, ()).shape == ()
 
 
 def _local_ops(ctx, X, Y):

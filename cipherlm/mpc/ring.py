@@ -103,8 +103,11 @@ def uniform(rng: np.random.Generator, shape, bits: int) -> np.ndarray:
 
 
 def uniform_bits(rng: np.random.Generator, shape) -> np.ndarray:
-    """Uniform bits as uint8 0/1."""
-    return (uniform(rng, shape, 1)).astype(np.uint8)
+    """Uniform bits as uint8 0/1 (every bit of the generator's 64-bit outputs used)."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    raw = rng.bit_generator.random_raw(-(-n // 64)).astype(np.uint64, copy=False)
+    return np.unpackbits(raw.view(np.uint8), count=n, bitorder="little").reshape(shape)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ring import uniform
+from ..ring import uniform_bits
 from ..shares import BShare, register_kernel
 
 __all__ = ["bit_triples", "and_", "and_bits", "pack_bits", "unpack_bits", "exchange_bits"]
@@ -51,7 +51,7 @@ def bit_triples(ctx, n: int, k: int = 1):
         return np.zeros(0, np.uint8), np.zeros((0, k), np.uint8), np.zeros((0, k), np.uint8)
     ot = ctx.ot
     with ctx.step("bit_triples"):
-        a = uniform(ctx.rng, n, 1).astype(np.uint8)
+        a = uniform_bits(ctx.rng, n)
         own = []  # this party's shares of the two cross terms, (n, k) each
         b = None
         for sender in (1, 0):  # cross term a_{1-sender} * b_sender

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ring import mask, uniform
+from cipherlm import _core
+
+from ..ring import mask, uniform_bits
 from .bool_ops import and_bits, bit_triples
 
 M = 4  # block size: 1-out-of-2^M OT per block (IKNP/KK13, and equality always)
@@ -49,9 +51,11 @@ def block_size(ctx) -> int:
 
 
 def _blocks(v: np.ndarray, bits: int, m: int) -> np.ndarray:
+    """The m-bit digits (m <= 8) of v's ``bits``-bit values: (n, q) uint8, digit 0 the least
+    significant (one pass in the Rust core, `digit_blocks`)."""
     q = -(-bits // m)
-    shifts = (np.arange(q, dtype=np.uint64) * np.uint64(m))
-    return ((v[:, None] >> shifts) & np.uint64((1 << m) - 1)).astype(np.int64)  # (n, q), block 0 least significant
+    v = np.ascontiguousarray(v, dtype=np.uint64)
+    return np.frombuffer(_core.digit_blocks(v.view(np.uint8), bits, m), np.uint8).reshape(v.size, q)
 
 
 def _leaves(ctx, v: np.ndarray, bits: int, m: int, want_lt: bool):
@@ -62,18 +66,13 @@ def _leaves(ctx, v: np.ndarray, bits: int, m: int, want_lt: bool):
     blocks = _blocks(v, bits, m)
     with ctx.step("millionaire_leaves"):
         if ctx.party == 0:
-            lt0 = uniform(ctx.rng, (n, q), 1).astype(np.uint8) if want_lt else np.zeros((n, q), np.uint8)
-            eq0 = uniform(ctx.rng, (n, q), 1).astype(np.uint8)
-            k = np.arange(N, dtype=np.uint8)
-            b8 = blocks.astype(np.uint8)  # m <= 8 bits per block
-            # tables as uint8 (the OT layer widens them batch by batch): n q N bytes, not 8 n q N
-            eq_tab = (b8[:, :, None] == k).view(np.uint8) ^ eq0[:, :, None]
-            if want_lt:
-                msgs = ((b8[:, :, None] < k).view(np.uint8) ^ lt0[:, :, None]) | (eq_tab << 1)
-                del eq_tab
-                ctx.ot.send_1ofN(msgs.reshape(n * q, N), 2)
-            else:
-                ctx.ot.send_1ofN(eq_tab.reshape(n * q, N), 1)
+            lt0 = uniform_bits(ctx.rng, (n, q)) if want_lt else np.zeros((n, q), np.uint8)
+            eq0 = uniform_bits(ctx.rng, (n, q))
+            # message k of leaf (j, i): (lt0 xor 1{x_ji < k}) | (eq0 xor 1{x_ji == k}) << 1 (eq only
+            # for `equality`), n q N bytes made in one pass (`cmp_leaf_msgs`)
+            msgs = np.frombuffer(_core.cmp_leaf_msgs(blocks.reshape(-1), lt0.reshape(-1), eq0.reshape(-1), N, want_lt),
+                                 np.uint8).reshape(n * q, N)
+            ctx.ot.send_1ofN(msgs, 2 if want_lt else 1)
             return lt0, eq0
         got = np.asarray(ctx.ot.recv_1ofN(blocks.reshape(-1), N, 2 if want_lt else 1), np.uint64).reshape(n, q)
         if want_lt:
