@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "smollm-block 64); bench fhe: tokens per inference (default 32); bench blb: default 8 "
                         "(tiny 4)")
     b.add_argument("--sentences", type=int, default=1, help="bench fhe: MiniLM polarity sentences (default 1)")
+    b.add_argument("--rows-file", default=None, metavar="FILE",
+                   help="bench fhe: MiniLM's per-sentence rows, written to FILE as each finishes; the sentences "
+                        "already in FILE are skipped (a long run can stop and go on)")
     b.add_argument("--fhe-preset", default=FHE_PRESETS[0], choices=FHE_PRESETS,
                    help="bench fhe: the CKKS bootstrapping preset (test-insecure-N1024 needs --insecure-test-preset)")
     b.add_argument("--insecure-test-preset", action="store_true",

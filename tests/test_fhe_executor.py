@@ -162,3 +162,20 @@ def test_pooled_norm_keeps_a_level_for_rsqrt_bootstrap(keys, tiny_bert_dir):
     got = P.unpack(_slots(keys, emb).reshape(-1, ctx.slots), 32)[0]
     m = h.mean(axis=0)
     assert np.abs(got - m / np.linalg.norm(m)).max() < 1e-2
+
+
+def test_bench_fhe_rows_file_resume(tmp_path):
+    """`cipherlm bench fhe --rows-file`: the rows of the same run come back (those sentences are
+    skipped); a file of another run (tokens, preset or refresh) is refused, not mixed in."""
+    import json
+
+    from cipherlm.bench.fhe import _resumed_rows
+
+    run = {"workload": "minilm", "tokens": 32, "preset": "N16QP1546H192H32", "refresh": "client"}
+    f = tmp_path / "rows.json"
+    assert _resumed_rows(None, run) == [] and _resumed_rows(f, run) == []
+    f.write_text(json.dumps({**run, "rows": [{"sentence": 0}, {"sentence": 3}]}))
+    assert [r["sentence"] for r in _resumed_rows(f, run)] == [0, 3]
+    for k, v in (("tokens", 16), ("preset", "other"), ("refresh", "bootstrap")):
+        with pytest.raises(SystemExit, match="another run"):
+            _resumed_rows(f, {**run, k: v})

@@ -141,9 +141,36 @@ def minilm_polarity_model(tokens: int):
     return ex, test, fit, model
 
 
-def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print, refresh: str = "bootstrap") -> dict:
+def _resumed_rows(rows_file, run: dict) -> list[dict]:
+    """The rows already in ``rows_file`` (None or missing: none); a file of another run
+    (tokens, preset or refresh) is refused, not mixed in."""
+    import json
+    from pathlib import Path
+
+    if rows_file is None or not Path(rows_file).exists():
+        return []
+    doc = json.loads(Path(rows_file).read_text())
+    if {k: doc.get(k) for k in run} != run:
+        raise SystemExit(f"{rows_file} holds the rows of another run ({ {k: doc.get(k) for k in run} }, "
+                         f"this one {run}): pick another file")
+    return list(doc.get("rows", []))
+
+
+def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=print, refresh: str = "bootstrap",
+                 rows_file=None) -> dict:
+    """MiniLM polarity over the first ``n`` test sentences.  ``rows_file``: after each sentence
+    the rows so far are written there (JSON), and the sentences already in it are skipped (a
+    long run can stop and go on; the other fields are then those of the last part)."""
+    import json
+    from pathlib import Path
+
     from cipherlm.runtime.fhe_executor import client_embedding, client_tensors
 
+    run = {"workload": "minilm", "tokens": tokens, "preset": preset, "refresh": refresh}
+    rows = _resumed_rows(rows_file, run)
+    done = {r["sentence"] for r in rows}
+    if done:
+        progress(f"minilm: {len(done)} sentences already in {rows_file}, {len(set(range(n)) - done)} to run")
     t0 = time.perf_counter()
     ex, test, fit, model = minilm_polarity_model(tokens)
     model.cache_plaintexts = preset.startswith("test-insecure")  # at 2^15 slots: GBs, and one pass uses each once
@@ -151,8 +178,9 @@ def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=prin
     keys = _Keys(model, preset, tokens, insecure, refresh)
     progress(f"minilm: keys in {keys.keygen_seconds:.1f} s ({keys.key_bytes['bootstrapping'] / 1e9:.2f} GB "
              f"bootstrapping keys), calibration {setup:.1f} s")
-    rows = []
     for i, (text, label) in enumerate(test[:n]):
+        if i in done:
+            continue
         ids = fit(text)
         plain = ex.classify(np.asarray(ids))
         P = model.packing(keys.ctx.slots, len(ids), tokens)
@@ -172,11 +200,16 @@ def bench_minilm(tokens: int, n: int, preset: str, insecure: bool, progress=prin
         progress(f"minilm sentence {i}: {sec:.1f} s, {rows[-1]['bootstraps']} bootstraps, prediction "
                  f"{rows[-1]['fhe_prediction']} (plain {rows[-1]['plain_prediction']}), logit error "
                  f"{rows[-1]['max_logit_error']:.2e}")
+        if rows_file is not None:
+            rows.sort(key=lambda r: r["sentence"])
+            tmp = Path(f"{rows_file}.tmp")
+            tmp.write_text(json.dumps({**run, "rows": rows}, indent=1, default=float))
+            tmp.replace(rows_file)
     keys.close()
-    return {"workload": "minilm", "tokens": tokens, "preset": preset, "refresh": refresh,
-            "refresh_bytes": dict(keys.refresh_bytes), "keygen_seconds": keys.keygen_seconds,
+    return {**run, "refresh_bytes": dict(keys.refresh_bytes), "keygen_seconds": keys.keygen_seconds,
             "key_bytes": keys.key_bytes, "calibration_seconds": setup, "rows": rows,
             "identical_predictions": sum(r["fhe_prediction"] == r["plain_prediction"] for r in rows),
+            "max_logit_error": max((r["max_logit_error"] for r in rows), default=None),
             "peak_rss_bytes": _peak_rss_bytes()}
 
 
@@ -265,13 +298,17 @@ def bench_smollm_block(tokens: int, preset: str, insecure: bool, progress=print,
 
 
 def run_workloads(workloads: str, tokens: list[int], sentences: int, preset: str, insecure: bool,
-                  progress=print, refresh: str = "bootstrap") -> list[dict]:
-    """Each workload at each token count, one result dict each."""
+                  progress=print, refresh: str = "bootstrap", rows_file=None) -> list[dict]:
+    """Each workload at each token count, one result dict each (``rows_file``: MiniLM's rows,
+    resumable, `bench_minilm`; one token count only)."""
+    if rows_file is not None and len(tokens) > 1:
+        raise SystemExit("--rows-file takes one token count")
     out = []
     for w in (w.strip() for w in workloads.split(",") if w.strip()):
         for t in tokens:
             if w == "minilm":
-                out.append(bench_minilm(t, sentences, preset, insecure, progress=progress, refresh=refresh))
+                out.append(bench_minilm(t, sentences, preset, insecure, progress=progress, refresh=refresh,
+                                        rows_file=rows_file))
             elif w == "bert-base":
                 out.append(bench_bert_base_layer(t, preset, insecure, progress=progress, refresh=refresh))
             elif w == "smollm-block":
@@ -289,7 +326,7 @@ def run(args) -> list[dict]:
     return run_workloads(args.workloads or "minilm", [args.tokens or 32], args.sentences, preset,
                          preset.startswith("test-insecure"),
                          progress=lambda m: print(f"bench fhe: {m}", file=sys.stderr, flush=True),
-                         refresh=getattr(args, "refresh", "bootstrap"))
+                         refresh=getattr(args, "refresh", "bootstrap"), rows_file=getattr(args, "rows_file", None))
 
 
 def main(argv=None) -> int:
@@ -303,11 +340,14 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="N16QP1546H192H32")
     p.add_argument("--insecure-test-preset", action="store_true",
                    help="run at the INSECURE N=2^10 test preset (checks the circuits quickly; no security)")
+    p.add_argument("--refresh", choices=("bootstrap", "client"), default="bootstrap")
+    p.add_argument("--rows-file", default=None, help="minilm: per-sentence rows, written as they finish; resumed")
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
     preset = "test-insecure-N1024" if a.insecure_test_preset else a.preset
     out = run_workloads(a.workloads, [int(v) for v in a.tokens.split(",")], a.sentences, preset,
-                        a.insecure_test_preset, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                        a.insecure_test_preset, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                        refresh=a.refresh, rows_file=a.rows_file)
     text = json.dumps(out, indent=1, default=float)
     if a.json:
         with open(a.json, "w") as f:
