@@ -430,11 +430,8 @@ class FerretExtension(OTExtension):
         small = bits <= 8 and msgs.dtype == np.uint8  # one byte a message: no uint64 copy (the kernel masks)
         for q, tw, lo, hi in self.send_cot(op, n * m_bits, batch=self._whole(m_bits), bits=bits, N=N):
             rows = msgs[lo // m_bits:hi // m_bits]
-            if small:
-                y = _core.np1ofn_sender(q, self.sender_pool.delta, tw, N, np.ascontiguousarray(rows).reshape(-1), bits, 1)
-            else:
-                w = words(rows, "msgs") & word_mask(bits)
-                y = _core.np1ofn_sender(q, self.sender_pool.delta, tw, N, w.view(np.uint8), bits)
+            w = np.ascontiguousarray(rows).reshape(-1) if small else (words(rows, "msgs") & word_mask(bits)).view(np.uint8)
+            y = _core.np1ofn_sender(q, self.sender_pool.delta, tw, N, w, bits, 1 if small else 8)
             replies.append(u8(y))
         return replies
 
