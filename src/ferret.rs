@@ -45,13 +45,12 @@
 //!
 //! Rust computes the messages; Python moves them (same pattern as `iknp`).
 
-use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
-use aes::{Aes128, Block};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 use rand_core::{OsRng, RngCore};
 
+use crate::aesni::AesBatch;
 use crate::prg::{AesPrg, Tccr};
 use crate::util::{err, view};
 
@@ -103,20 +102,11 @@ impl Shape {
 }
 
 /// The length-doubling PRG of the GGM tree: G(s) = (pi_0(s) xor s,
-/// pi_1(s) xor s) with two fixed-key AES-128 permutations (the `aes` crate,
-/// AES-NI picked at run time by its autodetect, 8 blocks pipelined).
+/// pi_1(s) xor s) with two fixed-key AES-128 permutations (`aesni::AesBatch`:
+/// VAES or AES-NI picked at run time).
 pub struct Ggm {
-    p0: Aes128,
-    p1: Aes128,
-}
-
-/// A u128 slice as AES blocks (same 16 bytes; u128 values are little-endian in
-/// memory on the targets we build for, matching `u128::from_le_bytes`).
-#[inline]
-fn u128_blocks(x: &[u128]) -> &[Block] {
-    // SAFETY: Block = GenericArray<u8, U16> is 16 bytes with align 1; a u128 is
-    // 16 bytes; the slice covers exactly the same memory.
-    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const Block, x.len()) }
+    p0: AesBatch,
+    p1: AesBatch,
 }
 
 #[cfg(not(target_endian = "little"))]
@@ -124,7 +114,7 @@ compile_error!("ferret.rs reads AES blocks as little-endian u128");
 
 impl Ggm {
     pub fn new() -> Self {
-        Ggm { p0: Aes128::new(GenericArray::from_slice(&GGM_KEY0)), p1: Aes128::new(GenericArray::from_slice(&GGM_KEY1)) }
+        Ggm { p0: AesBatch::new(&GGM_KEY0), p1: AesBatch::new(&GGM_KEY1) }
     }
 
     /// Expand level `l` (2^l nodes at the front of `tree`) into level l+1
@@ -132,8 +122,8 @@ impl Ggm {
     /// the odd (right) children).
     pub fn expand_level(&self, tree: &mut [u128], l: usize) -> (u128, u128) {
         let np = 1usize << l;
-        let mut a = [Block::default(); CH];
-        let mut b = [Block::default(); CH];
+        let mut a = [0u128; CH];
+        let mut b = [0u128; CH];
         let (mut s0, mut s1) = (0u128, 0u128);
         // From the last parents to the first: children [2p, 2p+2) never overwrite
         // a parent that is still to be read (encrypted into a/b before writing).
@@ -141,13 +131,14 @@ impl Ggm {
         while hi > 0 {
             let lo = hi.saturating_sub(CH);
             let c = hi - lo;
-            let parents = u128_blocks(&tree[lo..hi]);
-            self.p0.encrypt_blocks_b2b(parents, &mut a[..c]).unwrap();
-            self.p1.encrypt_blocks_b2b(parents, &mut b[..c]).unwrap();
+            a[..c].copy_from_slice(&tree[lo..hi]);
+            b[..c].copy_from_slice(&tree[lo..hi]);
+            self.p0.encrypt(&mut a[..c]);
+            self.p1.encrypt(&mut b[..c]);
             for j in (0..c).rev() {
                 let s = tree[lo + j];
-                let left = u128::from_le_bytes(a[j].into()) ^ s;
-                let right = u128::from_le_bytes(b[j].into()) ^ s;
+                let left = a[j] ^ s;
+                let right = b[j] ^ s;
                 s0 ^= left;
                 s1 ^= right;
                 tree[2 * (lo + j)] = left;

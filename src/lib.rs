@@ -8,6 +8,7 @@
 //!   (`transpose`), Ferret silent COT (`ferret`); CRT scaling kernels of the HE product (`crt`).  Rust computes the messages; Python moves them over the
 //!   channel.  Every heavy function releases the GIL.
 
+mod aesni;
 mod baseot;
 mod bfv_finish;
 mod bfv_sym;
@@ -120,6 +121,36 @@ fn aes_prg<'py>(py: Python<'py>, seed: PyBuffer<u8>, n: usize) -> PyResult<Bound
     Ok(PyByteArray::new_bound(py, &out))
 }
 
+/// AES-128 of every 16-byte block of `data` under `key` on one of the core's paths
+/// ("vaes512", "aesni", "soft"; one the CPU lacks falls back to the best it has):
+/// `(ciphertext, path used)`.  For tests (known answers) and the benchmarks' reports.
+#[pyfunction]
+fn aes128_blocks<'py>(py: Python<'py>, key: PyBuffer<u8>, data: PyBuffer<u8>, path: &str) -> PyResult<(Bound<'py, PyByteArray>, &'static str)> {
+    let k: [u8; 16] = util::view(&key)?
+        .try_into()
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err("key must be 16 bytes"))?;
+    let d = util::view(&data)?;
+    if d.len() % 16 != 0 {
+        return util::err("data must be whole 16-byte blocks");
+    }
+    let want = match path {
+        "vaes512" => aesni::Path::Vaes512,
+        "aesni" => aesni::Path::AesNi,
+        "soft" => aesni::Path::Soft,
+        _ => return util::err(format!("unknown AES path {path:?} (vaes512, aesni, soft)")),
+    };
+    let aes = aesni::AesBatch::with_path(&k, want);
+    let mut xs: Vec<u128> = d.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect();
+    py.allow_threads(|| aes.encrypt(&mut xs));
+    let out: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let name = match aes.path() {
+        aesni::Path::Vaes512 => "vaes512",
+        aesni::Path::AesNi => "aesni",
+        aesni::Path::Soft => "soft",
+    };
+    Ok((PyByteArray::new_bound(py, &out), name))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(random_bytes, m)?)?;
@@ -129,6 +160,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(baseot_sender_keys, m)?)?;
     m.add_function(wrap_pyfunction!(transpose_bits, m)?)?;
     m.add_function(wrap_pyfunction!(aes_prg, m)?)?;
+    m.add_function(wrap_pyfunction!(aes128_blocks, m)?)?;
     m.add_class::<iknp::OtExtSender>()?;
     m.add_class::<iknp::OtExtReceiver>()?;
     m.add_function(wrap_pyfunction!(otops::rot_sender, m)?)?;

@@ -600,38 +600,45 @@ fn np_tweak(inst: u64, i: usize, x: usize) -> u128 {
 /// and 2m for the receiver.
 fn np_pads_sender(q: &[u8], d: u128, tweak: u64, n: usize, m: usize, nn: usize, out: &mut [u64]) {
     let tccr = Tccr::new();
-    // instances per group: enough blocks per AES call to pipeline
-    let g = (64 / (nn * m)).max(1);
+    // instances per group: a few hundred blocks per AES call
+    let g = (256 / (nn * m)).max(1);
     let mut pk = vec![0u128; g * 2 * m];
     let mut z = vec![0u128; g * nn * m];
+    let mut s = vec![0u64; nn];
     let mut j0 = 0;
     while j0 < n {
         let gn = g.min(n - j0);
-        for jj in 0..gn {
-            for i in 0..m {
-                let r = 16 * ((j0 + jj) * m + i);
-                let qi = u128::from_le_bytes(q[r..r + 16].try_into().unwrap());
-                pk[(jj * m + i) * 2] = qi;
-                pk[(jj * m + i) * 2 + 1] = qi ^ d;
-            }
+        // the keys K_i^0 = q_i, K_i^1 = q_i xor Delta of each instance, then pi(K)
+        for (k, r) in pk[..gn * 2 * m].chunks_exact_mut(2).zip(q[16 * j0 * m..16 * (j0 + gn) * m].chunks_exact(16)) {
+            let qi = u128::from_le_bytes(r.try_into().unwrap());
+            k[0] = qi;
+            k[1] = qi ^ d;
         }
         tccr.pi_u128(&mut pk[..gn * 2 * m]);
+        // z[x][i] = pi(K_i^{x_i}) xor w(j, i, x); w's instance part is shared by the
+        // instance's terms and its (i, x) part sits in the low 16 bits, apart from it
         for jj in 0..gn {
-            let inst = tweak.wrapping_add((j0 + jj) as u64);
-            for x in 0..nn {
-                for i in 0..m {
-                    z[(jj * nn + x) * m + i] = pk[(jj * m + i) * 2 + ((x >> i) & 1)] ^ np_tweak(inst, i, x);
+            let base = np_tweak(tweak.wrapping_add((j0 + jj) as u64), 0, 0);
+            let p = &pk[jj * 2 * m..(jj + 1) * 2 * m];
+            for (x, zx) in z[jj * nn * m..(jj + 1) * nn * m].chunks_exact_mut(m).enumerate() {
+                for (i, zi) in zx.iter_mut().enumerate() {
+                    *zi = p[2 * i + ((x >> i) & 1)] ^ base ^ (((i << 8) | x) as u128);
                 }
             }
         }
         tccr.pi_u128(&mut z[..gn * nn * m]);
+        // pad(x) = low 64 of XOR_i pi(z[x][i]) xor pi(K_i^{x_i}); the second XOR for all x
+        // by flipping one bit at a time: s[x] = s[x without its lowest 1] xor D_i
         for jj in 0..gn {
-            for x in 0..nn {
-                let mut acc = 0u128;
-                for i in 0..m {
-                    acc ^= z[(jj * nn + x) * m + i] ^ pk[(jj * m + i) * 2 + ((x >> i) & 1)];
-                }
-                out[(j0 + jj) * nn + x] = acc as u64;
+            let p = &pk[jj * 2 * m..(jj + 1) * 2 * m];
+            s[0] = p.iter().step_by(2).fold(0u64, |a, &v| a ^ v as u64);
+            for x in 1..nn {
+                let i = x.trailing_zeros() as usize;
+                s[x] = s[x & (x - 1)] ^ ((p[2 * i] ^ p[2 * i + 1]) as u64);
+            }
+            let o = &mut out[(j0 + jj) * nn..(j0 + jj + 1) * nn];
+            for ((ox, zx), &sx) in o.iter_mut().zip(z[jj * nn * m..(jj + 1) * nn * m].chunks_exact(m)).zip(s.iter()) {
+                *ox = zx.iter().fold(sx, |a, &v| a ^ v as u64);
             }
         }
         j0 += gn;

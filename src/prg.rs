@@ -12,6 +12,8 @@
 use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
 use aes::{Aes128, Block};
 
+use crate::aesni::AesBatch;
+
 pub struct AesPrg {
     cipher: Aes128,
     ctr: u128,
@@ -59,77 +61,69 @@ const FIXED_KEY: [u8; 16] = [
 ];
 
 pub struct Tccr {
-    pi: Aes128,
+    pi: AesBatch,
+}
+
+#[inline]
+fn rd(b: &[u8]) -> u128 {
+    u128::from_le_bytes(b.try_into().unwrap())
 }
 
 impl Tccr {
     pub fn new() -> Self {
-        Tccr { pi: Aes128::new(GenericArray::from_slice(&FIXED_KEY)) }
+        Tccr { pi: AesBatch::new(&FIXED_KEY) }
     }
 
     /// Hash `xs` (n blocks of 16 bytes) in place: xs[j] <- H(tweak0 + j, xs[j]).
     pub fn hash_in_place(&self, xs: &mut [u8], tweak0: u64) {
-        let mut tmp = [0u8; CHUNK * 16];
+        let mut y = [0u128; CHUNK];
+        let mut z = [0u128; CHUNK];
         let mut base = 0usize;
         for chunk in xs.chunks_mut(CHUNK * 16) {
             let nb = chunk.len() / 16;
-            self.pi.encrypt_blocks(as_blocks(chunk)); // y = pi(x)
-            let t = &mut tmp[..nb * 16];
-            for k in 0..nb {
-                let tw = (tweak0 as u128).wrapping_add((base + k) as u128).to_le_bytes();
-                for b in 0..16 {
-                    t[k * 16 + b] = chunk[k * 16 + b] ^ tw[b];
-                }
+            for (o, c) in y[..nb].iter_mut().zip(chunk.chunks_exact(16)) {
+                *o = rd(c);
             }
-            self.pi.encrypt_blocks(as_blocks(t)); // pi(y xor i)
-            for (c, v) in chunk.iter_mut().zip(t.iter()) {
-                *c ^= *v;
+            self.pi.encrypt(&mut y[..nb]); // y = pi(x)
+            for k in 0..nb {
+                z[k] = y[k] ^ (tweak0 as u128).wrapping_add((base + k) as u128);
+            }
+            self.pi.encrypt(&mut z[..nb]); // pi(y xor i)
+            for (k, c) in chunk.chunks_exact_mut(16).enumerate() {
+                c.copy_from_slice(&(y[k] ^ z[k]).to_le_bytes());
             }
             base += nb;
         }
     }
-}
 
-impl Tccr {
     /// out[j] = low 64 bits of H(tweak0 + j, rows[j] xor xor) AND mask, for every
     /// 16-byte row; no heap allocation (works through L1-sized chunks).
     pub fn hash_low64(&self, rows: &[u8], xor: u128, tweak0: u64, mask: u64, out: &mut [u64]) {
         let n = rows.len() / 16;
         debug_assert_eq!(out.len(), n);
-        let mut y = [0u8; CHUNK * 16];
-        let mut z = [0u8; CHUNK * 16];
+        let mut y = [0u128; CHUNK];
+        let mut z = [0u128; CHUNK];
         let mut j0 = 0usize;
         while j0 < n {
             let nb = CHUNK.min(n - j0);
-            for k in 0..nb {
-                let x = u128::from_le_bytes(rows[(j0 + k) * 16..(j0 + k) * 16 + 16].try_into().unwrap()) ^ xor;
-                y[k * 16..k * 16 + 16].copy_from_slice(&x.to_le_bytes());
+            for (k, c) in rows[j0 * 16..(j0 + nb) * 16].chunks_exact(16).enumerate() {
+                y[k] = rd(c) ^ xor;
             }
-            self.pi.encrypt_blocks(as_blocks(&mut y[..nb * 16]));
+            self.pi.encrypt(&mut y[..nb]);
             for k in 0..nb {
-                let yy = u128::from_le_bytes(y[k * 16..k * 16 + 16].try_into().unwrap());
-                let tw = (tweak0 as u128).wrapping_add((j0 + k) as u128);
-                z[k * 16..k * 16 + 16].copy_from_slice(&(yy ^ tw).to_le_bytes());
+                z[k] = y[k] ^ (tweak0 as u128).wrapping_add((j0 + k) as u128);
             }
-            self.pi.encrypt_blocks(as_blocks(&mut z[..nb * 16]));
+            self.pi.encrypt(&mut z[..nb]);
             for k in 0..nb {
-                let a = u64::from_le_bytes(y[k * 16..k * 16 + 8].try_into().unwrap());
-                let b = u64::from_le_bytes(z[k * 16..k * 16 + 8].try_into().unwrap());
-                out[j0 + k] = (a ^ b) & mask;
+                out[j0 + k] = ((y[k] ^ z[k]) as u64) & mask;
             }
             j0 += nb;
         }
     }
-}
 
-impl Tccr {
     /// pi applied in place to every u128 (the fixed-key permutation; u128 values
     /// are the little-endian AES blocks).
     pub fn pi_u128(&self, xs: &mut [u128]) {
-        // SAFETY: a u128 is 16 bytes; Block is [u8; 16]-like with align 1.
-        let blocks = unsafe { std::slice::from_raw_parts_mut(xs.as_mut_ptr() as *mut Block, xs.len()) };
-        for c in blocks.chunks_mut(CHUNK) {
-            self.pi.encrypt_blocks(c);
-        }
+        self.pi.encrypt(xs);
     }
 }

@@ -82,6 +82,25 @@ def test_pack_unpack(bits):
         _core.unpack_bits(p[:-1], 1001, bits)
 
 
+def test_fixed_key_aes_known_answer_on_every_path():
+    """The core's own AES-128 (VAES, AES-NI, and the `aes` crate's) against FIPS-197
+    appendix C.1 and against each other on random blocks: the OT hashes and GGM trees
+    run on it, and a wrong round would still give consistent (but insecure) OTs."""
+    key, pt = bytes(range(16)), bytes(i * 0x11 for i in range(16))
+    want = bytes.fromhex("69c4e0d86a7b0430d8cdb78070b4c55a")
+    data = np.random.default_rng(7).integers(0, 256, 16 * 1037, dtype=np.uint8).tobytes()
+    ref, used = _core.aes128_blocks(key, data, "soft")
+    assert used == "soft"
+    for path in ("vaes512", "aesni", "soft"):
+        ct, used = _core.aes128_blocks(key, pt * 21, path)  # 21 blocks: the 16-, 4- and 1-block loops
+        assert bytes(ct) == want * 21, (path, used)
+        assert bytes(_core.aes128_blocks(key, data, path)[0]) == bytes(ref), (path, used)
+    with pytest.raises(ValueError, match="16-byte blocks"):
+        _core.aes128_blocks(key, b"x" * 17, "soft")
+    with pytest.raises(ValueError, match="unknown AES path"):
+        _core.aes128_blocks(key, pt, "sse")
+
+
 def test_aes_prg_deterministic():
     s = bytes(range(16))
     assert _core.aes_prg(s, 100) == _core.aes_prg(s, 100)
