@@ -197,15 +197,23 @@ def test_np1ofN_fixed_key_aes_pads(N):
         assert p_uniform(x4[ch >= 4] if N > 4 else x4, 4) > P_MIN
 
 
-@pytest.mark.slow  # two main iterations per run (~20 s on the 2-vCPU machine)
-def test_ferret_sender_ahead_same_messages(monkeypatch):
-    """With the sender's next main iteration computed in the background
-    (``FerretSender.ahead``), the COTs are correct and the Ferret messages are the
-    same in number, order and size as without it."""
+@pytest.mark.slow  # three main iterations per run (~20 s on the 2-vCPU machine)
+def test_ferret_ahead_same_messages(monkeypatch):
+    """With the next main iteration computed in the background (the sender's whole
+    iteration, ``FerretSender.ahead``; the receiver's LPN half from the announced seed,
+    ``FerretReceiver.ahead``), the COTs are correct, the Ferret messages are the same in
+    number, order and size as without it, and every receiver iteration after the first
+    main one uses the half computed ahead."""
     from cipherlm.mpc import ferret as fm
+
+    used = []
+    matches = fm._ReceiverAhead.matches
+    monkeypatch.setattr(fm._ReceiverAhead, "matches", lambda self, *a: used.append(matches(self, *a)) or used[-1])
 
     def run(ahead):
         monkeypatch.setattr(fm.FerretSender, "ahead", ahead)
+        monkeypatch.setattr(fm.FerretReceiver, "ahead", ahead)
+        used.clear()
         n = 2 * fm.FERRET_MAIN.usable + 10
 
         def r(e):
@@ -215,9 +223,24 @@ def test_ferret_sender_ahead_same_messages(monkeypatch):
         (v, (u, w)), (a, _), ext = both("ferret", lambda e: e.send_rcot(n)[-1000:], r)
         d = np.frombuffer(ext[0].sender_delta(), np.uint64)
         np.testing.assert_array_equal(w, v ^ (u.astype(np.uint64)[:, None] * d))
-        return ext[0].sender_pool.iterations, a.stats()["ot.ferret"]
+        return ext[0].sender_pool.iterations, a.stats()["ot.ferret"], list(used)
 
-    it0, st0 = run(False)
-    it1, st1 = run(True)
+    it0, st0, used0 = run(False)
+    it1, st1, used1 = run(True)
     assert it0 == it1 >= 3
     assert st0["messages_sent"] == st1["messages_sent"] and st0["bytes_sent"] == st1["bytes_sent"]
+    # iteration 0 is the small one that feeds the reserve, 1 .. it1 - 1 are main ones: each
+    # after the first uses the LPN half computed ahead
+    assert used0 == [] and used1 == [True] * (it1 - 2)
+
+
+def test_ferret_next_seed_field_checked():
+    """The announced seed of the next iteration must be a 16-byte vector (or absent)."""
+    from cipherlm.mpc import ferret as fm
+    from cipherlm.mpc.ot_common import OTError
+
+    assert fm._next_seed({}) is None
+    assert fm._next_seed({"next": np.arange(16, dtype=np.uint8)}) == bytes(range(16))
+    for bad in (np.zeros(15, np.uint8), np.zeros(16, np.int64), b"x" * 16, [0] * 16):
+        with pytest.raises(OTError, match="next"):
+            fm._next_seed({"next": bad})

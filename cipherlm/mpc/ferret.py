@@ -23,6 +23,18 @@ the punctured trees; with the two parties on two cores an iteration takes
 about the longer of the two encodings plus the tree halves, instead of the
 sum of both parties' work.
 
+Ahead of time (main phase, on by default: `FerretSender.ahead`,
+`FerretReceiver.ahead`): each main iteration's "ferret" message also carries the
+public seed of the next main iteration (field ``next``, 16 bytes), and as soon
+as an iteration is absorbed both parties start their part of the next one in a
+background thread (the core releases the GIL): the sender its whole iteration,
+the receiver its LPN half.  The refill that falls due later only sends the
+message and rebuilds the receiver's trees, so the ~0.3 s LPN encodings overlap
+the protocol that consumes the COTs (on two cores: the time a party spends
+waiting for its peer) instead of stopping it.  The background iteration writes
+into the arrays that the previous served block frees (`_Fifo.spare`), so the
+memory stays at two iterations' outputs per side.
+
 The receiver's choice bit travels in the LSB of w (as in the authors' emp-ot):
 LSB(Delta) = 1 (`IknpExtension.delta_lsb`, 127 random bits of Delta remain),
 the sender's rows v all have LSB 0 (the IKNP bootstrap is normalised on
@@ -50,8 +62,8 @@ session use the small set; the session switches to the main set once it has
 served more than `MAIN_AFTER` COTs in that direction (or a single request
 needs more than one small iteration gives), because a main iteration costs
 ~0.3-0.5 s of compute per party (2-vCPU EPYC, docs/benchmarks.md "OT extension
-throughput") and ~350 MB of memory per party (its output, and the previous
-output kept for reuse), which only pays off for large workloads.
+throughput") and ~350 MB of memory per party and direction (its output, and the
+previous output kept for reuse or filled ahead), which only pays off for large workloads.
 """
 
 from __future__ import annotations
@@ -262,46 +274,97 @@ class _Fifo:
         return out
 
 
-class _Ahead:
-    """The sender's next main iteration, computed in a background thread while the
-    COTs of the current one are served (and while the receiver computes its side
-    of the current one): the native core releases the GIL, so on two cores the
-    sender's iteration no longer adds to the receiver's on the critical path.
-    Nothing is sent early: the message goes out when the refill is due, exactly
-    as without it; the iteration counter and tweaks are committed then."""
+class _Background:
+    """fn(*args) in a daemon thread (the native core releases the GIL, so it runs beside
+    the session's thread); `join` returns its result or re-raises its exception in the
+    caller's thread."""
 
-    def __init__(self, side: "FerretSender", P: LPNParams):
-        self.P, self.reserve = P, side.reserve
-        self.it, self.tw = side.iterations, side.ggm_tweak  # what _next_iteration will return
-        self.seed = secrets.token_bytes(16)
-        self.v = side.pool.array((P.n, 2), lambda: _rows(P.n))
-        self.msg = None
+    def __init__(self, name: str, fn, *args):
+        self.result = None
         self.error: BaseException | None = None
-        base = np.ascontiguousarray(side.reserve[:P.base])
-        args = (side.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, self.seed, self.tw)
-        self.thread = threading.Thread(target=self._run, args=(args,), daemon=True, name="ferret-ahead")
+        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True, name=name)
         self.thread.start()
 
-    def _run(self, args) -> None:
+    def _run(self, fn, args) -> None:
         try:
-            self.msg, _ = _core.ferret_sender(*args, out=self.v.view(np.uint8).reshape(-1))
+            self.result = fn(*args)
         except BaseException as e:  # noqa: BLE001 - re-raised in the session's thread
             self.error = e
 
-    def join(self) -> None:
+    def join(self):
         self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class _Ahead:
+    """The sender's next main iteration, computed in a background thread while the
+    COTs of the current one are served (and while the receiver computes its side
+    of the current one): on two cores the sender's iteration no longer adds to the
+    receiver's on the critical path.  It uses the LPN seed already announced to the
+    receiver (`FerretSender._next_seed`).  Nothing else is sent early: the message
+    goes out when the refill is due, exactly as without it; the iteration counter
+    and tweaks are committed then."""
+
+    def __init__(self, side: "FerretSender", P: LPNParams, seed: bytes):
+        self.P, self.reserve, self.seed = P, side.reserve, seed
+        self.it, self.tw = side.iterations, side.ggm_tweak  # what _next_iteration will return
+        self.v = side.pool.array((P.n, 2), lambda: _rows(P.n))
+        base = np.ascontiguousarray(side.reserve[:P.base])
+        args = (side.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, self.tw)
+        self.job = _Background("ferret-ahead", lambda: _core.ferret_sender(*args, out=self.v.view(np.uint8).reshape(-1))[0])
+
+
+class _ReceiverAhead:
+    """The receiver's LPN half of its next main iteration (`_core.ferret_receiver_lpn`,
+    which needs only the public seed and this side's base), computed in a background
+    thread from the seed the sender announced with the current iteration's message
+    (``next``); the tree half waits for the sender's message at the refill, as without
+    it.  Used only if the refill that comes is that iteration (same parameters, base,
+    counter and seed); otherwise discarded and the LPN half computed then."""
+
+    def __init__(self, side: "FerretReceiver", P: LPNParams, seed: bytes):
+        self.P, self.seed, self.it = P, seed, side.iterations
+        self.reserve_w = side.reserve_w
+        self.bu = np.ascontiguousarray(side.reserve_u[:P.base])
+        self.bw = np.ascontiguousarray(side.reserve_w[:P.base]).view(np.uint8).reshape(-1)
+        self.u = side.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
+        self.w = side.pool.array((P.n, 2), lambda: _rows(P.n))
+        wb = self.w.view(np.uint8).reshape(-1)
+        self.job = _Background("ferret-ahead-lpn", _core.ferret_receiver_lpn, self.bu, self.bw, P.n, P.k, P.t, P.h,
+                               seed, self.u, wb, True)
+
+    def matches(self, side: "FerretReceiver", P: LPNParams, it: int, seed) -> bool:
+        return (self.P is P and self.it == it and self.reserve_w is side.reserve_w
+                and bytes(np.asarray(seed, np.uint8)) == self.seed)
+
+
+def _next_seed(msg: dict) -> bytes | None:
+    """The LPN seed the sender announces for its next main iteration (field ``next`` of
+    its "ferret" message, 16 bytes), or None."""
+    nxt = msg.get("next")
+    if nxt is None:
+        return None
+    if not isinstance(nxt, np.ndarray) or nxt.dtype != np.uint8 or nxt.shape != (16,):
+        raise OTError("OT message 'ferret': field 'next' must be a 16-byte uint8 vector")
+    return nxt.tobytes()
 
 
 class FerretSender(_FerretSide):
     """The Delta holder of one direction (the IKNP extension sender).
 
-    ``ahead`` (default False): in the main phase, compute the next iteration in a
-    background thread (`_Ahead`); same messages, same outputs.  Off by default:
-    on the 2-vCPU development machine (shared, load 3-5) alternating runs with and
-    without it were within the noise of each other (30M random COTs: 6.9-9.9 s
-    both ways), the third busy thread competing with the receiver's."""
+    In the main phase each "ferret" message also announces the public LPN seed of the
+    next main iteration (``next``), so that the receiver can encode its LPN half of
+    that iteration in the background (`_ReceiverAhead`).  Announcing the public matrix
+    early changes nothing for security: it is public and independent of every secret
+    (the authors' emp-ot even fixes one matrix per session); the seed stays fresh per
+    iteration from the OS CSPRNG.
 
-    ahead = False
+    ``ahead`` (default True): in the main phase, compute the next iteration in a
+    background thread (`_Ahead`); same messages, same outputs."""
+
+    ahead = True
 
     def __init__(self, base, main_after: int = MAIN_AFTER):
         super().__init__(base, main_after)
@@ -313,6 +376,7 @@ class FerretSender(_FerretSide):
         self.reserve = np.empty((0, 2), np.uint64)
         self.pool = _Fifo()
         self._ahead: _Ahead | None = None
+        self._next_seed: bytes | None = None  # announced for the next main iteration
 
     def _avail(self) -> int:
         return self.pool.avail
@@ -331,32 +395,37 @@ class FerretSender(_FerretSide):
         trees and their message (the receiver's tree half), then this party's own
         LPN encoding, which overlaps the receiver's work."""
         ahead, self._ahead = self._ahead, None
+        announced, self._next_seed = self._next_seed, None
+        main = P is FERRET_MAIN and serve
         if ahead is not None:
-            ahead.join()
-            if not (ahead.P is P and ahead.reserve is self.reserve and serve
+            ahead.job.join()
+            if not (ahead.P is P and ahead.reserve is self.reserve and main
                     and (ahead.it, ahead.tw) == (self.iterations, self.ggm_tweak)):
                 ahead = None  # not the iteration due now (cannot happen in the main phase): redo
         chan = self.base.chan
+        # the next main iteration's public seed, announced with this one's message
+        extra = {"next": np.frombuffer(secrets.token_bytes(16), np.uint8)} if main else {}
         if ahead is not None:
-            if ahead.error is not None:
-                raise ahead.error
             it, _ = self._next_iteration(P)
             chan.send({"op": "ferret_seed", "it": it, "n": P.n, "seed": np.frombuffer(ahead.seed, np.uint8)})
-            chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(ahead.msg, np.uint8)})
+            chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(ahead.job.result, np.uint8), **extra})
             v = ahead.v
         else:
             it, tw = self._next_iteration(P)
-            seed = secrets.token_bytes(16)  # public LPN matrix seed, fresh per iteration
+            # public LPN matrix seed, fresh per iteration (the one announced, if any)
+            seed = announced if (announced is not None and main) else secrets.token_bytes(16)
             chan.send({"op": "ferret_seed", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8)})
             base = np.ascontiguousarray(self.reserve[:P.base]).view(np.uint8).reshape(-1)
             v = self.pool.array((P.n, 2), lambda: _rows(P.n))
             vb = v.view(np.uint8).reshape(-1)
             msg = _core.ferret_sender_trees(self.delta, base, P.n, P.k, P.t, P.h, tw, vb)
-            chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(msg, np.uint8)})
+            chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(msg, np.uint8), **extra})
             _core.ferret_sender_lpn(base, P.n, P.k, P.t, P.h, seed, vb)
         self._absorb(P, v, serve)
-        if self.ahead and serve and P is FERRET_MAIN and self.reserve.shape[0] >= P.base:
-            self._ahead = _Ahead(self, P)
+        if main:
+            self._next_seed = extra["next"].tobytes()
+            if self.ahead and self.reserve.shape[0] >= P.base:
+                self._ahead = _Ahead(self, P, self._next_seed)
 
     def _absorb(self, P: LPNParams, out: np.ndarray, serve: bool) -> None:
         rest = self.reserve[P.base:]
@@ -375,7 +444,13 @@ class FerretSender(_FerretSide):
 
 
 class FerretReceiver(_FerretSide):
-    """The choice-bit holder of one direction (the IKNP extension receiver)."""
+    """The choice-bit holder of one direction (the IKNP extension receiver).
+
+    ``ahead`` (default True): when the sender announces the next main iteration's seed,
+    encode this side's LPN half of it in a background thread (`_ReceiverAhead`); same
+    messages, same outputs."""
+
+    ahead = True
 
     def __init__(self, base, main_after: int = MAIN_AFTER):
         super().__init__(base, main_after)
@@ -383,6 +458,7 @@ class FerretReceiver(_FerretSide):
         self.reserve_u = np.empty(0, np.uint8)
         self.reserve_w = np.empty((0, 2), np.uint64)
         self.pool = _Fifo()
+        self._ahead: _ReceiverAhead | None = None
 
     def _avail(self) -> int:
         return self.pool.avail
@@ -403,15 +479,25 @@ class FerretReceiver(_FerretSide):
         it, tw = self._next_iteration(P)
         chan = self.base.chan
         seed = expect(chan, "ferret_seed", {"seed": 16}, it=it, n=P.n)["seed"]
-        bu = np.ascontiguousarray(self.reserve_u[:P.base])
-        bw = np.ascontiguousarray(self.reserve_w[:P.base]).view(np.uint8).reshape(-1)
-        u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
-        w = self.pool.array((P.n, 2), lambda: _rows(P.n))
-        wb = w.view(np.uint8).reshape(-1)
+        ahead, self._ahead = self._ahead, None
         try:
-            _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb, lsb=True)
-            msg = expect(chan, "ferret", {"msg": P.msg_len}, it=it, n=P.n)["msg"]
-            _core.ferret_receiver_trees(bu, bw, P.n, P.k, P.t, P.h, tw, msg, u, wb, lsb=True)
+            if ahead is not None:
+                ahead.job.join()
+                if not ahead.matches(self, P, it, seed):
+                    ahead = None  # not the iteration due now: encode it here
+            if ahead is not None:
+                bu, bw, u, w = ahead.bu, ahead.bw, ahead.u, ahead.w
+                wb = w.view(np.uint8).reshape(-1)
+            else:
+                bu = np.ascontiguousarray(self.reserve_u[:P.base])
+                bw = np.ascontiguousarray(self.reserve_w[:P.base]).view(np.uint8).reshape(-1)
+                u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
+                w = self.pool.array((P.n, 2), lambda: _rows(P.n))
+                wb = w.view(np.uint8).reshape(-1)
+                _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb, lsb=True)
+            fmsg = expect(chan, "ferret", {"msg": P.msg_len}, it=it, n=P.n)
+            nxt = _next_seed(fmsg)
+            _core.ferret_receiver_trees(bu, bw, P.n, P.k, P.t, P.h, tw, fmsg["msg"], u, wb, lsb=True)
         except OTError:
             raise
         except ValueError as e:
@@ -425,6 +511,8 @@ class FerretReceiver(_FerretSide):
         self.reserve_u = np.concatenate([rest_u, u[:need]])
         self.reserve_w = np.concatenate([rest_w, w[:need]])
         self.pool.push(u[need:], w[need:], owners=(u, w))
+        if self.ahead and nxt is not None and P is FERRET_MAIN and self.reserve_u.shape[0] >= P.base:
+            self._ahead = _ReceiverAhead(self, P, nxt)
 
     def take(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """m random COTs: (u (m,) uint8 0/1, w (m, 2) uint64), fresh arrays."""
