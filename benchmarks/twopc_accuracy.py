@@ -15,6 +15,7 @@ Both parties run in this process (two threads, `run_inprocess`), sharing its cor
     python benchmarks/twopc_accuracy.py polarity --every 20 --out reports/twopc_polarity.json
     python benchmarks/twopc_accuracy.py smollm --prompts 5 --out reports/twopc_smollm.json
     python benchmarks/twopc_accuracy.py smollm --fusion blb --resume --out reports/twopc_smollm_blb.json
+    python benchmarks/twopc_accuracy.py polarity --fusion blb --by-length --resume --out reports/blb_all.json
     # all 200 sentences as 4 parallel shards, then one report
     for i in 0 1 2 3; do python benchmarks/twopc_accuracy.py polarity --shard $i/4 --out s$i.json & done; wait
     python benchmarks/twopc_accuracy.py merge-polarity s0.json s1.json s2.json s3.json --out all.json
@@ -84,6 +85,11 @@ def polarity(args) -> dict:
     sw = twopc.server_weights(lm.config, lm.weights, classifier=probe.as_linear()["classifier"],
                               keep_bound=args.fusion == "blb")
     plan = twopc.public_plan(lm.config, sw, embedding=args.embedding, fusion=args.fusion)
+    if args.by_length:
+        # the same sentences, shortest first: each length's rotation keys are made and sent once
+        # (the BLB server keeps a bounded LRU of rotation keys, ~1 GB per MiniLM length, so in
+        # dataset order nearly every sentence asks for a new set)
+        sel = sorted(sel, key=lambda i: (len(tok.encode(pairs[i][0]).ids), i))
     ids_list = [tok.encode(pairs[i][0]).ids for i in sel]
     ref = [np.asarray(ex.classify(*ex.batch_encode(tok, [pairs[i][0]]))).reshape(-1) for i in sel]
     out = {"task": "polarity", "model": lm.name, "every": args.every, "shard": args.shard, **_plan_header(plan),
@@ -275,6 +281,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=0, help="polarity: only sentences of at most this many tokens")
     ap.add_argument("--shard", help="polarity: I/N runs every N-th selected sentence from the I-th "
                     "(shards can run in parallel and be combined with merge-polarity)")
+    ap.add_argument("--by-length", action="store_true", help="polarity: run the selected sentences shortest "
+                    "first (same sentences and rows; the session's key requests then repeat far less)")
     ap.add_argument("--resume", action="store_true", help="polarity / smollm: keep the rows already in --out "
                     "and run only the missing sentences (op_classes then cover this run only)")
     ap.add_argument("--prompts", type=int, default=5)
