@@ -403,9 +403,6 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		r1 := ringQ0.NewPoly()
 		coef := make([]uint64, N)
 		dP := make([]uint64, N)
-		tmpL1 := ringQ.NewPoly()
-		cQP := [2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
-		tmpQP := ringQP0.NewPoly()
 		for s := 0; s < len(share); s += bsgsBatch {
 			bu := share[s:min(s+bsgsBatch, len(share))]
 			for l := 0; l <= L; l++ {
@@ -462,8 +459,9 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 				}
 				idx := rotIdx[u.i]
 				// c0: rotated at level 1 (no key switch), rescaled with the block's sum
-				ringQ.AutomorphismNTTWithIndex(inner[x][0], idx, tmpL1)
-				ringQ.Add(L1[o][0], tmpL1, L1[o][0])
+				for l, sub := range ringQ.SubRings[:L+1] {
+					permAdd(sub.Modulus, inner[x][0].Coeffs[l], idx, L1[o][0].Coeffs[l])
+				}
 				// c1: rescaled, its one digit lifted to P (centred, as Lattigo's decomposer),
 				// times the Galois key in QP, rotated there
 				divRoundByLastModulusNTT(ringQ, inner[x][1], r1)
@@ -486,10 +484,8 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 					QP[o] = &[2]ringqp.Poly{ringQP0.NewPoly(), ringQP0.NewPoly()}
 				}
 				for k := 0; k < 2; k++ {
-					sQ0.MulCoeffsMontgomery(r1.Coeffs[0], el[k].Q.Coeffs[0], cQP[k].Q.Coeffs[0])
-					sP.MulCoeffsMontgomery(dP, el[k].P.Coeffs[0], cQP[k].P.Coeffs[0])
-					ringQP0.AutomorphismNTTWithIndex(cQP[k], idx, tmpQP)
-					ringQP0.Add(QP[o][k], tmpQP, QP[o][k])
+					mulPermAdd(q0, sQ0.MRedConstant, r1.Coeffs[0], el[k].Q.Coeffs[0], idx, QP[o][k].Q.Coeffs[0])
+					mulPermAdd(pMod, sP.MRedConstant, dP, el[k].P.Coeffs[0], idx, QP[o][k].P.Coeffs[0])
 				}
 				cnt[t][0]++
 			}
@@ -542,6 +538,32 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		sums[o] = y
 	}
 	return sums, total, nil
+}
+
+// permAdd: acc[j] = acc[j] + a[idx[j]] mod q (Lattigo's AutomorphismNTTWithIndex then Add, in one
+// pass; reduced inputs, reduced output).
+func permAdd(q uint64, a, idx, acc []uint64) {
+	acc = acc[:len(idx)]
+	for j, i := range idx {
+		v := acc[j] + a[i]
+		if v >= q {
+			v -= q
+		}
+		acc[j] = v
+	}
+}
+
+// mulPermAdd: acc[j] = acc[j] + a[idx[j]] * b[idx[j]] * 2^-64 mod q (Lattigo's
+// MulCoeffsMontgomery, AutomorphismNTTWithIndex and Add in one pass: the same residues).
+func mulPermAdd(q, qInv uint64, a, b, idx, acc []uint64) {
+	acc = acc[:len(idx)]
+	for j, i := range idx {
+		v := acc[j] + ring.MRed(a[i], b[i], q, qInv)
+		if v >= q {
+			v -= q
+		}
+		acc[j] = v
+	}
 }
 
 // bsgsGiantGeneric: the units' products, rescales and giant steps for any parameters (the

@@ -24,6 +24,7 @@ package main
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"sync"
 
 	"github.com/tuneinsight/lattigo/v6/circuits/ckks/polynomial"
@@ -262,16 +263,31 @@ func simdAvailableOnce() bool {
 }
 
 // keySwitchHoisted: the key switch of a decomposed polynomial with a gadget ciphertext,
-// (t0, t1) = ModDown(GadgetProductHoistedLazy(decomp, key)) at level (Lattigo's gadget product
-// in QP, our ModDown); free releases t0 and t1.
+// (t0, t1) = ModDown(GadgetProductHoistedLazy(decomp, key)) at level (the gadget product in QP
+// by gadgetProductHoisted where it applies, else Lattigo's; our ModDown); free releases t0 and t1.
 func keySwitchHoisted(eval *ckks.Evaluator, level int, decomp []ringqp.Poly, key *rlwe.GadgetCiphertext) (t0, t1 ring.Poly, free func(), err error) {
 	params := eval.GetRLWEParameters()
 	levelP := key.LevelP()
-	ctQP := rlwe.NewElementExtended(params, 1, level, levelP)
-	ctQP.MetaData = &rlwe.MetaData{}
+	// the QP product in pooled scratch (both gadget products write every coefficient): a fresh
+	// element per rotation cost the allocator and its zeroing ~4% of the offload matmul
+	ctQP := &rlwe.Element[ringqp.Poly]{Value: make([]ringqp.Poly, 2), MetaData: &rlwe.MetaData{}}
 	ctQP.IsNTT = true
-	if err = eval.GadgetProductHoistedLazy(level, decomp, key, ctQP); err != nil {
-		return
+	var frees []func()
+	for k := range ctQP.Value {
+		q, fq := scratchPoly(params.N(), level)
+		p, fp := scratchPoly(params.N(), levelP)
+		ctQP.Value[k] = ringqp.Poly{Q: q, P: p}
+		frees = append(frees, fq, fp)
+	}
+	defer func() {
+		for _, f := range frees {
+			f()
+		}
+	}()
+	if !gadgetProductHoisted(*params, level, decomp, key, ctQP) {
+		if err = eval.GadgetProductHoistedLazy(level, decomp, key, ctQP); err != nil {
+			return
+		}
 	}
 	t0, free0 := scratchPoly(params.N(), level)
 	t1, free1 := scratchPoly(params.N(), level)
@@ -498,4 +514,92 @@ func polynomialEvaluator(params ckks.Parameters, eval *ckks.Evaluator) *polynomi
 	pe := polynomial.NewEvaluator(params, eval)
 	pe.Evaluator.Evaluator = fastEvaluator{eval}
 	return pe
+}
+
+// gadgetProductHoisted: rlwe.Evaluator.GadgetProductHoistedLazy for a key without a base-2
+// decomposition: ct = (sum_i decomp[i] * key_i0, sum_i decomp[i] * key_i1) in QP, both
+// polynomials in one pass over the coefficients of each prime, each sum lazily in 128 bits and
+// reduced once (Montgomery: the keys are in Montgomery form, as Lattigo stores them), fully
+// reduced as Lattigo's result after its final Reduce; so the same residues (TestFastopsMatchLattigo
+// checks the hoisted rotations bit for bit).  Lattigo's loop makes four passes per prime with a
+// Montgomery reduction per product, then two Reduce passes.  False (nothing written) where it
+// does not apply: a base-2 decomposition, more digits than one 128-bit sum holds, or a modulus of
+// 63 bits or more.
+func gadgetProductHoisted(params rlwe.Parameters, levelQ int, decomp []ringqp.Poly, key *rlwe.GadgetCiphertext,
+	ct *rlwe.Element[ringqp.Poly]) bool {
+	levelP := key.LevelP()
+	if key.BaseTwoDecomposition != 0 || levelP < 0 {
+		return false
+	}
+	n := params.BaseRNSDecompositionVectorSize(levelQ, levelP)
+	if n < 1 || n > len(decomp) || n > len(key.Value) {
+		return false
+	}
+	ringQP := params.RingQP().AtLevel(levelQ, levelP)
+	type limb struct {
+		sub  *ring.SubRing
+		pick func(p ringqp.Poly) ring.Poly
+		l    int
+	}
+	var limbs []limb
+	for l, sub := range ringQP.RingQ.SubRings[:levelQ+1] {
+		limbs = append(limbs, limb{sub, func(p ringqp.Poly) ring.Poly { return p.Q }, l})
+	}
+	for l, sub := range ringQP.RingP.SubRings[:levelP+1] {
+		limbs = append(limbs, limb{sub, func(p ringqp.Poly) ring.Poly { return p.P }, l})
+	}
+	for _, lb := range limbs {
+		if lb.sub.Modulus>>63 != 0 || foldTerms(lb.sub.Modulus) < n {
+			return false
+		}
+	}
+	ds := make([][]uint64, n)
+	k0s := make([][]uint64, n)
+	k1s := make([][]uint64, n)
+	for _, lb := range limbs {
+		for i := 0; i < n; i++ {
+			g := key.Value[i][0]
+			ds[i] = lb.pick(decomp[i]).Coeffs[lb.l]
+			k0s[i] = lb.pick(g[0]).Coeffs[lb.l]
+			k1s[i] = lb.pick(g[1]).Coeffs[lb.l]
+		}
+		out0, out1 := lb.pick(ct.Value[0]).Coeffs[lb.l], lb.pick(ct.Value[1]).Coeffs[lb.l]
+		q, qInv := lb.sub.Modulus, lb.sub.MRedConstant
+		if n == 2 {
+			gadgetSum2(q, qInv, ds[0], ds[1], k0s[0], k0s[1], k1s[0], k1s[1], out0, out1)
+			continue
+		}
+		for c := range out0 {
+			var h0, l0, h1, l1, cy uint64
+			for i := 0; i < n; i++ {
+				d := ds[i][c]
+				h, l := bits.Mul64(d, k0s[i][c])
+				l0, cy = bits.Add64(l0, l, 0)
+				h0 += h + cy
+				h, l = bits.Mul64(d, k1s[i][c])
+				l1, cy = bits.Add64(l1, l, 0)
+				h1 += h + cy
+			}
+			out0[c], out1[c] = redc128(h0, l0, q, qInv), redc128(h1, l1, q, qInv)
+		}
+	}
+	return true
+}
+
+// gadgetSum2: out0 = d0 a0 + d1 a1, out1 = d0 b0 + d1 b1 (Montgomery, reduced), the two-digit
+// case of gadgetProductHoisted (the offload parameters: two primes, one special prime).
+func gadgetSum2(q, qInv uint64, d0, d1, a0, a1, b0, b1, out0, out1 []uint64) {
+	n := len(out0)
+	d0, d1, a0, a1, b0, b1, out1 = d0[:n], d1[:n], a0[:n], a1[:n], b0[:n], b1[:n], out1[:n]
+	for c := 0; c < n; c++ {
+		x, y := d0[c], d1[c]
+		h, l := bits.Mul64(x, a0[c])
+		h2, l2 := bits.Mul64(y, a1[c])
+		l, cy := bits.Add64(l, l2, 0)
+		out0[c] = redc128(h+h2+cy, l, q, qInv)
+		h, l = bits.Mul64(x, b0[c])
+		h2, l2 = bits.Mul64(y, b1[c])
+		l, cy = bits.Add64(l, l2, 0)
+		out1[c] = redc128(h+h2+cy, l, q, qInv)
+	}
 }
