@@ -11,7 +11,7 @@
 //! Why not only the `aes` crate: its multi-block path works on 8 blocks of 128 bits
 //! and goes through a generic in/out buffer per call; on the Intel Xeon of the
 //! development machine the 1-out-of-N pads (`otops::np_pads_sender`) spent more time
-//! around its calls than in the rounds (docs/mpc.md "Fixed-key AES on VAES").
+//! around its calls than in the rounds (docs/mpc.md "Ferret refills ahead, and fixed-key AES on VAES").
 
 use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
 use aes::{Aes128, Block};

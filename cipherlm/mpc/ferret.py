@@ -310,9 +310,8 @@ class _Ahead:
     def __init__(self, side: "FerretSender", P: LPNParams, seed: bytes):
         self.P, self.reserve, self.seed = P, side.reserve, seed
         self.it, self.tw = side.iterations, side.ggm_tweak  # what _next_iteration will return
-        self.v = side.pool.array((P.n, 2), lambda: _rows(P.n))
-        base = np.ascontiguousarray(side.reserve[:P.base])
-        args = (side.delta, base.view(np.uint8).reshape(-1), P.n, P.k, P.t, P.h, seed, self.tw)
+        base, self.v = side._iteration_buffers(P)
+        args = (side.delta, base, P.n, P.k, P.t, P.h, seed, self.tw)
         self.job = _Background("ferret-ahead", lambda: _core.ferret_sender(*args, out=self.v.view(np.uint8).reshape(-1))[0])
 
 
@@ -327,13 +326,9 @@ class _ReceiverAhead:
     def __init__(self, side: "FerretReceiver", P: LPNParams, seed: bytes):
         self.P, self.seed, self.it = P, seed, side.iterations
         self.reserve_w = side.reserve_w
-        self.bu = np.ascontiguousarray(side.reserve_u[:P.base])
-        self.bw = np.ascontiguousarray(side.reserve_w[:P.base]).view(np.uint8).reshape(-1)
-        self.u = side.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
-        self.w = side.pool.array((P.n, 2), lambda: _rows(P.n))
-        wb = self.w.view(np.uint8).reshape(-1)
+        self.bu, self.bw, self.u, self.w = side._iteration_buffers(P)
         self.job = _Background("ferret-ahead-lpn", _core.ferret_receiver_lpn, self.bu, self.bw, P.n, P.k, P.t, P.h,
-                               seed, self.u, wb, True)
+                               seed, self.u, self.w.view(np.uint8).reshape(-1), True)
 
     def matches(self, side: "FerretReceiver", P: LPNParams, it: int, seed) -> bool:
         return (self.P is P and self.it == it and self.reserve_w is side.reserve_w
@@ -415,8 +410,7 @@ class FerretSender(_FerretSide):
             # public LPN matrix seed, fresh per iteration (the one announced, if any)
             seed = announced if (announced is not None and main) else secrets.token_bytes(16)
             chan.send({"op": "ferret_seed", "it": it, "n": P.n, "seed": np.frombuffer(seed, np.uint8)})
-            base = np.ascontiguousarray(self.reserve[:P.base]).view(np.uint8).reshape(-1)
-            v = self.pool.array((P.n, 2), lambda: _rows(P.n))
+            base, v = self._iteration_buffers(P)
             vb = v.view(np.uint8).reshape(-1)
             msg = _core.ferret_sender_trees(self.delta, base, P.n, P.k, P.t, P.h, tw, vb)
             chan.send({"op": "ferret", "it": it, "n": P.n, "msg": np.frombuffer(msg, np.uint8), **extra})
@@ -426,6 +420,12 @@ class FerretSender(_FerretSide):
             self._next_seed = extra["next"].tobytes()
             if self.ahead and self.reserve.shape[0] >= P.base:
                 self._ahead = _Ahead(self, P, self._next_seed)
+
+    def _iteration_buffers(self, P: LPNParams) -> tuple[np.ndarray, np.ndarray]:
+        """An iteration's inputs and output: the base COTs' bytes (the first P.base rows of
+        the reserve) and the (n, 2) array v is written into (a spare one when the pool has it)."""
+        base = np.ascontiguousarray(self.reserve[:P.base]).view(np.uint8).reshape(-1)
+        return base, self.pool.array((P.n, 2), lambda: _rows(P.n))
 
     def _absorb(self, P: LPNParams, out: np.ndarray, serve: bool) -> None:
         rest = self.reserve[P.base:]
@@ -485,15 +485,9 @@ class FerretReceiver(_FerretSide):
                 ahead.job.join()
                 if not ahead.matches(self, P, it, seed):
                     ahead = None  # not the iteration due now: encode it here
-            if ahead is not None:
-                bu, bw, u, w = ahead.bu, ahead.bw, ahead.u, ahead.w
-                wb = w.view(np.uint8).reshape(-1)
-            else:
-                bu = np.ascontiguousarray(self.reserve_u[:P.base])
-                bw = np.ascontiguousarray(self.reserve_w[:P.base]).view(np.uint8).reshape(-1)
-                u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
-                w = self.pool.array((P.n, 2), lambda: _rows(P.n))
-                wb = w.view(np.uint8).reshape(-1)
+            bu, bw, u, w = (ahead.bu, ahead.bw, ahead.u, ahead.w) if ahead is not None else self._iteration_buffers(P)
+            wb = w.view(np.uint8).reshape(-1)
+            if ahead is None:
                 _core.ferret_receiver_lpn(bu, bw, P.n, P.k, P.t, P.h, seed, u, wb, lsb=True)
             fmsg = expect(chan, "ferret", {"msg": P.msg_len}, it=it, n=P.n)
             nxt = _next_seed(fmsg)
@@ -513,6 +507,15 @@ class FerretReceiver(_FerretSide):
         self.pool.push(u[need:], w[need:], owners=(u, w))
         if self.ahead and nxt is not None and P is FERRET_MAIN and self.reserve_u.shape[0] >= P.base:
             self._ahead = _ReceiverAhead(self, P, nxt)
+
+    def _iteration_buffers(self, P: LPNParams) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """An iteration's inputs and outputs: the base choice bits and rows' bytes (the first
+        P.base of the reserve) and the arrays u (n,) and w (n, 2) are written into (spare ones
+        when the pool has them)."""
+        bu = np.ascontiguousarray(self.reserve_u[:P.base])
+        bw = np.ascontiguousarray(self.reserve_w[:P.base]).view(np.uint8).reshape(-1)
+        u = self.pool.array((P.n,), lambda: np.empty(P.n, np.uint8))
+        return bu, bw, u, self.pool.array((P.n, 2), lambda: _rows(P.n))
 
     def take(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """m random COTs: (u (m,) uint8 0/1, w (m, 2) uint64), fresh arrays."""
