@@ -263,3 +263,104 @@ def test_bsgs_eval_sparse_blocks_against_numpy(lattigo, level, workers):
         be.bsgs_apply(ctx, wrong, mat, gk, workers=workers)
     with pytest.raises(HEError):
         be.bsgs_apply(ctx, ct, mat, keys.galois_keys([s for s in steps if s != g]), workers=workers)
+
+
+def test_ring_switch_keeps_the_even_part(lattigo):
+    """`LattigoBackend.ring_switch` against numpy: slot j of the half-ring ciphertext decrypts
+    to (z_j + z_{j+S/2}) / 2 of the full-ring slots z; half the bytes; the key round-trips."""
+    from cipherlm.he.backend import get_backend
+
+    be = get_backend("lattigo")
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    half_keys, blob = keys.ring_switch_key()
+    assert half_keys.ctx.n == ctx.n // 2 and half_keys.ctx.q_moduli == ctx.q_moduli[:1]
+    rsk = be.ring_switch_key_from_bytes(ctx, blob)
+    rng = np.random.default_rng(5)
+    S = ctx.slots
+    z = rng.normal(size=S) + 1j * rng.normal(size=S)
+    ct = keys.encrypt(be.encode_slots(ctx, z, level=0, scale_bits=40))
+    small = be.ring_switch(ct, rsk)
+    v = be.decode_slots(half_keys.ctx, half_keys.decrypt(small), complex_out=True)
+    np.testing.assert_allclose(v, (z[: S // 2] + z[S // 2:]) / 2, atol=1e-6)
+    assert 2 * (len(be.ciphertext_to_bytes(small)) - 20) == len(be.ciphertext_to_bytes(ct)) - 20
+    # the full-ring key cannot read the half-ring ciphertext, nor the half-ring key a full one
+    with pytest.raises(HEError):
+        be.ciphertext_from_bytes(ctx, be.ciphertext_to_bytes(small), level=0)
+    with pytest.raises(HEError):
+        be.ring_switch(small, rsk)
+
+
+@pytest.mark.parametrize("blob_edit", ["truncated", "header", "unreduced", "not_bytes"])
+def test_malformed_ring_switch_key_is_an_heerror(lattigo, blob_edit):
+    from cipherlm.he.backend import get_backend
+
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    _, blob = client_keys(ctx).ring_switch_key()
+    bad = {"truncated": blob[:-1], "header": b"XXXX" + blob[4:], "unreduced": blob[:40] + b"\xff" * (len(blob) - 40),
+           "not_bytes": "key"}[blob_edit]
+    with pytest.raises(HEError):
+        get_backend("lattigo").ring_switch_key_from_bytes(ctx, bad)
+
+
+@pytest.mark.parametrize("shape,max_chunks,factor", [((96, 64), None, 1), ((700, 3000), None, 1),
+                                                     ((1000, 300), 1, 2), ((3000, 64), 1, 0)])
+def test_half_ring_results_match_numpy(shape, max_chunks, factor):
+    """Results in the half ring (`half_ring_factor`): chunk blocks (copies, factor 1), one block
+    with R <= S/2 (factor 2), and R > S/2 (not folded, full ring) against numpy; folded results
+    are half the bytes of the full-ring ones."""
+    from cipherlm.he.backend import get_backend
+    from cipherlm.he.matmul import half_ring_factor, unpack_cts
+
+    d_out, d_in = shape
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    half_keys, blob = keys.ring_switch_key()
+    rsk = get_backend("lattigo").ring_switch_key_from_bytes(ctx, blob)
+    rng = np.random.default_rng(d_out)
+    W = rng.standard_normal((d_out, d_in)) * 0.1
+    b = rng.standard_normal(d_out)
+    plan = plan_matmul(d_out, d_in, ctx.slots, has_bias=True, max_chunks=max_chunks, backend="lattigo")
+    assert half_ring_factor(plan) == factor
+    enc = encode_matrix(ctx, W, b, plan=plan)
+    gk = load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps), [plan])
+    x = rng.standard_normal(d_in)
+    ct = encrypt_input(keys, x, plan)
+    full = apply(enc, ct, gk)
+    half = apply(enc, ct, gk, ring_switch_key=rsk)
+    ref = W @ x + b
+    y = decrypt_output(keys, half, plan, half_keys=half_keys)
+    assert np.max(np.abs(y - ref)) < 1e-5 * max(1.0, np.max(np.abs(ref)))
+    sizes_full = [len(c) for c in unpack_cts(full, plan.n_blocks)]
+    sizes_half = [len(c) for c in unpack_cts(half, plan.n_blocks)]
+    if factor:
+        assert all(2 * (h - 20) == f - 20 for h, f in zip(sizes_half, sizes_full))
+    else:
+        assert sizes_half == sizes_full
+
+
+def test_half_ring_offer_and_refusal():
+    """A Lattigo engine offers half-ring results (unless $CIPHERLM_OFFLOAD_HALF_RING=0), a client
+    then makes the key; a key sent to an engine that did not offer them is refused; the welcome
+    check accepts the field only as true from a Lattigo server."""
+    rng = np.random.default_rng(0)
+    g = LinearGroup(0, ("w",), 64, (96,))
+    lin = {"w": (rng.standard_normal((96, 64)), None)}
+    eng = offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1)
+    assert eng.public_setup()["half_ring_results"] is True
+    ce = offload_engine.ClientEngine(eng.public_setup(), [g])
+    assert ce.ring_switch_key is not None
+    keys = eng.load_client_keys(ce.galois_keys_blob(), ce.ring_switch_key)
+    x = rng.standard_normal(64)
+    np.testing.assert_allclose(ce.decrypt(0, eng.apply(0, ce.encrypt(0, x), keys)), lin["w"][0] @ x, atol=1e-5)
+    assert keys.by_class[g.op_class].ring_switch == 1
+    off = offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1, half_ring=False)
+    assert "half_ring_results" not in off.public_setup()
+    with pytest.raises(HEError):
+        off.load_client_keys(ce.galois_keys_blob(), ce.ring_switch_key)
+    w = {"protocol": PROTOCOL_VERSION, "model": "m", "config": {}, "groups": [{"names": ["w"], "d_in": 64,
+         "d_outs": [96]}], "bundle_digest": "0" * 64, **eng.public_setup()}
+    check_offload_welcome(w, PROTOCOL_VERSION)
+    for bad in ({**w, "half_ring_results": 1}, {**{k: v for k, v in w.items() if k != "he_backend"}}):
+        with pytest.raises(ProtocolError):
+            check_offload_welcome(bad, PROTOCOL_VERSION)

@@ -145,7 +145,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 14
+_ABI_VERSION = 15
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -258,6 +258,11 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_packlwe_weights_new": (_i64, _i64, _int, _p_i64),
     "clg_packlwe_weights_add": (_i64, _p_i64, _i64, _int),
     "clg_packlwe_push_cached": (_i64, _i64, _p_i64, _p_i64, _p_u8, _i64),
+    # ring_switch.go (ABI 15)
+    "clg_ctx_half_ring": (_i64, _p_i64),
+    "clg_ring_switch_keygen": (_i64, _i64, _p_i64, _pp_u8, _p_i64),
+    "clg_ring_switch_key_from_bytes": (_i64, _i64, _p_u8, _i64, _p_i64),
+    "clg_ring_switch": (_i64, _i64, _p_i64),
 }
 
 _lib = None
@@ -552,6 +557,10 @@ class LattigoGaloisKeys(_Handle):
 LattigoEvalKeys = LattigoGaloisKeys
 
 
+class LattigoRingSwitchKey(_Handle):
+    """A peer's key switching level-0 ciphertexts of a context to its half ring (server side)."""
+
+
 class LattigoPackLWEs(_Handle):
     """A streaming PackLWEs packer in Go (``native/lattigo/pack_lwes.go``; Chen, Dai, Kim, Song,
     ACNS 2021, Algorithms 1-2, as FastQuery section 2.3 "PackLWEs optimization" uses it): the
@@ -841,6 +850,31 @@ class LattigoContext:
         self.params = HEParams(f"primes-{n}-{sum(bits)}", "ckks", n, bits)
         return self
 
+    def half_ring(self) -> LattigoContext:
+        """The context of degree N/2 over this context's first data prime q0 alone (no special
+        prime), where half-ring results live (`LattigoBackend.ring_switch`; docs/offload.md
+        "Half-ring results"); made once per context.  Only the client's secret s' is of this
+        ring; its ciphertexts (log2 q0 bits) are checked against the 128-bit bound for N/2."""
+        half = getattr(self, "_half_ring", None)
+        if half is not None:
+            return half
+        h = _Handle(_new("clg_ctx_half_ring", self.handle), None)
+        half = LattigoContext.__new__(LattigoContext)
+        half._h, half.handle = h, h.h
+        half._read_info()
+        if half.n * 2 != self.n or half.q_moduli != self.q_moduli[:1] or half.p_moduli:
+            raise HEError("Lattigo built a half ring that is not (N/2, q0)")
+        log_q = math.log2(half.q_moduli[0])
+        if log_q > max_logq(half.n):
+            raise HEError(f"half ring: log2(q0) = {log_q:.3f} > {max_logq(half.n)} allowed for N = {half.n} at "
+                          "128-bit classical security")
+        half.default_scale_bits = self.default_scale_bits
+        half.params = HEParams(f"{self.params.name}-half", "ckks", half.n, (half.q_moduli[0].bit_length(),),
+                               input_scale_bits=self.params.input_scale_bits,
+                               weight_scale_bits=self.params.weight_scale_bits)
+        self._half_ring = half
+        return half
+
     @property
     def bootstrappable(self) -> bool:
         return hasattr(self, "bootstrap_log_qp")
@@ -939,6 +973,23 @@ class LattigoSecretKeys(SecretKeys):
         """Seeded (compressed) Galois keys for the automorphisms X -> X^g."""
         els = np.ascontiguousarray(np.asarray(list(elements), dtype=np.uint64).reshape(-1))
         return _bytes_out("clg_galois_keys_compressed", self._sk.h, els.ctypes.data_as(_p_u64), els.size)
+
+    def ring_switch_key(self) -> tuple[LattigoSecretKeys, bytes]:
+        """A fresh secret s' of the half ring (`LattigoContext.half_ring`) and, for the peer, the
+        seeded key that switches a level-0 ciphertext under s to s'(X^2) (`LattigoBackend.
+        ring_switch_key_from_bytes`, `LattigoBackend.ring_switch`).  The returned keys decrypt
+        half-ring results; they have no public key."""
+        small = self.ctx.half_ring()
+        h = _i64(0)
+        p, n = _p_u8(), _i64(0)
+        _call("clg_ring_switch_keygen", self._sk.h, small.handle, ctypes.byref(h), ctypes.byref(p), ctypes.byref(n))
+        try:
+            blob = ctypes.string_at(p, n.value)
+        finally:
+            _load().clg_free_buf(p)
+        keys = LattigoSecretKeys.__new__(LattigoSecretKeys)
+        keys.ctx, keys._sk, keys.public_key = small, _Handle(h.value, small), None
+        return keys, blob
 
     def eval_keys(self, *, relin: bool = True, steps: Iterable[int] = (), conjugate: bool = False) -> LattigoEvalKeys:
         """A local evaluation key set: a relinearisation key (``relin``; for `multiply`,
@@ -1468,6 +1519,19 @@ class LattigoBackend(HEBackend):
         p, n, _keep = _in_buf(data)
         want = -1 if level is None else int(level)
         return LattigoCiphertext(_new("clg_ct_from_bytes", ctx.handle, p, n, want), ctx)
+
+    def ring_switch_key_from_bytes(self, ctx: LattigoContext, data: bytes) -> LattigoRingSwitchKey:
+        """A peer's switching key from ``ctx``'s secret to the half ring's
+        (`LattigoSecretKeys.ring_switch_key`), checked and expanded; malformed bytes raise HEError."""
+        p, n, _keep = _in_buf(data)
+        small = ctx.half_ring()
+        return LattigoRingSwitchKey(_new("clg_ring_switch_key_from_bytes", ctx.handle, small.handle, p, n), ctx)
+
+    def ring_switch(self, ct: LattigoCiphertext, key: LattigoRingSwitchKey) -> LattigoCiphertext:
+        """A level-0 ciphertext of ``key``'s context re-encrypted in the half ring under s': it
+        decrypts to the message's even part, slot j of the half ring holding (z_j + z_{j+N/4}) / 2
+        of the N/2 slots z of ``ct`` (half the bytes; docs/offload.md "Half-ring results")."""
+        return LattigoCiphertext(_new("clg_ring_switch", key.h, ct.h), key.ctx.half_ring())
 
     def galois_keys_from_bytes(self, ctx: LattigoContext, data: bytes, *, required_steps=None,
                                max_keys: int = 256, conjugate: bool = False) -> LattigoGaloisKeys:

@@ -94,7 +94,10 @@ class OffloadClient(SessionClient):
         keys_blob = self.engine.galois_keys_blob()
         self.seconds["setup"] += time.perf_counter() - t0
         with self.chan.step("setup"):
-            self.chan.send({"type": "keys", "galois_keys": keys_blob})
+            msg = {"type": "keys", "galois_keys": keys_blob}
+            if self.engine.ring_switch_key is not None:  # the server offered half-ring results
+                msg["ring_switch_key"] = self.engine.ring_switch_key
+            self.chan.send(msg)
             expect(self.chan.recv(), "ready")
 
     def executor(self, profiler=None):

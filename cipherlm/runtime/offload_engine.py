@@ -65,6 +65,7 @@ from cipherlm.he.matmul import (
     pack_cts,
     unpack_cts,
 )
+from cipherlm.he.matmul import half_ring_factor  # noqa: F401 (re-exported for the runtime's users)
 from cipherlm.he.params import check_security
 from cipherlm.runtime.linear_groups import LinearGroup
 
@@ -86,6 +87,16 @@ DEFAULT_PREFILL_TOKENS = 1
 #: those of period S / T, the plans with one chunk, at 1/T of the memory, same results,
 #: `cipherlm.he.matmul.encode_matrix` ``compress``; Lattigo only)
 PACK_COMPRESS_ENV = "CIPHERLM_OFFLOAD_PACK_COMPRESS"
+
+#: "0": a Lattigo server sends every result in the full ring (A/B of the half-ring results
+#: only; default: results of the plans that fold, `cipherlm.he.matmul.half_ring_factor`, in the
+#: ring of degree N/2, half the bytes down; docs/offload.md "Half-ring results")
+HALF_RING_ENV = "CIPHERLM_OFFLOAD_HALF_RING"
+
+
+def half_ring_from_env() -> bool:
+    """Whether a Lattigo server offers half-ring results: yes unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``."""
+    return os.environ.get(HALF_RING_ENV, "1").strip() != "0"
 
 
 def prefill_tokens_from_env(value: int | None = None) -> int:
@@ -150,14 +161,16 @@ class SessionKeys(_Counters):
     With a worker pool the keys live in the workers and ``pool_session`` is
     their handle (``galois_keys`` is None)."""
 
-    def __init__(self, galois_keys, pool_session=None):
+    def __init__(self, galois_keys, pool_session=None, ring_switch=None):
         super().__init__()
         self.galois_keys = galois_keys
         self.pool_session = pool_session
+        self.ring_switch = ring_switch  # Lattigo: the client's half-ring key (None: full-ring results)
 
     def release(self) -> None:
         """Drop the key material (in the workers too); idempotent."""
         self.galois_keys = None
+        self.ring_switch = None
         ps, self.pool_session = self.pool_session, None
         if ps is not None:
             ps.close()
@@ -193,10 +206,13 @@ class ServerEngine:
         workers: int = 1,
         he_backend: str = "seal",
         prefill_tokens: int | None = None,
+        half_ring: bool | None = None,
     ):
         """``prefill_tokens`` T (None: `prefill_tokens_from_env`): each group of one input part
         also gets a plan packing T token rows per ciphertext (`packed_plan`), served to a
-        prefill's ``linear`` requests marked ``packed``; 1, or the SEAL worker pool: none."""
+        prefill's ``linear`` requests marked ``packed``; 1, or the SEAL worker pool: none.
+        ``half_ring`` (Lattigo only; None: on unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``): offer
+        half-ring results (`half_ring_factor`) to clients that send a ring-switching key."""
         if he_backend not in OFFLOAD_BACKENDS:
             raise HEError(f"unknown offload HE backend {he_backend!r}; known: {OFFLOAD_BACKENDS}")
         self.params = params
@@ -272,6 +288,9 @@ class ServerEngine:
                 enc.workers = self.workers
             self.packed_encoded.append(enc)
         self.steps = rotation_steps(self.plans + self.packed_plans)
+        if half_ring is None:
+            half_ring = half_ring_from_env()
+        self.half_ring = bool(half_ring) and he_backend == "lattigo"
 
     @property
     def plaintext_bytes(self) -> int:
@@ -303,15 +322,27 @@ class ServerEngine:
             "plans": [p.to_dict() for p in self.plans],
             "parts": self.parts,
             "rotation_steps": self.steps,
+            **({"half_ring_results": True} if self.half_ring else {}),
             **self._packed_setup(),
         }
 
-    def load_client_keys(self, blob) -> SessionKeys:
+    def load_client_keys(self, blob, ring_switch_key=None) -> SessionKeys:
+        """A session's keys: the Galois keys, and (Lattigo, when this engine offers half-ring
+        results) the client's optional ring-switching key; a key not offered is refused."""
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("galois_keys must be bytes")
+        rsk = None
+        if ring_switch_key is not None:
+            if not self.half_ring:
+                raise HEError("this server does not offer half-ring results: no ring_switch_key expected")
+            if not isinstance(ring_switch_key, (bytes, bytearray)):
+                raise HEError("ring_switch_key must be bytes")
+            from cipherlm.he.backend import get_backend
+
+            rsk = get_backend("lattigo").ring_switch_key_from_bytes(self.ctx, bytes(ring_switch_key))
         if self.pool is not None:
             return SessionKeys(None, self.pool.open_session(bytes(blob)))
-        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans + self.packed_plans))
+        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans + self.packed_plans), ring_switch=rsk)
 
     def apply(self, gid: int, ct: bytes, keys: SessionKeys, packed: bool = False) -> bytes:
         """One token row of group ``gid``: one ciphertext per part in, one result per part out.
@@ -341,7 +372,7 @@ class ServerEngine:
             return self.pool.apply(pid, ct, keys.pool_session, counter=counter)
         if keys.galois_keys is None:
             raise HEError("session keys were released")
-        return apply(self.encoded[pid], ct, keys.galois_keys, counter=counter)
+        return apply(self.encoded[pid], ct, keys.galois_keys, counter=counter, ring_switch_key=keys.ring_switch)
 
     def release(self, keys: SessionKeys) -> None:
         """A session ended: drop its Galois keys (in the workers too)."""
@@ -373,6 +404,10 @@ class ClientEngine(_Counters):
         self.he_backend = he_backend
         self.ctx = make_context(params, he_backend)
         self.keys = client_keys(self.ctx)
+        # half-ring results (Lattigo): a secret of the half ring and the key the server needs
+        self.half_keys, self.ring_switch_key = None, None
+        if welcome.get("half_ring_results") and he_backend == "lattigo":
+            self.half_keys, self.ring_switch_key = self.keys.ring_switch_key()
         self.groups = list(groups)
         self.plans = [MatmulPlan.from_dict(d) for d in welcome["plans"]]
         self.parts = [list(map(int, ids)) for ids in welcome.get("parts", [[i] for i in range(len(self.plans))])]
@@ -444,4 +479,5 @@ class ClientEngine(_Counters):
         counter = self.by_class[self.groups[gid].op_class]
         ids = self.parts[gid]
         blobs = [bytes(blob)] if len(ids) == 1 else unpack_cts(bytes(blob), expected=len(ids))
-        return sum(decrypt_output(self.keys, b, self.plans[pid], counter=counter) for pid, b in zip(ids, blobs))
+        return sum(decrypt_output(self.keys, b, self.plans[pid], counter=counter, half_keys=self.half_keys)
+                   for pid, b in zip(ids, blobs))

@@ -13,7 +13,8 @@ hello      ``{type: hello, protocol, mode, model}``     ``{type: welcome, model,
                                                          bundle_digest, limits}``
 bundle     ``{type: get_bundle}`` (only if not cached;  ``{type: bundle, tensors, tokenizer}``
            at most once per session)
-keys       ``{type: keys, galois_keys}``                ``{type: ready}``
+keys       ``{type: keys, galois_keys[,                ``{type: ready}``
+           ring_switch_key]}``
 linear     ``{type: linear, group, cts: [bytes]}``      ``{type: result, cts: [bytes]}``
 stats      ``{type: stats}``                            ``{type: stats, seconds, he_ops, work}``
 bye        ``{type: bye}``                              (connection closed)
@@ -25,6 +26,13 @@ parameter blob in ``he_params``; the ciphertexts and Galois keys are then that
 backend's layouts.  The client checks the name
 (`cipherlm.runtime.plan_check.check_offload_welcome`) and parses the blob with
 that backend's parser only.
+
+Half-ring results (issue 15, bytes down): a Lattigo server adds ``half_ring_results: true``
+to the welcome (unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``); a client that answers with a
+``ring_switch_key`` (`LattigoSecretKeys.ring_switch_key`: a seeded key from its secret s to
+a fresh secret s' of the ring of degree N/2, ~123 kB once) then gets the results of every
+plan that folds (`cipherlm.he.matmul.half_ring_factor`) as half-ring ciphertexts under s',
+half the bytes each.  Without the key every result is in the full ring, as before.
 
 Packed prefill (issue 15 item 2): a server whose engine has packed plans adds
 ``packed: {tokens: T, plans, groups}`` to the welcome (``groups[i]``: the index of

@@ -386,6 +386,9 @@ def check_offload_welcome(w, protocol_version: int) -> dict:
         raise ProtocolError(f"the server's HE backend {_short(hb)} is not one of {OFFLOAD_HE_BACKENDS}")
     if not isinstance(w.get("he_params"), bytes):
         raise ProtocolError("he_params must be bytes")
+    hr = w.get("half_ring_results")  # absent: every result in the full ring
+    if hr is not None and (hr is not True or hb != "lattigo"):
+        raise ProtocolError("half_ring_results must be true, and only from a Lattigo server")
     plans = _list(w.get("plans"), "plans")
     for i, d in enumerate(plans):
         _check_matmul_plan(d, f"plans[{i}]")

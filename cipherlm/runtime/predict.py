@@ -19,7 +19,9 @@ cost models:
   seeded and zstd-compressed, its size varies by a few percent around `CT_IN_BYTES`
   (measured 113.9-117.7 kB at N = 8192).  Lattigo: both sizes are exact
   (`LATTIGO_CT_OUT_BYTES`, `LATTIGO_CT_IN_BYTES`: native/lattigo's fixed layout, a seeded
-  input's polynomial bit-packed at its primes' bit lengths, no compression).  `MSG_OVERHEAD` per message covers the framing.
+  input's polynomial bit-packed at its primes' bit lengths, no compression); a result of a
+  plan that folds is a half-ring ciphertext (`LATTIGO_CT_OUT_HALF_BYTES`, unless
+  ``$CIPHERLM_OFFLOAD_HALF_RING=0``).  `MSG_OVERHEAD` per message covers the framing.
 * **2pc**: linear classes from `linear_simd.choose_packing` (the per-layer cost model
   of both packings: `plan_blocks` bytes for Cheetah's coefficient packing, `plan_simd`
   for SIMD), one round trip per call; attention products from `plan_blocks` in the
@@ -52,6 +54,9 @@ CT_IN_BYTES = 116_000
 #: ciphertexts at OFFLOAD_CKKS, every one the same size, checked by tests/test_inspect.py):
 #: a result, 20-byte header + 2 polynomials x 1 prime x 8192 x 8 bytes
 LATTIGO_CT_OUT_BYTES = 131_092
+#: a half-ring result (`cipherlm.he.matmul.half_ring_factor`, the default on Lattigo): 20-byte
+#: header + 2 polynomials x 1 prime x 4096 x 8 bytes
+LATTIGO_CT_OUT_HALF_BYTES = 20 + 2 * 4096 * 8
 #: a seeded input, 20-byte header + 32-byte seed + 1 polynomial of 8192 coefficients per prime,
 #: bit-packed at the prime's bit length (wire version 2: the 60- and 40-bit primes Lattigo
 #: generates for OFFLOAD_CKKS): 102,452 bytes
@@ -221,8 +226,18 @@ def _group_calls(config, g, groups, rows) -> dict[int, float]:
 
 def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend: str | None = "auto",
                      prefill_tokens: int | None = None) -> dict:
+    from cipherlm.he.matmul import half_ring_factor
+
+    from .offload_engine import half_ring_from_env
+
     backend = offload_backend(he_backend)
-    ct_out_bytes, ct_in_bytes = CT_BYTES[backend]
+    ct_out_full, ct_in_bytes = CT_BYTES[backend]
+    half_ring = backend == "lattigo" and half_ring_from_env()
+
+    def ct_out_bytes(p) -> int:
+        """One result ciphertext of plan p: in the half ring where the plan folds."""
+        return LATTIGO_CT_OUT_HALF_BYTES if half_ring and half_ring_factor(p) else ct_out_full
+
     g = graph or _graph(config)
     groups = groups or plan_offload(config, g, backend, prefill_tokens)
     rows = _rows(g, tokens, phase)
@@ -238,7 +253,7 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
         if pk is not None and r / called > 1:
             # a prefill call: ceil(rows / T) packed ciphertexts, each through the packed plan
             n_ct = math.ceil(r / called / pk.tokens) * called
-            e["bytes"] += n_ct * (ct_in_bytes + pk.n_blocks * ct_out_bytes + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
+            e["bytes"] += n_ct * (ct_in_bytes + pk.n_blocks * ct_out_bytes(pk) + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
                 + 2 * (MSG_OVERHEAD + PACKED_FLAG_BYTES) * called
             e["rounds"] += 2 * called
             h = e["he_ops"]
@@ -253,9 +268,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             continue
         multi = len(parts) > 1
         ct_in = len(parts)
-        ct_out = sum(p.n_blocks for p in parts)
         per_row_in = ct_in * ct_in_bytes + (PACK_HEADER + PACK_PER_CT * ct_in if multi else 0)
-        per_row_out = ct_out * ct_out_bytes + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
+        per_row_out = sum(p.n_blocks * ct_out_bytes(p) for p in parts) + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
             + (PACK_HEADER + PACK_PER_CT * len(parts) if multi else 0)
         # a group call (one message each way) carries every row of the pass
         e["bytes"] += r * (per_row_in + per_row_out) + 2 * MSG_OVERHEAD * called
@@ -271,6 +285,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             h["decrypt"] += r * p.n_blocks
             h["ciphertexts_in"] += r
             h["ciphertexts_out"] += r * p.n_blocks
+            if half_ring and half_ring_factor(p):
+                h["ring_switch"] += r * p.n_blocks
     return _finish(out)
 
 

@@ -1,0 +1,202 @@
+package main
+
+// Half-ring results for the offload matmul (cipherlm/he/matmul.py, "half-ring results";
+// docs/offload.md).  A result ciphertext at level 0 of the offload context (N, data prime q0)
+// whose message is known to be even in X (its slot j equals its slot j + N/4) or zero on one
+// half of the slots is re-encrypted, by a key switch, under a secret s' of the ring of degree
+// N/2 and the same prime q0, and its even coefficients kept (Lattigo's ring-degree switch,
+// ApplyEvaluationKey with a small output ciphertext): the client receives half the bytes and
+// decrypts (m(X) + m(-X)) / 2 = the message's even part, whose slot j is (z_j + z_{j+N/4}) / 2.
+//
+//   clg_ctx_half_ring        the context of degree N/2 over q0 alone (no special prime: no key
+//                            lives in it, only the client's secret s')
+//   clg_ring_switch_keygen   client: a fresh s' and the seeded switching key s -> s'(X^2)
+//                            (level 0, one special prime; 32-byte seed + bit-packed rows)
+//   clg_ring_switch_key_from_bytes   server: validate and expand a peer's switching key
+//   clg_ring_switch          server: a level-0 ciphertext of the offload context -> its
+//                            half-ring ciphertext (a new handle in the half-ring context)
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
+	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
+	"github.com/tuneinsight/lattigo/v6/utils"
+)
+
+// rskMagic heads a serialised switching key: magic, wire version, 3 zero bytes, the seed,
+// then the key's rows bit-packed at their primes' lengths.
+const rskMagic = "CLGW"
+
+// rskObj: a peer's switching key from the offload secret s to s'(X^2), with the two contexts
+// and one evaluator (guarded: one result at a time per key).
+type rskObj struct {
+	ctx   *ctxObj
+	small *ctxObj
+	evk   *rlwe.EvaluationKey
+	mu    sync.Mutex
+	eval  *ckks.Evaluator
+}
+
+func (o *rskObj) context() *ctxObj { return o.ctx }
+
+var rskLevel = rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0), Compressed: true}
+
+// checkHalfRing: small is the half-ring context of big (degree N/2, Q = [q0], no P) and big
+// has a special prime (the switching key's P).
+func checkHalfRing(big, small *ctxObj) error {
+	if small.params.N()*2 != big.params.N() {
+		return fmt.Errorf("half-ring context of degree %d for a context of degree %d", small.params.N(), big.params.N())
+	}
+	if small.params.QCount() != 1 || small.params.Q()[0] != big.params.Q()[0] || small.params.PCount() != 0 {
+		return errors.New("the half-ring context must hold exactly the data prime q0 of the offload context")
+	}
+	if big.params.PCount() < 1 {
+		return errors.New("the offload context has no special prime for the switching key")
+	}
+	return nil
+}
+
+// clg_ctx_half_ring: the context of degree N/2 whose only prime is q0 of ctx (NTT-friendly
+// for N, since it is for 2N), the same secret and error distributions.
+//
+//export clg_ctx_half_ring
+func clg_ctx_half_ring(h C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		if c.params.LogN() <= 10 {
+			return errors.New("no half ring below N = 2^11")
+		}
+		lit := ckks.ParametersLiteral{
+			LogN:            c.params.LogN() - 1,
+			Q:               []uint64{c.params.Q()[0]},
+			Xs:              c.params.Xs(),
+			Xe:              c.params.Xe(),
+			LogDefaultScale: c.params.LogDefaultScale(),
+		}
+		params, err := ckks.NewParametersFromLiteral(lit)
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}))
+		return nil
+	})
+}
+
+func rskBytes(c *ctxObj) int {
+	evk := rlwe.NewEvaluationKey(c.params, rskLevel)
+	return len(rskMagic) + 4 + seedLen + len(appendPackedKey(nil, evk, c.params.Q()[:1], c.params.P()[:1]))
+}
+
+// clg_ring_switch_keygen: a fresh secret s' of the half-ring context (Lattigo's key generator,
+// seeded from crypto/rand) as a secret-key handle of that context, and the seeded switching key
+// s -> s'(X^2) at level 0 for the peer.
+//
+//export clg_ring_switch_keygen
+func clg_ring_switch_keygen(skh C.int64_t, smallh C.int64_t, skOut *C.int64_t, out **C.uchar, outLen *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(skh, "secret key", errbuf, errlen, func(s *skObj) error {
+		small, err := get[*ctxObj](smallh, "context")
+		if err != nil {
+			return err
+		}
+		if err := checkHalfRing(s.ctx, small); err != nil {
+			return err
+		}
+		skS := rlwe.NewKeyGenerator(small.params).GenSecretKeyNew()
+		evk := rlwe.NewEvaluationKey(s.ctx.params, rskLevel)
+		rlwe.NewKeyGenerator(s.ctx.params).GenEvaluationKey(s.sk, skS, evk)
+		if evk.Seed == nil || !evk.IsCompressed() {
+			return errors.New("Lattigo returned an uncompressed switching key")
+		}
+		b := append([]byte(rskMagic), wireVersion, 0, 0, 0)
+		b = append(b, evk.Seed[:]...)
+		b = appendPackedKey(b, evk, s.ctx.params.Q()[:1], s.ctx.params.P()[:1])
+		enc := rlwe.NewEncryptor(small.params, skS)
+		dec := rlwe.NewDecryptor(small.params, skS)
+		*skOut = C.int64_t(put(&skObj{ctx: small, sk: skS, enc: enc, dec: dec}))
+		bytesOut(b, out, outLen)
+		return nil
+	})
+}
+
+// clg_ring_switch_key_from_bytes: a peer's switching key for the offload context h and its
+// half-ring context smallh, checked (header, exact length, reduced rows) and expanded.
+//
+//export clg_ring_switch_key_from_bytes
+func clg_ring_switch_key_from_bytes(h C.int64_t, smallh C.int64_t, buf *C.uchar, n C.int64_t, out *C.int64_t,
+	errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
+		small, err := get[*ctxObj](smallh, "context")
+		if err != nil {
+			return err
+		}
+		if err := checkHalfRing(c, small); err != nil {
+			return err
+		}
+		b := bytesIn(buf, n)
+		if len(b) < len(rskMagic)+4+seedLen || string(b[:4]) != rskMagic || b[4] != wireVersion ||
+			b[5] != 0 || b[6] != 0 || b[7] != 0 {
+			return errors.New("not a cipherlm/Lattigo ring-switching key (bad header)")
+		}
+		if want := rskBytes(c); len(b) != want {
+			return fmt.Errorf("ring-switching key blob of %d bytes, expected %d", len(b), want)
+		}
+		evk := rlwe.NewEvaluationKey(c.params, rskLevel)
+		var seed [seedLen]byte
+		copy(seed[:], b[8:8+seedLen])
+		rest, err := readEvkRows(evk, c.params.Q()[:1], c.params.P()[:1], b[8+seedLen:], packedRows)
+		if err != nil {
+			return err
+		}
+		if len(rest) != 0 {
+			return errors.New("trailing bytes after the ring-switching key")
+		}
+		evk.Seed = &seed
+		if err := evk.Expand(c.params, nil); err != nil {
+			return err
+		}
+		if evk.Degree() != 1 {
+			return errors.New("ring-switching key did not expand")
+		}
+		*out = C.int64_t(put(&rskObj{ctx: c, small: small, evk: evk, eval: ckks.NewEvaluator(c.params, nil)}))
+		return nil
+	})
+}
+
+// clg_ring_switch: the half-ring ciphertext of a level-0 ciphertext of the offload context
+// (its even part under s'; same scale, the half ring's slots).
+//
+//export clg_ring_switch
+func clg_ring_switch(rsh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(rsh, "ring-switching key", errbuf, errlen, func(k *rskObj) error {
+		c, err := getIn[*ctObj](cth, "ciphertext", "ciphertext and ring-switching key belong to different contexts", k)
+		if err != nil {
+			return err
+		}
+		if c.ct.Level() != 0 || c.ct.Degree() != 1 || !c.ct.IsNTT {
+			return fmt.Errorf("ring switching takes a degree-1 NTT ciphertext at level 0, got level %d degree %d",
+				c.ct.Level(), c.ct.Degree())
+		}
+		res := ckks.NewCiphertext(k.small.params, 1, 0)
+		k.mu.Lock()
+		err = k.eval.ApplyEvaluationKey(c.ct, k.evk, res)
+		k.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		res.IsNTT = true
+		res.Scale = c.ct.Scale
+		res.LogDimensions = ring.Dimensions{Rows: 0, Cols: k.small.params.LogMaxSlots()}
+		*out = C.int64_t(put(&ctObj{ctx: k.small, ct: res}))
+		return nil
+	})
+}
