@@ -147,12 +147,13 @@ def generation_ab(variants: dict[str, tuple[str, tuple]], rounds: int, new_token
                 f"later mean {g['later_token_seconds_mean']:.2f} s max {g['later_token_seconds_max']:.2f} s, "
                 f"server HE {he} s, CPU {cpu:.0f} s, wall {wall:.0f} s")
     print("| round | variant | start (UTC) | load | server start s | first token s | later tokens mean / max s | "
-          "server HE s (session) | CPU s (client + server) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "later token MB up / down | server HE s (session) | CPU s (client + server) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         he = "-" if r["server_he_s"] is None else f"{r['server_he_s']:.1f}"
         print(f"| {r['round']} | {r['tree']} | {r['start_utc']} | {' '.join(r['load'])} | {r['server_start_seconds']:.1f} | "
               f"{r['first_token_seconds']:.1f} | {r['later_token_seconds_mean']:.2f} / {r['later_token_seconds_max']:.2f} | "
+              f"{r['later_token_bytes_up_mean'] / 1e6:.2f} / {r['later_token_bytes_down_mean'] / 1e6:.2f} | "
               f"{he} | {r['cpu_s']:.0f} |")
     a_label, b_label = labels[:2]
     for rnd in range(1, rounds + 1):

@@ -466,18 +466,7 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 				// times the Galois key in QP, rotated there
 				divRoundByLastModulusNTT(ringQ, inner[x][1], r1)
 				nttOf(sQ0).Backward(r1.Coeffs[0], coef)
-				half := q0 >> 1
-				for j, v := range coef {
-					if v >= half {
-						tp := ring.BRedAdd(q0-v, pMod, bredP)
-						if tp != 0 {
-							tp = pMod - tp
-						}
-						dP[j] = tp
-					} else {
-						dP[j] = ring.BRedAdd(v, pMod, bredP)
-					}
-				}
+				liftCentred(coef, dP, q0, pMod, bredP)
 				nttOf(sP).Forward(dP, dP)
 				el := galKeys[u.i].GadgetCiphertext.Value[0][0]
 				if QP[o] == nil {
@@ -538,6 +527,23 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		sums[o] = y
 	}
 	return sums, total, nil
+}
+
+// liftCentred: dP = the residues mod p of the centred representatives of coef mod q (q's one
+// RNS digit lifted to the special prime, as Lattigo's decomposer does).
+func liftCentred(coef, dP []uint64, q, p uint64, bredP [2]uint64) {
+	half := q >> 1
+	for j, v := range coef {
+		if v >= half {
+			tp := ring.BRedAdd(q-v, p, bredP)
+			if tp != 0 {
+				tp = p - tp
+			}
+			dP[j] = tp
+		} else {
+			dP[j] = ring.BRedAdd(v, p, bredP)
+		}
+	}
 }
 
 // permAdd: acc[j] = acc[j] + a[idx[j]] mod q (Lattigo's AutomorphismNTTWithIndex then Add, in one

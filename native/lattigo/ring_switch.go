@@ -187,11 +187,15 @@ func clg_ring_switch(rsh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.cha
 				c.ct.Level(), c.ct.Degree())
 		}
 		res := ckks.NewCiphertext(k.small.params, 1, 0)
-		k.mu.Lock()
-		err = k.eval.ApplyEvaluationKey(c.ct, k.evk, res)
-		k.mu.Unlock()
-		if err != nil {
-			return err
+		if ringSwitchFastPath(k) {
+			ringSwitchFast(k, c.ct, res)
+		} else {
+			k.mu.Lock()
+			err = k.eval.ApplyEvaluationKey(c.ct, k.evk, res)
+			k.mu.Unlock()
+			if err != nil {
+				return err
+			}
 		}
 		res.IsNTT = true
 		res.Scale = c.ct.Scale
@@ -199,4 +203,70 @@ func clg_ring_switch(rsh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.cha
 		*out = C.int64_t(put(&ctObj{ctx: k.small, ct: res}))
 		return nil
 	})
+}
+
+// ringSwitchFastPath: the key has one digit and one special prime (the offload parameters).
+func ringSwitchFastPath(k *rskObj) bool {
+	return k.evk.LevelQ() == 0 && k.evk.LevelP() == 0 && k.evk.BaseTwoDecomposition == 0 &&
+		len(k.evk.Value) == 1 && len(k.evk.Value[0]) == 1
+}
+
+// ringSwitchFast: Lattigo's ApplyEvaluationKey (gadget product, ModDown) followed by
+// SwitchCiphertextRingDegreeNTT, for one q0 digit and one special prime P, with the ModDown
+// done in the coefficient domain the ring switch needs anyway (NTT is linear, so the residues
+// are Lattigo's: TestRingSwitchFastMatchesLattigo) and on this library's transforms: 6 full and
+// 2 half-size transforms instead of Lattigo's 10 full and 2 half.
+//   d   = c1 centred, lifted to P, in NTT form (the digit; its q0 part is c1 itself)
+//   u_k = (c1 * K_k.Q, d * K_k.P)                       (NTT, K the switching key)
+//   out_0 = even(INTT(c0 + u_0,Q / P) - modUp(INTT(u_0,P)) / P), out_1 likewise without c0,
+// then the half ring's NTT.
+func ringSwitchFast(k *rskObj, ct, out *rlwe.Ciphertext) {
+	params := k.ctx.params
+	sQ, sP := params.RingQ().SubRings[0], params.RingP().SubRings[0]
+	sHalf := k.small.params.RingQ().SubRings[0]
+	q, p := sQ.Modulus, sP.Modulus
+	N := params.N()
+	pInv := modDownConstants(params.RingQ(), params.RingP(), 0)[0] // P^-1 mod q, Montgomery form
+	bufs := make([]*[]uint64, 5)
+	for i := range bufs {
+		bufs[i] = getScratch(N)
+		defer putScratch(bufs[i])
+	}
+	coef, dP, uP, w, t := (*bufs[0])[:N], (*bufs[1])[:N], (*bufs[2])[:N], (*bufs[3])[:N], (*bufs[4])[:N]
+	c1 := ct.Value[1].Coeffs[0][:N]
+	nttOf(sQ).Backward(c1, coef)
+	liftCentred(coef, dP, q, p, sP.BRedConstant)
+	nttOf(sP).Forward(dP, dP)
+	tQ := ring.Poly{Coeffs: [][]uint64{t}}
+	el := k.evk.Value[0][0]
+	for i := 0; i < 2; i++ {
+		kQ, kP := el[i].Q.Coeffs[0][:N], el[i].P.Coeffs[0][:N]
+		for j := range uP {
+			uP[j] = ring.MRed(dP[j], kP[j], p, sP.MRedConstant)
+		}
+		nttOf(sP).Backward(uP, uP)
+		modUpOnePrime(sP, params.RingQ().AtLevel(0), uP, tQ) // the P part in q, coefficients
+		// w = (c0 +) (c1 * K.Q) / P in the NTT domain (Montgomery: MRed(MRed(c1, K), P^-1 R))
+		for j := range w {
+			v := ring.MRed(ring.MRed(c1[j], kQ[j], q, sQ.MRedConstant), pInv, q, sQ.MRedConstant)
+			if i == 0 {
+				v += ct.Value[0].Coeffs[0][j]
+				if v >= q {
+					v -= q
+				}
+			}
+			w[j] = v
+		}
+		nttOf(sQ).Backward(w, w)
+		dst := out.Value[i].Coeffs[0]
+		for j := range dst {
+			v := ring.MRed(t[2*j], pInv, q, sQ.MRedConstant) // modUp(INTT(u_P)) / P at the even coefficients
+			r := w[2*j] + q - v
+			if r >= q {
+				r -= q
+			}
+			dst[j] = r
+		}
+		nttOf(sHalf).Forward(dst, dst)
+	}
 }
