@@ -3,7 +3,9 @@
 Default run: a short SmolLM2 greedy generation and a few MiniLM classifications.
 ``pytest -m slow``: the acceptance checks of the offload issue (32 greedy tokens
 on 5 prompts identical to plaintext; the 200 polarity sentences classified
-identically)."""
+identically).  The server runs on the HE backend ``cipherlm serve`` picks by default
+(`resolve_offload_backend("auto")`: Lattigo where its library is built, with half-ring
+results; else SEAL)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ PROMPTS = [
 
 
 def _serve(model: str):
-    srv = OffloadServer(ModelHost(model), "127.0.0.1", 0)
+    from cipherlm.he.matmul import resolve_offload_backend
+
+    srv = OffloadServer(ModelHost(model, he_backend=resolve_offload_backend("auto")[0]), "127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
