@@ -265,9 +265,10 @@ def test_bsgs_eval_sparse_blocks_against_numpy(lattigo, level, workers):
         be.bsgs_apply(ctx, ct, mat, keys.galois_keys([s for s in steps if s != g]), workers=workers)
 
 
-def test_ring_switch_keeps_the_even_part(lattigo):
-    """`LattigoBackend.ring_switch` against numpy: slot j of the half-ring ciphertext decrypts
-    to (z_j + z_{j+S/2}) / 2 of the full-ring slots z; half the bytes; the key round-trips."""
+def test_ring_switch_keeps_the_real_parts(lattigo):
+    """`LattigoBackend.ring_switch` against numpy: real slot j of the half-ring (conjugate-
+    invariant) ciphertext decrypts to Re(z_j) of the full ring's complex slots z, every j < S;
+    half the bytes; the key round-trips."""
     from cipherlm.he.backend import get_backend
 
     be = get_backend("lattigo")
@@ -281,8 +282,9 @@ def test_ring_switch_keeps_the_even_part(lattigo):
     z = rng.normal(size=S) + 1j * rng.normal(size=S)
     ct = keys.encrypt(be.encode_slots(ctx, z, level=0, scale_bits=40))
     small = be.ring_switch(ct, rsk)
-    v = be.decode_slots(half_keys.ctx, half_keys.decrypt(small), complex_out=True)
-    np.testing.assert_allclose(v, (z[: S // 2] + z[S // 2:]) / 2, atol=1e-6)
+    v = be.decode_slots(half_keys.ctx, half_keys.decrypt(small))
+    assert v.shape == (S,)
+    np.testing.assert_allclose(v, z.real, atol=1e-6)
     assert 2 * (len(be.ciphertext_to_bytes(small)) - 20) == len(be.ciphertext_to_bytes(ct)) - 20
     # the full-ring key cannot read the half-ring ciphertext, nor the half-ring key a full one
     with pytest.raises(HEError):
@@ -303,14 +305,14 @@ def test_malformed_ring_switch_key_is_an_heerror(lattigo, blob_edit):
         get_backend("lattigo").ring_switch_key_from_bytes(ctx, bad)
 
 
-@pytest.mark.parametrize("shape,max_chunks,factor", [((96, 64), None, 1), ((700, 3000), None, 1),
-                                                     ((1000, 300), 1, 2), ((3000, 64), 1, 0)])
-def test_half_ring_results_match_numpy(shape, max_chunks, factor):
-    """Results in the half ring (`half_ring_factor`): chunk blocks (copies, factor 1), one block
-    with R <= S/2 (factor 2), and R > S/2 (not folded, full ring) against numpy; folded results
-    are half the bytes of the full-ring ones."""
+@pytest.mark.parametrize("shape,max_chunks,tokens", [((96, 64), None, 1), ((700, 3000), None, 1),
+                                                     ((1000, 300), 1, 1), ((3000, 64), 1, 1), ((200, 64), None, 4)])
+def test_half_ring_results_match_numpy(shape, max_chunks, tokens):
+    """Results in the half ring: plans with chunk blocks, several output blocks, one block
+    (R <= S/2 and R > S/2) and packed token rows, against numpy; every result half the bytes
+    of its full-ring one."""
     from cipherlm.he.backend import get_backend
-    from cipherlm.he.matmul import half_ring_factor, unpack_cts
+    from cipherlm.he.matmul import unpack_cts
 
     d_out, d_in = shape
     ctx = make_context(OFFLOAD_CKKS, "lattigo")
@@ -320,23 +322,28 @@ def test_half_ring_results_match_numpy(shape, max_chunks, factor):
     rng = np.random.default_rng(d_out)
     W = rng.standard_normal((d_out, d_in)) * 0.1
     b = rng.standard_normal(d_out)
-    plan = plan_matmul(d_out, d_in, ctx.slots, has_bias=True, max_chunks=max_chunks, backend="lattigo")
-    assert half_ring_factor(plan) == factor
+    plan = plan_matmul(d_out, d_in, ctx.slots, has_bias=True, max_chunks=max_chunks, backend="lattigo", tokens=tokens)
     enc = encode_matrix(ctx, W, b, plan=plan)
     gk = load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps), [plan])
-    x = rng.standard_normal(d_in)
+    x = rng.standard_normal((tokens, d_in)) if tokens > 1 else rng.standard_normal(d_in)
     ct = encrypt_input(keys, x, plan)
     full = apply(enc, ct, gk)
     half = apply(enc, ct, gk, ring_switch_key=rsk)
-    ref = W @ x + b
+    ref = x @ W.T + b
     y = decrypt_output(keys, half, plan, half_keys=half_keys)
     assert np.max(np.abs(y - ref)) < 1e-5 * max(1.0, np.max(np.abs(ref)))
     sizes_full = [len(c) for c in unpack_cts(full, plan.n_blocks)]
     sizes_half = [len(c) for c in unpack_cts(half, plan.n_blocks)]
-    if factor:
-        assert all(2 * (h - 20) == f - 20 for h, f in zip(sizes_half, sizes_full))
-    else:
-        assert sizes_half == sizes_full
+    assert all(2 * (h - 20) == f - 20 for h, f in zip(sizes_half, sizes_full))
+    if tokens == 1:  # what the client decrypts: the outputs in each chunk block, zero elsewhere, all real
+        be = get_backend("lattigo")
+        blob = unpack_cts(half, plan.n_blocks)[0]
+        v = be.decode_slots(half_keys.ctx, half_keys.decrypt(be.ciphertext_from_bytes(half_keys.ctx, blob, level=0)),
+                            complex_out=True)
+        want = np.zeros(ctx.slots)
+        for a in range(plan.c):
+            want[a * plan.stride: a * plan.stride + plan.rows] = ref[: plan.rows]
+        assert np.max(np.abs(v - want)) < 1e-5 * max(1.0, np.max(np.abs(ref)))
 
 
 def test_half_ring_offer_and_refusal():

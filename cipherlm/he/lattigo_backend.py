@@ -851,10 +851,11 @@ class LattigoContext:
         return self
 
     def half_ring(self) -> LattigoContext:
-        """The context of degree N/2 over this context's first data prime q0 alone (no special
-        prime), where half-ring results live (`LattigoBackend.ring_switch`; docs/offload.md
-        "Half-ring results"); made once per context.  Only the client's secret s' is of this
-        ring; its ciphertexts (log2 q0 bits) are checked against the 128-bit bound for N/2."""
+        """The conjugate-invariant context of degree N/2 (N/2 real slots) over this context's
+        first data prime q0 alone (no special prime), where half-ring results live
+        (`LattigoBackend.ring_switch`; docs/offload.md "Half-ring results"); made once per
+        context.  Only the client's secret s' is of this ring; its ciphertexts (log2 q0 bits)
+        are checked against the 128-bit bound for degree N/2."""
         half = getattr(self, "_half_ring", None)
         if half is not None:
             return half
@@ -862,6 +863,7 @@ class LattigoContext:
         half = LattigoContext.__new__(LattigoContext)
         half._h, half.handle = h, h.h
         half._read_info()
+        half.slots = half.n  # conjugate-invariant: N/2 real slots, as many as the full ring's complex ones
         if half.n * 2 != self.n or half.q_moduli != self.q_moduli[:1] or half.p_moduli:
             raise HEError("Lattigo built a half ring that is not (N/2, q0)")
         log_q = math.log2(half.q_moduli[0])
@@ -976,9 +978,9 @@ class LattigoSecretKeys(SecretKeys):
 
     def ring_switch_key(self) -> tuple[LattigoSecretKeys, bytes]:
         """A fresh secret s' of the half ring (`LattigoContext.half_ring`) and, for the peer, the
-        seeded key that switches a level-0 ciphertext under s to s'(X^2) (`LattigoBackend.
-        ring_switch_key_from_bytes`, `LattigoBackend.ring_switch`).  The returned keys decrypt
-        half-ring results; they have no public key."""
+        seeded key that switches a level-0 ciphertext under s to s' (unfolded to degree N)
+        (`LattigoBackend.ring_switch_key_from_bytes`, `LattigoBackend.ring_switch`).  The
+        returned keys decrypt half-ring results; they have no public key."""
         small = self.ctx.half_ring()
         h = _i64(0)
         p, n = _p_u8(), _i64(0)
@@ -1528,9 +1530,9 @@ class LattigoBackend(HEBackend):
         return LattigoRingSwitchKey(_new("clg_ring_switch_key_from_bytes", ctx.handle, small.handle, p, n), ctx)
 
     def ring_switch(self, ct: LattigoCiphertext, key: LattigoRingSwitchKey) -> LattigoCiphertext:
-        """A level-0 ciphertext of ``key``'s context re-encrypted in the half ring under s': it
-        decrypts to the message's even part, slot j of the half ring holding (z_j + z_{j+N/4}) / 2
-        of the N/2 slots z of ``ct`` (half the bytes; docs/offload.md "Half-ring results")."""
+        """A level-0 ciphertext of ``key``'s context re-encrypted in the conjugate-invariant half
+        ring under s' (Lattigo's ComplexToReal): real slot j holds Re(z_j) of the N/2 complex
+        slots z of ``ct``; half the bytes (docs/offload.md "Half-ring results")."""
         return LattigoCiphertext(_new("clg_ring_switch", key.h, ct.h), key.ctx.half_ring())
 
     def galois_keys_from_bytes(self, ctx: LattigoContext, data: bytes, *, required_steps=None,

@@ -191,7 +191,7 @@ class HEOpCounter:
     multiply_plain: int = 0
     add: int = 0
     rescale: int = 0
-    ring_switch: int = 0  # results sent in the half ring (`half_ring_factor`)
+    ring_switch: int = 0  # results sent in the half ring (`apply`'s ``ring_switch_key``)
     encode: int = 0
     encrypt: int = 0
     decrypt: int = 0
@@ -675,20 +675,20 @@ def decrypt_output(
     """Client: decrypt the n_blocks result ciphertexts -> (d_out,).  The server has
     summed the chunks (every slot block holds the whole sum): block 0 is read.
     ``half_keys`` (Lattigo, `LattigoSecretKeys.ring_switch_key`): the session's half-ring
-    secret; results of plans that fold (`half_ring_factor`) arrive in the half ring."""
+    secret; the results then arrive in the half ring (`apply`'s ``ring_switch_key``), whose
+    N/2 real slots are the real parts of the full ring's slots, at the same positions."""
     ctx = keys.ctx
     blobs = unpack_cts(data, plan.n_blocks)
     T, L = plan.tokens, plan.lane
     y = np.zeros((T, plan.n_blocks * plan.rows))
     n_read = (T - 1) * L + plan.rows  # lane t of block 0 at t L, its R outputs first
-    factor = half_ring_factor(plan) if half_keys is not None else 0
     for o, blob in enumerate(blobs):
         if not blob:
             continue  # all-zero block
-        if factor:
+        if half_keys is not None:
             be = get_backend("lattigo")
             ct = be.ciphertext_from_bytes(half_keys.ctx, blob, level=0)
-            v = factor * be.decode_slots(half_keys.ctx, half_keys.decrypt(ct), n=n_read)
+            v = be.decode_slots(half_keys.ctx, half_keys.decrypt(ct), n=n_read)
         elif backend_of(ctx) == "lattigo":
             be = get_backend("lattigo")
             v = be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), n=n_read)
@@ -709,27 +709,6 @@ def decrypt_output(
     if split:
         return [split_output(plan, row) for row in y]
     return y
-
-
-def half_ring_factor(plan: MatmulPlan) -> int:
-    """Half-ring results (Lattigo; docs/offload.md "Half-ring results"): 0 when a result of
-    ``plan`` cannot be sent in the ring of degree N/2, else the factor that restores its outputs.
-
-    The server re-encrypts a level-0 result under a secret of the half ring and keeps its even
-    coefficients (`LattigoBackend.ring_switch`); that ciphertext decrypts to the message's
-    even part, whose slot j is (z_j + z_{j+S/2}) / 2 over the S slots z of the result.  So:
-    * chunk blocks (c >= 2): every block of B = S / c slots holds the whole sum and S / 2 is a
-      multiple of B, so z_{j+S/2} = z_j and the outputs come back as they are (factor 1);
-    * no chunks (c = 1): the R outputs sit at slots 0..R-1 and every other slot is zero (zero
-      weights), so with R <= S / 2 slot j < R carries z_j / 2 (factor 2);
-    * packed tokens (T > 1) put lanes at both halves: not folded (0).
-    What the client decrypts is a function of the full result it would get otherwise (half of
-    its slot sums), never more."""
-    if plan.tokens != 1:
-        return 0
-    if plan.c >= 2:
-        return 1
-    return 2 if plan.rows <= plan.slots // 2 else 0
 
 
 def split_output(plan: MatmulPlan, y: np.ndarray) -> list[np.ndarray]:
@@ -827,8 +806,9 @@ def apply(
     ring_switch_key=None,
 ) -> bytes:
     """Server: Enc(x) -> Enc(W x + b) as ``n_blocks`` rescaled one-prime ciphertexts.
-    ``ring_switch_key`` (Lattigo, the client's `LattigoRingSwitchKey`): results of a plan that
-    folds (`half_ring_factor`) are sent in the ring of degree N/2, half the bytes."""
+    ``ring_switch_key`` (Lattigo, the client's `LattigoRingSwitchKey`): the results are sent
+    in the conjugate-invariant ring of degree N/2 (`LattigoBackend.ring_switch`): the real
+    parts of every slot, half the bytes (docs/offload.md "Half-ring results")."""
     t0 = time.perf_counter()
     p = enc.plan
     if isinstance(galois_keys, (bytes, bytearray, memoryview)):
@@ -837,7 +817,7 @@ def apply(
         be = get_backend("lattigo")
         ct = be.ciphertext_from_bytes(enc.ctx, ct_bytes, level=enc.ctx.max_level)
         res, n = be.bsgs_apply(enc.ctx, ct, enc.matrix, galois_keys, workers=enc.workers)
-        if ring_switch_key is not None and half_ring_factor(p):
+        if ring_switch_key is not None:
             res = [None if r is None else be.ring_switch(r, ring_switch_key) for r in res]
             n["ring_switch"] = sum(r is not None for r in res)
         _count(counter, server_seconds=time.perf_counter() - t0, **n)

@@ -65,7 +65,6 @@ from cipherlm.he.matmul import (
     pack_cts,
     unpack_cts,
 )
-from cipherlm.he.matmul import half_ring_factor  # noqa: F401 (re-exported for the runtime's users)
 from cipherlm.he.params import check_security
 from cipherlm.runtime.linear_groups import LinearGroup
 
@@ -89,8 +88,8 @@ DEFAULT_PREFILL_TOKENS = 1
 PACK_COMPRESS_ENV = "CIPHERLM_OFFLOAD_PACK_COMPRESS"
 
 #: "0": a Lattigo server sends every result in the full ring (A/B of the half-ring results
-#: only; default: results of the plans that fold, `cipherlm.he.matmul.half_ring_factor`, in the
-#: ring of degree N/2, half the bytes down; docs/offload.md "Half-ring results")
+#: only; default: every result in the conjugate-invariant ring of degree N/2, the real parts of
+#: its slots, half the bytes down; docs/offload.md "Half-ring results")
 HALF_RING_ENV = "CIPHERLM_OFFLOAD_HALF_RING"
 
 
@@ -212,7 +211,8 @@ class ServerEngine:
         also gets a plan packing T token rows per ciphertext (`packed_plan`), served to a
         prefill's ``linear`` requests marked ``packed``; 1, or the SEAL worker pool: none.
         ``half_ring`` (Lattigo only; None: on unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``): offer
-        half-ring results (`half_ring_factor`) to clients that send a ring-switching key."""
+        half-ring results (`cipherlm.he.matmul.apply`'s ``ring_switch_key``) to clients that send
+        a ring-switching key."""
         if he_backend not in OFFLOAD_BACKENDS:
             raise HEError(f"unknown offload HE backend {he_backend!r}; known: {OFFLOAD_BACKENDS}")
         self.params = params

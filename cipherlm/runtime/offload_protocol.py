@@ -30,9 +30,9 @@ that backend's parser only.
 Half-ring results (issue 15, bytes down): a Lattigo server adds ``half_ring_results: true``
 to the welcome (unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``); a client that answers with a
 ``ring_switch_key`` (`LattigoSecretKeys.ring_switch_key`: a seeded key from its secret s to
-a fresh secret s' of the ring of degree N/2, ~123 kB once) then gets the results of every
-plan that folds (`cipherlm.he.matmul.half_ring_factor`) as half-ring ciphertexts under s',
-half the bytes each.  Without the key every result is in the full ring, as before.
+a fresh secret s' of the conjugate-invariant ring of degree N/2, ~123 kB once) then gets
+every result as a half-ring ciphertext under s' (the real parts of its slots), half the
+bytes each.  Without the key every result is in the full ring, as before.
 
 Packed prefill (issue 15 item 2): a server whose engine has packed plans adds
 ``packed: {tokens: T, plans, groups}`` to the welcome (``groups[i]``: the index of

@@ -19,9 +19,8 @@ cost models:
   seeded and zstd-compressed, its size varies by a few percent around `CT_IN_BYTES`
   (measured 113.9-117.7 kB at N = 8192).  Lattigo: both sizes are exact
   (`LATTIGO_CT_OUT_BYTES`, `LATTIGO_CT_IN_BYTES`: native/lattigo's fixed layout, a seeded
-  input's polynomial bit-packed at its primes' bit lengths, no compression); a result of a
-  plan that folds is a half-ring ciphertext (`LATTIGO_CT_OUT_HALF_BYTES`, unless
-  ``$CIPHERLM_OFFLOAD_HALF_RING=0``).  `MSG_OVERHEAD` per message covers the framing.
+  input's polynomial bit-packed at its primes' bit lengths, no compression); a result is a
+  half-ring ciphertext (`LATTIGO_CT_OUT_HALF_BYTES`, unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``).  `MSG_OVERHEAD` per message covers the framing.
 * **2pc**: linear classes from `linear_simd.choose_packing` (the per-layer cost model
   of both packings: `plan_blocks` bytes for Cheetah's coefficient packing, `plan_simd`
   for SIMD), one round trip per call; attention products from `plan_blocks` in the
@@ -54,7 +53,7 @@ CT_IN_BYTES = 116_000
 #: ciphertexts at OFFLOAD_CKKS, every one the same size, checked by tests/test_inspect.py):
 #: a result, 20-byte header + 2 polynomials x 1 prime x 8192 x 8 bytes
 LATTIGO_CT_OUT_BYTES = 131_092
-#: a half-ring result (`cipherlm.he.matmul.half_ring_factor`, the default on Lattigo): 20-byte
+#: a half-ring result (the conjugate-invariant ring of degree N/2, the default on Lattigo): 20-byte
 #: header + 2 polynomials x 1 prime x 4096 x 8 bytes
 LATTIGO_CT_OUT_HALF_BYTES = 20 + 2 * 4096 * 8
 #: a seeded input, 20-byte header + 32-byte seed + 1 polynomial of 8192 coefficients per prime,
@@ -226,8 +225,6 @@ def _group_calls(config, g, groups, rows) -> dict[int, float]:
 
 def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend: str | None = "auto",
                      prefill_tokens: int | None = None) -> dict:
-    from cipherlm.he.matmul import half_ring_factor
-
     from .offload_engine import half_ring_from_env
 
     backend = offload_backend(he_backend)
@@ -235,8 +232,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
     half_ring = backend == "lattigo" and half_ring_from_env()
 
     def ct_out_bytes(p) -> int:
-        """One result ciphertext of plan p: in the half ring where the plan folds."""
-        return LATTIGO_CT_OUT_HALF_BYTES if half_ring and half_ring_factor(p) else ct_out_full
+        """One result ciphertext of plan p (all plans alike: in the half ring on Lattigo)."""
+        return LATTIGO_CT_OUT_HALF_BYTES if half_ring else ct_out_full
 
     g = graph or _graph(config)
     groups = groups or plan_offload(config, g, backend, prefill_tokens)
@@ -265,6 +262,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             h["decrypt"] += n_ct * pk.n_blocks
             h["ciphertexts_in"] += n_ct
             h["ciphertexts_out"] += n_ct * pk.n_blocks
+            if half_ring:
+                h["ring_switch"] += n_ct * pk.n_blocks
             continue
         multi = len(parts) > 1
         ct_in = len(parts)
@@ -285,7 +284,7 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             h["decrypt"] += r * p.n_blocks
             h["ciphertexts_in"] += r
             h["ciphertexts_out"] += r * p.n_blocks
-            if half_ring and half_ring_factor(p):
+            if half_ring:
                 h["ring_switch"] += r * p.n_blocks
     return _finish(out)
 

@@ -1,17 +1,18 @@
 package main
 
-// Half-ring results for the offload matmul (cipherlm/he/matmul.py, "half-ring results";
-// docs/offload.md).  A result ciphertext at level 0 of the offload context (N, data prime q0)
-// whose message is known to be even in X (its slot j equals its slot j + N/4) or zero on one
-// half of the slots is re-encrypted, by a key switch, under a secret s' of the ring of degree
-// N/2 and the same prime q0, and its even coefficients kept (Lattigo's ring-degree switch,
-// ApplyEvaluationKey with a small output ciphertext): the client receives half the bytes and
-// decrypts (m(X) + m(-X)) / 2 = the message's even part, whose slot j is (z_j + z_{j+N/4}) / 2.
+// Half-ring results for the offload matmul (cipherlm/he/matmul.py; docs/offload.md "Half-ring
+// results"): a result ciphertext at level 0 of the offload context (degree N, data prime q0) is
+// switched to the conjugate-invariant ring of degree N/2 over q0 (Kim and Song, "Approximate
+// homomorphic encryption over the conjugate-invariant ring", ICISC 2018; Lattigo's
+// ckks.DomainSwitcher.ComplexToReal): one key switch from the client's secret s to its secret
+// s' of that ring, then the fold m(X) + m(X^-1), a permutation and an add in the NTT domain.
+// The client receives N/2 coefficients instead of N, and decrypts the real parts of all N/2
+// slots (the imaginary parts, which the offload packing never needs, are gone).
 //
-//   clg_ctx_half_ring        the context of degree N/2 over q0 alone (no special prime: no key
-//                            lives in it, only the client's secret s')
-//   clg_ring_switch_keygen   client: a fresh s' and the seeded switching key s -> s'(X^2)
-//                            (level 0, one special prime; 32-byte seed + bit-packed rows)
+//   clg_ctx_half_ring        the conjugate-invariant context of degree N/2 over q0 alone (no
+//                            special prime: no key lives in it, only the client's secret s')
+//   clg_ring_switch_keygen   client: a fresh s' and the seeded switching key s -> s' (mapped to
+//                            the standard ring), at level 0 with one special prime
 //   clg_ring_switch_key_from_bytes   server: validate and expand a peer's switching key
 //   clg_ring_switch          server: a level-0 ciphertext of the offload context -> its
 //                            half-ring ciphertext (a new handle in the half-ring context)
@@ -37,14 +38,17 @@ import (
 // then the key's rows bit-packed at their primes' lengths.
 const rskMagic = "CLGW"
 
-// rskObj: a peer's switching key from the offload secret s to s'(X^2), with the two contexts
-// and one evaluator (guarded: one result at a time per key).
+// rskObj: a peer's switching key from the offload secret s to s', with the two contexts and
+// one evaluator (guarded: one result at a time per key).
 type rskObj struct {
-	ctx   *ctxObj
-	small *ctxObj
-	evk   *rlwe.EvaluationKey
-	mu    sync.Mutex
-	eval  *ckks.Evaluator
+	ctx    *ctxObj
+	small  *ctxObj
+	evk    *rlwe.EvaluationKey
+	ciRing *ring.Ring // the offload ring's conjugate-invariant counterpart (level 0)
+	autIdx []uint64   // the NTT-domain permutation of X -> X^-1
+	mu     sync.Mutex
+	eval   *ckks.Evaluator
+	sw     ckks.DomainSwitcher // Lattigo's path (not the offload parameters' one digit, one P)
 }
 
 func (o *rskObj) context() *ctxObj { return o.ctx }
@@ -57,8 +61,9 @@ func checkHalfRing(big, small *ctxObj) error {
 	if small.params.N()*2 != big.params.N() {
 		return fmt.Errorf("half-ring context of degree %d for a context of degree %d", small.params.N(), big.params.N())
 	}
-	if small.params.QCount() != 1 || small.params.Q()[0] != big.params.Q()[0] || small.params.PCount() != 0 {
-		return errors.New("the half-ring context must hold exactly the data prime q0 of the offload context")
+	if small.params.QCount() != 1 || small.params.Q()[0] != big.params.Q()[0] || small.params.PCount() != 0 ||
+		small.params.RingType() != ring.ConjugateInvariant || big.params.RingType() != ring.Standard {
+		return errors.New("the half-ring context must be conjugate-invariant over exactly the data prime q0 of the offload context")
 	}
 	if big.params.PCount() < 1 {
 		return errors.New("the offload context has no special prime for the switching key")
@@ -66,8 +71,8 @@ func checkHalfRing(big, small *ctxObj) error {
 	return nil
 }
 
-// clg_ctx_half_ring: the context of degree N/2 whose only prime is q0 of ctx (NTT-friendly
-// for N, since it is for 2N), the same secret and error distributions.
+// clg_ctx_half_ring: the conjugate-invariant context of degree N/2 whose only prime is q0 of ctx
+// (its NTT is of order 2N, as the offload context's), the same secret and error distributions.
 //
 //export clg_ctx_half_ring
 func clg_ctx_half_ring(h C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
@@ -80,6 +85,7 @@ func clg_ctx_half_ring(h C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int
 			Q:               []uint64{c.params.Q()[0]},
 			Xs:              c.params.Xs(),
 			Xe:              c.params.Xe(),
+			RingType:        ring.ConjugateInvariant,
 			LogDefaultScale: c.params.LogDefaultScale(),
 		}
 		params, err := ckks.NewParametersFromLiteral(lit)
@@ -98,7 +104,7 @@ func rskBytes(c *ctxObj) int {
 
 // clg_ring_switch_keygen: a fresh secret s' of the half-ring context (Lattigo's key generator,
 // seeded from crypto/rand) as a secret-key handle of that context, and the seeded switching key
-// s -> s'(X^2) at level 0 for the peer.
+// s -> s' (unfolded to the standard ring) at level 0 for the peer.
 //
 //export clg_ring_switch_keygen
 func clg_ring_switch_keygen(skh C.int64_t, smallh C.int64_t, skOut *C.int64_t, out **C.uchar, outLen *C.int64_t,
@@ -112,8 +118,7 @@ func clg_ring_switch_keygen(skh C.int64_t, smallh C.int64_t, skOut *C.int64_t, o
 			return err
 		}
 		skS := rlwe.NewKeyGenerator(small.params).GenSecretKeyNew()
-		evk := rlwe.NewEvaluationKey(s.ctx.params, rskLevel)
-		rlwe.NewKeyGenerator(s.ctx.params).GenEvaluationKey(s.sk, skS, evk)
+		evk, _ := rlwe.NewKeyGenerator(s.ctx.params).GenEvaluationKeysForRingSwapNew(s.sk, skS, rskLevel)
 		if evk.Seed == nil || !evk.IsCompressed() {
 			return errors.New("Lattigo returned an uncompressed switching key")
 		}
@@ -167,13 +172,27 @@ func clg_ring_switch_key_from_bytes(h C.int64_t, smallh C.int64_t, buf *C.uchar,
 		if evk.Degree() != 1 {
 			return errors.New("ring-switching key did not expand")
 		}
-		*out = C.int64_t(put(&rskObj{ctx: c, small: small, evk: evk, eval: ckks.NewEvaluator(c.params, nil)}))
+		ciRing, err := c.params.RingQ().ConjugateInvariantRing()
+		if err != nil {
+			return err
+		}
+		ciRing = ciRing.AtLevel(0)
+		autIdx, err := ring.AutomorphismNTTIndex(c.params.N(), c.params.RingQ().NthRoot(), c.params.RingQ().NthRoot()-1)
+		if err != nil {
+			return err
+		}
+		sw, err := ckks.NewDomainSwitcher(c.params, evk, nil)
+		if err != nil {
+			return err
+		}
+		*out = C.int64_t(put(&rskObj{ctx: c, small: small, evk: evk, ciRing: ciRing, autIdx: autIdx,
+			eval: ckks.NewEvaluator(c.params, nil), sw: sw}))
 		return nil
 	})
 }
 
 // clg_ring_switch: the half-ring ciphertext of a level-0 ciphertext of the offload context
-// (its even part under s'; same scale, the half ring's slots).
+// (under s', the real parts of its N/2 slots, at twice its scale as ComplexToReal leaves it).
 //
 //export clg_ring_switch
 func clg_ring_switch(rsh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
@@ -191,14 +210,14 @@ func clg_ring_switch(rsh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C.cha
 			ringSwitchFast(k, c.ct, res)
 		} else {
 			k.mu.Lock()
-			err = k.eval.ApplyEvaluationKey(c.ct, k.evk, res)
+			err = k.sw.ComplexToReal(k.eval, c.ct, res)
 			k.mu.Unlock()
 			if err != nil {
 				return err
 			}
 		}
 		res.IsNTT = true
-		res.Scale = c.ct.Scale
+		res.Scale = c.ct.Scale.Mul(rlwe.NewScale(2)) // m(X) + m(X^-1): twice the real parts
 		res.LogDimensions = ring.Dimensions{Rows: 0, Cols: k.small.params.LogMaxSlots()}
 		*out = C.int64_t(put(&ctObj{ctx: k.small, ct: res}))
 		return nil
@@ -211,62 +230,42 @@ func ringSwitchFastPath(k *rskObj) bool {
 		len(k.evk.Value) == 1 && len(k.evk.Value[0]) == 1
 }
 
-// ringSwitchFast: Lattigo's ApplyEvaluationKey (gadget product, ModDown) followed by
-// SwitchCiphertextRingDegreeNTT, for one q0 digit and one special prime P, with the ModDown
-// done in the coefficient domain the ring switch needs anyway (NTT is linear, so the residues
-// are Lattigo's: TestRingSwitchFastMatchesLattigo) and on this library's transforms: 6 full and
-// 2 half-size transforms instead of Lattigo's 10 full and 2 half.
+// ringSwitchFast: Lattigo's ComplexToReal (gadget product with ModDown, c0 added, the fold to
+// the conjugate-invariant ring) for one q0 digit and one special prime P, on this library's
+// transforms: 4 transforms of degree N (c1's inverse, the digit's forward at P, then per
+// polynomial the ModDown's inverse at P and forward at q0) with the same residues as Lattigo's
+// (TestRingSwitchFastMatchesLattigo).
 //   d   = c1 centred, lifted to P, in NTT form (the digit; its q0 part is c1 itself)
-//   u_k = (c1 * K_k.Q, d * K_k.P)                       (NTT, K the switching key)
-//   out_0 = even(INTT(c0 + u_0,Q / P) - modUp(INTT(u_0,P)) / P), out_1 likewise without c0,
-// then the half ring's NTT.
+//   u_k = ModDown(c1 * K_k.Q, d * K_k.P)   (NTT, K the switching key), u_0 += c0
+//   out_k = fold(u_k) = u_k + u_k(X^-1), the first N/2 NTT values
 func ringSwitchFast(k *rskObj, ct, out *rlwe.Ciphertext) {
 	params := k.ctx.params
 	sQ, sP := params.RingQ().SubRings[0], params.RingP().SubRings[0]
-	sHalf := k.small.params.RingQ().SubRings[0]
 	q, p := sQ.Modulus, sP.Modulus
 	N := params.N()
-	pInv := modDownConstants(params.RingQ(), params.RingP(), 0)[0] // P^-1 mod q, Montgomery form
 	bufs := make([]*[]uint64, 5)
 	for i := range bufs {
 		bufs[i] = getScratch(N)
 		defer putScratch(bufs[i])
 	}
-	coef, dP, uP, w, t := (*bufs[0])[:N], (*bufs[1])[:N], (*bufs[2])[:N], (*bufs[3])[:N], (*bufs[4])[:N]
+	coef, dP, uQ, uP, w := (*bufs[0])[:N], (*bufs[1])[:N], (*bufs[2])[:N], (*bufs[3])[:N], (*bufs[4])[:N]
 	c1 := ct.Value[1].Coeffs[0][:N]
 	nttOf(sQ).Backward(c1, coef)
 	liftCentred(coef, dP, q, p, sP.BRedConstant)
 	nttOf(sP).Forward(dP, dP)
-	tQ := ring.Poly{Coeffs: [][]uint64{t}}
 	el := k.evk.Value[0][0]
+	wQ := ring.Poly{Coeffs: [][]uint64{w}}
 	for i := 0; i < 2; i++ {
 		kQ, kP := el[i].Q.Coeffs[0][:N], el[i].P.Coeffs[0][:N]
-		for j := range uP {
+		for j := range uQ {
+			uQ[j] = ring.MRed(c1[j], kQ[j], q, sQ.MRedConstant)
 			uP[j] = ring.MRed(dP[j], kP[j], p, sP.MRedConstant)
 		}
-		nttOf(sP).Backward(uP, uP)
-		modUpOnePrime(sP, params.RingQ().AtLevel(0), uP, tQ) // the P part in q, coefficients
-		// w = (c0 +) (c1 * K.Q) / P in the NTT domain (Montgomery: MRed(MRed(c1, K), P^-1 R))
-		for j := range w {
-			v := ring.MRed(ring.MRed(c1[j], kQ[j], q, sQ.MRedConstant), pInv, q, sQ.MRedConstant)
-			if i == 0 {
-				v += ct.Value[0].Coeffs[0][j]
-				if v >= q {
-					v -= q
-				}
-			}
-			w[j] = v
+		modDownQPtoQNTT(params.Parameters, nil, 0, 0, ring.Poly{Coeffs: [][]uint64{uQ}},
+			ring.Poly{Coeffs: [][]uint64{uP}}, wQ)
+		if i == 0 {
+			sQ.Add(w, ct.Value[0].Coeffs[0][:N], w)
 		}
-		nttOf(sQ).Backward(w, w)
-		dst := out.Value[i].Coeffs[0]
-		for j := range dst {
-			v := ring.MRed(t[2*j], pInv, q, sQ.MRedConstant) // modUp(INTT(u_P)) / P at the even coefficients
-			r := w[2*j] + q - v
-			if r >= q {
-				r -= q
-			}
-			dst[j] = r
-		}
-		nttOf(sHalf).Forward(dst, dst)
+		k.ciRing.FoldStandardToConjugateInvariant(wQ, k.autIdx, out.Value[i])
 	}
 }

@@ -4,12 +4,13 @@ import (
 	"testing"
 
 	"github.com/tuneinsight/lattigo/v6/core/rlwe"
+	"github.com/tuneinsight/lattigo/v6/ring"
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 	"github.com/tuneinsight/lattigo/v6/utils"
 )
 
 // TestRingSwitchFastMatchesLattigo: ringSwitchFast gives the residues of Lattigo's
-// ApplyEvaluationKey to the half ring, at the offload parameters (N = 8192, Q 60 + 40, P 60).
+// DomainSwitcher.ComplexToReal at the offload parameters (N = 8192, Q 60 + 40, P 60).
 func TestRingSwitchFastMatchesLattigo(t *testing.T) {
 	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
 		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
@@ -18,23 +19,40 @@ func TestRingSwitchFastMatchesLattigo(t *testing.T) {
 	}
 	big := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
 	small, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 12, Q: params.Q()[:1], Xs: params.Xs(), Xe: params.Xe(), LogDefaultScale: 40})
+		LogN: 12, Q: params.Q()[:1], Xs: params.Xs(), Xe: params.Xe(), RingType: ring.ConjugateInvariant,
+		LogDefaultScale: 40})
 	if err != nil {
 		t.Fatal(err)
 	}
 	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
+	if err := checkHalfRing(big, smallCtx); err != nil {
+		t.Fatal(err)
+	}
 	kg := rlwe.NewKeyGenerator(params)
 	sk := kg.GenSecretKeyNew()
 	skS := rlwe.NewKeyGenerator(small).GenSecretKeyNew()
-	evk := rlwe.NewEvaluationKey(params, rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0)})
-	kg.GenEvaluationKey(sk, skS, evk)
-	k := &rskObj{ctx: big, small: smallCtx, evk: evk, eval: ckks.NewEvaluator(params, nil)}
+	evk, _ := kg.GenEvaluationKeysForRingSwapNew(sk, skS,
+		rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0)})
+	ciRing, err := params.RingQ().ConjugateInvariantRing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	autIdx, err := ring.AutomorphismNTTIndex(params.N(), params.RingQ().NthRoot(), params.RingQ().NthRoot()-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := ckks.NewDomainSwitcher(params, evk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &rskObj{ctx: big, small: smallCtx, evk: evk, ciRing: ciRing.AtLevel(0), autIdx: autIdx,
+		eval: ckks.NewEvaluator(params, nil), sw: sw}
 	if !ringSwitchFastPath(k) {
 		t.Fatal("the offload key should take the fast path")
 	}
 	ct := rlwe.NewEncryptor(params, sk).EncryptZeroNew(0)
 	want := ckks.NewCiphertext(small, 1, 0)
-	if err := k.eval.ApplyEvaluationKey(ct, evk, want); err != nil {
+	if err := sw.ComplexToReal(k.eval, ct, want); err != nil {
 		t.Fatal(err)
 	}
 	got := ckks.NewCiphertext(small, 1, 0)
