@@ -286,6 +286,14 @@ def test_ring_switch_keeps_the_real_parts(lattigo):
     assert v.shape == (S,)
     np.testing.assert_allclose(v, z.real, atol=1e-6)
     assert 2 * (len(be.ciphertext_to_bytes(small)) - 20) == len(be.ciphertext_to_bytes(ct)) - 20
+    # bit-packed ("CLGP", the offload results): 60 of 64 bits, and it reads back the same
+    packed = be.ciphertext_to_bytes(small, packed=True)
+    assert len(packed) == 20 + 2 * 4096 * 60 // 8
+    back = be.decode_slots(half_keys.ctx, half_keys.decrypt(be.ciphertext_from_bytes(half_keys.ctx, packed, level=0)))
+    np.testing.assert_array_equal(back, v)
+    bad = packed[:-8] + b"\xff" * 8  # the last coefficient 2^60 - 1 > q0
+    with pytest.raises(HEError):
+        be.ciphertext_from_bytes(half_keys.ctx, bad, level=0)
     # the full-ring key cannot read the half-ring ciphertext, nor the half-ring key a full one
     with pytest.raises(HEError):
         be.ciphertext_from_bytes(ctx, be.ciphertext_to_bytes(small), level=0)
@@ -309,8 +317,8 @@ def test_malformed_ring_switch_key_is_an_heerror(lattigo, blob_edit):
                                                      ((1000, 300), 1, 1), ((3000, 64), 1, 1), ((200, 64), None, 4)])
 def test_half_ring_results_match_numpy(shape, max_chunks, tokens):
     """Results in the half ring: plans with chunk blocks, several output blocks, one block
-    (R <= S/2 and R > S/2) and packed token rows, against numpy; every result half the bytes
-    of its full-ring one."""
+    (R <= S/2 and R > S/2) and packed token rows, against numpy; every result half the
+    coefficients of its full-ring one, bit-packed at 60 bits."""
     from cipherlm.he.backend import get_backend
     from cipherlm.he.matmul import unpack_cts
 
@@ -334,7 +342,7 @@ def test_half_ring_results_match_numpy(shape, max_chunks, tokens):
     assert np.max(np.abs(y - ref)) < 1e-5 * max(1.0, np.max(np.abs(ref)))
     sizes_full = [len(c) for c in unpack_cts(full, plan.n_blocks)]
     sizes_half = [len(c) for c in unpack_cts(half, plan.n_blocks)]
-    assert all(2 * (h - 20) == f - 20 for h, f in zip(sizes_half, sizes_full))
+    assert all(h - 20 == (f - 20) // 2 * 60 // 64 for h, f in zip(sizes_half, sizes_full))  # half, 60-bit packed
     if tokens == 1:  # what the client decrypts: the outputs in each chunk block, zero elsewhere, all real
         be = get_backend("lattigo")
         blob = unpack_cts(half, plan.n_blocks)[0]

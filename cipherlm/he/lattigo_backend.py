@@ -263,6 +263,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_ring_switch_keygen": (_i64, _i64, _p_i64, _pp_u8, _p_i64),
     "clg_ring_switch_key_from_bytes": (_i64, _i64, _p_u8, _i64, _p_i64),
     "clg_ring_switch": (_i64, _i64, _p_i64),
+    "clg_ct_to_bytes_packed": (_i64, _pp_u8, _p_i64),
 }
 
 _lib = None
@@ -1514,8 +1515,10 @@ class LattigoBackend(HEBackend):
         return LattigoRawPlaintext(self.ntt_forward(ctx, a), lvl, scale)
 
     # -- serialisation -------------------------------------------------------------------
-    def ciphertext_to_bytes(self, ct: LattigoCiphertext) -> bytes:
-        return _bytes_out("clg_ct_to_bytes", ct.h)
+    def ciphertext_to_bytes(self, ct: LattigoCiphertext, *, packed: bool = False) -> bytes:
+        """``packed``: every row bit-packed at its prime's bit length ("CLGP"; the offload
+        results), else 64-bit words; `ciphertext_from_bytes` reads both."""
+        return _bytes_out("clg_ct_to_bytes_packed" if packed else "clg_ct_to_bytes", ct.h)
 
     def ciphertext_from_bytes(self, ctx: LattigoContext, data: bytes, *, level=None) -> LattigoCiphertext:
         p, n, _keep = _in_buf(data)

@@ -817,11 +817,12 @@ def apply(
         be = get_backend("lattigo")
         ct = be.ciphertext_from_bytes(enc.ctx, ct_bytes, level=enc.ctx.max_level)
         res, n = be.bsgs_apply(enc.ctx, ct, enc.matrix, galois_keys, workers=enc.workers)
-        if ring_switch_key is not None:
+        half = ring_switch_key is not None
+        if half:  # the half-ring results go bit-packed at q0's 60 bits
             res = [None if r is None else be.ring_switch(r, ring_switch_key) for r in res]
             n["ring_switch"] = sum(r is not None for r in res)
         _count(counter, server_seconds=time.perf_counter() - t0, **n)
-        return pack_cts([b"" if r is None else be.ciphertext_to_bytes(r) for r in res])
+        return pack_cts([b"" if r is None else be.ciphertext_to_bytes(r, packed=half) for r in res])
     blocks = [(o, range(p.b)) for o in range(p.n_blocks)]
     out, n = evaluate_blocks(enc, ct_bytes, galois_keys, blocks, p.g)
     _count(counter, server_seconds=time.perf_counter() - t0, **n)

@@ -54,8 +54,8 @@ CT_IN_BYTES = 116_000
 #: a result, 20-byte header + 2 polynomials x 1 prime x 8192 x 8 bytes
 LATTIGO_CT_OUT_BYTES = 131_092
 #: a half-ring result (the conjugate-invariant ring of degree N/2, the default on Lattigo): 20-byte
-#: header + 2 polynomials x 1 prime x 4096 x 8 bytes
-LATTIGO_CT_OUT_HALF_BYTES = 20 + 2 * 4096 * 8
+#: header + 2 polynomials x 1 prime x 4096 coefficients bit-packed at q0's 60 bits
+LATTIGO_CT_OUT_HALF_BYTES = 20 + 2 * (-(-4096 * 60 // 8))
 #: a seeded input, 20-byte header + 32-byte seed + 1 polynomial of 8192 coefficients per prime,
 #: bit-packed at the prime's bit length (wire version 2: the 60- and 40-bit primes Lattigo
 #: generates for OFFLOAD_CKKS): 102,452 bytes

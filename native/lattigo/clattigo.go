@@ -1539,18 +1539,44 @@ func ctHeaderBytes(magic string, ct *rlwe.Ciphertext) []byte {
 //export clg_ct_to_bytes
 func clg_ct_to_bytes(cth C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
-		ct := c.ct
-		N, L := c.ctx.params.N(), ct.Level()+1
-		b := make([]byte, 0, ctHeader+8*(ct.Degree()+1)*L*N)
-		b = append(b, ctHeaderBytes("CLGC", ct)...)
-		for _, poly := range ct.Value {
-			for j := 0; j < L; j++ {
+		bytesOut(ctBytes(c, false), out, outLen)
+		return nil
+	})
+}
+
+// clg_ct_to_bytes_packed: clg_ct_to_bytes with every row bit-packed at its prime's bit length
+// ("CLGP"; clg_ct_from_bytes reads both): the offload results (docs/offload.md).
+//
+//export clg_ct_to_bytes_packed
+func clg_ct_to_bytes_packed(cth C.int64_t, out **C.uchar, outLen *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with(cth, "ciphertext", errbuf, errlen, func(c *ctObj) error {
+		bytesOut(ctBytes(c, true), out, outLen)
+		return nil
+	})
+}
+
+// ctBytes: header ("CLGC", or "CLGP" when packed), then the rows of every polynomial, as
+// 64-bit words or bit-packed at their primes' lengths.
+func ctBytes(c *ctObj, packed bool) []byte {
+	ct := c.ct
+	N, L := c.ctx.params.N(), ct.Level()+1
+	q := c.ctx.params.Q()
+	magic := "CLGC"
+	if packed {
+		magic = "CLGP"
+	}
+	b := make([]byte, 0, ctHeader+8*(ct.Degree()+1)*L*N)
+	b = append(b, ctHeaderBytes(magic, ct)...)
+	for _, poly := range ct.Value {
+		for j := 0; j < L; j++ {
+			if packed {
+				b = appendPacked(b, poly.Coeffs[j][:N], primeBits(q[j]))
+			} else {
 				b = writeU64s(b, poly.Coeffs[j][:N])
 			}
 		}
-		bytesOut(b, out, outLen)
-		return nil
-	})
+	}
+	return b
 }
 
 // seedStream: the PRG that expands every seed of this library (seeded ciphertexts, the fhe
@@ -1663,8 +1689,8 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 		if len(b) < ctHeader {
 			return fmt.Errorf("ciphertext blob of %d bytes is shorter than its %d-byte header", len(b), ctHeader)
 		}
-		seeded := string(b[:4]) == "CLGS"
-		if (string(b[:4]) != "CLGC" && !seeded) || b[4] != wireVersion {
+		seeded, packed := string(b[:4]) == "CLGS", string(b[:4]) == "CLGP"
+		if (string(b[:4]) != "CLGC" && !seeded && !packed) || b[4] != wireVersion {
 			return errors.New("not a cipherlm/Lattigo ciphertext (bad magic or version)")
 		}
 		degree, level, ntt, logSlots := int(b[5]), int(b[6]), b[7], int(b[8])
@@ -1692,6 +1718,11 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 		want := ctHeader + 8*(degree+1)*L*N
 		if seeded {
 			want = seededLen(q, N, level)
+		} else if packed {
+			want = ctHeader
+			for j := 0; j < L; j++ {
+				want += (degree + 1) * packedRowLen(N, q[j])
+			}
 		}
 		if len(b) != want {
 			kind := "ciphertext"
@@ -1719,10 +1750,15 @@ func clg_ct_from_bytes(h C.int64_t, buf *C.uchar, n C.int64_t, wantLevel C.int, 
 		} else {
 			for i := 0; i <= degree; i++ {
 				for j := 0; j < L; j++ {
-					if err := readReduced(ct.Value[i].Coeffs[j][:N], b[off:off+8*N], q[j]); err != nil {
+					rl := 8 * N
+					read := readReduced
+					if packed {
+						rl, read = packedRowLen(N, q[j]), readPacked
+					}
+					if err := read(ct.Value[i].Coeffs[j][:N], b[off:off+rl], q[j]); err != nil {
 						return err
 					}
-					off += 8 * N
+					off += rl
 				}
 			}
 		}
