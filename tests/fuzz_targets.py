@@ -353,11 +353,13 @@ class _ScriptChannel:
 class _StubEngine:
     """The offload engine's input checks without HE (the HE loaders are their own targets)."""
 
-    def load_client_keys(self, blob):
+    def load_client_keys(self, blob, ring_switch_key=None):
         from cipherlm.he import HEError
 
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("galois_keys must be bytes")
+        if ring_switch_key is not None:  # a SEAL-like engine: half-ring results not offered
+            raise HEError("this server does not offer half-ring results: no ring_switch_key expected")
         return type("K", (), {"he_ops": lambda self: {}})()
 
     def apply(self, gid, ct, keys):
@@ -975,9 +977,11 @@ def _lattigo_state() -> dict:
     ctx = be.context(OFFLOAD_CKKS)
     keys = be.keygen(ctx)
     pt = be.encode_slots(ctx, np.full(16, 0.5), level=ctx.max_level)
-    seeds = {"ciphertext": [keys.encrypt_seeded(pt), be.ciphertext_to_bytes(keys.encrypt(pt))],
+    seeds = {"ciphertext": [keys.encrypt_seeded(pt), be.ciphertext_to_bytes(keys.encrypt(pt)),
+                            be.ciphertext_to_bytes(keys.encrypt(pt), packed=True)],
              "public_key": [keys.public_key_bytes()],
              "galois_keys": [keys.galois_keys_bytes([1])],
+             "ring_switch_key": [keys.ring_switch_key()[1]],
              "params": [be.params_to_bytes(OFFLOAD_CKKS)]}
     return {"be": be, "ctx": ctx, "seeds": seeds}
 
@@ -998,6 +1002,8 @@ def _lattigo_target(kind: str, ci: int):
                 be.load_public_key(ctx, blob)
             elif kind == "galois_keys":
                 be.galois_keys_from_bytes(ctx, blob, required_steps=[1])
+            elif kind == "ring_switch_key":
+                be.ring_switch_key_from_bytes(ctx, blob)
             else:
                 be.params_from_bytes(blob)
         except HEError:
@@ -1008,7 +1014,8 @@ def _lattigo_target(kind: str, ci: int):
         lambda: (_he_error(),), "HEError", strategy, check, native=True, ci_examples=ci, needs=_lattigo_needs)
 
 
-for _kind, _ci in (("ciphertext", 120), ("public_key", 80), ("galois_keys", 40), ("params", 150)):
+for _kind, _ci in (("ciphertext", 120), ("public_key", 80), ("galois_keys", 40), ("ring_switch_key", 40),
+                  ("params", 150)):
     _lattigo_target(_kind, _ci)
 
 

@@ -32,7 +32,7 @@ def test_inventory_covers_each_network_decoder():
             "offload_ct_list", "seal_params", "lattigo_params", "message", "share_messages"}
     want |= {f"seal_{s}_{k}" for s, k in (("ckks", "ciphertext"), ("ckks", "galois_keys"), ("bfv", "ciphertext"),
                                           ("bfv", "public_key"), ("bfv", "galois_keys"))}
-    want |= {f"lattigo_{k}" for k in ("ciphertext", "public_key", "galois_keys")}
+    want |= {f"lattigo_{k}" for k in ("ciphertext", "public_key", "galois_keys", "ring_switch_key")}
     assert want <= set(F.TARGETS)
     for t in F.TARGETS.values():
         assert t.errors() and all(isinstance(e, type) and issubclass(e, BaseException) for e in t.errors())
