@@ -353,13 +353,15 @@ class _ScriptChannel:
 class _StubEngine:
     """The offload engine's input checks without HE (the HE loaders are their own targets)."""
 
-    def load_client_keys(self, blob, ring_switch_key=None):
+    def load_client_keys(self, blob, ring_switch_key=None, input_switch_key=None):
         from cipherlm.he import HEError
 
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("galois_keys must be bytes")
         if ring_switch_key is not None:  # a SEAL-like engine: half-ring results not offered
             raise HEError("this server does not offer half-ring results: no ring_switch_key expected")
+        if input_switch_key is not None:
+            raise HEError("this server's plans take full-ring inputs: no input_switch_key expected")
         return type("K", (), {"he_ops": lambda self: {}})()
 
     def apply(self, gid, ct, keys):
@@ -981,7 +983,8 @@ def _lattigo_state() -> dict:
                             be.ciphertext_to_bytes(keys.encrypt(pt), packed=True)],
              "public_key": [keys.public_key_bytes()],
              "galois_keys": [keys.galois_keys_bytes([1])],
-             "ring_switch_key": [keys.ring_switch_key()[1]],
+             "ring_switch_key": [keys.ring_switch_key()[1], keys.ring_switch_key("even")[1]],
+             "input_switch_key": [keys.input_switch_key()[1]],
              "params": [be.params_to_bytes(OFFLOAD_CKKS)]}
     return {"be": be, "ctx": ctx, "seeds": seeds}
 
@@ -1004,6 +1007,9 @@ def _lattigo_target(kind: str, ci: int):
                 be.galois_keys_from_bytes(ctx, blob, required_steps=[1])
             elif kind == "ring_switch_key":
                 be.ring_switch_key_from_bytes(ctx, blob)
+                be.ring_switch_key_from_bytes(ctx, blob, "even")
+            elif kind == "input_switch_key":
+                be.input_switch_key_from_bytes(ctx, blob)
             else:
                 be.params_from_bytes(blob)
         except HEError:
@@ -1015,7 +1021,7 @@ def _lattigo_target(kind: str, ci: int):
 
 
 for _kind, _ci in (("ciphertext", 120), ("public_key", 80), ("galois_keys", 40), ("ring_switch_key", 40),
-                  ("params", 150)):
+                  ("input_switch_key", 40), ("params", 150)):
     _lattigo_target(_kind, _ci)
 
 

@@ -137,7 +137,7 @@ def test_bad_ciphertext_ends_only_that_session(server):
         w = chan.recv()
         groups = [LinearGroup(i, tuple(g["names"]), g["d_in"], tuple(g["d_outs"])) for i, g in enumerate(w["groups"])]
         ce = offload_engine.ClientEngine(w, groups)
-        chan.send({"type": "keys", "galois_keys": ce.galois_keys_blob()})
+        chan.send(ce.keys_message())
         assert chan.recv()["type"] == "ready"
         good = ce.encrypt(0, np.ones(groups[0].d_in))
         bad = bytearray(good)
@@ -354,28 +354,148 @@ def test_half_ring_results_match_numpy(shape, max_chunks, tokens):
         assert np.max(np.abs(v - want)) < 1e-5 * max(1.0, np.max(np.abs(ref)))
 
 
-def test_half_ring_offer_and_refusal():
-    """A Lattigo engine offers half-ring results (unless $CIPHERLM_OFFLOAD_HALF_RING=0), a client
-    then makes the key; a key sent to an engine that did not offer them is refused; the welcome
-    check accepts the field only as true from a Lattigo server."""
+@pytest.mark.parametrize("mode", ["inputs", "results"])
+def test_half_ring_offer_and_refusal(mode):
+    """A Lattigo engine offers half-ring results (unless $CIPHERLM_OFFLOAD_HALF_RING=off): with
+    real inputs (the default) as "even" and then requires the client's input switching key, with
+    complex inputs ("results") as true; the client makes the keys the welcome asks for; a key
+    sent to an engine that did not offer it is refused; the welcome check accepts the field only
+    as true or "even" from a Lattigo server."""
     rng = np.random.default_rng(0)
     g = LinearGroup(0, ("w",), 64, (96,))
     lin = {"w": (rng.standard_normal((96, 64)), None)}
-    eng = offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1)
-    assert eng.public_setup()["half_ring_results"] is True
+    eng = offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1, half_ring=mode)
+    real = mode == "inputs"
+    assert eng.public_setup()["half_ring_results"] == ("even" if real else True)
+    assert all(p.real_input == real for p in eng.plans)
     ce = offload_engine.ClientEngine(eng.public_setup(), [g])
-    assert ce.ring_switch_key is not None
-    keys = eng.load_client_keys(ce.galois_keys_blob(), ce.ring_switch_key)
+    assert ce.ring_switch_key is not None and (ce.input_switch_key is not None) == real
+    msg = ce.keys_message()
+    assert ("input_switch_key" in msg) == real
+    if real:
+        with pytest.raises(HEError, match="input_switch_key"):
+            eng.load_client_keys(msg["galois_keys"], msg["ring_switch_key"])
+    else:
+        _, other = offload_engine.ClientEngine(
+            offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1).public_setup(),
+            [g]).keys.input_switch_key()
+        with pytest.raises(HEError, match="input_switch_key"):
+            eng.load_client_keys(msg["galois_keys"], msg["ring_switch_key"], other)
+    keys = eng.load_client_keys(msg["galois_keys"], msg["ring_switch_key"], msg.get("input_switch_key"))
     x = rng.standard_normal(64)
-    np.testing.assert_allclose(ce.decrypt(0, eng.apply(0, ce.encrypt(0, x), keys)), lin["w"][0] @ x, atol=1e-5)
+    ct = ce.encrypt(0, x)
+    assert len(ct) == (51_252 if real else 102_452)
+    np.testing.assert_allclose(ce.decrypt(0, eng.apply(0, ct, keys)), lin["w"][0] @ x, atol=1e-5)
     assert keys.by_class[g.op_class].ring_switch == 1
-    off = offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1, half_ring=False)
-    assert "half_ring_results" not in off.public_setup()
+    assert keys.by_class[g.op_class].input_switch == int(real)
+    off = offload_engine.ServerEngine([g], lin, he_backend="lattigo", prefill_tokens=1, half_ring="off")
+    assert "half_ring_results" not in off.public_setup() and not any(p.real_input for p in off.plans)
     with pytest.raises(HEError):
         off.load_client_keys(ce.galois_keys_blob(), ce.ring_switch_key)
+    if real:
+        with pytest.raises(HEError):
+            off.load_client_keys(ce.galois_keys_blob(), None, ce.input_switch_key)
     w = {"protocol": PROTOCOL_VERSION, "model": "m", "config": {}, "groups": [{"names": ["w"], "d_in": 64,
          "d_outs": [96]}], "bundle_digest": "0" * 64, **eng.public_setup()}
     check_offload_welcome(w, PROTOCOL_VERSION)
-    for bad in ({**w, "half_ring_results": 1}, {**{k: v for k, v in w.items() if k != "he_backend"}}):
+    for bad in ({**w, "half_ring_results": 1}, {**w, "half_ring_results": "odd"},
+                {**{k: v for k, v in w.items() if k != "he_backend"}}):
         with pytest.raises(ProtocolError):
             check_offload_welcome(bad, PROTOCOL_VERSION)
+    # a welcome whose results do not match its plans' inputs is refused by the client
+    with pytest.raises(HEError):
+        offload_engine.ClientEngine({**eng.public_setup(), "half_ring_results": True if real else "even"}, [g])
+    with pytest.raises(ValueError):
+        offload_engine.half_ring_mode("sideways")
+
+
+def test_real_to_complex_keeps_the_slots(lattigo):
+    """`LattigoBackend.real_to_complex` against numpy: N/2 real values encrypted in the
+    conjugate-invariant ring at both data primes come out as the complex slots (imaginary part
+    zero) of the full ring at the same level and scale, at half the bytes up; the even fold
+    (`ring_switch`, kind "even") of a result with period S/2 keeps its first S/2 complex slots;
+    malformed input keys are an HEError."""
+    from cipherlm.he.backend import get_backend
+
+    be = get_backend("lattigo")
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    in_keys, blob = keys.input_switch_key()
+    assert in_keys.ctx.n == ctx.n // 2 and in_keys.ctx.q_moduli == ctx.q_moduli and in_keys.ctx.slots == ctx.slots
+    isk = be.input_switch_key_from_bytes(ctx, blob)
+    rng = np.random.default_rng(6)
+    v = rng.normal(size=ctx.slots)
+    data = in_keys.encrypt_seeded(be.encode_slots(in_keys.ctx, v, level=in_keys.ctx.max_level, scale_bits=45))
+    assert len(data) == 20 + 32 + 4096 * (60 + 40) // 8
+    full = be.real_to_complex(be.ciphertext_from_bytes(in_keys.ctx, data, level=in_keys.ctx.max_level), isk)
+    z = be.decode_slots(ctx, keys.decrypt(full), complex_out=True)
+    np.testing.assert_allclose(z.real, v, atol=1e-7)
+    np.testing.assert_allclose(z.imag, 0, atol=1e-7)
+    # a full-ring ciphertext is not an input of the half ring
+    with pytest.raises(HEError):
+        be.real_to_complex(keys.encrypt(be.encode_slots(ctx, v, level=ctx.max_level)), isk)
+    for bad in (blob[:-1], b"XXXX" + blob[4:], blob[:40] + b"\xff" * (len(blob) - 40), "key"):
+        with pytest.raises(HEError):
+            be.input_switch_key_from_bytes(ctx, bad)
+    # the even fold
+    even_keys, eblob = keys.ring_switch_key("even")
+    assert even_keys.ctx.slots == ctx.slots // 2
+    w = rng.normal(size=ctx.slots // 2) + 1j * rng.normal(size=ctx.slots // 2)
+    ct = keys.encrypt(be.encode_slots(ctx, np.concatenate([w, w]), level=0, scale_bits=40))
+    small = be.ring_switch(ct, be.ring_switch_key_from_bytes(ctx, eblob, "even"))
+    np.testing.assert_allclose(be.decode_slots(even_keys.ctx, even_keys.decrypt(small), complex_out=True), w, atol=1e-6)
+    assert len(be.ciphertext_to_bytes(small, packed=True)) == 20 + 2 * 4096 * 60 // 8
+
+
+@pytest.mark.parametrize("shape,bias,max_chunks", [((96, 64), True, None), ((700, 2000), False, None),
+                                                   ((3001, 300), True, 2), ((9000, 64), False, None)])
+def test_real_input_plans_match_numpy(shape, bias, max_chunks):
+    """Real-input plans (half-ring inputs, two output rows per slot, even-folded results)
+    against numpy: chunk blocks, several output blocks, an odd d_out, the bias; what the client
+    decrypts is the outputs in each chunk block's first R slots (y[2r] + i y[2r+1]) and zeros
+    elsewhere: no partial sums, no imaginary linear forms."""
+    from cipherlm.he.backend import get_backend
+    from cipherlm.he.matmul import unpack_cts
+
+    be = get_backend("lattigo")
+    d_out, d_in = shape
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    half_keys, blob = keys.ring_switch_key("even")
+    rsk = be.ring_switch_key_from_bytes(ctx, blob, "even")
+    in_keys, iblob = keys.input_switch_key()
+    isk = be.input_switch_key_from_bytes(ctx, iblob)
+    rng = np.random.default_rng(d_out)
+    W = rng.standard_normal((d_out, d_in)) * 0.1
+    b = rng.standard_normal(d_out) if bias else None
+    plan = plan_matmul(d_out, d_in, ctx.slots, has_bias=bias, max_chunks=max_chunks, backend="lattigo",
+                       real_input=True)
+    assert plan.real_input and plan.c >= 2 and plan.n == d_in + bias
+    enc = encode_matrix(ctx, W, b, plan=plan)
+    gk = load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps), [plan])
+    x = rng.standard_normal(d_in)
+    ct = encrypt_input(keys, x, plan, input_keys=in_keys)
+    with pytest.raises(HEError):
+        encrypt_input(keys, x, plan)  # a real-input plan needs the half-ring input keys
+    with pytest.raises(HEError):
+        apply(enc, ct, gk, ring_switch_key=rsk)  # ... and the server the input switching key
+    res = apply(enc, ct, gk, ring_switch_key=rsk, input_switch_key=isk)
+    ref = W @ x + (0 if b is None else b)
+    y = decrypt_output(keys, res, plan, half_keys=half_keys)
+    assert y.shape == (d_out,)
+    assert np.max(np.abs(y - ref)) < 1e-6 * max(1.0, np.max(np.abs(ref)))
+    assert [len(c) for c in unpack_cts(res, plan.n_blocks)] == [20 + 2 * 4096 * 60 // 8] * plan.n_blocks
+    full = apply(enc, ct, gk, input_switch_key=isk)  # full-ring results decrypt the same
+    np.testing.assert_allclose(decrypt_output(keys, full, plan), y, atol=1e-6 * max(1.0, np.max(np.abs(ref))))
+    v = be.decode_slots(half_keys.ctx, half_keys.decrypt(be.ciphertext_from_bytes(
+        half_keys.ctx, unpack_cts(res, plan.n_blocks)[0], level=0)), complex_out=True)
+    r = ref[: 2 * plan.rows]
+    r = np.concatenate([r, np.zeros(2 * plan.rows - r.size)])
+    want = np.zeros(ctx.slots // 2, complex)
+    for a in range(plan.c // 2):
+        want[a * plan.stride: a * plan.stride + plan.rows] = r[0::2] + 1j * r[1::2]
+    assert np.max(np.abs(v - want)) < 1e-6 * max(1.0, np.max(np.abs(ref)))
+    # a conjugate-invariant key is refused for a real-input plan's results
+    _, cblob = keys.ring_switch_key()
+    with pytest.raises(HEError):
+        apply(enc, ct, gk, ring_switch_key=be.ring_switch_key_from_bytes(ctx, cblob), input_switch_key=isk)

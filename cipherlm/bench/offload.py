@@ -111,7 +111,7 @@ def bench_linear_shapes(shapes, calls: int = 3, seed: int = 0, progress=print) -
         encode_s = time.perf_counter() - t
         client = ClientEngine(server.public_setup(), [group])
         keys_blob = client.galois_keys_blob()
-        keys = server.load_client_keys(keys_blob, client.ring_switch_key)
+        keys = server.load_client_keys(keys_blob, client.ring_switch_key, client.input_switch_key)
         secs, ups, downs, errs = [], [], [], []
         for _ in range(calls):
             x = rng.standard_normal(d_in)
@@ -209,7 +209,7 @@ def bench_llama7b_layer(d: int = 4096, ffn: int = 11008, seed: int = 0, progress
     encode_s = time.perf_counter() - t
     client = ClientEngine(server.public_setup(), groups)
     keys_blob = client.galois_keys_blob()
-    keys = server.load_client_keys(keys_blob, client.ring_switch_key)
+    keys = server.load_client_keys(keys_blob, client.ring_switch_key, client.input_switch_key)
     up = down = 0
     server_s = client_s = 0.0
     max_rel = 0.0

@@ -145,7 +145,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 15
+_ABI_VERSION = 16
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -258,11 +258,14 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_packlwe_weights_new": (_i64, _i64, _int, _p_i64),
     "clg_packlwe_weights_add": (_i64, _p_i64, _i64, _int),
     "clg_packlwe_push_cached": (_i64, _i64, _p_i64, _p_i64, _p_u8, _i64),
-    # ring_switch.go (ABI 15)
-    "clg_ctx_half_ring": (_i64, _p_i64),
+    # ring_switch.go (ABI 16: half rings of either kind and level; half-ring inputs)
+    "clg_ctx_half_ring": (_i64, _int, _int, _p_i64),
     "clg_ring_switch_keygen": (_i64, _i64, _p_i64, _pp_u8, _p_i64),
     "clg_ring_switch_key_from_bytes": (_i64, _i64, _p_u8, _i64, _p_i64),
     "clg_ring_switch": (_i64, _i64, _p_i64),
+    "clg_input_switch_keygen": (_i64, _i64, _p_i64, _pp_u8, _p_i64),
+    "clg_input_switch_key_from_bytes": (_i64, _i64, _p_u8, _i64, _p_i64),
+    "clg_real_to_complex": (_i64, _i64, _p_i64),
     "clg_ct_to_bytes_packed": (_i64, _pp_u8, _p_i64),
 }
 
@@ -559,7 +562,17 @@ LattigoEvalKeys = LattigoGaloisKeys
 
 
 class LattigoRingSwitchKey(_Handle):
-    """A peer's key switching level-0 ciphertexts of a context to its half ring (server side)."""
+    """A peer's key switching level-0 ciphertexts of a context to one of its half rings (server
+    side); ``small`` is that half ring (`LattigoContext.half_ring`)."""
+
+    __slots__ = ("small",)
+
+
+class LattigoInputSwitchKey(_Handle):
+    """A peer's key taking ciphertexts of a context's conjugate-invariant input ring
+    (`LattigoContext.half_ring` ``"real"`` at all data primes) to the context (server side)."""
+
+    __slots__ = ("small",)
 
 
 class LattigoPackLWEs(_Handle):
@@ -851,31 +864,49 @@ class LattigoContext:
         self.params = HEParams(f"primes-{n}-{sum(bits)}", "ckks", n, bits)
         return self
 
-    def half_ring(self) -> LattigoContext:
-        """The conjugate-invariant context of degree N/2 (N/2 real slots) over this context's
-        first data prime q0 alone (no special prime), where half-ring results live
-        (`LattigoBackend.ring_switch`; docs/offload.md "Half-ring results"); made once per
-        context.  Only the client's secret s' is of this ring; its ciphertexts (log2 q0 bits)
-        are checked against the 128-bit bound for degree N/2."""
-        half = getattr(self, "_half_ring", None)
+    #: half-ring kinds (`half_ring`): "real", the conjugate-invariant ring (N/2 real slots);
+    #: "even", the standard ring of degree N/2 (N/4 complex slots)
+    HALF_RING_KINDS: ClassVar[tuple[str, ...]] = ("real", "even")
+
+    def half_ring(self, kind: str = "real", levels: int = 1) -> LattigoContext:
+        """A ring of degree N/2 over this context's first ``levels`` data primes (no special
+        prime), made once per (kind, levels):
+        - ``"real"``: the conjugate-invariant ring, N/2 real slots; at one prime it holds
+          half-ring results of complex-input plans, at all data primes half-ring inputs
+          (`LattigoSecretKeys.input_switch_key`);
+        - ``"even"``: the standard ring of degree N/2, N/4 complex slots; at one prime it holds
+          the even-folded results of real-input plans.
+        docs/offload.md "Half-ring results".  Only the client's secrets are of these rings; their
+        ciphertexts (the sum of the primes' bits) are checked against the 128-bit bound for
+        degree N/2."""
+        if kind not in self.HALF_RING_KINDS:
+            raise HEError(f"unknown half-ring kind {kind!r}; known: {self.HALF_RING_KINDS}")
+        levels = int(levels)
+        if not 1 <= levels <= len(self.q_moduli):
+            raise HEError(f"a half ring of {levels} primes for a context of {len(self.q_moduli)}")
+        cache = self.__dict__.setdefault("_half_rings", {})
+        half = cache.get((kind, levels))
         if half is not None:
             return half
-        h = _Handle(_new("clg_ctx_half_ring", self.handle), None)
+        h = _Handle(_new("clg_ctx_half_ring", self.handle, int(kind == "real"), levels), None)
         half = LattigoContext.__new__(LattigoContext)
         half._h, half.handle = h, h.h
         half._read_info()
-        half.slots = half.n  # conjugate-invariant: N/2 real slots, as many as the full ring's complex ones
-        if half.n * 2 != self.n or half.q_moduli != self.q_moduli[:1] or half.p_moduli:
-            raise HEError("Lattigo built a half ring that is not (N/2, q0)")
-        log_q = math.log2(half.q_moduli[0])
+        if kind == "real":
+            half.slots = half.n  # conjugate-invariant: N/2 real slots, as many as the full ring's complex ones
+        if half.n * 2 != self.n or half.q_moduli != self.q_moduli[:levels] or half.p_moduli:
+            raise HEError(f"Lattigo built a half ring that is not (N/2, the first {levels} primes)")
+        log_q = sum(math.log2(q) for q in half.q_moduli)
         if log_q > max_logq(half.n):
-            raise HEError(f"half ring: log2(q0) = {log_q:.3f} > {max_logq(half.n)} allowed for N = {half.n} at "
+            raise HEError(f"half ring: log2(Q) = {log_q:.3f} > {max_logq(half.n)} allowed for N = {half.n} at "
                           "128-bit classical security")
         half.default_scale_bits = self.default_scale_bits
-        half.params = HEParams(f"{self.params.name}-half", "ckks", half.n, (half.q_moduli[0].bit_length(),),
+        half.params = HEParams(f"{self.params.name}-half-{kind}-{levels}", "ckks", half.n,
+                               tuple(q.bit_length() for q in half.q_moduli),
                                input_scale_bits=self.params.input_scale_bits,
                                weight_scale_bits=self.params.weight_scale_bits)
-        self._half_ring = half
+        half.half_kind = kind
+        cache[(kind, levels)] = half
         return half
 
     @property
@@ -977,15 +1008,10 @@ class LattigoSecretKeys(SecretKeys):
         els = np.ascontiguousarray(np.asarray(list(elements), dtype=np.uint64).reshape(-1))
         return _bytes_out("clg_galois_keys_compressed", self._sk.h, els.ctypes.data_as(_p_u64), els.size)
 
-    def ring_switch_key(self) -> tuple[LattigoSecretKeys, bytes]:
-        """A fresh secret s' of the half ring (`LattigoContext.half_ring`) and, for the peer, the
-        seeded key that switches a level-0 ciphertext under s to s' (unfolded to degree N)
-        (`LattigoBackend.ring_switch_key_from_bytes`, `LattigoBackend.ring_switch`).  The
-        returned keys decrypt half-ring results; they have no public key."""
-        small = self.ctx.half_ring()
+    def _half_ring_keygen(self, fn: str, small: LattigoContext) -> tuple[LattigoSecretKeys, bytes]:
         h = _i64(0)
         p, n = _p_u8(), _i64(0)
-        _call("clg_ring_switch_keygen", self._sk.h, small.handle, ctypes.byref(h), ctypes.byref(p), ctypes.byref(n))
+        _call(fn, self._sk.h, small.handle, ctypes.byref(h), ctypes.byref(p), ctypes.byref(n))
         try:
             blob = ctypes.string_at(p, n.value)
         finally:
@@ -993,6 +1019,21 @@ class LattigoSecretKeys(SecretKeys):
         keys = LattigoSecretKeys.__new__(LattigoSecretKeys)
         keys.ctx, keys._sk, keys.public_key = small, _Handle(h.value, small), None
         return keys, blob
+
+    def ring_switch_key(self, kind: str = "real") -> tuple[LattigoSecretKeys, bytes]:
+        """A fresh secret s' of the half ring ``kind`` at one prime (`LattigoContext.half_ring`)
+        and, for the peer, the seeded key that switches a level-0 ciphertext under s to s'
+        (unfolded to degree N, or s'(X^2) for ``"even"``) (`LattigoBackend.ring_switch_key_from_bytes`,
+        `LattigoBackend.ring_switch`).  The returned keys decrypt half-ring results; they have
+        no public key."""
+        return self._half_ring_keygen("clg_ring_switch_keygen", self.ctx.half_ring(kind))
+
+    def input_switch_key(self) -> tuple[LattigoSecretKeys, bytes]:
+        """A fresh secret s'' of the conjugate-invariant half ring at all data primes
+        (`LattigoContext.half_ring` ``"real"``) and, for the peer, the seeded key that takes a
+        ciphertext under s'' to one under s at the top level (`LattigoBackend.real_to_complex`).
+        The returned keys encrypt half-ring inputs (real slot values, half the bytes)."""
+        return self._half_ring_keygen("clg_input_switch_keygen", self.ctx.half_ring("real", len(self.ctx.q_moduli)))
 
     def eval_keys(self, *, relin: bool = True, steps: Iterable[int] = (), conjugate: bool = False) -> LattigoEvalKeys:
         """A local evaluation key set: a relinearisation key (``relin``; for `multiply`,
@@ -1525,18 +1566,36 @@ class LattigoBackend(HEBackend):
         want = -1 if level is None else int(level)
         return LattigoCiphertext(_new("clg_ct_from_bytes", ctx.handle, p, n, want), ctx)
 
-    def ring_switch_key_from_bytes(self, ctx: LattigoContext, data: bytes) -> LattigoRingSwitchKey:
-        """A peer's switching key from ``ctx``'s secret to the half ring's
+    def ring_switch_key_from_bytes(self, ctx: LattigoContext, data: bytes, kind: str = "real") -> LattigoRingSwitchKey:
+        """A peer's switching key from ``ctx``'s secret to the half ring ``kind``'s
         (`LattigoSecretKeys.ring_switch_key`), checked and expanded; malformed bytes raise HEError."""
         p, n, _keep = _in_buf(data)
-        small = ctx.half_ring()
-        return LattigoRingSwitchKey(_new("clg_ring_switch_key_from_bytes", ctx.handle, small.handle, p, n), ctx)
+        small = ctx.half_ring(kind)
+        key = LattigoRingSwitchKey(_new("clg_ring_switch_key_from_bytes", ctx.handle, small.handle, p, n), ctx)
+        key.small = small
+        return key
 
     def ring_switch(self, ct: LattigoCiphertext, key: LattigoRingSwitchKey) -> LattigoCiphertext:
-        """A level-0 ciphertext of ``key``'s context re-encrypted in the conjugate-invariant half
-        ring under s' (Lattigo's ComplexToReal): real slot j holds Re(z_j) of the N/2 complex
-        slots z of ``ct``; half the bytes (docs/offload.md "Half-ring results")."""
-        return LattigoCiphertext(_new("clg_ring_switch", key.h, ct.h), key.ctx.half_ring())
+        """A level-0 ciphertext of ``key``'s context re-encrypted in its half ring: conjugate-
+        invariant, the real parts of the slots z of ``ct``; even, ``ct``'s even part (its slots
+        j < N/4 are z_j when the slots have period N/4); half the bytes (docs/offload.md
+        "Half-ring results")."""
+        return LattigoCiphertext(_new("clg_ring_switch", key.h, ct.h), key.small)
+
+    def input_switch_key_from_bytes(self, ctx: LattigoContext, data: bytes) -> LattigoInputSwitchKey:
+        """A peer's input switching key (`LattigoSecretKeys.input_switch_key`), checked and
+        expanded; malformed bytes raise HEError."""
+        p, n, _keep = _in_buf(data)
+        small = ctx.half_ring("real", len(ctx.q_moduli))
+        key = LattigoInputSwitchKey(_new("clg_input_switch_key_from_bytes", ctx.handle, small.handle, p, n), ctx)
+        key.small = small
+        return key
+
+    def real_to_complex(self, ct: LattigoCiphertext, key: LattigoInputSwitchKey) -> LattigoCiphertext:
+        """A half-ring input (a ciphertext of ``key.small`` at its top level, N/2 real slots)
+        as a ciphertext of ``key``'s context at the same level and scale, whose N/2 complex
+        slots hold those values (one key switch; docs/offload.md "Real inputs in the half ring")."""
+        return LattigoCiphertext(_new("clg_real_to_complex", key.h, ct.h), key.ctx)
 
     def galois_keys_from_bytes(self, ctx: LattigoContext, data: bytes, *, required_steps=None,
                                max_keys: int = 256, conjugate: bool = False) -> LattigoGaloisKeys:

@@ -34,6 +34,17 @@ rotations, as used for ct-pt MatMul by BLB (``blb_004``, BSGS section), plus:
   which `he.keys.ClientKeys` does not make), and CKKS noise that depends on W
   (no flooding in this mode); weights are not protected against the client
   in offload mode anyway (docs/offload.md).
+* **real inputs** (``MatmulPlan.real_input``, Lattigo's default since 2026-12-01; docs/offload.md
+  "Real inputs in the half ring") -- the complex packing moves from the inputs to the outputs:
+  the client lays out x real, one value per slot (n = d_in (+1) real inputs), and encrypts it in
+  the conjugate-invariant ring of degree N/2 (half the bytes up; the server unfolds it,
+  `LattigoBackend.real_to_complex`); each diagonal carries two rows, w_c[r', j] = W[2r', j] +
+  i W[2r'+1, j], so result slot r' holds y[2r'] + i y[2r'+1] (``rows`` counts such slot rows,
+  2 ``rows`` outputs per result).  Same slot-products per output as complex inputs.  The plan
+  has c >= 2 chunk copies, so every result's slots have period S / c <= S / 2: its message is
+  even in X and it goes down in the standard ring of degree N/2 (`LattigoBackend.ring_switch`,
+  kind "even"), N/4 complex slots = N/2 outputs, half the bytes.  A decrypted result then holds
+  the outputs only: no imaginary linear forms.
 * **BSGS** -- m <= g*b; baby steps rot(x, j), j < g, once per request and
   shared by all output blocks; giant steps sum_i rot(sum_j diag'_{ig+j} *
   rot(x, j), ig) with diag' = rot(diag, -ig) pre-rotated at encode time.
@@ -192,6 +203,7 @@ class HEOpCounter:
     add: int = 0
     rescale: int = 0
     ring_switch: int = 0  # results sent in the half ring (`apply`'s ``ring_switch_key``)
+    input_switch: int = 0  # half-ring inputs taken to the full ring (`apply`'s ``input_switch_key``)
     encode: int = 0
     encrypt: int = 0
     decrypt: int = 0
@@ -249,15 +261,16 @@ class MatmulPlan:
     d_in: int
     has_bias: bool
     slots: int
-    n: int  # complex inputs (bias column included)
+    n: int  # complex inputs (real ones with ``real_input``; bias column included)
     c: int  # input chunks
     m: int  # chunk size = number of diagonals
-    rows: int  # output rows per output ciphertext (R)
+    rows: int  # output slot rows per output ciphertext (R; two outputs each with ``real_input``)
     n_blocks: int  # output ciphertexts
     g: int  # baby steps
     b: int  # giant steps
     splits: tuple[int, ...] = ()  # group member sizes (sum = d_out), () = single
     tokens: int = 1  # token rows packed per ciphertext (T; > 1: the prefill's packed plans)
+    real_input: bool = False  # inputs real (the half ring), two output rows per slot (see the module doc)
 
     def __post_init__(self):
         if self.c < 1 or self.c & (self.c - 1):
@@ -266,6 +279,13 @@ class MatmulPlan:
             raise HEError(f"a plan's token count must be a power of two, got {self.tokens}")
         if self.rows + self.m > self.lane:
             raise HEError("plan does not fit its slots")
+        if self.real_input and self.c < 2:
+            raise HEError("a real-input plan needs c >= 2 chunk copies (its results fold to the half ring)")
+
+    @property
+    def out_rows(self) -> int:
+        """Outputs per result ciphertext: R, or 2 R with real inputs (two per slot)."""
+        return 2 * self.rows if self.real_input else self.rows
 
     @property
     def stride(self) -> int:
@@ -339,6 +359,8 @@ class MatmulPlan:
         d["splits"] = list(self.splits)
         if self.tokens == 1:
             del d["tokens"]  # one-token plans are sent as before
+        if not self.real_input:
+            del d["real_input"]
         return d
 
     @classmethod
@@ -360,21 +382,26 @@ def plan_matmul(
     workers: int = 1,
     backend: str | None = None,
     tokens: int = 1,
+    real_input: bool = False,
 ) -> MatmulPlan:
     """Choose (c, g, b, n_blocks) minimising the cost model (per-worker critical path
     when ``workers`` > 1: fewer baby steps, see :mod:`cipherlm.he.parallel`).  The
     constants: ``cost_model`` if given, else those of HE backend ``backend`` (default
     `OFFLOAD_BACKEND`), ``get_backend(backend).cost_model.offload``.  ``tokens`` T > 1:
     a plan whose ciphertext packs T token rows (each block's S / c slots cut into T
-    lanes of L = S / (c T) slots, R + m <= L; the cost is per ciphertext, i.e. T rows)."""
+    lanes of L = S / (c T) slots, R + m <= L; the cost is per ciphertext, i.e. T rows).
+    ``real_input``: a plan taking real inputs, two output rows per slot, c >= 2 (module doc)."""
     if d_out < 1 or d_in < 1:
         raise HEError(f"bad matrix shape ({d_out}, {d_in})")
     if tokens < 1 or tokens & (tokens - 1):
         raise HEError(f"tokens per ciphertext must be a power of two, got {tokens}")
     cost_model = offload_costs(cost_model, backend)
-    n = (d_in + int(has_bias) + 1) // 2
+    if real_input:
+        n, slot_rows, c = d_in + int(has_bias), -(-d_out // 2), 2
+    else:
+        n, slot_rows, c = (d_in + int(has_bias) + 1) // 2, d_out, 1
     best = None
-    c, last_m = 1, None
+    last_m = None
     while c <= (max_chunks or n):  # powers of two: c B = S for the server's chunk sum
         m = -(-n // c)
         c_now, c = c, c * 2
@@ -384,13 +411,14 @@ def plan_matmul(
         r_max = slots // (c_now * tokens) - m
         if r_max < 1:
             break
-        n_blocks = -(-d_out // r_max)
-        rows = -(-d_out // n_blocks)
+        n_blocks = -(-slot_rows // r_max)
+        rows = -(-slot_rows // n_blocks)
         for g in range(1, m + 1):
             b = -(-m // g)
             if g > 1 and -(-m // (g - 1)) == b and g > b:
                 continue
-            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits), tokens)
+            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits), tokens,
+                           real_input)
             cost = p.cost(cost_model, workers=workers)
             if best is None or cost < best[0]:
                 best = (cost, p)
@@ -423,10 +451,17 @@ class EncodedMatrix:
         return self.n_plaintexts * k * self.ctx.n * 8
 
 
-def _complex_weights(W: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+def _complex_weights(W: np.ndarray, b: np.ndarray | None, real_input: bool = False) -> np.ndarray:
+    """The complex matrix the diagonals are cut from: pairs of columns, w_c[r, j] = W[r, 2j] -
+    i W[r, 2j+1] (complex inputs), or with ``real_input`` pairs of rows, w_c[r', j] = W[2r', j] +
+    i W[2r'+1, j]; the bias as the last column either way."""
     W = np.asarray(W, dtype=np.float64)
     if b is not None:
         W = np.concatenate([W, np.asarray(b, dtype=np.float64).reshape(-1, 1)], axis=1)
+    if real_input:
+        if W.shape[0] % 2:
+            W = np.concatenate([W, np.zeros((1, W.shape[1]))], axis=0)
+        return W[0::2] + 1j * W[1::2]
     if W.shape[1] % 2:
         W = np.concatenate([W, np.zeros((W.shape[0], 1))], axis=1)
     return W[:, 0::2] - 1j * W[:, 1::2]
@@ -440,12 +475,12 @@ def weight_scale_bits(ctx: HEContext, n: int) -> int:
 
 def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """The pre-rotated diagonal slot vectors, complex (n_blocks, m, S)."""
-    Wc = _complex_weights(W, b)
+    Wc = _complex_weights(W, b, plan.real_input)
     p = plan
-    if Wc.shape != (p.d_out, p.n):
+    if Wc.shape != (-(-p.d_out // 2) if p.real_input else p.d_out, p.n):
         raise HEError(f"weights {W.shape} do not match the plan ({p.d_out}, {p.d_in})")
     Wp = np.zeros((p.n_blocks * p.rows, p.c * p.m), dtype=np.complex128)
-    Wp[: p.d_out, : p.n] = Wc
+    Wp[: Wc.shape[0], : p.n] = Wc
     r = np.arange(p.rows)
     k = np.arange(p.m)
     idx = (r[:, None] + k[None, :]) % p.m  # (R, m)
@@ -510,6 +545,8 @@ def encode_matrix(
         plan = plan_matmul(W.shape[0], W.shape[1], ctx.slots, has_bias=b is not None, splits=splits)
     if plan.slots != ctx.slots:
         raise HEError("plan was made for another slot count")
+    if plan.real_input and backend_of(ctx) != "lattigo":
+        raise HEError("real-input plans (half-ring inputs) run on the Lattigo backend only")
     wmax = float(np.max(np.abs(W))) if W.size else 0.0
     if b is not None:
         wmax = max(wmax, float(np.max(np.abs(b))))
@@ -601,9 +638,13 @@ def unpack_cts(data: bytes, expected: int | None = None) -> list[bytes]:
 
 def _chunks(plan: MatmulPlan, row: np.ndarray) -> np.ndarray:
     """One input row (d_in,) as (c, m) complex chunks: the bias constant 1 appended when the
-    plan has one, pairs of reals as complex numbers, zero padding to c m."""
+    plan has one, pairs of reals as complex numbers (real inputs: the reals), zero padding to c m."""
     if plan.has_bias:
         row = np.concatenate([row, [1.0]])
+    if plan.real_input:
+        xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
+        xc[: plan.n] = row
+        return xc.reshape(plan.c, plan.m)
     if row.size % 2:
         row = np.concatenate([row, [0.0]])
     xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
@@ -635,10 +676,17 @@ def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
     return v
 
 
-def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | None = None) -> bytes:
+def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | None = None, *,
+                  input_keys=None) -> bytes:
     """Client: layout + scale 2^45/max|x| + seeded symmetric encryption -> bytes (x:
-    (d_in,), or up to ``plan.tokens`` rows (t, d_in) for a packed plan, one scale for all)."""
+    (d_in,), or up to ``plan.tokens`` rows (t, d_in) for a packed plan, one scale for all).
+    A real-input plan is encrypted under ``input_keys`` (`LattigoSecretKeys.input_switch_key`,
+    the conjugate-invariant half ring: real slots, half the bytes)."""
     ctx = keys.ctx
+    if plan.real_input:
+        if input_keys is None:
+            raise HEError("a real-input plan is encrypted with the session's half-ring input keys")
+        keys, ctx = input_keys, input_keys.ctx
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise HEError("input has non-finite entries")
@@ -646,7 +694,9 @@ def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | 
     scale = 2.0 ** ctx.params.input_scale_bits / (xmax if xmax > 0 else 1.0)
     if backend_of(ctx) == "lattigo":
         be = get_backend("lattigo")
-        pt = be.encode_slots(ctx, input_layout(plan, x), level=ctx.max_level, scale_bits=math.log2(scale))
+        lay = input_layout(plan, x)
+        pt = be.encode_slots(ctx, lay.real if plan.real_input else lay, level=ctx.max_level,
+                             scale_bits=math.log2(scale))
         data = keys.encrypt_seeded(pt)
         _count(counter, encode=1, encrypt=1, bytes_in=len(data))
         return data
@@ -675,28 +725,35 @@ def decrypt_output(
     """Client: decrypt the n_blocks result ciphertexts -> (d_out,).  The server has
     summed the chunks (every slot block holds the whole sum): block 0 is read.
     ``half_keys`` (Lattigo, `LattigoSecretKeys.ring_switch_key`): the session's half-ring
-    secret; the results then arrive in the half ring (`apply`'s ``ring_switch_key``), whose
-    N/2 real slots are the real parts of the full ring's slots, at the same positions."""
+    secret; the results then arrive in the half ring (`apply`'s ``ring_switch_key``): the
+    conjugate-invariant one, whose N/2 real slots are the real parts of the full ring's slots,
+    at the same positions, or for a real-input plan the even one, whose N/4 complex slots are
+    the first N/4 of the full ring's (each holding two outputs, y[2r] + i y[2r+1])."""
     ctx = keys.ctx
     blobs = unpack_cts(data, plan.n_blocks)
     T, L = plan.tokens, plan.lane
-    y = np.zeros((T, plan.n_blocks * plan.rows))
-    n_read = (T - 1) * L + plan.rows  # lane t of block 0 at t L, its R outputs first
+    R, cplx = plan.rows, plan.real_input
+    y = np.zeros((T, plan.n_blocks * plan.out_rows))
+    n_read = (T - 1) * L + R  # lane t of block 0 at t L, its R slot rows first
     for o, blob in enumerate(blobs):
         if not blob:
             continue  # all-zero block
         if half_keys is not None:
             be = get_backend("lattigo")
             ct = be.ciphertext_from_bytes(half_keys.ctx, blob, level=0)
-            v = be.decode_slots(half_keys.ctx, half_keys.decrypt(ct), n=n_read)
+            v = be.decode_slots(half_keys.ctx, half_keys.decrypt(ct), n=n_read, complex_out=cplx)
         elif backend_of(ctx) == "lattigo":
             be = get_backend("lattigo")
-            v = be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), n=n_read)
+            v = be.decode_slots(ctx, keys.decrypt(be.ciphertext_from_bytes(ctx, blob, level=0)), n=n_read,
+                                complex_out=cplx)
         else:
             ct = serialize.ciphertext_from_bytes(ctx, blob, n_primes=1)
             v = np.asarray(ctx.encoder.decode_double(keys.decrypt(ct)))
         for t in range(T):
-            y[t, o * plan.rows : (o + 1) * plan.rows] = v[t * L : t * L + plan.rows]
+            u = v[t * L : t * L + R]
+            if cplx:  # slot r holds outputs 2r (real part) and 2r + 1 (imaginary part)
+                u = np.stack([u.real, u.imag], axis=1).reshape(-1)
+            y[t, o * plan.out_rows : (o + 1) * plan.out_rows] = u
         _count(counter, decrypt=1)
     _count(counter, bytes_out=len(data))
     y = y[:, : plan.d_out]
@@ -804,20 +861,36 @@ def apply(
     galois_keys: seal.GaloisKeys | bytes,
     counter: HEOpCounter | None = None,
     ring_switch_key=None,
+    input_switch_key=None,
 ) -> bytes:
     """Server: Enc(x) -> Enc(W x + b) as ``n_blocks`` rescaled one-prime ciphertexts.
     ``ring_switch_key`` (Lattigo, the client's `LattigoRingSwitchKey`): the results are sent
-    in the conjugate-invariant ring of degree N/2 (`LattigoBackend.ring_switch`): the real
-    parts of every slot, half the bytes (docs/offload.md "Half-ring results")."""
+    in a ring of degree N/2 (`LattigoBackend.ring_switch`), half the bytes (docs/offload.md
+    "Half-ring results"): the conjugate-invariant one (the real parts of every slot) for a
+    complex-input plan, the even one for a real-input plan.  A real-input plan's input comes in
+    the conjugate-invariant half ring and ``input_switch_key`` (`LattigoInputSwitchKey`) takes
+    it to the full ring first (`LattigoBackend.real_to_complex`)."""
     t0 = time.perf_counter()
     p = enc.plan
     if isinstance(galois_keys, (bytes, bytearray, memoryview)):
         galois_keys = load_galois_keys(enc.ctx, bytes(galois_keys), [p])
     if isinstance(enc, LattigoEncodedMatrix):
         be = get_backend("lattigo")
-        ct = be.ciphertext_from_bytes(enc.ctx, ct_bytes, level=enc.ctx.max_level)
-        res, n = be.bsgs_apply(enc.ctx, ct, enc.matrix, galois_keys, workers=enc.workers)
         half = ring_switch_key is not None
+        if half and ring_switch_key.small.half_kind != ("even" if p.real_input else "real"):
+            raise HEError(f"a {'real' if p.real_input else 'complex'}-input plan's results take a "
+                          f"{'even' if p.real_input else 'conjugate-invariant'} ring-switching key")
+        if p.real_input:
+            if input_switch_key is None:
+                raise HEError("a real-input plan needs the client's input switching key")
+            small = input_switch_key.small
+            ct = be.real_to_complex(be.ciphertext_from_bytes(small, ct_bytes, level=small.max_level),
+                                    input_switch_key)
+        else:
+            ct = be.ciphertext_from_bytes(enc.ctx, ct_bytes, level=enc.ctx.max_level)
+        res, n = be.bsgs_apply(enc.ctx, ct, enc.matrix, galois_keys, workers=enc.workers)
+        if p.real_input:
+            n["input_switch"] = 1
         if half:  # the half-ring results go bit-packed at q0's 60 bits
             res = [None if r is None else be.ring_switch(r, ring_switch_key) for r in res]
             n["ring_switch"] = sum(r is not None for r in res)

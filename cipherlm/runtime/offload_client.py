@@ -91,12 +91,9 @@ class OffloadClient(SessionClient):
                 raise ProtocolError(f"the bundle's tokenizer does not load: {type(exc).__name__}") from None
         t0 = time.perf_counter()
         self.engine = offload_engine.ClientEngine(welcome, self.groups)
-        keys_blob = self.engine.galois_keys_blob()
+        msg = self.engine.keys_message()
         self.seconds["setup"] += time.perf_counter() - t0
         with self.chan.step("setup"):
-            msg = {"type": "keys", "galois_keys": keys_blob}
-            if self.engine.ring_switch_key is not None:  # the server offered half-ring results
-                msg["ring_switch_key"] = self.engine.ring_switch_key
             self.chan.send(msg)
             expect(self.chan.recv(), "ready")
 

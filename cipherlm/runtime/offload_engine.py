@@ -87,15 +87,29 @@ DEFAULT_PREFILL_TOKENS = 1
 #: `cipherlm.he.matmul.encode_matrix` ``compress``; Lattigo only)
 PACK_COMPRESS_ENV = "CIPHERLM_OFFLOAD_PACK_COMPRESS"
 
-#: "0": a Lattigo server sends every result in the full ring (A/B of the half-ring results
-#: only; default: every result in the conjugate-invariant ring of degree N/2, the real parts of
-#: its slots, half the bytes down; docs/offload.md "Half-ring results")
+#: What a Lattigo server sends in rings of degree N/2 (docs/offload.md "Half-ring results", "Real
+#: inputs in the half ring"); the modes of `half_ring_mode`:
+#: - "inputs" (the default; "1" too): real inputs in the conjugate-invariant ring (half the bytes
+#:   up), complex outputs, every one-row result even-folded (half the bytes down);
+#: - "results": complex inputs in the full ring, every one-row result in the conjugate-invariant
+#:   ring (the real parts of its slots; the default of 2026-11-30);
+#: - "off" ("0"): everything in the full ring (A/B only).
 HALF_RING_ENV = "CIPHERLM_OFFLOAD_HALF_RING"
+HALF_RING_MODES = ("inputs", "results", "off")
 
 
-def half_ring_from_env() -> bool:
-    """Whether a Lattigo server offers half-ring results: yes unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``."""
-    return os.environ.get(HALF_RING_ENV, "1").strip() != "0"
+def half_ring_mode(value: str | bool | None = None) -> str:
+    """The half-ring mode ``value`` names (True: "inputs", False: "off"), or with None
+    ``$CIPHERLM_OFFLOAD_HALF_RING``'s (unset: "inputs"); anything else is an `HEError`."""
+    if value is None:
+        value = os.environ.get(HALF_RING_ENV, "")
+    if isinstance(value, bool):
+        return "inputs" if value else "off"
+    v = str(value).strip().lower()
+    mode = {"": "inputs", "1": "inputs", "0": "off"}.get(v, v)
+    if mode not in HALF_RING_MODES:
+        raise HEError(f"${HALF_RING_ENV} must be one of {HALF_RING_MODES} (or 1 / 0), got {value!r}")
+    return mode
 
 
 def prefill_tokens_from_env(value: int | None = None) -> int:
@@ -160,30 +174,35 @@ class SessionKeys(_Counters):
     With a worker pool the keys live in the workers and ``pool_session`` is
     their handle (``galois_keys`` is None)."""
 
-    def __init__(self, galois_keys, pool_session=None, ring_switch=None):
+    def __init__(self, galois_keys, pool_session=None, ring_switch=None, input_switch=None):
         super().__init__()
         self.galois_keys = galois_keys
         self.pool_session = pool_session
         self.ring_switch = ring_switch  # Lattigo: the client's half-ring key (None: full-ring results)
+        self.input_switch = input_switch  # Lattigo: the client's half-ring input key (real-input plans)
 
     def release(self) -> None:
         """Drop the key material (in the workers too); idempotent."""
         self.galois_keys = None
         self.ring_switch = None
+        self.input_switch = None
         ps, self.pool_session = self.pool_session, None
         if ps is not None:
             ps.close()
 
 
-def input_parts(d_in: int, has_bias: bool, slots: int) -> list[slice]:
+def input_parts(d_in: int, has_bias: bool, slots: int, real_input: bool = False) -> list[slice]:
     """Column slices of a matrix whose input is too wide for one ciphertext.
 
     One ciphertext packs at most ``slots`` complex inputs (two reals each) and
     the packing needs room for output rows as well, so an input wider than
-    ``slots`` reals (half the slots in complex inputs) is cut into equal parts,
+    ``slots`` reals (half the slots in complex inputs; ``slots`` / 2 reals with
+    ``real_input``, one real per slot) is cut into equal parts,
     each evaluated as its own product; the client adds the parts' results
     (e.g. LLaMA-7B's down projection, d_in = 11008, is three parts).
     """
+    if real_input:
+        slots //= 2
     n_parts = -(-(d_in + int(has_bias)) // slots)
     size = -(-d_in // n_parts)
     return [slice(i, min(d_in, i + size)) for i in range(0, d_in, size)]
@@ -205,14 +224,17 @@ class ServerEngine:
         workers: int = 1,
         he_backend: str = "seal",
         prefill_tokens: int | None = None,
-        half_ring: bool | None = None,
+        half_ring: bool | str | None = None,
     ):
         """``prefill_tokens`` T (None: `prefill_tokens_from_env`): each group of one input part
         also gets a plan packing T token rows per ciphertext (`packed_plan`), served to a
         prefill's ``linear`` requests marked ``packed``; 1, or the SEAL worker pool: none.
-        ``half_ring`` (Lattigo only; None: on unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``): offer
-        half-ring results (`cipherlm.he.matmul.apply`'s ``ring_switch_key``) to clients that send
-        a ring-switching key."""
+        ``half_ring`` (Lattigo only; a mode of `half_ring_mode`, None: ``$CIPHERLM_OFFLOAD_HALF_RING``,
+        default "inputs"): "inputs" plans every one-row group with real inputs
+        (`cipherlm.he.matmul.plan_matmul` ``real_input``) and needs the client's input
+        switching key; "inputs" and "results" offer half-ring results
+        (`cipherlm.he.matmul.apply`'s ``ring_switch_key``) to clients that send a
+        ring-switching key of the kind the welcome names."""
         if he_backend not in OFFLOAD_BACKENDS:
             raise HEError(f"unknown offload HE backend {he_backend!r}; known: {OFFLOAD_BACKENDS}")
         self.params = params
@@ -220,6 +242,9 @@ class ServerEngine:
         self.ctx = make_context(params, he_backend)
         self.groups = list(groups)
         self.workers = max(1, int(workers))
+        mode = half_ring_mode(half_ring) if he_backend == "lattigo" else "off"
+        self.half_ring = mode != "off"
+        self.real_inputs = mode == "inputs"
         # Lattigo: the workers are goroutines inside one native call per request (baby steps
         # shared, not repeated per worker): its plans are those of one worker
         plan_workers = self.workers if he_backend == "seal" else 1
@@ -232,12 +257,12 @@ class ServerEngine:
             bs = [server_linears[n][1] for n in g.names]
             has_bias = any(b is not None for b in bs)
             ids = []
-            for k, cols in enumerate(input_parts(g.d_in, has_bias, self.ctx.slots)):
+            for k, cols in enumerate(input_parts(g.d_in, has_bias, self.ctx.slots, self.real_inputs)):
                 part_bs = bs if k == 0 else [None] * len(bs)
                 plan = plan_matmul(
                     g.d_out, cols.stop - cols.start, self.ctx.slots,
                     has_bias=k == 0 and has_bias, splits=g.d_outs, workers=plan_workers,
-                    backend=he_backend,
+                    backend=he_backend, real_input=self.real_inputs,
                 )
                 ids.append(len(self.plans))
                 self.plans.append(plan)
@@ -288,9 +313,6 @@ class ServerEngine:
                 enc.workers = self.workers
             self.packed_encoded.append(enc)
         self.steps = rotation_steps(self.plans + self.packed_plans)
-        if half_ring is None:
-            half_ring = half_ring_from_env()
-        self.half_ring = bool(half_ring) and he_backend == "lattigo"
 
     @property
     def plaintext_bytes(self) -> int:
@@ -322,27 +344,39 @@ class ServerEngine:
             "plans": [p.to_dict() for p in self.plans],
             "parts": self.parts,
             "rotation_steps": self.steps,
-            **({"half_ring_results": True} if self.half_ring else {}),
+            **({"half_ring_results": "even" if self.real_inputs else True} if self.half_ring else {}),
             **self._packed_setup(),
         }
 
-    def load_client_keys(self, blob, ring_switch_key=None) -> SessionKeys:
+    def load_client_keys(self, blob, ring_switch_key=None, input_switch_key=None) -> SessionKeys:
         """A session's keys: the Galois keys, and (Lattigo, when this engine offers half-ring
-        results) the client's optional ring-switching key; a key not offered is refused."""
+        results) the client's optional ring-switching key, of the kind the welcome names; with
+        real-input plans the client's input switching key, required.  A key not offered is
+        refused."""
         if not isinstance(blob, (bytes, bytearray)):
             raise HEError("galois_keys must be bytes")
-        rsk = None
+        from cipherlm.he.backend import get_backend
+
+        rsk = isk = None
         if ring_switch_key is not None:
             if not self.half_ring:
                 raise HEError("this server does not offer half-ring results: no ring_switch_key expected")
             if not isinstance(ring_switch_key, (bytes, bytearray)):
                 raise HEError("ring_switch_key must be bytes")
-            from cipherlm.he.backend import get_backend
-
-            rsk = get_backend("lattigo").ring_switch_key_from_bytes(self.ctx, bytes(ring_switch_key))
+            rsk = get_backend("lattigo").ring_switch_key_from_bytes(
+                self.ctx, bytes(ring_switch_key), "even" if self.real_inputs else "real")
+        if self.real_inputs:
+            if input_switch_key is None:
+                raise HEError("this server's plans take half-ring inputs: the keys message must carry input_switch_key")
+            if not isinstance(input_switch_key, (bytes, bytearray)):
+                raise HEError("input_switch_key must be bytes")
+            isk = get_backend("lattigo").input_switch_key_from_bytes(self.ctx, bytes(input_switch_key))
+        elif input_switch_key is not None:
+            raise HEError("this server's plans take full-ring inputs: no input_switch_key expected")
         if self.pool is not None:
             return SessionKeys(None, self.pool.open_session(bytes(blob)))
-        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans + self.packed_plans), ring_switch=rsk)
+        return SessionKeys(load_galois_keys(self.ctx, bytes(blob), self.plans + self.packed_plans), ring_switch=rsk,
+                           input_switch=isk)
 
     def apply(self, gid: int, ct: bytes, keys: SessionKeys, packed: bool = False) -> bytes:
         """One token row of group ``gid``: one ciphertext per part in, one result per part out.
@@ -372,7 +406,8 @@ class ServerEngine:
             return self.pool.apply(pid, ct, keys.pool_session, counter=counter)
         if keys.galois_keys is None:
             raise HEError("session keys were released")
-        return apply(self.encoded[pid], ct, keys.galois_keys, counter=counter, ring_switch_key=keys.ring_switch)
+        return apply(self.encoded[pid], ct, keys.galois_keys, counter=counter, ring_switch_key=keys.ring_switch,
+                     input_switch_key=keys.input_switch)
 
     def release(self, keys: SessionKeys) -> None:
         """A session ended: drop its Galois keys (in the workers too)."""
@@ -404,23 +439,36 @@ class ClientEngine(_Counters):
         self.he_backend = he_backend
         self.ctx = make_context(params, he_backend)
         self.keys = client_keys(self.ctx)
-        # half-ring results (Lattigo): a secret of the half ring and the key the server needs
-        self.half_keys, self.ring_switch_key = None, None
-        if welcome.get("half_ring_results") and he_backend == "lattigo":
-            self.half_keys, self.ring_switch_key = self.keys.ring_switch_key()
         self.groups = list(groups)
         self.plans = [MatmulPlan.from_dict(d) for d in welcome["plans"]]
+        real = {p.real_input for p in self.plans}
+        if len(real) > 1 or (True in real and he_backend != "lattigo"):
+            raise HEError("the server's plans mix real and complex inputs, or take real inputs off Lattigo")
+        real_inputs = True in real
+        # half-ring results (Lattigo): a secret of the half ring and the key the server needs;
+        # real-input plans: a secret of the half ring the inputs are encrypted in, and its key
+        self.half_keys, self.ring_switch_key = None, None
+        self.input_keys, self.input_switch_key = None, None
+        hr = welcome.get("half_ring_results")
+        if hr and he_backend == "lattigo":
+            kind = "even" if hr == "even" else "real"
+            if (kind == "even") != real_inputs:
+                raise HEError("the server's half-ring results do not match its plans' inputs")
+            self.half_keys, self.ring_switch_key = self.keys.ring_switch_key(kind)
+        if real_inputs:
+            self.input_keys, self.input_switch_key = self.keys.input_switch_key()
         self.parts = [list(map(int, ids)) for ids in welcome.get("parts", [[i] for i in range(len(self.plans))])]
         if len(self.parts) != len(self.groups) or sorted(i for ids in self.parts for i in ids) != list(range(len(self.plans))):
             raise HEError("the server sent parts that do not match its groups and plans")
         for g, ids in zip(self.groups, self.parts):
             plans = [self.plans[i] for i in ids]
-            cols = [c for c in input_parts(g.d_in, plans[0].has_bias, self.ctx.slots)]
+            cols = [c for c in input_parts(g.d_in, plans[0].has_bias, self.ctx.slots, real_inputs)]
             if len(cols) != len(plans) or any(
                 (p.d_in, p.d_out, p.slots) != (c.stop - c.start, g.d_out, self.ctx.slots) for p, c in zip(plans, cols)
             ):
                 raise HEError(f"plans for group {g.names} do not match its shape")
-        self.columns = [input_parts(g.d_in, self.plans[ids[0]].has_bias, self.ctx.slots) for g, ids in zip(self.groups, self.parts)]
+        self.columns = [input_parts(g.d_in, self.plans[ids[0]].has_bias, self.ctx.slots, real_inputs)
+                        for g, ids in zip(self.groups, self.parts)]
 
         # the prefill's packed plans (absent: every row its own ciphertext)
         self.prefill_tokens = 1
@@ -450,6 +498,17 @@ class ClientEngine(_Counters):
     def galois_keys_blob(self) -> bytes:
         return self.keys.galois_keys_bytes(rotation_steps(self.plans + self.packed_plans))
 
+    def keys_message(self) -> dict:
+        """The session's ``keys`` message: the Galois keys, and the half-ring keys the welcome
+        asked for (``ring_switch_key`` when the server offered half-ring results,
+        ``input_switch_key`` when its plans take half-ring inputs)."""
+        msg = {"type": "keys", "galois_keys": self.galois_keys_blob()}
+        if self.ring_switch_key is not None:
+            msg["ring_switch_key"] = self.ring_switch_key
+        if self.input_switch_key is not None:
+            msg["input_switch_key"] = self.input_switch_key
+        return msg
+
     def encrypt_packed(self, gid: int, rows: np.ndarray) -> bytes:
         """Up to `packed_rows` token rows of group ``gid`` in one ciphertext (its packed plan)."""
         counter = self.by_class[self.groups[gid].op_class]
@@ -467,7 +526,7 @@ class ClientEngine(_Counters):
     def encrypt(self, gid: int, x: np.ndarray) -> bytes:
         counter = self.by_class[self.groups[gid].op_class]
         x = np.asarray(x, dtype=np.float64).reshape(-1)
-        cts = [encrypt_input(self.keys, x[cols], self.plans[pid], counter=counter)
+        cts = [encrypt_input(self.keys, x[cols], self.plans[pid], counter=counter, input_keys=self.input_keys)
                for pid, cols in zip(self.parts[gid], self.columns[gid])]
         return cts[0] if len(cts) == 1 else pack_cts(cts)
 

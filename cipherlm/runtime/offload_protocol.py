@@ -14,7 +14,7 @@ hello      ``{type: hello, protocol, mode, model}``     ``{type: welcome, model,
 bundle     ``{type: get_bundle}`` (only if not cached;  ``{type: bundle, tensors, tokenizer}``
            at most once per session)
 keys       ``{type: keys, galois_keys[,                ``{type: ready}``
-           ring_switch_key]}``
+           ring_switch_key][, input_switch_key]}``
 linear     ``{type: linear, group, cts: [bytes]}``      ``{type: result, cts: [bytes]}``
 stats      ``{type: stats}``                            ``{type: stats, seconds, he_ops, work}``
 bye        ``{type: bye}``                              (connection closed)
@@ -33,6 +33,14 @@ to the welcome (unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``); a client that answers
 a fresh secret s' of the conjugate-invariant ring of degree N/2, ~123 kB once) then gets
 every result as a half-ring ciphertext under s' (the real parts of its slots), half the
 bytes each.  Without the key every result is in the full ring, as before.
+
+Real inputs in the half ring (issue 15, bytes up; the Lattigo default since 2026-12-01,
+``$CIPHERLM_OFFLOAD_HALF_RING=results`` for the mode above): the welcome's plans carry
+``real_input: true`` and ``half_ring_results: "even"``.  The client encrypts each input's real
+values in the conjugate-invariant ring of degree N/2 under a fresh secret s'' and sends, once,
+``input_switch_key`` (`LattigoSecretKeys.input_switch_key`, s'' -> s at both data primes,
+~328 kB), which the server then requires; its ``ring_switch_key`` is to a secret of the
+standard ring of degree N/2 (results even-folded, `cipherlm.he.matmul` "real inputs").
 
 Packed prefill (issue 15 item 2): a server whose engine has packed plans adds
 ``packed: {tokens: T, plans, groups}`` to the welcome (``groups[i]``: the index of

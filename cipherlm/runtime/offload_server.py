@@ -171,7 +171,8 @@ class Session(MessageSession):
         t0 = time.perf_counter()
         if self.keys is not None:
             raise ProtocolError("keys were already sent in this session")
-        self.keys = self.host.engine.load_client_keys(msg.get("galois_keys"), msg.get("ring_switch_key"))
+        self.keys = self.host.engine.load_client_keys(msg.get("galois_keys"), msg.get("ring_switch_key"),
+                                                      msg.get("input_switch_key"))
         self.seconds["setup"] += time.perf_counter() - t0
         with self.chan.step("setup"):
             self.chan.send({"type": "ready"})

@@ -332,13 +332,13 @@ def _check_matmul_plan(d, what: str) -> dict:
 
     d = _dict(d, what)
     names = {f.name for f in dataclasses.fields(MatmulPlan)}
-    required = names - {"splits", "tokens"}
+    required = names - {"splits", "tokens", "real_input"}
     if not required <= set(d) or not set(d) <= names:
         raise ProtocolError(f"{what} must have the fields {sorted(required)} (and splits)")
     for k, v in d.items():
-        if k == "has_bias":
+        if k in ("has_bias", "real_input"):
             if not isinstance(v, bool):
-                raise ProtocolError(f"{what}.has_bias must be a bool")
+                raise ProtocolError(f"{what}.{k} must be a bool")
         elif k == "splits":
             for s in _list(v, f"{what}.splits"):
                 _int(s, f"{what}.splits[]", 1)
@@ -387,8 +387,8 @@ def check_offload_welcome(w, protocol_version: int) -> dict:
     if not isinstance(w.get("he_params"), bytes):
         raise ProtocolError("he_params must be bytes")
     hr = w.get("half_ring_results")  # absent: every result in the full ring
-    if hr is not None and (hr is not True or hb != "lattigo"):
-        raise ProtocolError("half_ring_results must be true, and only from a Lattigo server")
+    if hr is not None and (not (hr is True or hr == "even") or hb != "lattigo"):
+        raise ProtocolError('half_ring_results must be true or "even", and only from a Lattigo server')
     plans = _list(w.get("plans"), "plans")
     for i, d in enumerate(plans):
         _check_matmul_plan(d, f"plans[{i}]")

@@ -19,8 +19,10 @@ cost models:
   seeded and zstd-compressed, its size varies by a few percent around `CT_IN_BYTES`
   (measured 113.9-117.7 kB at N = 8192).  Lattigo: both sizes are exact
   (`LATTIGO_CT_OUT_BYTES`, `LATTIGO_CT_IN_BYTES`: native/lattigo's fixed layout, a seeded
-  input's polynomial bit-packed at its primes' bit lengths, no compression); a result is a
-  half-ring ciphertext (`LATTIGO_CT_OUT_HALF_BYTES`, unless ``$CIPHERLM_OFFLOAD_HALF_RING=0``).  `MSG_OVERHEAD` per message covers the framing.
+  input's polynomial bit-packed at its primes' bit lengths, no compression); a one-row result is
+  a half-ring ciphertext (`LATTIGO_CT_OUT_HALF_BYTES`) and a one-row input a half-ring one
+  (`LATTIGO_CT_IN_HALF_BYTES`), as ``$CIPHERLM_OFFLOAD_HALF_RING`` says (default: both).
+  `MSG_OVERHEAD` per message covers the framing.
 * **2pc**: linear classes from `linear_simd.choose_packing` (the per-layer cost model
   of both packings: `plan_blocks` bytes for Cheetah's coefficient packing, `plan_simd`
   for SIMD), one round trip per call; attention products from `plan_blocks` in the
@@ -60,6 +62,9 @@ LATTIGO_CT_OUT_HALF_BYTES = 20 + 2 * (-(-4096 * 60 // 8))
 #: bit-packed at the prime's bit length (wire version 2: the 60- and 40-bit primes Lattigo
 #: generates for OFFLOAD_CKKS): 102,452 bytes
 LATTIGO_CT_IN_BYTES = 20 + 32 + sum(-(-8192 * bits // 8) for bits in (60, 40))
+#: a seeded half-ring input (a real-input plan's: the conjugate-invariant ring of degree N/2 at
+#: both data primes, the Lattigo default): 1 polynomial of 4096 coefficients per prime: 51,252 bytes
+LATTIGO_CT_IN_HALF_BYTES = 20 + 32 + sum(-(-4096 * bits // 8) for bits in (60, 40))
 #: per offload HE backend: (result ciphertext, input ciphertext) bytes
 CT_BYTES = {"seal": (CT_OUT_BYTES, CT_IN_BYTES), "lattigo": (LATTIGO_CT_OUT_BYTES, LATTIGO_CT_IN_BYTES)}
 #: framing of one offload message (frame header, message keys, blob lengths and padding)
@@ -172,11 +177,12 @@ def plan_offload(config: dict, graph=None, he_backend: str | None = "auto",
     ``$CIPHERLM_OFFLOAD_PREFILL_PACK`` or 1), or None (rows one by one)."""
     from cipherlm.he import OFFLOAD_CKKS, plan_matmul
 
-    from .offload_engine import input_parts, packed_plan, prefill_tokens_from_env
+    from .offload_engine import half_ring_mode, input_parts, packed_plan, prefill_tokens_from_env
 
     tokens = prefill_tokens_from_env(prefill_tokens)
 
     backend = offload_backend(he_backend)
+    real = backend == "lattigo" and half_ring_mode() == "inputs"  # as ServerEngine plans
     g = graph or _graph(config)
     slots = OFFLOAD_CKKS.poly_modulus_degree // 2
     bias = {n.attrs["name"]: bool(n.attrs.get("bias")) for n in g.nodes if n.op == "linear"}
@@ -184,9 +190,10 @@ def plan_offload(config: dict, graph=None, he_backend: str | None = "auto",
     for names, d_in, d_outs in g.meta["linear_groups"]:
         has_bias = any(bias.get(nm, False) for nm in names)
         plans = []
-        for k, cols in enumerate(input_parts(d_in, has_bias, slots)):
+        for k, cols in enumerate(input_parts(d_in, has_bias, slots, real)):
             plans.append(plan_matmul(sum(d_outs), cols.stop - cols.start, slots,
-                                     has_bias=k == 0 and has_bias, splits=tuple(d_outs), backend=backend))
+                                     has_bias=k == 0 and has_bias, splits=tuple(d_outs), backend=backend,
+                                     real_input=real))
         op_class = operator_class(names)
         packed = packed_plan(plans[0], tokens, backend) if len(plans) == 1 and op_class != "lm_head" else None
         out.append({"names": tuple(names), "d_in": d_in, "d_outs": tuple(d_outs),
@@ -225,15 +232,20 @@ def _group_calls(config, g, groups, rows) -> dict[int, float]:
 
 def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend: str | None = "auto",
                      prefill_tokens: int | None = None) -> dict:
-    from .offload_engine import half_ring_from_env
+    from .offload_engine import half_ring_mode
 
     backend = offload_backend(he_backend)
-    ct_out_full, ct_in_bytes = CT_BYTES[backend]
-    half_ring = backend == "lattigo" and half_ring_from_env()
+    ct_out_full, ct_in_full = CT_BYTES[backend]
+    half_ring = backend == "lattigo" and half_ring_mode() != "off"
 
     def ct_out_bytes(p) -> int:
-        """One result ciphertext of plan p (all plans alike: in the half ring on Lattigo)."""
-        return LATTIGO_CT_OUT_HALF_BYTES if half_ring else ct_out_full
+        """One result ciphertext of plan p: in the half ring on Lattigo (one-row plans; a packed
+        plan's results are in the full ring)."""
+        return LATTIGO_CT_OUT_HALF_BYTES if half_ring and p.tokens == 1 else ct_out_full
+
+    def ct_in_bytes(p) -> int:
+        """One input ciphertext of plan p: a real-input plan's is in the half ring."""
+        return LATTIGO_CT_IN_HALF_BYTES if p.real_input else ct_in_full
 
     g = graph or _graph(config)
     groups = groups or plan_offload(config, g, backend, prefill_tokens)
@@ -250,7 +262,7 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
         if pk is not None and r / called > 1:
             # a prefill call: ceil(rows / T) packed ciphertexts, each through the packed plan
             n_ct = math.ceil(r / called / pk.tokens) * called
-            e["bytes"] += n_ct * (ct_in_bytes + pk.n_blocks * ct_out_bytes(pk) + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
+            e["bytes"] += n_ct * (ct_in_bytes(pk) + pk.n_blocks * ct_out_bytes(pk) + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
                 + 2 * (MSG_OVERHEAD + PACKED_FLAG_BYTES) * called
             e["rounds"] += 2 * called
             h = e["he_ops"]
@@ -262,12 +274,10 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             h["decrypt"] += n_ct * pk.n_blocks
             h["ciphertexts_in"] += n_ct
             h["ciphertexts_out"] += n_ct * pk.n_blocks
-            if half_ring:
-                h["ring_switch"] += n_ct * pk.n_blocks
             continue
         multi = len(parts) > 1
         ct_in = len(parts)
-        per_row_in = ct_in * ct_in_bytes + (PACK_HEADER + PACK_PER_CT * ct_in if multi else 0)
+        per_row_in = sum(ct_in_bytes(p) for p in parts) + (PACK_HEADER + PACK_PER_CT * ct_in if multi else 0)
         per_row_out = sum(p.n_blocks * ct_out_bytes(p) for p in parts) + sum(PACK_HEADER + PACK_PER_CT * p.n_blocks for p in parts) \
             + (PACK_HEADER + PACK_PER_CT * len(parts) if multi else 0)
         # a group call (one message each way) carries every row of the pass
@@ -286,6 +296,8 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
             h["ciphertexts_out"] += r * p.n_blocks
             if half_ring:
                 h["ring_switch"] += r * p.n_blocks
+            if p.real_input:
+                h["input_switch"] += r
     return _finish(out)
 
 

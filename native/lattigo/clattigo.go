@@ -46,7 +46,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
-const abiVersion = 15
+const abiVersion = 16
 
 // The offload server keeps ~2.7 GB of encoded weights alive (SmolLM2) and allocates a few
 // hundred MB of short-lived ciphertexts per token: at Go's default GOGC=100 the heap grows to

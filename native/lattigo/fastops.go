@@ -53,7 +53,7 @@ type nttKey struct {
 
 // simdFor: the checked AVX-512 transform of s's prime, built once per process, or nil.
 func simdFor(s *ring.SubRing) *simdNTT {
-	if !simdAvailableOnce() || s.N < 16 || s.Modulus>>62 != 0 || s.NTTTable == nil || len(s.RootsForward) < s.N ||
+	if !simdAvailableOnce() || s.Type() != ring.Standard || s.N < 16 || s.Modulus>>62 != 0 || s.NTTTable == nil || len(s.RootsForward) < s.N ||
 		len(s.RootsBackward) < s.N {
 		return nil
 	}

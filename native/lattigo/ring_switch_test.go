@@ -25,7 +25,7 @@ func TestRingSwitchFastMatchesLattigo(t *testing.T) {
 		t.Fatal(err)
 	}
 	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
-	if err := checkHalfRing(big, smallCtx); err != nil {
+	if err := checkHalfRing(big, smallCtx, 1); err != nil {
 		t.Fatal(err)
 	}
 	kg := rlwe.NewKeyGenerator(params)
@@ -53,6 +53,48 @@ func TestRingSwitchFastMatchesLattigo(t *testing.T) {
 	ct := rlwe.NewEncryptor(params, sk).EncryptZeroNew(0)
 	want := ckks.NewCiphertext(small, 1, 0)
 	if err := sw.ComplexToReal(k.eval, ct, want); err != nil {
+		t.Fatal(err)
+	}
+	got := ckks.NewCiphertext(small, 1, 0)
+	ringSwitchFast(k, ct, got)
+	for i := 0; i < 2; i++ {
+		for j, v := range got.Value[i].Coeffs[0] {
+			if v != want.Value[i].Coeffs[0][j] {
+				t.Fatalf("poly %d coefficient %d: %d, Lattigo %d", i, j, v, want.Value[i].Coeffs[0][j])
+			}
+		}
+	}
+}
+
+// TestRingSwitchFastEvenMatchesLattigo: the even fold's fast path gives the residues of
+// Lattigo's ring-degree switch (ApplyEvaluationKey into a ciphertext of degree N/2).
+func TestRingSwitchFastEvenMatchesLattigo(t *testing.T) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
+	small, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, Q: params.Q()[:1], Xs: params.Xs(), Xe: params.Xe(), LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
+	if err := checkHalfRing(big, smallCtx, 1); err != nil {
+		t.Fatal(err)
+	}
+	kg := rlwe.NewKeyGenerator(params)
+	sk := kg.GenSecretKeyNew()
+	skS := rlwe.NewKeyGenerator(small).GenSecretKeyNew()
+	evk := kg.GenEvaluationKeyNew(sk, skS, rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0)})
+	k := &rskObj{ctx: big, small: smallCtx, evk: evk, even: true, eval: ckks.NewEvaluator(params, nil)}
+	if !ringSwitchFastPath(k) {
+		t.Fatal("the offload key should take the fast path")
+	}
+	ct := rlwe.NewEncryptor(params, sk).EncryptZeroNew(0)
+	want := ckks.NewCiphertext(small, 1, 0)
+	if err := k.eval.ApplyEvaluationKey(ct, evk, want); err != nil {
 		t.Fatal(err)
 	}
 	got := ckks.NewCiphertext(small, 1, 0)
