@@ -456,7 +456,11 @@ func clg_real_to_complex(ikh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C
 		}
 		res := ckks.NewCiphertext(k.ctx.params, 1, c.ct.Level())
 		k.mu.Lock()
-		err = k.sw.RealToComplex(k.eval, c.ct, res)
+		if simdAvailableOnce() {
+			err = realToComplexFast(k, c.ct, res)
+		} else {
+			err = k.sw.RealToComplex(k.eval, c.ct, res)
+		}
 		k.mu.Unlock()
 		if err != nil {
 			return err
@@ -467,4 +471,24 @@ func clg_real_to_complex(ikh C.int64_t, cth C.int64_t, out *C.int64_t, errbuf *C
 		*out = C.int64_t(put(&ctObj{ctx: k.ctx, ct: res}))
 		return nil
 	})
+}
+
+// realToComplexFast: Lattigo's RealToComplex (the unfold, then the gadget product with the
+// input switching key and its ModDown, c0 added) with the decomposition and the ModDown on this
+// library's transforms (decompose, keySwitchHoisted: the baby steps' own); the same residues
+// (TestRealToComplexFastMatchesLattigo).  Guarded by k.mu (k.eval's decomposer and basis
+// extender).
+func realToComplexFast(k *iskObj, ctIn, out *rlwe.Ciphertext) error {
+	level := ctIn.Level()
+	ringQ := k.ctx.params.RingQ().AtLevel(level)
+	ringQ.UnfoldConjugateInvariantToStandard(ctIn.Value[0], out.Value[0])
+	ringQ.UnfoldConjugateInvariantToStandard(ctIn.Value[1], out.Value[1])
+	t0, t1, free, err := keySwitchHoisted(k.eval, level, decompose(k.eval, level, out.Value[1]), &k.evk.GadgetCiphertext)
+	if err != nil {
+		return err
+	}
+	defer free()
+	ringQ.Add(out.Value[0], t0, out.Value[0])
+	out.Value[1].CopyLvl(level, t1)
+	return nil
 }

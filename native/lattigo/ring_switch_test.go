@@ -107,3 +107,52 @@ func TestRingSwitchFastEvenMatchesLattigo(t *testing.T) {
 		}
 	}
 }
+
+// TestRealToComplexFastMatchesLattigo: realToComplexFast gives the residues of Lattigo's
+// DomainSwitcher.RealToComplex at the offload parameters (both data primes).
+func TestRealToComplexFastMatchesLattigo(t *testing.T) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
+	small, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, Q: params.Q(), Xs: params.Xs(), Xe: params.Xe(), RingType: ring.ConjugateInvariant,
+		LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
+	if err := checkInputRing(big, smallCtx); err != nil {
+		t.Fatal(err)
+	}
+	kg := rlwe.NewKeyGenerator(params)
+	sk := kg.GenSecretKeyNew()
+	skS := rlwe.NewKeyGenerator(small).GenSecretKeyNew()
+	_, evk := kg.GenEvaluationKeysForRingSwapNew(sk, skS,
+		rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(1), LevelP: utils.Pointy(0)})
+	sw, err := ckks.NewDomainSwitcher(params, nil, evk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &iskObj{ctx: big, small: smallCtx, evk: evk, eval: ckks.NewEvaluator(params, nil), sw: sw}
+	ct := rlwe.NewEncryptor(small, skS).EncryptZeroNew(1)
+	want := ckks.NewCiphertext(params, 1, 1)
+	if err := sw.RealToComplex(k.eval, ct, want); err != nil {
+		t.Fatal(err)
+	}
+	got := ckks.NewCiphertext(params, 1, 1)
+	if err := realToComplexFast(k, ct, got); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		for l := 0; l < 2; l++ {
+			for j, v := range got.Value[i].Coeffs[l] {
+				if v != want.Value[i].Coeffs[l][j] {
+					t.Fatalf("poly %d prime %d coefficient %d: %d, Lattigo %d", i, l, j, v, want.Value[i].Coeffs[l][j])
+				}
+			}
+		}
+	}
+}
