@@ -145,10 +145,15 @@ func clg_ctx_half_ring(h C.int64_t, conj C.int, levels C.int, out *C.int64_t, er
 	})
 }
 
-// switchKeyBytes: the length of a serialised switching key of c at levels 0..levelQ.
+// switchKeyBytes: the length of a serialised switching key of c at levels 0..levelQ: the
+// header, the seed, and per gadget digit (one per prime of Q[:levelQ+1], one special prime) the
+// seeded half's rows bit-packed (TestSwitchKeyBytesMatchesMarshal checks it against a key).
 func switchKeyBytes(c *ctxObj, levelQ int) int {
-	evk := rlwe.NewEvaluationKey(c.params, switchKeyLevel(levelQ))
-	return 4 + 4 + seedLen + len(appendPackedKey(nil, evk, c.params.Q()[:levelQ+1], c.params.P()[:1]))
+	row := packedRowLen(c.params.N(), c.params.P()[0])
+	for _, q := range c.params.Q()[:levelQ+1] {
+		row += packedRowLen(c.params.N(), q)
+	}
+	return 4 + 4 + seedLen + (levelQ+1)*row
 }
 
 // marshalSwitchKey: magic | version | 0 0 0 | seed | rows bit-packed.

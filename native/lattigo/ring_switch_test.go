@@ -156,3 +156,25 @@ func TestRealToComplexFastMatchesLattigo(t *testing.T) {
 		}
 	}
 }
+
+// TestSwitchKeyBytesMatchesMarshal: switchKeyBytes is the length marshalSwitchKey writes, at
+// both levels the offload keys use.
+func TestSwitchKeyBytesMatchesMarshal(t *testing.T) {
+	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &ctxObj{params: params}
+	kg := rlwe.NewKeyGenerator(params)
+	sk, sk2 := kg.GenSecretKeyNew(), kg.GenSecretKeyNew()
+	for level := 0; level <= params.MaxLevel(); level++ {
+		b, err := marshalSwitchKey(rskMagic, c, kg.GenEvaluationKeyNew(sk, sk2, switchKeyLevel(level)), level)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != switchKeyBytes(c, level) {
+			t.Fatalf("level %d: %d bytes marshalled, switchKeyBytes %d", level, len(b), switchKeyBytes(c, level))
+		}
+	}
+}
