@@ -499,3 +499,59 @@ def test_real_input_plans_match_numpy(shape, bias, max_chunks):
     _, cblob = keys.ring_switch_key()
     with pytest.raises(HEError):
         apply(enc, ct, gk, ring_switch_key=be.ring_switch_key_from_bytes(ctx, cblob), input_switch_key=isk)
+
+@pytest.fixture(scope="module")
+def tied_llama_dir(tmp_path_factory) -> str:
+    """A tiny random Llama whose LM head is its embedding matrix (as SmolLM2's)."""
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tied-llama")
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    return str(path)
+
+
+def test_tied_lm_head_on_the_client(tied_llama_dir, tmp_path, monkeypatch):
+    """A tied LM head is the bundle's embedding matrix: the server offers no lm_head group and
+    names the tensor (`client_lm_head`), the client computes the logits in the clear, and a
+    greedy generation is identical to the plaintext executor's; the per-token bytes fall by the
+    head's input and results, as `predict` says; with $CIPHERLM_OFFLOAD_CLIENT_HEAD=0 the server
+    serves the head under HE as before; a welcome naming a tensor the bundle lacks is refused."""
+    from cipherlm.runtime import predict as P
+
+    monkeypatch.setenv("CIPHERLM_CACHE", str(tmp_path / "cache"))
+    prompt = [1, 2, 3, 4]
+    ref_ex, _ = plain_logits(tied_llama_dir, prompt)
+    ref_ids, _ = ref_ex.generate(prompt, max_new_tokens=4, return_logits=True)
+    per_token = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("CIPHERLM_OFFLOAD_CLIENT_HEAD", env)
+        host = ModelHost(tied_llama_dir, he_backend="lattigo")
+        w = host.welcome()
+        check_offload_welcome(w, PROTOCOL_VERSION)
+        names = [tuple(g["names"]) for g in w["groups"]]
+        assert (("lm_head",) in names) == (env == "0")
+        assert w.get("client_lm_head") == ("model.embed_tokens.weight" if env == "1" else None)
+        srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=5.0)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            with OffloadClient(*srv.address) as client:
+                ex = client.executor()
+                ids, _ = ex.generate(prompt, max_new_tokens=4, return_logits=True)
+                cache = ex.new_cache()
+                ex.forward(np.asarray(prompt), cache, last_only=True)
+                t0 = client.chan.totals()
+                ex.forward(np.asarray([5]), cache, last_only=True)
+                t1 = client.chan.totals()
+                stats = client.server_stats()
+        finally:
+            srv.shutdown()
+        assert list(ids) == list(ref_ids)
+        assert ("lm_head" in stats["he_ops"]) == (env == "0")
+        per_token[env] = sum(t1[k] - t0[k] for k in ("bytes_sent", "bytes_received"))
+        pred = P.total(P.predict(host.config, "offload", 4, phase="decode", he_backend="lattigo"))["bytes"]
+        assert abs(per_token[env] - pred) <= 0.01 * pred, (env, per_token[env], pred)
+    assert per_token["1"] < per_token["0"]
+    with pytest.raises(ProtocolError):
+        check_offload_welcome({**w, "client_lm_head": 3}, PROTOCOL_VERSION)

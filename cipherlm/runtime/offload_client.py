@@ -81,6 +81,17 @@ class OffloadClient(SessionClient):
             store_bundle(digest, *cached)  # sha256 checked against the digest first; mismatch: nothing cached
         tensors, tokenizer_json = cached
         self.client_params = dict(tensors)
+        # a tied LM head: the bundle's embedding matrix, computed here in the clear
+        self.client_lm_head = None
+        head = welcome.get("client_lm_head")
+        if head is not None:
+            from cipherlm.runtime.plain import PlainLinear
+
+            E = self.client_params.get(head)
+            if E is None or np.ndim(E) != 2 or ("lm_head",) in self._group_of:
+                raise ProtocolError(f"the server's client_lm_head {head[:60]!r} is not a matrix of the bundle "
+                                    "(or the server serves lm_head too)")
+            self.client_lm_head = PlainLinear({"lm_head": (E, None)})
         self.tokenizer = None
         if tokenizer_json is not None:
             from tokenizers import Tokenizer
@@ -119,6 +130,11 @@ class RemoteLinear:
 
     def linear(self, x: np.ndarray, names: Sequence[str]) -> list[np.ndarray]:
         c = self.client
+        if c.client_lm_head is not None and tuple(names) == ("lm_head",):
+            t0 = time.perf_counter()  # the tied head: the embedding matrix, in the clear
+            y = c.client_lm_head.linear(x, names)
+            c.seconds["lm_head"] += time.perf_counter() - t0
+            return y
         group = c._group_of.get(tuple(names))
         if group is None:
             raise ProtocolError(f"the server offers no projection group {tuple(names)}")

@@ -97,6 +97,17 @@ PACK_COMPRESS_ENV = "CIPHERLM_OFFLOAD_PACK_COMPRESS"
 HALF_RING_ENV = "CIPHERLM_OFFLOAD_HALF_RING"
 HALF_RING_MODES = ("inputs", "results", "off")
 
+#: "0": a decoder whose LM head is its embedding matrix (tied) still has the server evaluate
+#: it under HE (A/B only; default: the client, which holds that matrix in its bundle for the
+#: token embeddings, computes the logits in the clear; docs/offload.md "Tied LM head on the
+#: client")
+CLIENT_HEAD_ENV = "CIPHERLM_OFFLOAD_CLIENT_HEAD"
+
+
+def client_head_from_env() -> bool:
+    """Whether a tied LM head is computed by the client: yes unless ``$CIPHERLM_OFFLOAD_CLIENT_HEAD=0``."""
+    return os.environ.get(CLIENT_HEAD_ENV, "1").strip() != "0"
+
 
 def half_ring_mode(value: str | bool | None = None) -> str:
     """The half-ring mode ``value`` names (True: "inputs", False: "off"), or with None

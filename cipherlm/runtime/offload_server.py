@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from typing import Sequence
 
 import numpy as np
 
@@ -44,14 +45,17 @@ DEFAULT_LIMITS = ServerLimits()
 HE_BACKEND_ENV = "CIPHERLM_OFFLOAD_HE_BACKEND"
 
 
-def discover_groups(config: dict, client_params: dict, server_linears: dict) -> list[LinearGroup]:
+def discover_groups(config: dict, client_params: dict, server_linears: dict,
+                    client_side: Sequence[str] = ()) -> list[LinearGroup]:
     """The projection groups in the order the executor calls them: the model graph's
-    `group_linears` pass (every MoE expert included), then any server linear outside the
+    `group_linears` pass (every MoE expert included) without the projections in
+    ``client_side`` (a tied LM head the client computes), then any server linear outside the
     graph (an encoder's "classifier" head), one group each. No forward pass is run."""
     from cipherlm.compile import build_graph, passes
 
     g = passes.group_linears.run(build_graph(config))
-    calls = [(names, d_in, d_outs) for names, d_in, d_outs in g.meta["linear_groups"]]
+    calls = [(names, d_in, d_outs) for names, d_in, d_outs in g.meta["linear_groups"]
+             if not set(names) & set(client_side)]
     covered = {n for names, _, _ in calls for n in names}
     unknown = sorted(covered - set(server_linears))
     if unknown:
@@ -87,7 +91,15 @@ class ModelHost:
             _, _, probe = polarity_classifier(lm)
             server_linears = dict(server_linears) | probe.as_linear()
             self.labels = list(probe.labels)
-        self.groups = discover_groups(lm.config, client_params, server_linears)
+        # a tied LM head is the embedding matrix the client's bundle holds: the client computes it
+        from cipherlm.runtime.plain import tied_head_tensor
+
+        self.client_lm_head = tied_head_tensor(client_params, server_linears) \
+            if offload_engine.client_head_from_env() else None
+        if self.client_lm_head is not None:
+            server_linears = {k: v for k, v in server_linears.items() if k != "lm_head"}
+        self.groups = discover_groups(lm.config, client_params, server_linears,
+                                      ("lm_head",) if self.client_lm_head else ())
         self.bundle = {
             "type": "bundle",
             "tensors": {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in client_params.items()},
@@ -117,6 +129,7 @@ class ModelHost:
             "bundle_digest": self.bundle_digest,
             "labels": self.labels,
             "chat_template": self.chat_template,
+            **({"client_lm_head": self.client_lm_head} if self.client_lm_head else {}),
             **self.engine.public_setup(),
         }
 

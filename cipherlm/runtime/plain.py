@@ -111,6 +111,21 @@ def split_params(config: dict, weights: dict[str, np.ndarray]):
     return client, server
 
 
+def tied_head_tensor(client_params: dict, server_linears: dict) -> str | None:
+    """The client tensor that is a decoder's LM head (`split_params` serves the embedding matrix
+    itself as "lm_head" when the head is tied: the same array, no bias), or None."""
+    head = server_linears.get("lm_head")
+    if head is None or head[1] is not None:
+        return None
+    return next((name for name, w in client_params.items() if w is head[0]), None)
+
+
+def lm_head_tied(config: dict) -> bool:
+    """Whether the config ties the LM head to the token embeddings (`split_params`'s rule; a
+    checkpoint without ``lm_head.weight`` is tied as well, which only its weights show)."""
+    return bool(config.get("tie_word_embeddings", config.get("model_type", "") == "gpt2"))
+
+
 # --------------------------------------------------------------------------- factories
 
 

@@ -386,6 +386,9 @@ def check_offload_welcome(w, protocol_version: int) -> dict:
         raise ProtocolError(f"the server's HE backend {_short(hb)} is not one of {OFFLOAD_HE_BACKENDS}")
     if not isinstance(w.get("he_params"), bytes):
         raise ProtocolError("he_params must be bytes")
+    head = w.get("client_lm_head")  # absent: the server serves the LM head (or there is none)
+    if head is not None:
+        _str(head, "client_lm_head")
     hr = w.get("half_ring_results")  # absent: every result in the full ring
     if hr is not None and (not (hr is True or hr == "even") or hb != "lattigo"):
         raise ProtocolError('half_ring_results must be true or "even", and only from a Lattigo server')

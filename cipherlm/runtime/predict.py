@@ -177,7 +177,8 @@ def plan_offload(config: dict, graph=None, he_backend: str | None = "auto",
     ``$CIPHERLM_OFFLOAD_PREFILL_PACK`` or 1), or None (rows one by one)."""
     from cipherlm.he import OFFLOAD_CKKS, plan_matmul
 
-    from .offload_engine import half_ring_mode, input_parts, packed_plan, prefill_tokens_from_env
+    from .offload_engine import client_head_from_env, half_ring_mode, input_parts, packed_plan, prefill_tokens_from_env
+    from .plain import lm_head_tied
 
     tokens = prefill_tokens_from_env(prefill_tokens)
 
@@ -187,7 +188,10 @@ def plan_offload(config: dict, graph=None, he_backend: str | None = "auto",
     slots = OFFLOAD_CKKS.poly_modulus_degree // 2
     bias = {n.attrs["name"]: bool(n.attrs.get("bias")) for n in g.nodes if n.op == "linear"}
     out = []
+    client_head = lm_head_tied(config) and client_head_from_env()  # as ModelHost serves it
     for names, d_in, d_outs in g.meta["linear_groups"]:
+        if client_head and tuple(names) == ("lm_head",):
+            continue  # the tied LM head: the client computes it in the clear
         has_bias = any(bias.get(nm, False) for nm in names)
         plans = []
         for k, cols in enumerate(input_parts(d_in, has_bias, slots, real)):
