@@ -9,29 +9,48 @@ import (
 	"github.com/tuneinsight/lattigo/v6/utils"
 )
 
-// TestRingSwitchFastMatchesLattigo: ringSwitchFast gives the residues of Lattigo's
-// DomainSwitcher.ComplexToReal at the offload parameters (N = 8192, Q 60 + 40, P 60).
-func TestRingSwitchFastMatchesLattigo(t *testing.T) {
+// halfRingFixture: the offload context (N = 8192, Q 60 + 40, P 60), its half ring of the given
+// kind over its first `levels` primes (checked as the library checks it), and a secret of each.
+func halfRingFixture(t *testing.T, rt ring.Type, levels int) (big, small *ctxObj, sk, skS *rlwe.SecretKey) {
+	t.Helper()
 	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
 		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
 	if err != nil {
 		t.Fatal(err)
 	}
-	big := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
-	small, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 12, Q: params.Q()[:1], Xs: params.Xs(), Xe: params.Xe(), RingType: ring.ConjugateInvariant,
-		LogDefaultScale: 40})
+	big = &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
+	sp, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
+		LogN: 12, Q: params.Q()[:levels], Xs: params.Xs(), Xe: params.Xe(), RingType: rt, LogDefaultScale: 40})
 	if err != nil {
 		t.Fatal(err)
 	}
-	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
-	if err := checkHalfRing(big, smallCtx, 1); err != nil {
+	small = &ctxObj{params: sp, encoder: newEncoder(sp), eval: ckks.NewEvaluator(sp, nil)}
+	if err := checkHalfRing(big, small, levels); err != nil {
 		t.Fatal(err)
 	}
-	kg := rlwe.NewKeyGenerator(params)
-	sk := kg.GenSecretKeyNew()
-	skS := rlwe.NewKeyGenerator(small).GenSecretKeyNew()
-	evk, _ := kg.GenEvaluationKeysForRingSwapNew(sk, skS,
+	return big, small, rlwe.NewKeyGenerator(params).GenSecretKeyNew(), rlwe.NewKeyGenerator(sp).GenSecretKeyNew()
+}
+
+// sameResidues: got and want hold the same residues in every polynomial and prime.
+func sameResidues(t *testing.T, got, want *rlwe.Ciphertext) {
+	t.Helper()
+	for i := range want.Value {
+		for l := range want.Value[i].Coeffs {
+			for j, v := range got.Value[i].Coeffs[l] {
+				if v != want.Value[i].Coeffs[l][j] {
+					t.Fatalf("poly %d prime %d coefficient %d: %d, Lattigo %d", i, l, j, v, want.Value[i].Coeffs[l][j])
+				}
+			}
+		}
+	}
+}
+
+// TestRingSwitchFastMatchesLattigo: ringSwitchFast gives the residues of Lattigo's
+// DomainSwitcher.ComplexToReal at the offload parameters (N = 8192, Q 60 + 40, P 60).
+func TestRingSwitchFastMatchesLattigo(t *testing.T) {
+	big, small, sk, skS := halfRingFixture(t, ring.ConjugateInvariant, 1)
+	params := big.params
+	evk, _ := rlwe.NewKeyGenerator(params).GenEvaluationKeysForRingSwapNew(sk, skS,
 		rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0)})
 	ciRing, err := params.RingQ().ConjugateInvariantRing()
 	if err != nil {
@@ -45,99 +64,58 @@ func TestRingSwitchFastMatchesLattigo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &rskObj{ctx: big, small: smallCtx, evk: evk, ciRing: ciRing.AtLevel(0), autIdx: autIdx,
+	k := &rskObj{ctx: big, small: small, evk: evk, ciRing: ciRing.AtLevel(0), autIdx: autIdx,
 		eval: ckks.NewEvaluator(params, nil), sw: sw}
 	if !ringSwitchFastPath(k) {
 		t.Fatal("the offload key should take the fast path")
 	}
 	ct := rlwe.NewEncryptor(params, sk).EncryptZeroNew(0)
-	want := ckks.NewCiphertext(small, 1, 0)
+	want := ckks.NewCiphertext(small.params, 1, 0)
 	if err := sw.ComplexToReal(k.eval, ct, want); err != nil {
 		t.Fatal(err)
 	}
-	got := ckks.NewCiphertext(small, 1, 0)
+	got := ckks.NewCiphertext(small.params, 1, 0)
 	ringSwitchFast(k, ct, got)
-	for i := 0; i < 2; i++ {
-		for j, v := range got.Value[i].Coeffs[0] {
-			if v != want.Value[i].Coeffs[0][j] {
-				t.Fatalf("poly %d coefficient %d: %d, Lattigo %d", i, j, v, want.Value[i].Coeffs[0][j])
-			}
-		}
-	}
+	sameResidues(t, got, want)
 }
 
 // TestRingSwitchFastEvenMatchesLattigo: the even fold's fast path gives the residues of
 // Lattigo's ring-degree switch (ApplyEvaluationKey into a ciphertext of degree N/2).
 func TestRingSwitchFastEvenMatchesLattigo(t *testing.T) {
-	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	big := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
-	small, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 12, Q: params.Q()[:1], Xs: params.Xs(), Xe: params.Xe(), LogDefaultScale: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
-	if err := checkHalfRing(big, smallCtx, 1); err != nil {
-		t.Fatal(err)
-	}
-	kg := rlwe.NewKeyGenerator(params)
-	sk := kg.GenSecretKeyNew()
-	skS := rlwe.NewKeyGenerator(small).GenSecretKeyNew()
-	evk := kg.GenEvaluationKeyNew(sk, skS, rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0)})
-	k := &rskObj{ctx: big, small: smallCtx, evk: evk, even: true, eval: ckks.NewEvaluator(params, nil)}
+	big, small, sk, skS := halfRingFixture(t, ring.Standard, 1)
+	params := big.params
+	evk := rlwe.NewKeyGenerator(params).GenEvaluationKeyNew(sk, skS,
+		rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(0), LevelP: utils.Pointy(0)})
+	k := &rskObj{ctx: big, small: small, evk: evk, even: true, eval: ckks.NewEvaluator(params, nil)}
 	if !ringSwitchFastPath(k) {
 		t.Fatal("the offload key should take the fast path")
 	}
 	ct := rlwe.NewEncryptor(params, sk).EncryptZeroNew(0)
-	want := ckks.NewCiphertext(small, 1, 0)
+	want := ckks.NewCiphertext(small.params, 1, 0)
 	if err := k.eval.ApplyEvaluationKey(ct, evk, want); err != nil {
 		t.Fatal(err)
 	}
-	got := ckks.NewCiphertext(small, 1, 0)
+	got := ckks.NewCiphertext(small.params, 1, 0)
 	ringSwitchFast(k, ct, got)
-	for i := 0; i < 2; i++ {
-		for j, v := range got.Value[i].Coeffs[0] {
-			if v != want.Value[i].Coeffs[0][j] {
-				t.Fatalf("poly %d coefficient %d: %d, Lattigo %d", i, j, v, want.Value[i].Coeffs[0][j])
-			}
-		}
-	}
+	sameResidues(t, got, want)
 }
 
 // TestRealToComplexFastMatchesLattigo: realToComplexFast gives the residues of Lattigo's
 // DomainSwitcher.RealToComplex at the offload parameters (both data primes).
 func TestRealToComplexFastMatchesLattigo(t *testing.T) {
-	params, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 13, LogQ: []int{60, 40}, LogP: []int{60}, LogDefaultScale: 40})
-	if err != nil {
+	big, small, sk, skS := halfRingFixture(t, ring.ConjugateInvariant, 2)
+	if err := checkInputRing(big, small); err != nil {
 		t.Fatal(err)
 	}
-	big := &ctxObj{params: params, encoder: newEncoder(params), eval: ckks.NewEvaluator(params, nil)}
-	small, err := ckks.NewParametersFromLiteral(ckks.ParametersLiteral{
-		LogN: 12, Q: params.Q(), Xs: params.Xs(), Xe: params.Xe(), RingType: ring.ConjugateInvariant,
-		LogDefaultScale: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	smallCtx := &ctxObj{params: small, encoder: newEncoder(small), eval: ckks.NewEvaluator(small, nil)}
-	if err := checkInputRing(big, smallCtx); err != nil {
-		t.Fatal(err)
-	}
-	kg := rlwe.NewKeyGenerator(params)
-	sk := kg.GenSecretKeyNew()
-	skS := rlwe.NewKeyGenerator(small).GenSecretKeyNew()
-	_, evk := kg.GenEvaluationKeysForRingSwapNew(sk, skS,
+	params := big.params
+	_, evk := rlwe.NewKeyGenerator(params).GenEvaluationKeysForRingSwapNew(sk, skS,
 		rlwe.EvaluationKeyParameters{LevelQ: utils.Pointy(1), LevelP: utils.Pointy(0)})
 	sw, err := ckks.NewDomainSwitcher(params, nil, evk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &iskObj{ctx: big, small: smallCtx, evk: evk, eval: ckks.NewEvaluator(params, nil), sw: sw}
-	ct := rlwe.NewEncryptor(small, skS).EncryptZeroNew(1)
+	k := &iskObj{ctx: big, small: small, evk: evk, eval: ckks.NewEvaluator(params, nil), sw: sw}
+	ct := rlwe.NewEncryptor(small.params, skS).EncryptZeroNew(1)
 	want := ckks.NewCiphertext(params, 1, 1)
 	if err := sw.RealToComplex(k.eval, ct, want); err != nil {
 		t.Fatal(err)
@@ -146,15 +124,7 @@ func TestRealToComplexFastMatchesLattigo(t *testing.T) {
 	if err := realToComplexFast(k, ct, got); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 2; i++ {
-		for l := 0; l < 2; l++ {
-			for j, v := range got.Value[i].Coeffs[l] {
-				if v != want.Value[i].Coeffs[l][j] {
-					t.Fatalf("poly %d prime %d coefficient %d: %d, Lattigo %d", i, l, j, v, want.Value[i].Coeffs[l][j])
-				}
-			}
-		}
-	}
+	sameResidues(t, got, want)
 }
 
 // TestSwitchKeyBytesMatchesMarshal: switchKeyBytes is the length marshalSwitchKey writes, at
