@@ -88,7 +88,9 @@ class OffloadClient(SessionClient):
             from cipherlm.runtime.plain import PlainLinear
 
             E = self.client_params.get(head)
-            if E is None or np.ndim(E) != 2 or ("lm_head",) in self._group_of:
+            vocab = self.config.get("vocab_size")
+            if E is None or np.ndim(E) != 2 or ("lm_head",) in self._group_of or (
+                    isinstance(vocab, int) and np.shape(E)[0] != vocab):
                 raise ProtocolError(f"the server's client_lm_head {head[:60]!r} is not a matrix of the bundle "
                                     "(or the server serves lm_head too)")
             self.client_lm_head = PlainLinear({"lm_head": (E, None)})
