@@ -388,9 +388,13 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		}
 		L1, QP := accL1[t], accQP[t]
 		nb := min(bsgsBatch, len(share))
-		inner := make([][2]ring.Poly, nb)
+		inner := make([][2]ring.Poly, nb) // written whole by mulAccTile: pooled scratch
 		for x := range inner {
-			inner[x] = [2]ring.Poly{ringQ.NewPoly(), ringQ.NewPoly()}
+			for k := 0; k < 2; k++ {
+				var free func()
+				inner[x][k], free = scratchPoly(N, L)
+				defer free()
+			}
 		}
 		acc := make([]uint64, 4*prodTile)
 		a0s := make([][]uint64, 0, b.g)
@@ -400,9 +404,12 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 		for j := range exp {
 			exp[j] = make([]uint64, prodTile)
 		}
-		r1 := ringQ0.NewPoly()
-		coef := make([]uint64, N)
-		dP := make([]uint64, N)
+		r1, freeR1 := scratchPoly(N, 0)
+		defer freeR1()
+		coefB, dPB := getScratch(N), getScratch(N)
+		defer putScratch(coefB)
+		defer putScratch(dPB)
+		coef, dP := (*coefB)[:N], (*dPB)[:N]
 		for s := 0; s < len(share); s += bsgsBatch {
 			bu := share[s:min(s+bsgsBatch, len(share))]
 			for l := 0; l <= L; l++ {

@@ -1153,9 +1153,19 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 		w := max(1, min(int(workers), 64))
 		eval := e.eval
 
-		// baby steps, hoisted, shared out over the workers
+		// baby steps, hoisted, shared out over the workers (in pooled scratch: they live only
+		// in this call)
 		baby := make([]*rlwe.Ciphertext, b.g)
 		baby[0] = c.ct
+		frees := make([]func(), b.g)
+		for j := 1; j < b.g; j++ {
+			baby[j], frees[j] = scratchCiphertext(params, b.level)
+		}
+		defer func() {
+			for _, f := range frees[1:] {
+				f()
+			}
+		}()
 		err = parallel(w, func(t int) error {
 			var mine []int
 			for j := 1 + t; j < b.g; j += w {
@@ -1166,7 +1176,7 @@ func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, ou
 			}
 			res := map[int]*rlwe.Ciphertext{}
 			for _, j := range mine {
-				res[j] = ckks.NewCiphertext(params, 1, b.level)
+				res[j] = baby[j]
 			}
 			if err := rotateHoisted(eval, c.ct, mine, res); err != nil {
 				return err

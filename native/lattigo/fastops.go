@@ -117,6 +117,21 @@ func scratchPoly(n, level int) (ring.Poly, func()) {
 	}
 }
 
+// scratchCiphertext: a degree-1 ciphertext at level whose polynomials come from the scratch
+// pools (contents undefined; the metadata of ckks.NewCiphertext), and the func that returns
+// them: for ciphertexts that live only inside one native call (the baby steps), so that each
+// request does not allocate and zero them afresh.
+func scratchCiphertext(params ckks.Parameters, level int) (*rlwe.Ciphertext, func()) {
+	p0, free0 := scratchPoly(params.N(), level)
+	p1, free1 := scratchPoly(params.N(), level)
+	ct := &rlwe.Ciphertext{Element: rlwe.Element[ring.Poly]{Value: []ring.Poly{p0, p1}, MetaData: &rlwe.MetaData{}}}
+	ct.IsNTT = true
+	ct.IsBatched = true
+	ct.Scale = params.DefaultScale()
+	ct.LogDimensions = params.LogMaxDimensions()
+	return ct, func() { free0(); free1() }
+}
+
 type modDownKey struct {
 	levelP int
 	moduli string // the Q primes, then the P primes up to levelP, as bytes
