@@ -34,7 +34,7 @@ rotations, as used for ct-pt MatMul by BLB (``blb_004``, BSGS section), plus:
   which `he.keys.ClientKeys` does not make), and CKKS noise that depends on W
   (no flooding in this mode); weights are not protected against the client
   in offload mode anyway (docs/offload.md).
-* **real inputs** (``MatmulPlan.real_input``, Lattigo's default since 2026-12-01; docs/offload.md
+* **real inputs** (``MatmulPlan.real_input``, Lattigo's default since 2026-11-30; docs/offload.md
   "Real inputs in the half ring") -- the complex packing moves from the inputs to the outputs:
   the client lays out x real, one value per slot (n = d_in (+1) real inputs), and encrypts it in
   the conjugate-invariant ring of degree N/2 (half the bytes up; the server unfolds it,

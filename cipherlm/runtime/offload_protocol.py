@@ -34,7 +34,7 @@ a fresh secret s' of the conjugate-invariant ring of degree N/2, ~123 kB once) t
 every result as a half-ring ciphertext under s' (the real parts of its slots), half the
 bytes each.  Without the key every result is in the full ring, as before.
 
-Real inputs in the half ring (issue 15, bytes up; the Lattigo default since 2026-12-01,
+Real inputs in the half ring (issue 15, bytes up; the Lattigo default since 2026-11-30,
 ``$CIPHERLM_OFFLOAD_HALF_RING=results`` for the mode above): the welcome's plans carry
 ``real_input: true`` and ``half_ring_results: "even"``.  The client encrypts each input's real
 values in the conjugate-invariant ring of degree N/2 under a fresh secret s'' and sends, once,
