@@ -555,3 +555,15 @@ def test_tied_lm_head_on_the_client(tied_llama_dir, tmp_path, monkeypatch):
     assert per_token["1"] < per_token["0"]
     with pytest.raises(ProtocolError):
         check_offload_welcome({**w, "client_lm_head": 3}, PROTOCOL_VERSION)
+    # a server naming a tensor that is not the vocabulary's matrix, or naming one while it also
+    # serves lm_head (the last host: env "0"), is refused by the client at set-up
+    welcome = host.welcome
+    for bad in ("model.norm.weight", "no.such.tensor", "model.embed_tokens.weight"):
+        host.welcome = lambda bad=bad: {**welcome(), "client_lm_head": bad}
+        srv = OffloadServer(host, "127.0.0.1", 0, session_timeout=5.0)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            with pytest.raises(ProtocolError, match="client_lm_head"):
+                OffloadClient(*srv.address)
+        finally:
+            srv.shutdown()
