@@ -253,6 +253,11 @@ def offload_costs(cost_model: CostModel | None = None, backend: str | None = Non
     return get_backend(backend or OFFLOAD_BACKEND).cost_model.offload
 
 
+def result_ring_kind(real_input: bool) -> str:
+    """`MatmulPlan.result_ring` of plans with or without real inputs."""
+    return "even" if real_input else "real"
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulPlan:
     """Packing of one (d_out, d_in) matrix (bias folded in when ``has_bias``)."""
@@ -281,6 +286,12 @@ class MatmulPlan:
             raise HEError("plan does not fit its slots")
         if self.real_input and self.c < 2:
             raise HEError("a real-input plan needs c >= 2 chunk copies (its results fold to the half ring)")
+
+    @property
+    def result_ring(self) -> str:
+        """The half ring its results fold to (`LattigoContext.half_ring` kind): "even" for a
+        real-input plan (two outputs per slot), else "real" (the real parts)."""
+        return result_ring_kind(self.real_input)
 
     @property
     def out_rows(self) -> int:
@@ -641,14 +652,12 @@ def _chunks(plan: MatmulPlan, row: np.ndarray) -> np.ndarray:
     plan has one, pairs of reals as complex numbers (real inputs: the reals), zero padding to c m."""
     if plan.has_bias:
         row = np.concatenate([row, [1.0]])
-    if plan.real_input:
-        xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
-        xc[: plan.n] = row
-        return xc.reshape(plan.c, plan.m)
-    if row.size % 2:
-        row = np.concatenate([row, [0.0]])
+    if not plan.real_input:
+        if row.size % 2:
+            row = np.concatenate([row, [0.0]])
+        row = row[0::2] + 1j * row[1::2]
     xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
-    xc[: plan.n] = row[0::2] + 1j * row[1::2]
+    xc[: plan.n] = row
     return xc.reshape(plan.c, plan.m)
 
 
@@ -877,7 +886,7 @@ def apply(
     if isinstance(enc, LattigoEncodedMatrix):
         be = get_backend("lattigo")
         half = ring_switch_key is not None
-        if half and ring_switch_key.small.half_kind != ("even" if p.real_input else "real"):
+        if half and ring_switch_key.small.half_kind != p.result_ring:
             raise HEError(f"a {'real' if p.real_input else 'complex'}-input plan's results take a "
                           f"{'even' if p.real_input else 'conjugate-invariant'} ring-switching key")
         if p.real_input:

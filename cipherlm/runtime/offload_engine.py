@@ -63,6 +63,7 @@ from cipherlm.he.matmul import (
     offload_params_from_bytes,
     offload_params_to_bytes,
     pack_cts,
+    result_ring_kind,
     unpack_cts,
 )
 from cipherlm.he.params import check_security
@@ -375,7 +376,7 @@ class ServerEngine:
             if not isinstance(ring_switch_key, (bytes, bytearray)):
                 raise HEError("ring_switch_key must be bytes")
             rsk = get_backend("lattigo").ring_switch_key_from_bytes(
-                self.ctx, bytes(ring_switch_key), "even" if self.real_inputs else "real")
+                self.ctx, bytes(ring_switch_key), result_ring_kind(self.real_inputs))
         if self.real_inputs:
             if input_switch_key is None:
                 raise HEError("this server's plans take half-ring inputs: the keys message must carry input_switch_key")

@@ -73,7 +73,7 @@ def split_params(config: dict, weights: dict[str, np.ndarray]):
         "embeddings.position_embeddings.weight",
         "embeddings.token_type_embeddings.weight",
     }
-    tie = config.get("tie_word_embeddings", mt == "gpt2")
+    tie = lm_head_tied(config)
     for name, w in weights.items():
         if name == "lm_head.weight":
             continue
