@@ -198,8 +198,8 @@ pub struct IndexStream {
     prg: AesPrg,
     k: u64,
     threshold: u32,
-    bytes: Vec<u8>,
-    pos: usize, // next unread 32-bit word of `bytes`
+    blocks: Vec<u128>, // the last AES-CTR refill (16-byte aligned: encrypted in place)
+    pos: usize,        // next unread 32-bit word of `blocks`
 }
 
 const INDEX_WORDS: usize = 4096; // 32-bit words per AES-CTR refill (16 KiB)
@@ -208,11 +208,11 @@ impl IndexStream {
     pub fn new(seed: &[u8; 16], k: usize) -> Self {
         assert!(k > 0 && (k as u64) < (1 << 32));
         let threshold = ((1u64 << 32) % k as u64) as u32;
-        IndexStream { prg: AesPrg::new(seed), k: k as u64, threshold, bytes: vec![0; INDEX_WORDS * 4], pos: INDEX_WORDS }
+        IndexStream { prg: AesPrg::new(seed), k: k as u64, threshold, blocks: vec![0; INDEX_WORDS / 4], pos: INDEX_WORDS }
     }
 
     fn refill(&mut self) {
-        self.prg.fill(&mut self.bytes);
+        self.prg.fill(u128_bytes_mut(&mut self.blocks));
         self.pos = 0;
     }
 
@@ -226,7 +226,7 @@ impl IndexStream {
                 self.refill();
             }
             let take = (idx.len() - i).min(INDEX_WORDS - self.pos);
-            let src = &self.bytes[4 * self.pos..4 * (self.pos + take)];
+            let src = &u128_bytes_mut(&mut self.blocks)[4 * self.pos..4 * (self.pos + take)];
             let dst = &mut idx[i..i + take];
             // fast path (vectorised): reduce the whole run, note any rejection
             if reduce_run(src, k, dst) >= thr {
@@ -243,6 +243,12 @@ impl IndexStream {
             i += bad;
         }
     }
+}
+
+/// The bytes of a u128 slice (little-endian on the x86-64 and AArch64 targets).
+fn u128_bytes_mut(v: &mut [u128]) -> &mut [u8] {
+    // SAFETY: the same memory viewed as bytes; u8 has no alignment or validity needs.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 16) }
 }
 
 /// dst[i] = (word_i * k) >> 32 for the little-endian 32-bit words of `src`;
@@ -293,6 +299,34 @@ fn prefetch<T>(p: *const T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// acc ^ XOR_j base[j] over the indices `ix` (one 16-byte vector load and XOR each
+/// on x86-64 instead of two 64-bit ones: fewer micro-ops between the misses).
+///
+/// # Safety
+/// Every index must be in bounds of the array `base` points to.
+#[inline(always)]
+unsafe fn xor_gather(acc: u128, base: *const u128, ix: &[u32]) -> u128 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::*;
+        let mut a = _mm_loadu_si128(&acc as *const u128 as *const __m128i);
+        for &j in ix {
+            a = _mm_xor_si128(a, _mm_load_si128(base.add(j as usize) as *const __m128i));
+        }
+        let mut out = 0u128;
+        _mm_storeu_si128(&mut out as *mut u128 as *mut __m128i, a);
+        out
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut a = acc;
+        for &j in ix {
+            a ^= *base.add(j as usize);
+        }
+        a
+    }
 }
 
 /// A zeroed vector of `n` u128 whose pages the kernel may back with 2 MiB
@@ -382,11 +416,9 @@ pub fn lpn_encode(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits
                             prefetch(bp.wrapping_add(j as usize));
                         }
                     }
-                    let mut acc = if assign { 0 } else { *o };
-                    for &j in &ix[r * LPN_D..(r + 1) * LPN_D] {
-                        acc ^= basew[j as usize];
-                    }
-                    *o = acc;
+                    let acc = if assign { 0 } else { *o };
+                    // SAFETY: every index is < k = basew.len() (`IndexStream`)
+                    *o = unsafe { xor_gather(acc, bp, &ix[r * LPN_D..(r + 1) * LPN_D]) };
                 }
                 r0 += rows;
             }
@@ -411,8 +443,12 @@ pub fn lpn_encode(seed: &[u8; 16], k: usize, base: &[u8], out: &mut [u128], bits
                     let mut x = if assign { 0 } else { *bo as u64 };
                     for &j in &ix[r * LPN_D..(r + 1) * LPN_D] {
                         let j = j as usize;
-                        acc ^= basew[j];
-                        x ^= pbits[j >> 6] >> (j & 63);
+                        // SAFETY: every index is < k = basew.len() (`IndexStream`), and
+                        // pbits has ceil(k / 64) words
+                        unsafe {
+                            acc ^= *basew.get_unchecked(j);
+                            x ^= *pbits.get_unchecked(j >> 6) >> (j & 63);
+                        }
                     }
                     *o = acc;
                     *bo = (x & 1) as u8;
