@@ -229,7 +229,7 @@ impl IndexStream {
             let src = &u128_bytes_mut(&mut self.blocks)[4 * self.pos..4 * (self.pos + take)];
             let dst = &mut idx[i..i + take];
             // fast path (vectorised): reduce the whole run, note any rejection
-            if reduce_run(src, k, dst) >= thr {
+            if reduce_run(src, k as u32, dst) >= thr {
                 self.pos += take;
                 i += take;
                 continue;
@@ -254,7 +254,7 @@ fn u128_bytes_mut(v: &mut [u128]) -> &mut [u8] {
 /// dst[i] = (word_i * k) >> 32 for the little-endian 32-bit words of `src`;
 /// returns the smallest low half (word_i * k) mod 2^32 (rejection test).
 #[inline]
-fn reduce_run(src: &[u8], k: u64, dst: &mut [u32]) -> u32 {
+fn reduce_run(src: &[u8], k: u32, dst: &mut [u32]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -266,10 +266,11 @@ fn reduce_run(src: &[u8], k: u64, dst: &mut [u32]) -> u32 {
 }
 
 #[inline(always)]
-fn reduce_run_generic(src: &[u8], k: u64, dst: &mut [u32]) -> u32 {
+fn reduce_run_generic(src: &[u8], k: u32, dst: &mut [u32]) -> u32 {
     let mut low_min = u32::MAX;
     for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        let m = u32::from_le_bytes(c.try_into().unwrap()) as u64 * k;
+        // a 32 x 32 -> 64-bit product (k < 2^32): one vpmuludq per lane
+        let m = u32::from_le_bytes(c.try_into().unwrap()) as u64 * k as u64;
         *o = (m >> 32) as u32;
         low_min = low_min.min(m as u32);
     }
@@ -278,7 +279,7 @@ fn reduce_run_generic(src: &[u8], k: u64, dst: &mut [u32]) -> u32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn reduce_run_avx2(src: &[u8], k: u64, dst: &mut [u32]) -> u32 {
+unsafe fn reduce_run_avx2(src: &[u8], k: u32, dst: &mut [u32]) -> u32 {
     reduce_run_generic(src, k, dst) // the same loop, compiled for AVX2
 }
 
