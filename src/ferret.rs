@@ -52,7 +52,7 @@ use rand_core::{OsRng, RngCore};
 
 use crate::aesni::AesBatch;
 use crate::prg::{AesPrg, Tccr};
-use crate::util::{err, view};
+use crate::util::{bytes_of_u128_mut, err, view};
 
 /// Row weight of the local linear code (Ferret sec. 4 / sec. 6: d = 10).
 pub const LPN_D: usize = 10;
@@ -212,7 +212,7 @@ impl IndexStream {
     }
 
     fn refill(&mut self) {
-        self.prg.fill(u128_bytes_mut(&mut self.blocks));
+        self.prg.fill(bytes_of_u128_mut(&mut self.blocks));
         self.pos = 0;
     }
 
@@ -226,7 +226,7 @@ impl IndexStream {
                 self.refill();
             }
             let take = (idx.len() - i).min(INDEX_WORDS - self.pos);
-            let src = &u128_bytes_mut(&mut self.blocks)[4 * self.pos..4 * (self.pos + take)];
+            let src = &bytes_of_u128_mut(&mut self.blocks)[4 * self.pos..4 * (self.pos + take)];
             let dst = &mut idx[i..i + take];
             // fast path (vectorised): reduce the whole run, note any rejection
             if reduce_run(src, k as u32, dst) >= thr {
@@ -243,12 +243,6 @@ impl IndexStream {
             i += bad;
         }
     }
-}
-
-/// The bytes of a u128 slice (little-endian on the x86-64 and AArch64 targets).
-fn u128_bytes_mut(v: &mut [u128]) -> &mut [u8] {
-    // SAFETY: the same memory viewed as bytes; u8 has no alignment or validity needs.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 16) }
 }
 
 /// dst[i] = (word_i * k) >> 32 for the little-endian 32-bit words of `src`;

@@ -162,6 +162,7 @@ impl Tccr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::bytes_of_u128_mut;
     use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
     use aes::{Aes128, Block};
 
@@ -190,9 +191,7 @@ mod tests {
             let mut at = 0;
             for &len in &lens {
                 let mut buf = vec![0u128; len / 16 + 2];
-                // SAFETY: a u128 buffer viewed as bytes
-                let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * 16) };
-                let out = &mut bytes[off..off + len];
+                let out = &mut bytes_of_u128_mut(&mut buf)[off..off + len];
                 prg.fill(out);
                 assert_eq!(&out[..], &want[at..at + len], "len {len} offset {off}");
                 at += (len + 15) / 16 * 16;
@@ -208,17 +207,12 @@ mod tests {
         let mut prg = AesPrg::new(&seed);
         prg.ctr = start;
         let mut got = vec![0u128; 12];
-        prg.fill(u128_bytes(&mut got));
+        prg.fill(bytes_of_u128_mut(&mut got));
         for (i, g) in got.iter().enumerate() {
             let mut b = Block::clone_from_slice(&(start + i as u128).to_le_bytes());
             c.encrypt_block(&mut b);
             assert_eq!(g.to_le_bytes(), b.as_slice(), "block {i}");
         }
         assert_eq!(prg.ctr, start + 12);
-    }
-
-    fn u128_bytes(v: &mut [u128]) -> &mut [u8] {
-        // SAFETY: the same memory viewed as bytes
-        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 16) }
     }
 }

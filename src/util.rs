@@ -145,6 +145,12 @@ pub fn bytes_of(v: &[u64]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
 }
 
+/// The bytes of a u128 slice (native byte order), mutable, without a copy.
+pub fn bytes_of_u128_mut(v: &mut [u128]) -> &mut [u8] {
+    // SAFETY: plain integers, viewed as their bytes; u8 has no alignment or validity needs.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 16) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
