@@ -70,12 +70,8 @@ class PhaseTimer:
 
 
 def sweep_plans(plans):
-    """Per group: the plan with each g of SWEEP_G that is not dominated (b = ceil(m / g))."""
-    out = []
-    for p in plans:
-        gs = [g for g in SWEEP_G if g <= p.m and math.ceil(p.m / g) * g - p.m < g]
-        out.append([dataclasses.replace(p, g=g, b=math.ceil(p.m / g)) for g in gs])
-    return out
+    """Per group: its plan with each g of SWEEP_G up to m (b = ceil(m / g))."""
+    return [[dataclasses.replace(p, g=g, b=math.ceil(p.m / g)) for g in SWEEP_G if g <= p.m] for p in plans]
 
 
 def run(workers: list[int], reps: int, sweep: bool) -> dict:
