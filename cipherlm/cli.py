@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench 2pc: comma-separated (minilm: MiniLM's encoder layers; smollm-block: one SmolLM2 "
                         "block; bert-base: BERT-base shape, random weights, extrapolated from --layers; default "
                         "all three); bench fhe: minilm (polarity classification) and/or bert-base (one layer, "
-                        "random weights); default minilm; bench blb: minilm, bert-base, gpt2 (GPT2-base shape, "
+                        "random weights) and/or smollm-generate (SmolLM2 greedy generation, resumable: --prompt-tokens, --max-new-tokens, --checkpoint); default minilm; bench blb: minilm, bert-base, gpt2 (GPT2-base shape, "
                         "random weights, the layers and the final norm), tiny, tiny-gpt2; default minilm,gpt2)")
     b.add_argument("--layers", type=int, default=None,
                    help="bench 2pc: layers to run (default: minilm all 6, bert-base 1 of 12); bench blb: "
@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rows-file", default=None, metavar="FILE",
                    help="bench fhe: MiniLM's per-sentence rows, written to FILE as each finishes; the sentences "
                         "already in FILE are skipped (a long run can stop and go on)")
+    b.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="bench fhe --workloads smollm-generate: the run's directory, written after every layer and "
+                        "resumed when it exists (it holds the client's secret key: keep it private)")
+    b.add_argument("--max-layers", type=int, default=None,
+                   help="bench fhe --workloads smollm-generate: stop after this many layers (resume later)")
     b.add_argument("--fhe-preset", default=FHE_PRESETS[0], choices=FHE_PRESETS,
                    help="bench fhe: the CKKS bootstrapping preset (test-insecure-N1024 needs --insecure-test-preset)")
     b.add_argument("--insecure-test-preset", action="store_true",
@@ -287,8 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "for W > 1: async (default: queued calls, one wait per layer half) and/or sync (a barrier "
                         "after every operator), e.g. async,sync for an A/B of the overlap")
     b.add_argument("--model", default=DEFAULT_DECODER)
-    b.add_argument("--prompt-tokens", type=int, default=8)
-    b.add_argument("--max-new-tokens", type=int, default=16)
+    b.add_argument("--prompt-tokens", type=int, default=None,
+                   help="bench offload: default 8; bench fhe smollm-generate: default 7 (8 positions in all)")
+    b.add_argument("--max-new-tokens", type=int, default=None,
+                   help="bench offload: default 16; bench fhe smollm-generate: default 2")
     _add_report_args(b)
     return parser
 

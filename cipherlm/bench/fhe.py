@@ -10,7 +10,11 @@ Workloads:
 * ``bert-base``: one BERT-base layer (hidden 768, 12 heads, FFN 3072; random weights,
   seed 0) at ``--tokens`` tokens, its hidden states against the plain layer;
 * ``smollm-block``: SmolLM2-135M's first decoder block (+ the final RMSNorm) on
-  ``--tokens`` tokens of real text, against the plain executor's values there.
+  ``--tokens`` tokens of real text, against the plain executor's values there;
+* ``smollm-generate``: SmolLM2-135M greedy generation of ``--max-new-tokens`` tokens after
+  the first ``--prompt-tokens`` tokens of a fixed text, all 30 layers, checkpointed after
+  every layer in ``--checkpoint DIR`` and resumed from it (`cipherlm.bench.fhe_generate`;
+  ``--max-layers`` stops a call early), against the plain executor's greedy tokens.
 
 ``--refresh client`` runs the client-aided refresh instead of bootstrapping (no
 bootstrapping keys; the refresh round trips' bytes are reported); at the production
@@ -297,14 +301,47 @@ def bench_smollm_block(tokens: int, preset: str, insecure: bool, progress=print,
             else 0, "counts": st["counts"], "seconds_by_kind": st["seconds"], "peak_rss_bytes": _peak_rss_bytes()}
 
 
+#: the text whose first tokens are ``smollm-generate``'s prompt
+GENERATE_TEXT = "The capital of France is Paris, a city known for its museums and"
+
+
+def bench_smollm_generate(prompt_tokens: int, new_tokens: int, preset: str, insecure: bool, progress=print,
+                          refresh: str = "client", checkpoint=None, max_layers: int | None = None) -> dict:
+    """SmolLM2-135M greedy generation in the fhe mode, resumable (`fhe_generate.generate`); the
+    ranges are calibrated on polarity test sentences, not on the prompt."""
+    from cipherlm.models import load_model
+    from cipherlm.models.data import polarity_split
+
+    from .fhe_generate import generate
+
+    lm = load_model("smollm2-135m")
+    ids = lm.tokenizer.encode(GENERATE_TEXT).ids[:prompt_tokens]
+    if len(ids) < prompt_tokens:
+        raise SystemExit(f"the generation text has only {len(ids)} tokens")
+    n = prompt_tokens + new_tokens - 1
+    _train, test = polarity_split()
+    texts = [t for t, _ in test[:12]]
+    cal = [(lm.tokenizer.encode(" ".join(texts[i:i + 3])).ids * 4)[:n] for i in range(0, 12, 3)]
+    if checkpoint is None:
+        checkpoint = tempfile.mkdtemp(prefix="cipherlm-fhe-generate-")
+        progress(f"smollm generate: checkpoints in {checkpoint} (pass --checkpoint to resume a stopped run)")
+    return generate(lm, ids, new_tokens, checkpoint, calibration=cal, preset=preset, insecure=insecure,
+                    refresh=refresh, max_layers=max_layers, progress=progress)
+
+
 def run_workloads(workloads: str, tokens: list[int], sentences: int, preset: str, insecure: bool,
-                  progress=print, refresh: str = "bootstrap", rows_file=None) -> list[dict]:
+                  progress=print, refresh: str = "bootstrap", rows_file=None, generate: dict | None = None) -> list[dict]:
     """Each workload at each token count, one result dict each (``rows_file``: MiniLM's rows,
-    resumable, `bench_minilm`; one token count only)."""
+    resumable, `bench_minilm`; one token count only).  ``generate``: ``smollm-generate``'s
+    prompt_tokens, new_tokens, checkpoint and max_layers (it ignores ``tokens``)."""
     if rows_file is not None and len(tokens) > 1:
         raise SystemExit("--rows-file takes one token count")
     out = []
     for w in (w.strip() for w in workloads.split(",") if w.strip()):
+        if w == "smollm-generate":
+            out.append(bench_smollm_generate(progress=progress, preset=preset, insecure=insecure, refresh=refresh,
+                                             **(generate or {"prompt_tokens": 7, "new_tokens": 2})))
+            continue
         for t in tokens:
             if w == "minilm":
                 out.append(bench_minilm(t, sentences, preset, insecure, progress=progress, refresh=refresh,
@@ -314,7 +351,7 @@ def run_workloads(workloads: str, tokens: list[int], sentences: int, preset: str
             elif w == "smollm-block":
                 out.append(bench_smollm_block(t, preset, insecure, progress=progress, refresh=refresh))
             else:
-                raise SystemExit(f"unknown fhe workload {w!r} (minilm, bert-base, smollm-block)")
+                raise SystemExit(f"unknown fhe workload {w!r} (minilm, bert-base, smollm-block, smollm-generate)")
     return out
 
 
@@ -326,7 +363,10 @@ def run(args) -> list[dict]:
     return run_workloads(args.workloads or "minilm", [args.tokens or 32], args.sentences, preset,
                          preset.startswith("test-insecure"),
                          progress=lambda m: print(f"bench fhe: {m}", file=sys.stderr, flush=True),
-                         refresh=getattr(args, "refresh", "bootstrap"), rows_file=getattr(args, "rows_file", None))
+                         refresh=getattr(args, "refresh", "bootstrap"), rows_file=getattr(args, "rows_file", None),
+                         generate={"prompt_tokens": args.prompt_tokens or 7, "new_tokens": args.max_new_tokens or 2,
+                                   "checkpoint": getattr(args, "checkpoint", None),
+                                   "max_layers": getattr(args, "max_layers", None)})
 
 
 def main(argv=None) -> int:
@@ -342,12 +382,18 @@ def main(argv=None) -> int:
                    help="run at the INSECURE N=2^10 test preset (checks the circuits quickly; no security)")
     p.add_argument("--refresh", choices=("bootstrap", "client"), default="bootstrap")
     p.add_argument("--rows-file", default=None, help="minilm: per-sentence rows, written as they finish; resumed")
+    p.add_argument("--prompt-tokens", type=int, default=7, help="smollm-generate: prompt tokens (default 7)")
+    p.add_argument("--max-new-tokens", type=int, default=2, help="smollm-generate: new tokens (default 2)")
+    p.add_argument("--checkpoint", default=None, help="smollm-generate: the run's directory (resumed when it exists)")
+    p.add_argument("--max-layers", type=int, default=None, help="smollm-generate: stop after this many layers")
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
     preset = "test-insecure-N1024" if a.insecure_test_preset else a.preset
     out = run_workloads(a.workloads, [int(v) for v in a.tokens.split(",")], a.sentences, preset,
                         a.insecure_test_preset, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                        refresh=a.refresh, rows_file=a.rows_file)
+                        refresh=a.refresh, rows_file=a.rows_file,
+                        generate={"prompt_tokens": a.prompt_tokens, "new_tokens": a.max_new_tokens,
+                                  "checkpoint": a.checkpoint, "max_layers": a.max_layers})
     text = json.dumps(out, indent=1, default=float)
     if a.json:
         with open(a.json, "w") as f:

@@ -166,7 +166,7 @@ def print_generation(g: dict) -> None:
 
 def run(args) -> dict:
     """``cipherlm bench offload``: generation + per-shape linear layers (ours only)."""
-    result = {"generation": bench_generation(args.model, args.prompt_tokens, args.max_new_tokens,
+    result = {"generation": bench_generation(args.model, args.prompt_tokens or 8, args.max_new_tokens or 16,
                                              progress=lambda s: print(s, file=sys.stderr))}
     print_generation(result["generation"])
     result["linear_shapes"] = bench_linear_shapes(sorted(set(smollm2_layer_shapes())),
