@@ -8,6 +8,13 @@ channels per ciphertext), input at level 5.  Prints the seconds of each run, the
 against numpy, and the ratio reference / native per round (docs/fhe.md quotes it).
 
     .venv/bin/python benchmarks/ab_fhe_linear.py [--rounds 2] [--d-in 384] [--d-out 1536] [--tokens 32] [--level 5]
+
+``--out-levels 3,0``: instead, the native path with the input as it is against the same input
+dropped for each output level cap (`EncodedLinear`'s ``out_level``: fewer primes to encode the
+diagonals at), alternating; e.g. SmolLM2's o projection as layers 1-29 meet it, input just
+refreshed (docs/fhe.md "Projections at the levels their readers use"):
+
+    .venv/bin/python benchmarks/ab_fhe_linear.py --d-in 576 --d-out 576 --tokens 7 --level 9 --out-levels 3,0
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--level", type=int, default=5)
     ap.add_argument("--preset", default="N16QP1546H192H32")
+    ap.add_argument("--out-levels", default=None, help="comma-separated output level caps to A/B against none")
     a = ap.parse_args()
     be = get_backend("lattigo")
     ctx = be.bootstrappable_context(a.preset)
@@ -48,20 +56,26 @@ def main() -> None:
     for c in cts:
         be.mod_switch_to_inplace(ctx, c, a.level)
     x = CkksTensor(cts, a.d_in, P, 4.0)
-    times: dict[bool, list[float]] = {True: [], False: []}
+    # (label, native, out_level cap)
+    if a.out_levels:
+        variants = [("as is", True, None)] + [(f"cap {c}", True, int(c)) for c in a.out_levels.split(",")]
+    else:
+        variants = [("native", True, None), ("reference", False, None)]
+    times: dict[str, list[float]] = {v[0]: [] for v in variants}
     for rnd in range(a.rounds):
-        for native in (True, False):
+        for label, native, cap in (variants if rnd % 2 == 0 else variants[::-1]):
             lin = L.EncodedLinear(W, None, P, cache=False)
             lin.native = native
             t0 = time.perf_counter()
-            y = lin(ev, x, bound=8.0)
+            y = lin(ev, x, bound=8.0, out_level=cap)
             dt = time.perf_counter() - t0
             got = np.stack([be.decode_slots(ctx, sk.decrypt(c)) for c in y.cts]).reshape(-1, P.tp)
             err = np.abs(P.unpack(got.reshape(-1, ctx.slots), a.d_out) - X @ W.T).max()
-            print(f"round {rnd} {'native' if native else 'reference'}: {dt:.1f} s, max error {err:.2e}", flush=True)
-            times[native].append(dt)
-    print("reference / native per round:", [round(r / n, 2) for r, n in zip(times[False], times[True])])
-
+            print(f"round {rnd} {label}: {dt:.1f} s, output level {y.level}, max error {err:.2e}", flush=True)
+            times[label].append(dt)
+    base = variants[0][0]
+    for label, *_ in variants[1:]:
+        print(f"{label} / {base} per round:", [round(t / b, 2) for t, b in zip(times[label], times[base])])
 
 if __name__ == "__main__":
     main()

@@ -179,3 +179,42 @@ def test_bench_fhe_rows_file_resume(tmp_path):
     for k, v in (("tokens", 16), ("preset", "other"), ("refresh", "bootstrap")):
         with pytest.raises(SystemExit, match="another run"):
             _resumed_rows(f, {**run, k: v})
+
+
+def test_projections_run_at_the_levels_their_readers_use(keys, tiny_llama_dir):
+    """A projection read only by a residual add runs at most one level above the other operand
+    (the sum takes the lower level), one the client decrypts at the lowest level it may:
+    fewer primes to encode the diagonals at, with the same values."""
+    from cipherlm.models import load_model
+    from cipherlm.runtime.fhe_executor import calibrated_model
+    from cipherlm.runtime.plain import plain_executor
+
+    lm = load_model(tiny_llama_dir)
+    rng = np.random.default_rng(3)
+    model = calibrated_model(lm, [rng.integers(0, 96, size=12) for _ in range(4)])
+    assert model.level_use == {
+        "lm_head": "client",
+        "model.layers.0.self_attn.o_proj": "embed", "model.layers.0.mlp.down_proj": "L0.attn_res",
+        "model.layers.1.self_attn.o_proj": "L0.ffn_res", "model.layers.1.mlp.down_proj": "L1.attn_res"}
+    seen = []
+    lin_call = type(model.encoded("lm_head", model.packing(512, 5, 8), None)).__call__
+
+    def spy(self, ev, x, bound=1.0, label="linear", out_level=None):
+        y = lin_call(self, ev, x, bound, label, out_level)
+        seen.append((label, out_level, y.level))
+        return y
+
+    ids = list(rng.integers(0, 96, size=5))
+    P, ev = _session(keys, model, len(ids), 8)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(type(model.encoded("lm_head", P, None)), "__call__", spy)
+    try:
+        out = model.logits(ev, _encrypt(keys, model, P, ids))
+    finally:
+        mp.undo()
+    capped = [(label, cap, level) for label, cap, level in seen if cap is not None]
+    assert {label for label, *_ in capped} == set(model.level_use)
+    assert all(level <= cap for _label, cap, level in capped)
+    assert out.level == 0  # the LM head at the lowest level (bootstrap path: no refresh floor)
+    got = _slots(keys, out)[: out.d, len(ids) - 1]
+    assert np.abs(got - plain_executor(lm, dtype=np.float64).forward(ids)[-1]).max() < 5e-3

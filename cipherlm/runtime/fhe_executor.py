@@ -105,6 +105,20 @@ class FheLinear:
 
     def __init__(self, model: "FheModel", ev: CkksEvaluator):
         self.model, self.ev = model, ev
+        #: the walk's values so far (`_FheWalk.run_nodes`): where a residual add's other operand is
+        self.vals: dict = {}
+
+    def out_level(self, name: str) -> int | None:
+        """The highest level projection ``name``'s output is any use at (`FheModel.level_use`):
+        0 for what the client decrypts, the other operand's level for a residual add (the sum
+        takes the lower of the two), None: no cap."""
+        use = self.model.level_use.get(name)
+        if use is None:
+            return None
+        if use == "client":
+            return 0
+        other = self.vals.get(use)
+        return other.level if isinstance(other, CkksTensor) else None
 
     def linear(self, x: CkksTensor, names: Sequence[str]) -> list[CkksTensor]:
         ev = self.ev
@@ -112,11 +126,40 @@ class FheLinear:
         outs = []
         for name in names:
             e = self.model.encoded(name, x.packing, pos)
-            y = e(ev, x, bound=self.model.bound_of_linear(name), label=name)
+            y = e(ev, x, bound=self.model.bound_of_linear(name), label=name, out_level=self.out_level(name))
             if pos is not None:
                 y.position = pos
             outs.append(y)
         return outs
+
+
+def level_use(graph: Graph, classifier: bool = False) -> dict[str, str]:
+    """Projections whose output is of use at a capped level (`FheLinear.out_level`): name ->
+    "client" when the client decrypts it (the LM head, a classifier head), or the value name
+    of the other operand when its only reader is an ``add`` (a residual connection: the sum
+    is at the lower level of the two, so a higher one would be spent encoding the
+    projection's diagonals at more primes for nothing).  Projections in groups of several
+    (q, k, v; gate, up) are left uncapped."""
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            readers.setdefault(v, []).append(n)
+    outputs = set(graph.outputs.values())
+    by_group: dict[int, int] = {}
+    for n in graph.linears():
+        by_group[n.attrs["group"]] = by_group.get(n.attrs["group"], 0) + 1
+    use = {"classifier": "client"} if classifier else {}
+    for n in graph.linears():
+        if by_group[n.attrs["group"]] != 1:
+            continue
+        rs = readers.get(n.out, [])
+        if n.out in outputs and all(r.op == "argmax" for r in rs):
+            use[n.attrs["name"]] = "client"
+        elif len(rs) == 1 and rs[0].op == "add" and n.out not in outputs:
+            others = [v for v in rs[0].inputs if v != n.out]
+            if len(others) == 1:
+                use[n.attrs["name"]] = others[0]
+    return use
 
 
 def _keep(x: CkksTensor, y: CkksTensor) -> CkksTensor:
@@ -210,6 +253,8 @@ class FheModel:
         self.classifier = classifier
         self.executor = GraphExecutor(self.graph, self.params, linear=object(), backend=object())
         self.graph = self.executor.graph  # with the linear groups
+        #: projections whose output level is capped (`level_use`)
+        self.level_use = level_use(self.graph, classifier is not None)
         self._enc: dict[tuple, lin.EncodedLinear] = {}
         #: keep the projections' encoded plaintexts between passes (False: encode on every use;
         #: a model at 2^15 slots would otherwise hold GBs of plaintexts per level it meets)
@@ -399,6 +444,10 @@ class _FheWalk(GraphExecutor):
     """The graph walk with a per-layer callback."""
 
     on_layer = None
+
+    def run_nodes(self, nodes, vals: dict, ctx: dict, cache=None) -> dict:
+        self.linear.vals = vals  # updated in place by the walk: the projections' level caps read it
+        return super().run_nodes(nodes, vals, ctx, cache)
 
     def _layer_done(self, layer, ctx) -> None:
         if self.on_layer is not None and layer is not None:

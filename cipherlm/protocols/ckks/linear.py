@@ -117,12 +117,20 @@ class EncodedLinear:
                 self._pts[k] = pt
         return pt
 
-    def __call__(self, ev: CkksEvaluator, x: CkksTensor, bound: float = 1.0, label: str = "linear") -> CkksTensor:
+    def __call__(self, ev: CkksEvaluator, x: CkksTensor, bound: float = 1.0, label: str = "linear",
+                 out_level: int | None = None) -> CkksTensor:
+        """Y = X W^T + b.  ``out_level``: the highest output level the caller can use (0: the
+        client decrypts it; the other operand's level for a residual add); the input is
+        dropped (modulus switching, free) to what that needs, at least the one level this
+        product consumes, so the diagonals are encoded and multiplied at fewer primes."""
         if x.d != self.d_in or x.packing != self.packing:
             raise HEError(f"{label}: input of {x.d} channels, expected {self.d_in} in this layout")
-        x = ev.refresh(x, 1 + ev.reserve(bound), label)
+        need = 1 + ev.reserve(bound)
+        x = ev.refresh(x, need, label)
         tp, g = self.packing.tp, self.g
         lvl = x.level
+        if out_level is not None:
+            lvl = min(lvl, max(out_level + 1, need + ev.floor))
         cts = [ev.drop_to(ev.copy(c), lvl) if c.level > lvl else c for c in x.cts]
         if self.native and hasattr(ev.be, "token_group_linear"):
             return self._native(ev, cts, bound)
