@@ -329,6 +329,14 @@ func TestEncodeNTTMatchesLattigo(t *testing.T) {
 				v := make([]float64, n)
 				for i := range v {
 					v[i] = r.Float64()*2 - 1
+					switch i % 7 { // the quantisation's edge cases: zeros, values that round to 0, +-2^30
+					case 1:
+						v[i] = 0
+					case 2:
+						v[i] *= 1e-13
+					case 3:
+						v[i] *= 1 << 30
+					}
 				}
 				vals = v
 			}

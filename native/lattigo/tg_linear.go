@@ -140,12 +140,20 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 			return err
 		}
 
-		// the units: products with diagonals encoded on the fly, rescale, giant rotation
+		// the units: products with diagonals encoded on the fly, rescale, giant rotation.  Each
+		// worker encodes into one plaintext it reuses (a fresh one per diagonal cost a page-faulted
+		// allocation each: ~20% of the time at 2^15 slots) and accumulates ct x pt with Montgomery
+		// products of the plain (non-Montgomery) diagonal, sum_d ct * pt_d * R^-1, then multiplies
+		// the unit's sum by R once (MForm): the same residues as Lattigo's Mul / MulThenAdd, which
+		// convert every plaintext to the Montgomery form first.
 		scale := rlwe.NewScale(params.Q()[lvl])
+		ringQ := params.RingQ().AtLevel(lvl)
 		sums := make([]*rlwe.Ciphertext, len(units))
 		var products, rotations int64
 		err = parallel(wk, func(t int) error {
 			v := make([]float64, slots)
+			pt := ckks.NewPlaintext(params, lvl)
+			pt.Scale = scale
 			var prods, rots int64
 			for u := t; u < len(units); u += wk {
 				o, j := units[u].o, units[u].j
@@ -157,28 +165,32 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 						if !nz[(o*ni+i)*cpc+k] {
 							continue
 						}
-						for c := 0; c < cpc; c++ { // the diagonal, rolled right by shift slots
+						for c := 0; c < cpc; c++ { // the diagonal, rolled right by shift slots (T | shift)
 							val := at(o, i, k, c)
+							base := (c*T + shift) % slots
 							for p := 0; p < T; p++ {
-								v[(c*T+p+shift)%slots] = val * M[p]
+								v[base+p] = val * M[p]
 							}
 						}
-						pt := ckks.NewPlaintext(params, lvl)
-						pt.Scale = scale
 						if err := encodeNTT(e.ctx.encoder, v, pt); err != nil {
 							return err
 						}
+						x := baby[i][b]
 						if acc == nil {
 							acc = ckks.NewCiphertext(params, 1, lvl)
-							if err := eval.Mul(baby[i][b], pt, acc); err != nil {
-								return err
-							}
-						} else if err := eval.MulThenAdd(baby[i][b], pt, acc); err != nil {
-							return err
+							ringQ.MulCoeffsMontgomery(x.Value[0], pt.Value, acc.Value[0])
+							ringQ.MulCoeffsMontgomery(x.Value[1], pt.Value, acc.Value[1])
+							*acc.MetaData = *x.MetaData
+							acc.Scale = x.Scale.Mul(pt.Scale)
+						} else {
+							ringQ.MulCoeffsMontgomeryThenAdd(x.Value[0], pt.Value, acc.Value[0])
+							ringQ.MulCoeffsMontgomeryThenAdd(x.Value[1], pt.Value, acc.Value[1])
 						}
 						prods++
 					}
 				}
+				ringQ.MForm(acc.Value[0], acc.Value[0])
+				ringQ.MForm(acc.Value[1], acc.Value[1])
 				if err := rescale(eval, acc, acc); err != nil {
 					return err
 				}
