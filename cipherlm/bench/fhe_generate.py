@@ -159,7 +159,6 @@ def generate(lm, ids: Sequence[int], new_tokens: int, checkpoint, *, calibration
     call).  Returns the report: ``complete``, the fhe and plain tokens, per pass the logits
     error and the plain margin, per layer seconds and op counts."""
     from cipherlm.he import get_backend
-    from cipherlm.he.lattigo_backend import LattigoSecretKeys
     from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor
     from cipherlm.protocols.ckks.refresh import ClientRefresher, reencrypt_blobs
     from cipherlm.runtime.fhe_executor import calibrated_model, client_embedding, client_tensors
@@ -182,7 +181,7 @@ def generate(lm, ids: Sequence[int], new_tokens: int, checkpoint, *, calibration
     ck = Checkpoint(checkpoint, run, be, ctx)
     max_tokens = len(ids) + new_tokens - 1  # the last new token never goes through the model
     t0 = time.perf_counter()
-    sk = LattigoSecretKeys.from_ternary(ctx, ck.secret(getattr(ctx, "secret_hamming_weight", None)))
+    sk = be.secret_keys_from_ternary(ctx, ck.secret(getattr(ctx, "secret_hamming_weight", None)))
     steps = list(model.rotation_steps(model.packing(ctx.slots, max_tokens)))
     ek = sk.eval_keys(relin=True, steps=steps)
     bk = sk.bootstrapping_keys() if refresh == "bootstrap" else None
