@@ -228,10 +228,10 @@ func encodeTiled(c *ctxObj, vals []float64, logP int, pt *rlwe.Plaintext, buf []
 		return err
 	}
 	r := c.params.RingQ().AtLevel(pt.Level())
-	scale := pt.Scale.Float64()
+	q := newQuantiser(r, pt.Scale.Float64(), pt.Value.Coeffs)
 	for i, v := range buf[:n] {
-		ckks.SingleFloat64ToFixedPointCRT(r, i, real(v), scale, pt.Value.Coeffs)
-		ckks.SingleFloat64ToFixedPointCRT(r, i+n, imag(v), scale, pt.Value.Coeffs)
+		q.put(i, real(v))
+		q.put(i+n, imag(v))
 	}
 	full := pt.LogDimensions
 	pt.LogDimensions = ring.Dimensions{Rows: 0, Cols: logP}

@@ -505,10 +505,9 @@ var complexPool sync.Pool
 
 // embedFullSlots: Lattigo's Encoder.Embed of []float64 or []complex128 slot values into the
 // coefficient domain of pt (all N/2 slots, standard ring): the same special IFFT
-// (Encoder.IFFT), then the fixed-point CRT quantisation of Complex128ToFixedPointCRT with the
-// moduli and Barrett constants read once, not once per coefficient (Lattigo's
-// SingleFloat64ToFixedPointCRT allocates both for every coefficient: ~15% of an fhe
-// projection's time at 2^15 slots).  Bit-identical, the |x| >= 2^64 fallback included
+// (Encoder.IFFT), then Complex128ToFixedPointCRT's quantisation by `quantiser` (Lattigo's
+// allocates for every coefficient: ~15% of an fhe projection's time at 2^15 slots).
+// Bit-identical, the |x| >= 2^64 fallback included
 // (TestEncodeNTTMatchesLattigo).  False (nothing written): another value type.
 func embedFullSlots(ecd *ckks.Encoder, ringQ *ring.Ring, values any, pt *rlwe.Plaintext) bool {
 	slots := ringQ.N() / 2
@@ -540,47 +539,59 @@ func embedFullSlots(ecd *ckks.Encoder, ringQ *ring.Ring, values any, pt *rlwe.Pl
 	if err := ecd.IFFT(buf, pt.LogDimensions.Cols); err != nil {
 		return false
 	}
-	scale := pt.Scale.Float64()
-	moduli := ringQ.ModuliChain()[:ringQ.Level()+1]
-	brc := ringQ.BRedConstants()
-	coeffs := pt.Value.Coeffs
-	put := func(i int, value float64) {
-		orig := value
-		if value == 0 {
-			for j := range moduli {
-				coeffs[j][i] = 0
-			}
-			return
-		}
-		neg := value < 0
-		if neg {
-			value *= -scale
-		} else {
-			value *= scale
-		}
-		if value >= 1.8446744073709552e+19 { // Lattigo's big-number path
-			ckks.SingleFloat64ToFixedPointCRT(ringQ, i, orig, scale, coeffs)
-			return
-		}
-		c := uint64(value + 0.5)
-		for j, qi := range moduli {
-			switch {
-			case neg && c > qi:
-				coeffs[j][i] = qi - ring.BRedAdd(c, qi, brc[j])
-			case neg:
-				coeffs[j][i] = qi - c
-			case c > 0x1fffffffffffffff:
-				coeffs[j][i] = ring.BRedAdd(c, qi, brc[j])
-			default:
-				coeffs[j][i] = c
-			}
-		}
-	}
+	q := newQuantiser(ringQ, pt.Scale.Float64(), pt.Value.Coeffs)
 	for i, x := range buf {
-		put(i, real(x))
-		put(i+slots, imag(x))
+		q.put(i, real(x))
+		q.put(i+slots, imag(x))
 	}
 	return true
+}
+
+// quantiser: Lattigo's SingleFloat64ToFixedPointCRT (coefficient i of a CRT polynomial =
+// round(value * scale) mod every prime, with its exact conventions) with the ring's moduli and
+// Barrett constants read once: Lattigo's reads them through calls that allocate a slice for
+// every coefficient.
+type quantiser struct {
+	r      *ring.Ring
+	scale  float64
+	moduli []uint64
+	brc    [][2]uint64
+	coeffs [][]uint64
+}
+
+func newQuantiser(r *ring.Ring, scale float64, coeffs [][]uint64) quantiser {
+	return quantiser{r, scale, r.ModuliChain()[:r.Level()+1], r.BRedConstants(), coeffs}
+}
+
+func (q quantiser) put(i int, value float64) {
+	if value == 0 {
+		for j := range q.moduli {
+			q.coeffs[j][i] = 0
+		}
+		return
+	}
+	neg := value < 0
+	x := value * q.scale
+	if neg {
+		x = -x
+	}
+	if x >= 1.8446744073709552e+19 { // Lattigo's big-number path
+		ckks.SingleFloat64ToFixedPointCRT(q.r, i, value, q.scale, q.coeffs)
+		return
+	}
+	c := uint64(x + 0.5)
+	for j, qi := range q.moduli {
+		switch {
+		case neg && c > qi:
+			q.coeffs[j][i] = qi - ring.BRedAdd(c, qi, q.brc[j])
+		case neg:
+			q.coeffs[j][i] = qi - c
+		case c > 0x1fffffffffffffff:
+			q.coeffs[j][i] = ring.BRedAdd(c, qi, q.brc[j])
+		default:
+			q.coeffs[j][i] = c
+		}
+	}
 }
 
 // fastEvaluator: a ckks.Evaluator whose ct-ct products, relinearisations and rescales go
