@@ -30,6 +30,10 @@ import (
 
 type tgUnit struct{ o, j int }
 
+// tgBatch: diagonals encoded before their products are summed in one pass (`mulAccTile`); each
+// worker keeps this many plaintexts (5.2 MB each at level 9, N = 2^16).
+const tgBatch = 16
+
 // clg_tg_linear: the product of the padded matrix w (nOut cpc rows x nIn cpc columns, row-major)
 // with the nIn ciphertexts `cts` (one level, degree 1) in the token-group layout of tp positions
 // per channel, positions weighted by mask (tp values), g baby steps.  out[o]: block o's result
@@ -141,24 +145,64 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 		}
 
 		// the units: products with diagonals encoded on the fly, rescale, giant rotation.  Each
-		// worker encodes into one plaintext it reuses (a fresh one per diagonal cost a page-faulted
-		// allocation each: ~20% of the time at 2^15 slots) and accumulates ct x pt with Montgomery
-		// products of the plain (non-Montgomery) diagonal, sum_d ct * pt_d * R^-1, then multiplies
-		// the unit's sum by R once (MForm): the same residues as Lattigo's Mul / MulThenAdd, which
-		// convert every plaintext to the Montgomery form first.
+		// worker encodes the diagonals of a unit in batches of tgBatch into plaintexts it reuses
+		// (a fresh one per diagonal cost a page-faulted allocation each: ~20% of the time at 2^15
+		// slots) and adds the batch's products with the offload kernel `mulAccTile` (128-bit lazy
+		// sums, one Montgomery reduction per coefficient and batch, tiled over the coefficients):
+		// that gives sum_d ct * pt_d * R^-1 for the plain (non-Montgomery) diagonals, so each
+		// unit's sum is multiplied by R once at the end (MForm): the same residues as Lattigo's
+		// Mul / MulThenAdd, which convert every diagonal to the Montgomery form first.
 		scale := rlwe.NewScale(params.Q()[lvl])
 		ringQ := params.RingQ().AtLevel(lvl)
+		N := params.N()
 		sums := make([]*rlwe.Ciphertext, len(units))
 		var products, rotations int64
 		err = parallel(wk, func(t int) error {
 			v := make([]float64, slots)
-			pt := ckks.NewPlaintext(params, lvl)
-			pt.Scale = scale
+			pts := make([]*rlwe.Plaintext, tgBatch)
+			for k := range pts {
+				pts[k] = ckks.NewPlaintext(params, lvl)
+				pts[k].Scale = scale
+			}
+			xs := make([]*rlwe.Ciphertext, 0, tgBatch)
+			a0s, a1s, ps := make([][]uint64, tgBatch), make([][]uint64, tgBatch), make([][]uint64, tgBatch)
+			tmp0, tmp1 := ringQ.NewPoly(), ringQ.NewPoly()
+			tile := make([]uint64, 4*prodTile)
 			var prods, rots int64
 			for u := t; u < len(units); u += wk {
 				o, j := units[u].o, units[u].j
 				shift := j * G * T
 				var acc *rlwe.Ciphertext
+				flush := func() {
+					if len(xs) == 0 {
+						return
+					}
+					d0, d1, into := tmp0, tmp1, acc != nil
+					if acc == nil {
+						acc = ckks.NewCiphertext(params, 1, lvl)
+						*acc.MetaData = *xs[0].MetaData
+						acc.Scale = xs[0].Scale.Mul(scale)
+						d0, d1 = acc.Value[0], acc.Value[1]
+					}
+					for l, sub := range ringQ.SubRings[:lvl+1] {
+						q, qInv, fold := sub.Modulus, sub.MRedConstant, foldTerms(sub.Modulus)
+						for c0 := 0; c0 < N; c0 += prodTile {
+							c1 := min(c0+prodTile, N)
+							for k, x := range xs {
+								a0s[k], a1s[k] = x.Value[0].Coeffs[l][c0:c1], x.Value[1].Coeffs[l][c0:c1]
+								ps[k] = pts[k].Value.Coeffs[l][c0:c1]
+							}
+							n := len(xs)
+							mulAccTile(q, qInv, fold, a0s[:n], a1s[:n], ps[:n], d0.Coeffs[l][c0:c1], d1.Coeffs[l][c0:c1],
+								tile[:4*(c1-c0)], false)
+						}
+					}
+					if into {
+						ringQ.Add(acc.Value[0], d0, acc.Value[0])
+						ringQ.Add(acc.Value[1], d1, acc.Value[1])
+					}
+					xs = xs[:0]
+				}
 				for i := 0; i < ni; i++ {
 					for b := 0; b < G && j*G+b < cpc; b++ {
 						k := j*G + b
@@ -172,23 +216,17 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 								v[base+p] = val * M[p]
 							}
 						}
-						if err := encodeNTT(e.ctx.encoder, v, pt); err != nil {
+						if err := encodeNTT(e.ctx.encoder, v, pts[len(xs)]); err != nil {
 							return err
 						}
-						x := baby[i][b]
-						if acc == nil {
-							acc = ckks.NewCiphertext(params, 1, lvl)
-							ringQ.MulCoeffsMontgomery(x.Value[0], pt.Value, acc.Value[0])
-							ringQ.MulCoeffsMontgomery(x.Value[1], pt.Value, acc.Value[1])
-							*acc.MetaData = *x.MetaData
-							acc.Scale = x.Scale.Mul(pt.Scale)
-						} else {
-							ringQ.MulCoeffsMontgomeryThenAdd(x.Value[0], pt.Value, acc.Value[0])
-							ringQ.MulCoeffsMontgomeryThenAdd(x.Value[1], pt.Value, acc.Value[1])
+						xs = append(xs, baby[i][b])
+						if len(xs) == tgBatch {
+							flush()
 						}
 						prods++
 					}
 				}
+				flush()
 				ringQ.MForm(acc.Value[0], acc.Value[0])
 				ringQ.MForm(acc.Value[1], acc.Value[1])
 				if err := rescale(eval, acc, acc); err != nil {
