@@ -157,7 +157,7 @@ def generate(lm, ids: Sequence[int], new_tokens: int, checkpoint, *, calibration
     prompt).  ``refresh``: "client" (the client-aided refresh, no bootstrapping keys) or
     "bootstrap".  ``max_layers``: stop after this many layers in this call (the rest in a later
     call).  Returns the report: ``complete``, the fhe and plain tokens, per pass the logits
-    error and the plain margin, per layer seconds and op counts."""
+    error and the plain margin, per layer seconds (in all and by kind) and op counts."""
     from cipherlm.he import get_backend
     from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor
     from cipherlm.protocols.ckks.refresh import ClientRefresher, reencrypt_blobs
@@ -230,7 +230,7 @@ def generate(lm, ids: Sequence[int], new_tokens: int, checkpoint, *, calibration
                     cache.k[i] = ck.load_tensor(f"p{p - 1}_k{i}")
                     cache.v[i] = ck.load_tensor(f"p{p - 1}_v{i}")
                 src, dst = model.executor.layer_io(i)
-                before = dict(ev.stats.counts)
+                before, before_s = dict(ev.stats.counts), dict(ev.stats.seconds)
                 t1 = time.perf_counter()
                 x = walker.run_nodes(by_layer[i], {src: x}, pctx, cache)[dst]
                 sec = time.perf_counter() - t1
@@ -239,7 +239,9 @@ def generate(lm, ids: Sequence[int], new_tokens: int, checkpoint, *, calibration
                 ck.save_tensor(f"p{p}_v{i}", cache.v[i])
                 layers = ck.meta["layers"] + [{"pass": p, "layer": i, "seconds": round(sec, 2),
                                                "level_out": x.level,
-                                               "counts": _stats_delta(before, dict(ev.stats.counts))}]
+                                               "counts": _stats_delta(before, dict(ev.stats.counts)),
+                                               "seconds_by_kind": {k: round(v, 2) for k, v in _stats_delta(
+                                                   before_s, dict(ev.stats.seconds)).items()}}]
                 ck.commit(layers_done={**ck.meta["layers_done"], str(p): i + 1}, layers=layers)
                 for old in ([f"p{p}_h{i - 1}"] if i > 0 else []) + ([f"p{p - 1}_k{i}", f"p{p - 1}_v{i}"] if p else []):
                     ck.remove(old)
