@@ -195,3 +195,19 @@ def test_calibrated_approximations_per_node_feed_the_level_pass(tiny_llama_dir):
     assert g.node("L1.softmax").attrs["fhe"]["depth"] == pn["L1.softmax"]["exp"].depth + \
         pn["L1.softmax"]["inv"].depth + 1
     assert g.meta["fhe_levels"]["min_level"] >= 0
+
+
+def test_best_effort_within_a_depth():
+    """A range too wide for the target within the levels: the deepest series that fits, its
+    error measured (SmolLM2's layer-28 SiLU range at the client-refresh path's 8 levels)."""
+    from cipherlm.fhe.approx import approximation, chebyshev_levels, max_degree_within
+
+    lo, hi = -41.4, 66.2
+    assert approximation("silu", lo, hi, 1e-3).poly_depth == 9
+    d = max_degree_within(8, (lo, hi))
+    assert d == 127 and chebyshev_levels(d, (lo, hi)) == 8 and chebyshev_levels(d + 1, (lo, hi)) == 9
+    with pytest.raises(ValueError, match="no degree"):
+        approximation("silu", lo, hi, 1e-3, max_degree=d)
+    a = approximation("silu", lo, hi, 1e-3, max_degree=d, best_effort=True)
+    assert a.degree == d and a.poly_depth == 8 and 1e-3 < a.max_abs_error < 2e-3
+    assert approximation("silu", -8, 6, 1e-3, max_degree=d, best_effort=True).max_abs_error <= 1e-3

@@ -256,12 +256,21 @@ def _check_range(op: str, lo: float, hi: float) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def approximation(op: str, lo: float, hi: float, target_error: float, max_degree: int = MAX_DEGREE) -> Approx:
+def max_degree_within(levels: int, interval: tuple[float, float] = (-1.0, 1.0)) -> int:
+    """The largest degree whose Chebyshev series on `interval` consumes at most `levels` levels
+    (`chebyshev_levels`; 0 when not even degree 1 fits)."""
+    off = 0 if tuple(map(float, interval)) == (-1.0, 1.0) else 1
+    return max(0, (1 << max(0, int(levels) - off)) - 1) if levels > off else 0
+
+
+def approximation(op: str, lo: float, hi: float, target_error: float, max_degree: int = MAX_DEGREE,
+                  best_effort: bool = False) -> Approx:
     """The cheapest approximation of `op` on [lo, hi] whose error (absolute for gelu, silu,
     tanh, exp; relative for inv, rsqrt: see the module docstring) is <= target_error on the dense
     grid.  gelu / silu / tanh / exp: the smallest degree (<= max_degree); inv / rsqrt: the least
     depth over degrees `NEWTON_DEGREES` and 0..`MAX_NEWTON` Newton steps.  ValueError when
-    nothing within those bounds meets the target."""
+    nothing within those bounds meets the target, unless ``best_effort`` (gelu / silu / tanh /
+    exp): then the degree-``max_degree`` interpolant, its error recorded in the result."""
     lo, hi, target = float(lo), float(hi), float(target_error)
     _check_range(op, lo, hi)
     if target <= 0:
@@ -281,6 +290,8 @@ def approximation(op: str, lo: float, hi: float, target_error: float, max_degree
     if d > max_degree:
         d = max_degree
         if err(d) > target:
+            if best_effort:
+                return _make(op, lo, hi, d, interpolant(op, d, lo, hi), 0)
             raise ValueError(f"{op} on [{lo}, {hi}]: no degree <= {max_degree} reaches {target:g}")
     for k in range(prev + 1, d + 1):
         if err(k) <= target:

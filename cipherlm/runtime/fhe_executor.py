@@ -39,7 +39,7 @@ import numpy as np
 
 from cipherlm.compile import bind, build_graph
 from cipherlm.compile.ir import Graph, Node
-from cipherlm.fhe.approx import approximation
+from cipherlm.fhe.approx import approximation, max_degree_within
 from cipherlm.he.errors import HEError
 from cipherlm.protocols.ckks import attention as attn
 from cipherlm.protocols.ckks import linear as lin
@@ -207,7 +207,12 @@ class FheBackend:
         kind = _ACT_KIND.get(node.attrs["fn"])
         if kind is None:
             raise HEError(f"{node.name}: no polynomial for activation {node.attrs['fn']!r}")
-        return self.ev.poly(x, self.m.approx(node, kind), node.name, bound=self.m.bound(node.out))
+        # the deepest series one refreshed ciphertext holds (`CkksEvaluator.poly`): top - floor
+        # levels less the reserve, + 1 on the client-refresh path, whose refresh does the change
+        # of variable for free (8 there: its floor of 2 leaves 7 levels)
+        ev = self.ev
+        levels = ev.top - ev.floor - ev.reserve(self.m.bound(node.out)) + (ev.refresher is not None)
+        return self.ev.poly(x, self.m.approx(node, kind, max_depth=levels), node.name, bound=self.m.bound(node.out))
 
     def mul(self, node, a, b, ctx):
         need = 1 + self.ev.reserve(self.m.bound(node.out))
@@ -253,6 +258,8 @@ class FheModel:
         self.classifier = classifier
         self.executor = GraphExecutor(self.graph, self.params, linear=object(), backend=object())
         self.graph = self.executor.graph  # with the linear groups
+        #: activations whose approximation missed `TARGETS` to fit the levels (`approx`)
+        self.below_target: dict[str, float] = {}
         #: projections whose output level is capped (`level_use`)
         self.level_use = level_use(self.graph, classifier is not None)
         self._enc: dict[tuple, lin.EncodedLinear] = {}
@@ -305,11 +312,22 @@ class FheModel:
             return float(self.calibration.get("classifier_bound", 64.0))
         return self.bound(self._lin_out[name])
 
-    def approx(self, node: Node, kind: str):
+    def approx(self, node: Node, kind: str, max_depth: int | None = None):
+        """The approximation of `kind` on node's calibrated range at `TARGETS`' error.  With
+        ``max_depth`` (gelu, silu, tanh): at most that many levels; where the target needs more
+        (a wide range: SmolLM2's layer 28 SiLU on [-41, 66] needs degree 134, depth 9), the
+        deepest series that fits, its error recorded in `below_target` (node -> max abs error)."""
         r = self.calibration["ranges"].get((node.name, kind))
         if r is None:
             raise HEError(f"{node.name}: no calibrated range for {kind}")
-        return approximation(kind, float(r[0]), float(r[1]), TARGETS[kind])
+        lo, hi = float(r[0]), float(r[1])
+        if max_depth is None:
+            return approximation(kind, lo, hi, TARGETS[kind])
+        a = approximation(kind, lo, hi, TARGETS[kind], max_degree=max_degree_within(max_depth, (lo, hi)),
+                          best_effort=True)
+        if a.max_abs_error > TARGETS[kind]:
+            self.below_target[node.name] = a.max_abs_error
+        return a
 
     # ---- keys the client must send
 
