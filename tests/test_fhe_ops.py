@@ -15,7 +15,7 @@ from cipherlm.protocols.ckks import attention as A
 from cipherlm.protocols.ckks import linear as L
 from cipherlm.protocols.ckks import norm as NM
 from cipherlm.protocols.ckks.evaluator import CkksEvaluator, CkksTensor, pow2_at_least
-from cipherlm.protocols.ckks.packing import TokenPacking
+from cipherlm.protocols.ckks.packing import TokenPacking, next_pow2
 from cipherlm.runtime import ops
 
 pytestmark = pytest.mark.skipif(not available(), reason="the Lattigo library is not built (make lattigo)")
@@ -190,6 +190,53 @@ def test_rope(env, ev, interleave):
     assert np.abs(y - want.transpose(1, 0, 2).reshape(T, 32)).max() < 1e-6
 
 
+@pytest.mark.parametrize("T,offset,keys,tp_min,causal", [(5, 0, 5, 0, False), (32, 0, 32, 0, False),
+                                                        (3, 0, 3, 64, False), (1, 7, 8, 0, True),
+                                                        (4, 9, 13, 0, True), (6, 0, 6, 0, True)])
+def test_shift_groups_give_every_diagonal_in_slots(T, offset, keys, tp_min, causal):
+    """The grouping's slot arithmetic in numpy (np.roll for a slot rotation) over four
+    channels, so that reads past a frame land in a neighbour's: every diagonal S_r of the
+    grouped products equals Q[p] K[p + r] (0 out of range), and P.V's fold gives the sum."""
+    rng = np.random.default_rng(T + offset)
+    P = TokenPacking(4 * 64 if tp_min else 4 * next_pow2(2 * (offset + T)), T, tp_min, offset)
+    Q = np.zeros((4, P.tp))
+    K = np.zeros((4, P.tp))
+    Q[:, offset:offset + T] = rng.normal(size=(4, T))
+    K[:, :keys] = rng.normal(size=(4, keys))
+    q, k = Q.reshape(-1), K.reshape(-1)
+    rot = lambda x, r: np.roll(x, -r)  # noqa: E731 (slot i <- slot i + r)
+    rs = A.shifts(T, offset, keys, causal)
+    g = A.shift_groups(P, rs)
+    qg = sum(rot(q, -j * g.spacing) for j in range(g.count))
+    got = {}
+    for r in g.base:
+        prod = qg * rot(k, r)
+        for j, shift in g.members(r):
+            got[shift] = rot(prod, j * g.spacing).reshape(4, P.tp)[:, offset:offset + T]
+    assert sorted(got) == rs
+    pos = np.arange(offset, offset + T)
+    for r in rs:
+        ok = (pos + r >= 0) & (pos + r < keys)
+        want = np.where(ok, Q[:, pos] * K[:, np.clip(pos + r, 0, P.tp - 1)], 0.0)
+        assert np.allclose(got[r], want)
+    # P.V: P_r (any values at the pass's rows) placed at its group's positions, times rot(V, r)
+    V = np.zeros((4, P.tp))
+    V[:, :keys] = rng.normal(size=(4, keys))
+    Pr = {r: np.zeros((4, P.tp)) for r in rs}
+    for r in rs:
+        Pr[r][:, pos] = rng.normal(size=(4, T))
+    acc = 0
+    for r in g.base:
+        placed = sum(rot(Pr[shift].reshape(-1), -j * g.spacing) for j, shift in g.members(r))
+        acc = acc + placed * rot(V.reshape(-1), r)
+    out = sum(rot(acc, j * g.spacing) for j in range(g.count)).reshape(4, P.tp)[:, pos]
+    want = sum(Pr[r][:, pos] * np.where((pos + r >= 0) & (pos + r < keys), V[:, np.clip(pos + r, 0, P.tp - 1)], 0)
+               for r in rs)
+    assert np.allclose(out, want)
+    if not causal and offset == 0:
+        assert g.count >= 2 and len(g.base) == T
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_scores_softmax_values(env, ev, causal):
     rng = np.random.default_rng(6 + causal)
@@ -210,9 +257,18 @@ def test_attention_scores_softmax_values(env, ev, causal):
     e_iv, i_iv = A.softmax_intervals(bound, causal, HD, T, len(s.cts))
     p = A.softmax(ev, s, approximation("exp", *e_iv, 1e-6), approximation("inv", *i_iv, 1e-4), causal=causal)
     assert p.compact and len({id(c) for row in p.cts.values() for c, _j in row}) == 2  # 9 shifts in 2 chunks of 8
+    before = ev.stats.counts.get("mul", 0)
     out = A.attend(ev, p, enc(env, V, 4), bound=4)
     assert np.abs(dec(env, out) - want).max() < 1e-3
-    assert padding_max(env, out) < 1e-4
+    # grouped two shifts to a product (T = 5 queries, 16 positions: 9 shifts on 5 products)
+    groups = A.shift_groups(s.packing, sorted(s.cts))
+    assert (groups.count, len(groups.base)) == (2, 5)
+    assert ev.stats.counts["mul"] - before == len(groups.base)
+    # outside the pass's positions: the other group's partial sums, which the projection
+    # after attention drops with its token mask
+    y = L.EncodedLinear(np.eye(d), None, s.packing)(ev, out, bound=4)
+    assert np.abs(dec(env, y) - want).max() < 1e-3
+    assert padding_max(env, y) < 1e-4
     with pytest.raises(HEError, match="exp approximated"):
         A.softmax(ev, s, approximation("exp", -4.0, 0.0, 1e-4), approximation("inv", 0.5, 10.0, 1e-3))
     rel, over = A.relu_series(10.0)

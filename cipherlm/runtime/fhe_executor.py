@@ -337,7 +337,7 @@ class FheModel:
         steps = set(lin.rotation_steps(packing))
         for n in self.graph.nodes:
             if n.op == "qk":
-                steps |= attn.rotation_steps(packing, n.attrs["head_dim"])
+                steps |= attn.rotation_steps(packing, n.attrs["head_dim"], causal=bool(n.attrs.get("causal")))
             if n.op == "rope":
                 hd = n.attrs["head_dim"]
                 p = 1 if n.attrs.get("interleave") else hd // 2

@@ -27,7 +27,19 @@ public additive mask moves every invalid entry (out of range, causal, sliding wi
 to about -14 - 2S below the valid ones (exp ~ 0 there), and makes padding rows attend to
 themselves only (their V rows are 0, so their output stays 0 and their row sum is 1).
 
-P.V is sum_r P_r * rot(V, r): one ct x ct product per shift.
+P.V is sum_r P_r * rot(V, r), relinearised once per block (the degree-2 products summed).
+
+**Shift groups** (`ShiftGroups`) use the padding positions: with the queries at positions
+offset..end-1 and tp >= 2 end, copies of Q at offset + j s (j < k, spacing s >= T) fit in
+the frame, and one product (sum_j rot(Q, -j s)) * rot(K, r) holds the diagonals r, r + s,
+..., r + (k-1) s at once, since position p + j s of the copy meets key p + j s + r, that is
+key p + (r + j s) of query p.  One rotation of K, one relinearisation and one head window
+then serve k shifts (k = 2 for a full prefill: s = T, shifts -(T-1)..0 and 1..T-1), and a
+rotation by j s returns each diagonal to the queries' positions.  P.V mirrors it: the
+replicated P_{r + j s} are placed at offset + j s and multiplied by the same rot(V, r);
+the products are summed and folded back by rotations by j s.  Its positions outside the
+pass then hold other groups' partial sums, which the projection after attention (whose
+diagonals carry the pass's token mask, `linear.EncodedLinear`) drops.
 """
 
 from __future__ import annotations
@@ -44,6 +56,8 @@ from .packing import TokenPacking
 
 #: how far below the valid entries the additive mask puts the invalid ones (e^-14 ~ 8e-7)
 MASK_GAP = 14.0
+#: products summed before one relinearisation in `attend` (bounds the degree-2 terms held at once)
+DOT_BATCH = 16
 #: degree of the relu interpolant of the encrypted row maximum (`softmax`)
 RELU_DEGREE = 127
 
@@ -76,10 +90,55 @@ def shifts(T: int, offset: int = 0, keys: int | None = None, causal: bool = Fals
     return list(range(-(end - 1), hi + 1))
 
 
-def rotation_steps(packing: TokenPacking, head_dim: int, rope_partners=()) -> set[int]:
-    """Slot rotations the attention of this packing uses."""
+@dataclass(frozen=True)
+class ShiftGroups:
+    """The shifts of one attention pass, ``count`` to a product (module docstring): the
+    product of K rotated by r in ``base`` holds the diagonals r + j ``spacing`` (j < count) at
+    positions shifted by j ``spacing``."""
+
+    shifts: tuple[int, ...]
+    spacing: int
+    count: int
+
+    @property
+    def base(self) -> tuple[int, ...]:
+        """The rotations of K (and V): the first ``spacing`` shifts (all of them ungrouped)."""
+        return self.shifts if self.count == 1 else self.shifts[:self.spacing]
+
+    def members(self, r: int) -> list[tuple[int, int]]:
+        """(j, shift r + j spacing) for each group j that has that shift."""
+        have = set(self.shifts)
+        return [(j, r + j * self.spacing) for j in range(self.count) if r + j * self.spacing in have]
+
+    def steps(self) -> set[int]:
+        """The rotations the grouping adds: +-j spacing, 0 < j < count."""
+        return {sign * j * self.spacing for j in range(1, self.count) for sign in (1, -1)}
+
+
+def shift_groups(packing: TokenPacking, rs) -> ShiftGroups:
+    """The grouping of the contiguous shifts ``rs`` for queries at packing.offset..end-1: the
+    spacing is T, and k copies fit while (a) the last copy ends inside the frame (end + (k-1)
+    T <= tp: the positions below a copy read the previous channel's padding) and (b) the keys
+    read by the last group stay in the channel's frame (end + k T + rs[0] - 2 < tp, beyond the
+    keys they are zeros)."""
+    rs = tuple(int(r) for r in rs)
+    if list(rs) != list(range(rs[0], rs[0] + len(rs))):
+        raise HEError(f"attention shifts {rs[0]}..{rs[-1]} are not contiguous")
+    s, end, tp = packing.tokens, packing.end, packing.tp
+    k = max(1, min(-(-len(rs) // s), (tp - end) // s + 1))
+    while k > 1 and end + k * s + rs[0] - 2 >= tp:
+        k -= 1
+    return ShiftGroups(rs, s, k)
+
+
+def rotation_steps(packing: TokenPacking, head_dim: int, rope_partners=(), causal: bool = False) -> set[int]:
+    """Slot rotations the attention of this packing uses (its own pass from position 0,
+    grouped by `shift_groups`; shorter passes and decoding steps need a subset, or run
+    ungrouped)."""
     tp = packing.tp
-    out = {r for r in shifts(packing.tokens) if r}
+    rs = shifts(packing.tokens, causal=causal)
+    out = {r for r in shifts(packing.tokens) if r} | shift_groups(TokenPacking(packing.slots, packing.tokens,
+                                                                               packing.tp), rs).steps()
     k = 1
     while k < head_dim:
         out |= {k * tp, -k * tp}
@@ -183,11 +242,23 @@ def rope(ev: CkksEvaluator, x: CkksTensor, positions: np.ndarray, head_dim: int,
     return x.with_cts(out)
 
 
-def _start_mask(P: TokenPacking, d: int, head_dim: int, value: float = 1.0) -> np.ndarray:
-    """(n_cts(d), slots): `value` at the first channel of each head (all positions), else 0."""
+def _start_mask(P: TokenPacking, d: int, head_dim: int, value: float = 1.0, rows_only: bool = False) -> np.ndarray:
+    """(n_cts(d), slots): `value` at the first channel of each head, else 0: at all positions,
+    or (``rows_only``) at the pass's positions alone."""
     m = np.zeros((P.n_cts(d) * P.cpc, P.tp))
-    m[:d][np.arange(d) % head_dim == 0] = value
+    heads = np.arange(m.shape[0]) < d
+    heads &= np.arange(m.shape[0]) % head_dim == 0
+    m[heads] = value * (P.token_mask() if rows_only else 1.0)
     return m.reshape(-1, P.slots)
+
+
+def _grouping(ev: CkksEvaluator, P: TokenPacking, rs) -> ShiftGroups:
+    """`shift_groups`, or the shifts ungrouped when the evaluator lacks its rotation keys (a
+    pass shorter than the one the keys were made for)."""
+    g = shift_groups(P, rs)
+    if g.count > 1 and not ev.can_rotate(g.steps()):
+        return ShiftGroups(g.shifts, g.spacing, 1)
+    return g
 
 
 def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale: float, bound: float,
@@ -204,15 +275,18 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
     q = ev.refresh(q, 2 + ev.reserve(bound), label)
     k = ev.refresh(k, 2 + ev.reserve(bound), label)
     rs = shifts(P.tokens, P.offset, k.packing.end, causal)
-    start = _start_mask(P, q.d, head_dim, scale)
+    g = _grouping(ev, P, rs)
+    start = _start_mask(P, q.d, head_dim, scale, rows_only=True)
     out: dict[int, list] = {r: [] for r in rs}
     with ev.timer("qk"):
         for i, (qc, kc) in enumerate(zip(q.cts, k.cts)):
-            rot = ev.rot_many(kc, rs)
-            for r, kr in zip(rs, rot):
-                s = ev.mul_ct(qc, kr)
-                s = ev.window_sum(s, head_dim, P.tp)
-                out[r].append(ev.mul_plain_ct(s, start[i]))
+            copies = ev.rot_many(qc, [-j * g.spacing for j in range(g.count)])
+            qg = functools.reduce(ev.add_ct, copies)
+            for r, kr in zip(g.base, ev.rot_many(kc, g.base)):
+                s = ev.window_sum(ev.mul_ct(qg, kr), head_dim, P.tp)
+                members = g.members(r)
+                for (_j, shift), sj in zip(members, ev.rot_many(s, [j * g.spacing for j, _ in members])):
+                    out[shift].append(ev.mul_plain_ct(sj, start[i], cache_key=(label, "start", P.offset, P.tokens, P.tp, i)))
     return Scores(out, P, q.d, bound, k.packing.end, head_dim)
 
 
@@ -413,32 +487,41 @@ def softmax(ev: CkksEvaluator, s: Scores, exp_approx, inv_approx, *, causal: boo
 
 def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str = "av") -> CkksTensor:
     """sum_r P_r * rot(V, r): the attention output (T, d) in the queries' packing.  Each P_r is
-    taken out of its compact chunk (a rotation, the heads' first channels kept, a window
-    back over the head: one level), then one ct x ct product per shift.  Rows outside the
-    pass hold sums of their own V rows (a KV cache's): the projection after attention keeps
-    the pass's rows only (`linear.EncodedLinear`'s mask)."""
+    taken out of its compact chunk (a rotation, the heads' first channels of the pass's
+    positions kept, a window back over the head: one level) and placed at its group's
+    positions (`ShiftGroups`); the products with the rotations of V are summed before one
+    relinearisation per block, and the groups folded back.  Only the pass's positions are
+    the output: the others hold other groups' partial sums, which the projection after
+    attention drops (`linear.EncodedLinear`'s token mask)."""
     if v.d != p.d or v.packing.layout() != p.packing.layout() or not p.compact:
         raise HEError(f"{label}: v has {v.d} channels, the scores {p.d} (or scores not normalised)")
     P, hd = p.packing, p.head_dim
-    rs = sorted(p.cts)
+    g = _grouping(ev, P, sorted(p.cts))
     need = 2 + ev.reserve(bound)
-    start = _start_mask(P, p.d, hd)
+    start = _start_mask(P, p.d, hd, rows_only=True)
     v = ev.refresh(v, 1 + ev.reserve(bound), label)
     out = []
     with ev.timer("av"):
         spread: dict[int, list] = {}
+
+        def placed(shift: int, i: int, j: int):
+            """P_shift of block i (its heads' first channels) at positions offset + j s."""
+            ct, jj = p.cts[shift][i]
+            if id(ct) not in spread:
+                fresh = ev.refresh(CkksTensor([ct], 1, P, 1.0), need, label).cts[0]
+                spread[id(ct)] = _spread(ev, fresh, hd, P.tp)
+            masked = ev.mul_plain_ct(spread[id(ct)][jj], start[i], cache_key=(label, "start", P.offset, P.tokens, P.tp, i))
+            return ev.rot(masked, -j * g.spacing)
+
         for i, vc in enumerate(v.cts):
-            rot = ev.rot_many(vc, rs)
+            ps, vs = [], []
+            for r, vr in zip(g.base, ev.rot_many(vc, g.base)):
+                pr = functools.reduce(ev.add_ct, [placed(shift, i, j) for j, shift in g.members(r)])
+                ps.append(ev.window_sum(pr, hd, P.tp, backward=True))
+                vs.append(vr)
             acc = None
-            for r, vr in zip(rs, rot):
-                ct, j = p.cts[r][i]
-                key = id(ct)
-                if key not in spread:
-                    fresh = ev.refresh(CkksTensor([ct], 1, P, 1.0), need, label).cts[0]
-                    spread[key] = _spread(ev, fresh, hd, P.tp)
-                pr = ev.mul_plain_ct(spread[key][j], start[i])
-                pr = ev.window_sum(pr, hd, P.tp, backward=True)
-                t = ev.mul_ct(pr, vr)
+            for b in range(0, len(ps), DOT_BATCH):
+                t = ev.dot_ct(ps[b:b + DOT_BATCH], vs[b:b + DOT_BATCH])
                 acc = t if acc is None else ev.add_ct(acc, t)
-            out.append(acc)
+            out.append(functools.reduce(ev.add_ct, ev.rot_many(acc, [j * g.spacing for j in range(g.count)])))
     return CkksTensor(out, v.d, P, bound)

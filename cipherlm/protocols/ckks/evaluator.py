@@ -124,6 +124,7 @@ class CkksEvaluator:
         #: across its ciphertexts, not across the model)
         self._plaintexts: dict = {}
         self.plaintext_hits = 0
+        self._can_rotate: dict = {}
 
     # ---- bookkeeping
 
@@ -322,6 +323,15 @@ class CkksEvaluator:
             return ct
         self._count("rotate")
         return self.be.rotate_rows(self.ctx, ct, step, self.keys)
+
+    def can_rotate(self, steps) -> bool:
+        """Whether the evaluation keys hold every slot rotation of ``steps`` (a key set that
+        cannot say is taken to hold none)."""
+        want = tuple(sorted({int(s) % self.ctx.slots for s in steps} - {0}))
+        if want not in self._can_rotate:
+            has = getattr(self.keys, "has_steps", None)
+            self._can_rotate[want] = bool(has is not None and has(list(want)))
+        return self._can_rotate[want]
 
     def rot_many(self, ct, steps: Sequence[int]) -> list:
         """Rotations of one ciphertext by each step, hoisted (one key-switch decomposition)."""

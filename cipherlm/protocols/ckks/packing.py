@@ -14,7 +14,9 @@ A rotation by k * tp moves channels by k, cyclically over the cpc channels of a
 ciphertext (the linear layers' diagonals, the channel sums of the norms).
 
 Invariant kept by every operator of this package: padding positions (t >= T) and padding
-channels (c >= d) decrypt to 0 (up to CKKS noise).  Public: T, d and the layout; the
+channels (c >= d) decrypt to 0 (up to CKKS noise).  One exception: P.V (`attention.attend`)
+leaves partial sums outside the pass's positions, and the projection that always follows
+it masks them (its diagonals carry the token mask).  Public: T, d and the layout; the
 values are not.
 """
 
