@@ -1102,7 +1102,12 @@ def cmd_bench(args) -> int:
         return 0
     t0 = time.perf_counter()
     mode = {"offload": "offload", "fhe": "fhe", "aegis": "fhe"}.get(args.what, "2pc")
-    model = f"{args.workloads or 'bert-tiny'} (random weights)" if args.what == "aegis" else args.model
+    if args.what == "aegis":
+        model = f"{args.workloads or 'bert-tiny'} (random weights)"
+    elif args.what == "fhe":  # its workloads name their models (`bench.fhe`), not --model
+        model = args.workloads or "minilm"
+    else:
+        model = args.model
     report = RunReport(mode=mode, model=model, command=sys.argv)
     if args.what == "mpc":
         report.extra["operations"] = bench_mpc(args)

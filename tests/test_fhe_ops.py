@@ -190,6 +190,24 @@ def test_rope(env, ev, interleave):
     assert np.abs(y - want.transpose(1, 0, 2).reshape(T, 32)).max() < 1e-6
 
 
+def test_refit_drops_to_the_levels_asked_or_refreshes(env, ev):
+    """`CkksEvaluator.refit`: a tensor above the levels asked is dropped to exactly them (the
+    attention's products then run at the fewest primes), one below is refreshed first;
+    the values are kept either way."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(T, 16))
+    high = enc(env, X, 4)
+    assert high.level > 3
+    got = ev.refit(high, 3)
+    assert got.level == 3 and high.level > 3  # the input is not modified
+    assert np.abs(dec(env, got) - X).max() < 1e-6
+    low = enc(env, X, 4, level=1)
+    before = len(ev.stats.refreshes)
+    got = ev.refit(low, 3)
+    assert got.level == 3 and len(ev.stats.refreshes) == before + 1
+    assert np.abs(dec(env, got) - X).max() < 1e-3
+
+
 @pytest.mark.parametrize("T,offset,keys,tp_min,causal", [(5, 0, 5, 0, False), (32, 0, 32, 0, False),
                                                         (3, 0, 3, 64, False), (1, 7, 8, 0, True),
                                                         (4, 9, 13, 0, True), (6, 0, 6, 0, True)])

@@ -272,8 +272,8 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
     P = q.packing
     if P.cpc % head_dim:
         raise HEError(f"{label}: head dim {head_dim} does not divide {P.cpc} channels per ciphertext")
-    q = ev.refresh(q, 2 + ev.reserve(bound), label)
-    k = ev.refresh(k, 2 + ev.reserve(bound), label)
+    q = ev.refit(q, 2 + ev.reserve(bound), label)
+    k = ev.refit(k, 2 + ev.reserve(bound), label)
     rs = shifts(P.tokens, P.offset, k.packing.end, causal)
     g = _grouping(ev, P, rs)
     start = _start_mask(P, q.d, head_dim, scale, rows_only=True)
@@ -499,7 +499,7 @@ def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str
     g = _grouping(ev, P, sorted(p.cts))
     need = 2 + ev.reserve(bound)
     start = _start_mask(P, p.d, hd, rows_only=True)
-    v = ev.refresh(v, 1 + ev.reserve(bound), label)
+    v = ev.refit(v, 1 + ev.reserve(bound), label)
     out = []
     with ev.timer("av"):
         spread: dict[int, list] = {}
@@ -508,7 +508,7 @@ def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str
             """P_shift of block i (its heads' first channels) at positions offset + j s."""
             ct, jj = p.cts[shift][i]
             if id(ct) not in spread:
-                fresh = ev.refresh(CkksTensor([ct], 1, P, 1.0), need, label).cts[0]
+                fresh = ev.refit(CkksTensor([ct], 1, P, 1.0), need, label).cts[0]
                 spread[id(ct)] = _spread(ev, fresh, hd, P.tp)
             masked = ev.mul_plain_ct(spread[id(ct)][jj], start[i], cache_key=(label, "start", P.offset, P.tokens, P.tp, i))
             return ev.rot(masked, -j * g.spacing)

@@ -213,6 +213,17 @@ class CkksEvaluator:
                 self._count("bootstrap", len(t.cts))
         return t.with_cts(cts, bound=t.bound * abs(factor))
 
+    def refit(self, t: CkksTensor, levels: int, label: str = "") -> CkksTensor:
+        """`refresh(t, levels)`, then every ciphertext dropped to exactly ``levels`` above the
+        floor: for an operation whose output's reader refreshes anyway (the attention's
+        products), so that it runs at the fewest primes (faster key switches) instead of at the
+        level a refresh or an earlier operation happened to leave."""
+        t = self.refresh(t, levels, label)
+        want = levels + self.floor
+        if all(c.level <= want for c in t.cts):
+            return t
+        return t.with_cts([self.lowered(c, want) for c in t.cts])
+
     def needs_refresh(self, t: CkksTensor, levels: int) -> bool:
         """Whether `refresh(t, levels)` would refresh."""
         return t.level < levels + self.floor
