@@ -190,6 +190,16 @@ def test_rope(env, ev, interleave):
     assert np.abs(y - want.transpose(1, 0, 2).reshape(T, 32)).max() < 1e-6
 
 
+def test_attention_rotation_keys():
+    """The keys the attention asks for: every shift's rotation and the groups' +-T when not
+    causal; a causal model (its decoding steps included) never rotates by a positive shift."""
+    P = TokenPacking(512, T)
+    full, causal = A.rotation_steps(P, HD), A.rotation_steps(P, HD, causal=True)
+    assert {r % 512 for r in range(-(T - 1), T) if r} | {T, 512 - T} <= full
+    assert {r % 512 for r in range(-(T - 1), 0)} <= causal
+    assert not causal & set(range(1, T + 1)) and 512 - T not in causal
+
+
 def test_refit_drops_to_the_levels_asked_or_refreshes(env, ev):
     """`CkksEvaluator.refit`: a tensor above the levels asked is dropped to exactly them (the
     attention's products then run at the fewest primes), one below is refreshed first;

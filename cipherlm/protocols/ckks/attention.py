@@ -56,7 +56,7 @@ from .packing import TokenPacking
 
 #: how far below the valid entries the additive mask puts the invalid ones (e^-14 ~ 8e-7)
 MASK_GAP = 14.0
-#: products summed before one relinearisation in `attend` (bounds the degree-2 terms held at once)
+#: products summed before one relinearisation in `attend`, and rotations of V held at once
 DOT_BATCH = 16
 #: degree of the relu interpolant of the encrypted row maximum (`softmax`)
 RELU_DEGREE = 127
@@ -134,11 +134,12 @@ def shift_groups(packing: TokenPacking, rs) -> ShiftGroups:
 def rotation_steps(packing: TokenPacking, head_dim: int, rope_partners=(), causal: bool = False) -> set[int]:
     """Slot rotations the attention of this packing uses (its own pass from position 0,
     grouped by `shift_groups`; shorter passes and decoding steps need a subset, or run
-    ungrouped)."""
+    ungrouped).  ``causal``: no positive shifts (half the attention's keys)."""
     tp = packing.tp
     rs = shifts(packing.tokens, causal=causal)
-    out = {r for r in shifts(packing.tokens) if r} | shift_groups(TokenPacking(packing.slots, packing.tokens,
-                                                                               packing.tp), rs).steps()
+    own = TokenPacking(packing.slots, packing.tokens, packing.tp)
+    # causal: shifts r <= 0 only (a decoding step's too: its keys are at or before its query)
+    out = {r for r in rs if r} | shift_groups(own, rs).steps()
     k = 1
     while k < head_dim:
         out |= {k * tp, -k * tp}
@@ -252,6 +253,11 @@ def _start_mask(P: TokenPacking, d: int, head_dim: int, value: float = 1.0, rows
     return m.reshape(-1, P.slots)
 
 
+def _batches(rs) -> list:
+    """``rs`` in runs of `DOT_BATCH`: the rotations of V held at once (hoisted per run)."""
+    return [rs[b:b + DOT_BATCH] for b in range(0, len(rs), DOT_BATCH)]
+
+
 def _grouping(ev: CkksEvaluator, P: TokenPacking, rs) -> ShiftGroups:
     """`shift_groups`, or the shifts ungrouped when the evaluator lacks its rotation keys (a
     pass shorter than the one the keys were made for)."""
@@ -286,7 +292,8 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
                 s = ev.window_sum(ev.mul_ct(qg, kr), head_dim, P.tp)
                 members = g.members(r)
                 for (_j, shift), sj in zip(members, ev.rot_many(s, [j * g.spacing for j, _ in members])):
-                    out[shift].append(ev.mul_plain_ct(sj, start[i], cache_key=(label, "start", P.offset, P.tokens, P.tp, i)))
+                    out[shift].append(ev.mul_plain_ct(sj, start[i],
+                                                      cache_key=(label, "start", P.offset, P.tokens, P.tp, i)))
     return Scores(out, P, q.d, bound, k.packing.end, head_dim)
 
 
@@ -514,14 +521,12 @@ def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str
             return ev.rot(masked, -j * g.spacing)
 
         for i, vc in enumerate(v.cts):
-            ps, vs = [], []
-            for r, vr in zip(g.base, ev.rot_many(vc, g.base)):
-                pr = functools.reduce(ev.add_ct, [placed(shift, i, j) for j, shift in g.members(r)])
-                ps.append(ev.window_sum(pr, hd, P.tp, backward=True))
-                vs.append(vr)
+            spread.clear()  # block i's chunks serve block i only
             acc = None
-            for b in range(0, len(ps), DOT_BATCH):
-                t = ev.dot_ct(ps[b:b + DOT_BATCH], vs[b:b + DOT_BATCH])
+            for rs_b in _batches(g.base):
+                ps = [ev.window_sum(functools.reduce(ev.add_ct, [placed(shift, i, j) for j, shift in g.members(r)]),
+                                    hd, P.tp, backward=True) for r in rs_b]
+                t = ev.dot_ct(ps, ev.rot_many(vc, rs_b))
                 acc = t if acc is None else ev.add_ct(acc, t)
             out.append(functools.reduce(ev.add_ct, ev.rot_many(acc, [j * g.spacing for j in range(g.count)])))
     return CkksTensor(out, v.d, P, bound)
