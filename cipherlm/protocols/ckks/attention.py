@@ -106,9 +106,10 @@ class ShiftGroups:
         return self.shifts if self.count == 1 else self.shifts[:self.spacing]
 
     def members(self, r: int) -> list[tuple[int, int]]:
-        """(j, shift r + j spacing) for each group j that has that shift."""
-        have = set(self.shifts)
-        return [(j, r + j * self.spacing) for j in range(self.count) if r + j * self.spacing in have]
+        """(j, shift r + j spacing) for each group j that has that shift (the shifts are
+        contiguous, `shift_groups`)."""
+        lo, hi = self.shifts[0], self.shifts[-1]
+        return [(j, r + j * self.spacing) for j in range(self.count) if lo <= r + j * self.spacing <= hi]
 
     def steps(self) -> set[int]:
         """The rotations the grouping adds: +-j spacing, 0 < j < count."""
