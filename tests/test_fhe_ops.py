@@ -191,13 +191,19 @@ def test_rope(env, ev, interleave):
 
 
 def test_attention_rotation_keys():
-    """The keys the attention asks for: every shift's rotation and the groups' +-T when not
-    causal; a causal model (its decoding steps included) never rotates by a positive shift."""
+    """The keys the attention asks for: the shifts <= 0, and not causal the groups' +-T and
+    +-p for the powers of two p < T (a shorter pass's spacing); no other positive shift
+    (half the keys of every shift at 128 tokens); a causal model never rotates by a
+    positive shift."""
     P = TokenPacking(512, T)
     full, causal = A.rotation_steps(P, HD), A.rotation_steps(P, HD, causal=True)
-    assert {r % 512 for r in range(-(T - 1), T) if r} | {T, 512 - T} <= full
+    assert {r % 512 for r in range(-(T - 1), 0)} | {T, 512 - T, 1, 2, 4, 512 - 4} <= full
+    assert 3 not in full
     assert {r % 512 for r in range(-(T - 1), 0)} <= causal
     assert not causal & set(range(1, T + 1)) and 512 - T not in causal
+    big = TokenPacking(1 << 15, 128)
+    shifts = {s for s in A.rotation_steps(big, 32) if s < big.tp or s > big.slots - big.tp}
+    assert len(shifts) == 127 + 1 + 8  # -127..-1, -128, +1, +2, ..., +128
 
 
 def test_refit_drops_to_the_levels_asked_or_refreshes(env, ev):
@@ -218,10 +224,13 @@ def test_refit_drops_to_the_levels_asked_or_refreshes(env, ev):
     assert np.abs(dec(env, got) - X).max() < 1e-3
 
 
-@pytest.mark.parametrize("T,offset,keys,tp_min,causal", [(5, 0, 5, 0, False), (32, 0, 32, 0, False),
-                                                        (3, 0, 3, 64, False), (1, 7, 8, 0, True),
-                                                        (4, 9, 13, 0, True), (6, 0, 6, 0, True)])
-def test_shift_groups_give_every_diagonal_in_slots(T, offset, keys, tp_min, causal):
+@pytest.mark.parametrize("T,offset,keys,tp_min,causal,spacing", [
+    (5, 0, 5, 0, False, None), (32, 0, 32, 0, False, None), (3, 0, 3, 64, False, None), (1, 7, 8, 0, True, None),
+    (4, 9, 13, 0, True, None), (6, 0, 6, 0, True, None),
+    # a shorter pass of a session grouped at a power of two (or the session's T) above its T
+    (5, 0, 5, 0, False, 8), (3, 0, 3, 64, False, 4), (20, 0, 20, 64, False, 32), (20, 0, 20, 64, False, 27),
+    (1, 20, 21, 0, True, 16), (4, 9, 13, 0, True, 6)])
+def test_shift_groups_give_every_diagonal_in_slots(T, offset, keys, tp_min, causal, spacing):
     """The grouping's slot arithmetic in numpy (np.roll for a slot rotation) over four
     channels, so that reads past a frame land in a neighbour's: every diagonal S_r of the
     grouped products equals Q[p] K[p + r] (0 out of range), and P.V's fold gives the sum."""
@@ -234,7 +243,7 @@ def test_shift_groups_give_every_diagonal_in_slots(T, offset, keys, tp_min, caus
     q, k = Q.reshape(-1), K.reshape(-1)
     rot = lambda x, r: np.roll(x, -r)  # noqa: E731 (slot i <- slot i + r)
     rs = A.shifts(T, offset, keys, causal)
-    g = A.shift_groups(P, rs)
+    g = A.shift_groups(P, rs, spacing, keys)
     qg = sum(rot(q, -j * g.spacing) for j in range(g.count))
     got = {}
     for r in g.base:
@@ -261,8 +270,11 @@ def test_shift_groups_give_every_diagonal_in_slots(T, offset, keys, tp_min, caus
     want = sum(Pr[r][:, pos] * np.where((pos + r >= 0) & (pos + r < keys), V[:, np.clip(pos + r, 0, P.tp - 1)], 0)
                for r in rs)
     assert np.allclose(out, want)
-    if not causal and offset == 0:
-        assert g.count >= 2 and len(g.base) == T
+    s = spacing or T
+    if not causal and offset == 0:  # K and V rotated by shifts <= 0 only
+        assert g.count >= 2 and len(g.base) == min(s, 2 * T - 1) and max(g.base) == 0
+    if spacing == 16:  # a decoding step: 21 shifts on 16 rotations
+        assert (g.count, len(g.base)) == (2, 16)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -302,6 +314,38 @@ def test_attention_scores_softmax_values(env, ev, causal):
     rel, over = A.relu_series(10.0)
     x = np.linspace(-10, 10, 10001)
     assert np.all(rel(x) >= np.maximum(x, 0) - 1e-9) and np.all(rel(x) <= np.maximum(x, 0) + over + 1e-9)
+
+
+def test_attention_of_a_shorter_pass_groups_at_a_power_of_two(env, ev):
+    """A pass of 3 tokens in a session whose keys were made for T = 5 (no key for +-3, and
+    no positive shift but the powers of two): grouped 4 apart, on 4 rotations of K (5
+    shifts), and equal to numpy."""
+    be, ctx, sk, ek, bk, P5 = env
+    t = 3
+    P = TokenPacking(ctx.slots, t, tp_min=P5.tp)
+    rng = np.random.default_rng(31)
+    d = 32
+    H = d // HD
+    Q, K, V = (rng.normal(size=(t, d)) for _ in range(3))
+    scale = 1 / np.sqrt(HD)
+    qh, kh, vh = (m.reshape(t, H, HD).transpose(1, 0, 2) for m in (Q, K, V))
+    S = qh @ kh.transpose(0, 2, 1) * scale
+    bound = float(np.abs(S).max()) * 1.2
+    want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(t, d)
+
+    def enc3(X, b):
+        return CkksTensor([sk.encrypt(be.encode_slots(ctx, r)) for r in P.pack(X)], d, P, b)
+
+    g = A._grouping(ev, P, A.shifts(t), t)
+    assert (g.spacing, g.count, g.base) == (4, 2, (-3, -2, -1, 0))
+    before = ev.stats.counts.get("mul", 0)
+    s = A.scores(ev, enc3(Q, 4), enc3(K, 4), HD, scale, bound)
+    assert ev.stats.counts["mul"] - before == 4 and sorted(s.cts) == [-2, -1, 0, 1, 2]
+    e_iv, i_iv = A.softmax_intervals(bound, False, HD, t, len(s.cts))
+    p = A.softmax(ev, s, approximation("exp", *e_iv, 1e-6), approximation("inv", *i_iv, 1e-4))
+    out = A.attend(ev, p, enc3(V, 4), bound=4)
+    y = L.EncodedLinear(np.eye(d), None, P)(ev, out, bound=4)
+    assert np.abs(P.unpack(slots_of(env, y), d) - want).max() < 1e-3
 
 
 def test_softmax_of_scores_at_level_0_with_a_large_comparison_range(env, ev):

@@ -99,11 +99,15 @@ class ShiftGroups:
     shifts: tuple[int, ...]
     spacing: int
     count: int
+    #: the lowest rotation of K (the base is first..first + spacing - 1, those with a member)
+    first: int = 0
 
     @property
     def base(self) -> tuple[int, ...]:
-        """The rotations of K (and V): the first ``spacing`` shifts (all of them ungrouped)."""
-        return self.shifts if self.count == 1 else self.shifts[:self.spacing]
+        """The rotations of K (and V): the shifts of the first group (all of them ungrouped)."""
+        if self.count == 1:
+            return self.shifts
+        return tuple(r for r in range(self.first, self.first + self.spacing) if self.members(r))
 
     def members(self, r: int) -> list[tuple[int, int]]:
         """(j, shift r + j spacing) for each group j that has that shift (the shifts are
@@ -116,31 +120,48 @@ class ShiftGroups:
         return {sign * j * self.spacing for j in range(1, self.count) for sign in (1, -1)}
 
 
-def shift_groups(packing: TokenPacking, rs) -> ShiftGroups:
-    """The grouping of the contiguous shifts ``rs`` for queries at packing.offset..end-1: the
-    spacing is T, and k copies fit while (a) the last copy ends inside the frame (end + (k-1)
-    T <= tp: the positions below a copy read the previous channel's padding) and (b) the keys
-    read by the last group stay in the channel's frame (end + k T + rs[0] - 2 < tp, beyond the
-    keys they are zeros)."""
+def shift_groups(packing: TokenPacking, rs, spacing: int | None = None, keys: int | None = None) -> ShiftGroups:
+    """The grouping of the contiguous shifts ``rs`` for queries at packing.offset..end-1 and
+    keys at 0..keys-1 (default end), ``spacing`` (default T, at least T) apart.  The base
+    ends at shift 0 where it can (first = min(rs[0], 1 - spacing)), so that K and V are
+    rotated by shifts <= 0 only: a non-causal pass then needs no positive-shift keys.  k
+    copies need (a) the last copy inside the frame (end + (k-1) spacing <= tp: the positions
+    below a copy read the previous channel's padding), (b) the keys read by the last group
+    inside the frame (end - 1 + (k-1) spacing + first + spacing - 1 < tp, beyond the keys
+    they are zeros) and (c) the reads below position 0 in the previous channel's zeros (tp +
+    offset + first >= keys); where the copies that fit cannot cover every shift, none is
+    grouped (count 1)."""
     rs = tuple(int(r) for r in rs)
     if list(rs) != list(range(rs[0], rs[0] + len(rs))):
         raise HEError(f"attention shifts {rs[0]}..{rs[-1]} are not contiguous")
-    s, end, tp = packing.tokens, packing.end, packing.tp
-    k = max(1, min(-(-len(rs) // s), (tp - end) // s + 1))
-    while k > 1 and end + k * s + rs[0] - 2 >= tp:
-        k -= 1
-    return ShiftGroups(rs, s, k)
+    T, end, tp, off = packing.tokens, packing.end, packing.tp, packing.offset
+    s = T if spacing is None else int(spacing)
+    if s < T:
+        raise HEError(f"attention groups {s} apart overlap the {T} queries")
+    keys = end if keys is None else keys
+    lo, hi = rs[0], rs[-1]
+    first = min(lo, min(hi, 0) - s + 1)
+    k = -(-(hi - first + 1) // s)
+    fits = k > 1 and end + (k - 1) * s <= tp and end + k * s + first - 2 < tp and tp + off + first >= keys
+    return ShiftGroups(rs, s, k, first) if fits else ShiftGroups(rs, s, 1, lo)
 
 
 def rotation_steps(packing: TokenPacking, head_dim: int, rope_partners=(), causal: bool = False) -> set[int]:
-    """Slot rotations the attention of this packing uses (its own pass from position 0,
-    grouped by `shift_groups`; shorter passes and decoding steps need a subset, or run
-    ungrouped).  ``causal``: no positive shifts (half the attention's keys)."""
+    """Slot rotations the attention of this packing uses: its own pass from position 0
+    grouped by `shift_groups` (the shifts <= 0 and +-T), and, not causal, +-p for each power
+    of two p < T, which group a shorter pass of the session (`_grouping`: p >= its T).  A
+    causal model asks for no positive shift (its decoding steps' keys are at or before their
+    queries); neither does a non-causal one whose pass groups (half the keys of every shift)."""
     tp = packing.tp
-    rs = shifts(packing.tokens, causal=causal)
-    own = TokenPacking(packing.slots, packing.tokens, packing.tp)
-    # causal: shifts r <= 0 only (a decoding step's too: its keys are at or before its query)
-    out = {r for r in rs if r} | shift_groups(own, rs).steps()
+    T = packing.tokens
+    rs = shifts(T, causal=causal)
+    own = shift_groups(TokenPacking(packing.slots, T, packing.tp), rs)
+    out = set(own.base) | own.steps()
+    if not causal:
+        p = 1
+        while p < T:
+            out |= {p, -p}
+            p *= 2
     k = 1
     while k < head_dim:
         out |= {k * tp, -k * tp}
@@ -259,13 +280,18 @@ def _batches(rs) -> list:
     return [rs[b:b + DOT_BATCH] for b in range(0, len(rs), DOT_BATCH)]
 
 
-def _grouping(ev: CkksEvaluator, P: TokenPacking, rs) -> ShiftGroups:
-    """`shift_groups`, or the shifts ungrouped when the evaluator lacks its rotation keys (a
-    pass shorter than the one the keys were made for)."""
-    g = shift_groups(P, rs)
-    if g.count > 1 and not ev.can_rotate(g.steps()):
-        return ShiftGroups(g.shifts, g.spacing, 1)
-    return g
+def _grouping(ev: CkksEvaluator, P: TokenPacking, rs, keys: int) -> ShiftGroups:
+    """The grouping with the smallest spacing >= T whose rotations the evaluation keys hold
+    (the fewest rotations of K: min(spacing, #shifts)): T for the pass the keys were made
+    for, a power of two for a shorter one (`rotation_steps`); the shifts ungrouped when none
+    is held."""
+    for s in range(P.tokens, P.tp - P.end + 1):
+        g = shift_groups(P, rs, s, keys)
+        if g.count == 1:
+            break
+        if ev.can_rotate(set(g.base) | g.steps()):
+            return g
+    return ShiftGroups(tuple(int(r) for r in rs), P.tokens, 1, int(rs[0]))
 
 
 def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale: float, bound: float,
@@ -282,7 +308,7 @@ def scores(ev: CkksEvaluator, q: CkksTensor, k: CkksTensor, head_dim: int, scale
     q = ev.refit(q, 2 + ev.reserve(bound), label)
     k = ev.refit(k, 2 + ev.reserve(bound), label)
     rs = shifts(P.tokens, P.offset, k.packing.end, causal)
-    g = _grouping(ev, P, rs)
+    g = _grouping(ev, P, rs, k.packing.end)
     start = _start_mask(P, q.d, head_dim, scale, rows_only=True)
     out: dict[int, list] = {r: [] for r in rs}
     with ev.timer("qk"):
@@ -504,7 +530,7 @@ def attend(ev: CkksEvaluator, p: Scores, v: CkksTensor, bound: float, label: str
     if v.d != p.d or v.packing.layout() != p.packing.layout() or not p.compact:
         raise HEError(f"{label}: v has {v.d} channels, the scores {p.d} (or scores not normalised)")
     P, hd = p.packing, p.head_dim
-    g = _grouping(ev, P, sorted(p.cts))
+    g = _grouping(ev, P, sorted(p.cts), p.keys)
     need = 2 + ev.reserve(bound)
     start = _start_mask(P, p.d, hd, rows_only=True)
     v = ev.refit(v, 1 + ev.reserve(bound), label)
