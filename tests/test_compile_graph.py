@@ -150,6 +150,24 @@ def test_executor_calls_the_groups_in_order(case):
     assert rel_err(a, b) < 1e-12
 
 
+def test_run_nodes_keep_drops_values_after_their_last_read(case):
+    """`GraphExecutor.run_nodes(keep=...)` (what the fhe mode's pass uses to free each
+    layer's ciphertexts): only the kept values and the values no node read are left, and
+    the logits are those of the walk that keeps everything."""
+    name, _, _, _, ex = case
+    ids = np.array([7, 3, 50, 2])
+    ctx = {"pos0": 0, "T": 4, "positions": np.arange(4), "last_only": False}
+    out = ex.graph.outputs["logits"]
+    full = ex.run_nodes(ex.graph.nodes, {"ids": ids, "positions": np.arange(4)}, dict(ctx), ex.new_cache())
+    lean = ex.run_nodes(ex.graph.nodes, {"ids": ids, "positions": np.arange(4)}, dict(ctx), ex.new_cache(),
+                        keep=[out])
+    read = {v for n in ex.graph.nodes for v in n.inputs}
+    assert out in read or out in lean
+    assert set(lean) == {v for v in full if v not in read} | {out}, name
+    assert len(lean) < len(full) // 4
+    assert np.array_equal(lean[out], full[out])
+
+
 def test_fold_norms_keeps_the_logits(case):
     name, _, config, _, ex = case
     g, params = passes.fold_norms.run(ex.graph, ex.params)

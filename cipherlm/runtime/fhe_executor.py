@@ -385,8 +385,9 @@ class FheModel:
         need = self.executor.needed(self.graph.outputs[r] for r in outputs)
         client = {n.name for n in self.client}
         nodes = [n for n in self.graph.nodes if n.name in need and n.name not in client]
+        want = [self.graph.outputs[r] for r in outputs]
         vals = self._executor(ev, on_layer).run_nodes(nodes, {self.input_value: x},
-                                                       self._ctx(T, positions, last_only), cache)
+                                                       self._ctx(T, positions, last_only), cache, keep=want)
         cache.length = x.packing.end
         return {r: vals[self.graph.outputs[r]] for r in outputs}
 
@@ -463,9 +464,9 @@ class _FheWalk(GraphExecutor):
 
     on_layer = None
 
-    def run_nodes(self, nodes, vals: dict, ctx: dict, cache=None) -> dict:
+    def run_nodes(self, nodes, vals: dict, ctx: dict, cache=None, keep=None) -> dict:
         self.linear.vals = vals  # updated in place by the walk: the projections' level caps read it
-        return super().run_nodes(nodes, vals, ctx, cache)
+        return super().run_nodes(nodes, vals, ctx, cache, keep)
 
     def _layer_done(self, layer, ctx) -> None:
         if self.on_layer is not None and layer is not None:

@@ -453,13 +453,22 @@ class GraphExecutor:
         """Names of the nodes the values `outputs` depend on."""
         return needed(self._producer, outputs)
 
-    def run_nodes(self, nodes: Iterable[Node], vals: dict, ctx: dict, cache: KVCache | None = None) -> dict:
-        """Evaluate `nodes` in order over `vals` (value name -> array, updated in place)."""
+    def run_nodes(self, nodes: Iterable[Node], vals: dict, ctx: dict, cache: KVCache | None = None,
+                  keep: Iterable[str] | None = None) -> dict:
+        """Evaluate `nodes` in order over `vals` (value name -> array, updated in place).
+        ``keep`` (value names): every other value is dropped from `vals` after the last node
+        that reads it (a pass on ciphertexts would otherwise hold every layer's scores and
+        activations to the end: GBs per layer at 128 tokens)."""
         group_out: dict[int, dict[str, np.ndarray]] = {}
         sink = self._sink
         meter = self.meter
         layer = None
-        for node in nodes:
+        nodes = list(nodes)
+        last_read: dict[str, int] = {}
+        if keep is not None:
+            kept = set(keep)
+            last_read = {v: i for i, n in enumerate(nodes) for v in n.inputs if v not in kept}
+        for step, node in enumerate(nodes):
             if layer is not None and node.layer != layer:
                 self._layer_done(layer, ctx)
             layer = node.layer
@@ -474,7 +483,7 @@ class GraphExecutor:
                     with (meter("linear", node.name) if meter is not None else _NO_METER):
                         group_out[gi] = dict(zip(names, self.linear.linear(ins[0], list(names))))
                     self._time("linear", t0)
-                res = (group_out[gi][node.attrs["name"]],)
+                res = (group_out[gi].pop(node.attrs["name"]),)  # read once: `keep` can drop it
                 t0 = None
             elif node.op == "kv_cache":
                 if hasattr(cache, "append_node"):  # a cache of non-array values (the fhe mode's ciphertexts)
@@ -493,6 +502,9 @@ class GraphExecutor:
                 self._time(OP_CLASS[node.op], t0)
             for name, value in zip(node.outputs, res):
                 vals[name] = value
+            for v in node.inputs:
+                if last_read.get(v) == step:
+                    vals.pop(v, None)
         if layer is not None:
             self._layer_done(layer, ctx)
         return vals
