@@ -277,23 +277,29 @@ def test_shift_groups_give_every_diagonal_in_slots(T, offset, keys, tp_min, caus
         assert (g.count, len(g.base)) == (2, 16)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_attention_scores_softmax_values(env, ev, causal):
-    rng = np.random.default_rng(6 + causal)
-    d = 32
-    H = d // HD
-    Q, K, V = (rng.normal(size=(T, d)) for _ in range(3))
+def _attention_oracle(seed: int, t: int, causal: bool = False, spread: float = 1.0, d: int = 32):
+    """(Q, K, V, scale, S, want) of a numpy attention over t tokens, d channels, heads of HD:
+    S the scaled scores (-inf where causal masks them), want the attention output (t, d)."""
+    rng = np.random.default_rng(seed)
+    Q, K, V = (rng.normal(size=(t, d)) * spread for _ in range(3))
     scale = 1 / np.sqrt(HD)
-    qh, kh, vh = (m.reshape(T, H, HD).transpose(1, 0, 2) for m in (Q, K, V))
+    qh, kh, vh = (m.reshape(t, d // HD, HD).transpose(1, 0, 2) for m in (Q, K, V))
     S = qh @ kh.transpose(0, 2, 1) * scale
     if causal:
-        S = np.where(np.tril(np.ones((T, T)))[None] > 0, S, -np.inf)
+        S = np.where(np.tril(np.ones((t, t)))[None] > 0, S, -np.inf)
+    want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(t, d)
+    return Q, K, V, scale, S, want
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_scores_softmax_values(env, ev, causal):
+    d = 32
+    Q, K, V, scale, S, want = _attention_oracle(6 + causal, T, causal)
     bound = float(np.abs(S[np.isfinite(S)]).max()) * 1.2
-    want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(T, d)
     s = A.scores(ev, enc(env, Q, 4), enc(env, K, 4), HD, scale, bound)
     assert sorted(s.cts) == list(range(-(T - 1), T))
     r1 = s.packing.unpack(slots_of(env, CkksTensor(s.cts[1], d, s.packing)), d)  # shift +1, head 0
-    assert np.abs(r1[: T - 1, 0] - np.diagonal(qh[0] @ kh[0].T * scale, 1)).max() < 1e-6
+    assert np.abs(r1[: T - 1, 0] - np.diagonal(Q[:, :HD] @ K[:, :HD].T * scale, 1)).max() < 1e-6
     e_iv, i_iv = A.softmax_intervals(bound, causal, HD, T, len(s.cts))
     p = A.softmax(ev, s, approximation("exp", *e_iv, 1e-6), approximation("inv", *i_iv, 1e-4), causal=causal)
     assert p.compact and len({id(c) for row in p.cts.values() for c, _j in row}) == 2  # 9 shifts in 2 chunks of 8
@@ -323,15 +329,9 @@ def test_attention_of_a_shorter_pass_groups_at_a_power_of_two(env, ev):
     be, ctx, sk, ek, bk, P5 = env
     t = 3
     P = TokenPacking(ctx.slots, t, tp_min=P5.tp)
-    rng = np.random.default_rng(31)
     d = 32
-    H = d // HD
-    Q, K, V = (rng.normal(size=(t, d)) for _ in range(3))
-    scale = 1 / np.sqrt(HD)
-    qh, kh, vh = (m.reshape(t, H, HD).transpose(1, 0, 2) for m in (Q, K, V))
-    S = qh @ kh.transpose(0, 2, 1) * scale
+    Q, K, V, scale, S, want = _attention_oracle(31, t)
     bound = float(np.abs(S).max()) * 1.2
-    want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(t, d)
 
     def enc3(X, b):
         return CkksTensor([sk.encrypt(be.encode_slots(ctx, r)) for r in P.pack(X)], d, P, b)
@@ -353,13 +353,7 @@ def test_softmax_of_scores_at_level_0_with_a_large_comparison_range(env, ev):
     level 0 with a small bound, but a comparison range R + MASK_GAP above LEVEL0_MAX_FACTOR:
     the masked scores and the running maximum must keep the level their bootstrap needs
     (it was refused: "bound 36.4 at level 0 is too large to bootstrap")."""
-    rng = np.random.default_rng(12)
-    d = 32
-    H = d // HD
-    Q, K, V = (rng.normal(size=(T, d)) * 1.6 for _ in range(3))
-    scale = 1 / np.sqrt(HD)
-    qh, kh, vh = (m.reshape(T, H, HD).transpose(1, 0, 2) for m in (Q, K, V))
-    S = qh @ kh.transpose(0, 2, 1) * scale
+    Q, K, V, scale, S, want = _attention_oracle(12, T, spread=1.6)
     bound = max(float(np.abs(S).max()) * 1.2, 8.0)
     assert ev.reserve(bound) == 0 and ev.reserve(A.relu_range(bound, False) + A.MASK_GAP) == 1
     s = A.scores(ev, enc(env, Q, 8, level=2), enc(env, K, 8, level=2), HD, scale, bound)
@@ -367,5 +361,4 @@ def test_softmax_of_scores_at_level_0_with_a_large_comparison_range(env, ev):
     e_iv, i_iv = A.softmax_intervals(bound, False, HD, T, len(s.cts))
     p = A.softmax(ev, s, approximation("exp", *e_iv, 1e-6), approximation("inv", *i_iv, 1e-4))
     out = A.attend(ev, p, enc(env, V, 8), bound=8)
-    want = (ops.softmax(S, axis=-1) @ vh).transpose(1, 0, 2).reshape(T, d)
     assert np.abs(dec(env, out) - want).max() < 1e-2
