@@ -162,7 +162,6 @@ def test_run_nodes_keep_drops_values_after_their_last_read(case):
     lean = ex.run_nodes(ex.graph.nodes, {"ids": ids, "positions": np.arange(4)}, dict(ctx), ex.new_cache(),
                         keep=[out])
     read = {v for n in ex.graph.nodes for v in n.inputs}
-    assert out in read or out in lean
     assert set(lean) == {v for v in full if v not in read} | {out}, name
     assert len(lean) < len(full) // 4
     assert np.array_equal(lean[out], full[out])

@@ -46,8 +46,10 @@ def ev(env):
     return CkksEvaluator(be, ctx, ek, bk)
 
 
-def enc(env, X, bound=1.0, level=None):
+def enc(env, X, bound=1.0, level=None, packing=None):
+    """X (T, d) encrypted in the env's packing (or ``packing``)."""
     be, ctx, sk, *_rest, P = env
+    P = P if packing is None else packing
     cts = [sk.encrypt(be.encode_slots(ctx, r, level=level)) for r in P.pack(X)]
     return CkksTensor(cts, X.shape[1], P, bound)
 
@@ -326,24 +328,21 @@ def test_attention_of_a_shorter_pass_groups_at_a_power_of_two(env, ev):
     """A pass of 3 tokens in a session whose keys were made for T = 5 (no key for +-3, and
     no positive shift but the powers of two): grouped 4 apart, on 4 rotations of K (5
     shifts), and equal to numpy."""
-    be, ctx, sk, ek, bk, P5 = env
+    ctx, P5 = env[1], env[-1]
     t = 3
     P = TokenPacking(ctx.slots, t, tp_min=P5.tp)
     d = 32
     Q, K, V, scale, S, want = _attention_oracle(31, t)
     bound = float(np.abs(S).max()) * 1.2
 
-    def enc3(X, b):
-        return CkksTensor([sk.encrypt(be.encode_slots(ctx, r)) for r in P.pack(X)], d, P, b)
-
     g = A._grouping(ev, P, A.shifts(t), t)
     assert (g.spacing, g.count, g.base) == (4, 2, (-3, -2, -1, 0))
     before = ev.stats.counts.get("mul", 0)
-    s = A.scores(ev, enc3(Q, 4), enc3(K, 4), HD, scale, bound)
+    s = A.scores(ev, enc(env, Q, 4, packing=P), enc(env, K, 4, packing=P), HD, scale, bound)
     assert ev.stats.counts["mul"] - before == 4 and sorted(s.cts) == [-2, -1, 0, 1, 2]
     e_iv, i_iv = A.softmax_intervals(bound, False, HD, t, len(s.cts))
     p = A.softmax(ev, s, approximation("exp", *e_iv, 1e-6), approximation("inv", *i_iv, 1e-4))
-    out = A.attend(ev, p, enc3(V, 4), bound=4)
+    out = A.attend(ev, p, enc(env, V, 4, packing=P), bound=4)
     y = L.EncodedLinear(np.eye(d), None, P)(ev, out, bound=4)
     assert np.abs(P.unpack(slots_of(env, y), d) - want).max() < 1e-3
 
