@@ -201,18 +201,21 @@ def test_lattigo_keys_must_cover_the_plan():
         load_galois_keys(ctx, keys.galois_keys_bytes(plan.rotation_steps[:-1]), [plan])
 
 
-def _bsgs_reference(D, g, chunk_steps, x):
-    """What clg_bsgs_eval computes, in numpy (rot(v, s) = np.roll(v, -s)): per block o,
-    y_o = sum_k roll(D[o, k], -(k // g) g) * roll(x, -k), then y_o += roll(y_o, -s) per chunk
-    step s; None for a block whose diagonals are all zero."""
+def _bsgs_reference(D, g, chunk_steps, xs):
+    """What clg_bsgs_eval computes, in numpy (rot(v, s) = np.roll(v, -s)), for the inputs ``xs``
+    (input p's m diagonals at D[o, p m : (p + 1) m]): per block o, y_o = sum_p sum_k
+    roll(D[o, p m + k], -(k // g) g) * roll(x_p, -k), then y_o += roll(y_o, -s) per chunk step s;
+    None for a block whose diagonals are all zero."""
+    m = D.shape[1] // len(xs)
     out = []
     for blk in D:
         if not np.any(blk):
             out.append(None)
             continue
         y = np.zeros(D.shape[2], complex)
-        for k, d in enumerate(blk):
-            y += np.roll(d, -(k // g) * g) * np.roll(x, -k)
+        for p, x in enumerate(xs):
+            for k, d in enumerate(blk[p * m:(p + 1) * m]):
+                y += np.roll(d, -(k // g) * g) * np.roll(x, -k)
         for s in chunk_steps:
             y = y + np.roll(y, -s)
         out.append(y)
@@ -220,34 +223,37 @@ def _bsgs_reference(D, g, chunk_steps, x):
 
 
 @pytest.mark.parametrize("level", [1, 2])
-@pytest.mark.parametrize("workers", [1, 3])
-def test_bsgs_eval_sparse_blocks_against_numpy(lattigo, level, workers):
+@pytest.mark.parametrize("workers,parts", [(1, 1), (3, 1), (1, 3), (2, 3)])
+def test_bsgs_eval_sparse_blocks_against_numpy(lattigo, level, workers, parts):
     """The native matmul on hand-made diagonals against numpy: a block with every diagonal
     zero (no result), a block without giant step 0, scattered zero diagonals, chunk-sum
-    steps, more goroutines than some shares need.  Level 1 (two primes under the special
-    prime: the offload parameters' fast path, tiled products and one-digit giant steps) and
-    level 2 (three primes: the generic path) must both match."""
+    steps, more goroutines than some shares need; with several input ciphertexts (``parts``:
+    every block sums the products of all of them; the baby-step shares split an input between
+    goroutines).  Level 1 (two primes under the special prime: the offload parameters' fast
+    path, tiled products and one-digit giant steps) and level 2 (three primes: the generic
+    path) must both match."""
     be = lattigo.LattigoBackend()
     ctx = be.context(lattigo.ckks_params("lattigo-ckks-3q", 8192, (60, 40, 40, 60)))
     keys = be.keygen(ctx)
     S = ctx.slots
-    rng = np.random.default_rng(10 * level + workers)
+    rng = np.random.default_rng(10 * level + workers + 100 * parts)
     n_blocks, m, g = 4, 11, 3
-    D = (rng.standard_normal((n_blocks, m, S)) + 1j * rng.standard_normal((n_blocks, m, S))) * 0.1
+    D = (rng.standard_normal((n_blocks, parts * m, S)) + 1j * rng.standard_normal((n_blocks, parts * m, S))) * 0.1
     D[1] = 0  # no result
-    D[2, :g] = 0  # no giant step 0
+    D[2, [p * m + j for p in range(parts) for j in range(g)]] = 0  # no giant step 0
     D[0, [1, 4, 5]] = 0  # scattered zero diagonals (one giant step keeps one of three)
-    D[3, 6:9] = 0  # a whole giant step of block 3 is zero
+    D[3, 6:9] = 0  # a whole giant step of block 3 (of its first input) is zero
     chunk_steps = [S // 4, S // 2]
     # the offload scales: 2^45 x 2^40, rescaled by a 40-bit prime -> 2^45 (key-switching
     # noise at one prime is ~2^15, 2^-30 of that)
-    mat = be.bsgs_matrix(ctx, D, g=g, chunk_steps=chunk_steps, scale=2.0**40, level=level)
-    x = (rng.standard_normal(S) + 1j * rng.standard_normal(S)) * 0.5
-    ct = keys.encrypt(be.encode_slots(ctx, x, level=level, scale_bits=45))
+    mat = be.bsgs_matrix(ctx, D, g=g, chunk_steps=chunk_steps, scale=2.0**40, level=level, parts=parts)
+    xs = [(rng.standard_normal(S) + 1j * rng.standard_normal(S)) * 0.5 for _ in range(parts)]
+    cts = [keys.encrypt(be.encode_slots(ctx, x, level=level, scale_bits=45)) for x in xs]
+    ct = cts if parts > 1 else cts[0]
     steps = sorted(set(range(1, g)) | {i * g for i in range(1, -(-m // g))} | set(chunk_steps))
     gk = keys.galois_keys(steps)
     res, counts = be.bsgs_apply(ctx, ct, mat, gk, workers=workers)
-    want = _bsgs_reference(D, g, chunk_steps, x)
+    want = _bsgs_reference(D, g, chunk_steps, xs)
     assert [r is None for r in res] == [w is None for w in want]
     for r, w in zip(res, want):
         if w is None:
@@ -257,12 +263,20 @@ def test_bsgs_eval_sparse_blocks_against_numpy(lattigo, level, workers):
         assert np.max(np.abs(got - w)) < 1e-7 * np.max(np.abs(w)), np.max(np.abs(got - w))
     nz = int(np.sum(np.any(D != 0, axis=2)))
     assert counts["multiply_plain"] == nz
-    # bad inputs are errors, not crashes: the wrong level, keys without a giant step
-    wrong = keys.encrypt(be.encode_slots(ctx, x, level=3 - level, scale_bits=45))
+    assert counts["rotations"] >= parts * (g - 1)
+    # bad inputs are errors, not crashes: the wrong level, keys without a giant step, the wrong
+    # number of inputs, inputs of two scales
+    wrong = keys.encrypt(be.encode_slots(ctx, xs[0], level=3 - level, scale_bits=45))
     with pytest.raises(HEError):
-        be.bsgs_apply(ctx, wrong, mat, gk, workers=workers)
+        be.bsgs_apply(ctx, [wrong] + cts[1:] if parts > 1 else wrong, mat, gk, workers=workers)
     with pytest.raises(HEError):
         be.bsgs_apply(ctx, ct, mat, keys.galois_keys([s for s in steps if s != g]), workers=workers)
+    with pytest.raises(HEError, match="input ciphertexts"):
+        be.bsgs_apply(ctx, cts + cts[:1], mat, gk, workers=workers)
+    if parts > 1:
+        other = keys.encrypt(be.encode_slots(ctx, xs[1], level=level, scale_bits=44))
+        with pytest.raises(HEError, match="one scale"):
+            be.bsgs_apply(ctx, [cts[0], other] + cts[2:], mat, gk, workers=workers)
 
 
 def test_ring_switch_keeps_the_real_parts(lattigo):

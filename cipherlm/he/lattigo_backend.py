@@ -145,7 +145,7 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = ("build it with `make lattigo` (or `cd native/lattigo && go build -buildmode=c-shared "
               "-o build/libclattigo.so .`; Go >= 1.24, e.g. /usr/local/go/bin)")
-_ABI_VERSION = 16
+_ABI_VERSION = 17
 #: the N = 2^10 bootstrapping preset: INSECURE, for the test suite only
 TEST_INSECURE_PRESET = "test-insecure-N1024"
 _PARAMS_MAGIC = b"CLGPARAMS1"
@@ -199,12 +199,12 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_rotate": (_i64, _i64, _i64, _p_i64),
     "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
     "clg_copy": (_i64, _p_i64),
-    "clg_bsgs_new": (_i64, _int, _int, _int, _p_i64, _int, _int, _dbl, _p_i64),
+    "clg_bsgs_new": (_i64, _int, _int, _int, _int, _p_i64, _int, _int, _dbl, _p_i64),  # ABI 17: input parts
     "clg_bsgs_set": (_i64, _int, _p_dbl, _p_dbl, _p_u8, _int),
     "clg_bsgs_plaintexts": (_i64, _p_i64),
     "clg_bsgs_compress": (_i64, _int),
     "clg_bsgs_words": (_i64, _p_i64),
-    "clg_bsgs_eval": (_i64, _i64, _i64, _int, _p_i64, _p_i64),
+    "clg_bsgs_eval": (_i64, _p_i64, _int, _i64, _int, _p_i64, _p_i64),  # ABI 17: several inputs
     "clg_ct_info": (_i64, _int, _p_int, _p_int, _p_dbl, _p_int),
     "clg_ct_coeffs": (_i64, _p_u64, _i64),
     "clg_ct_to_bytes": (_i64, _pp_u8, _p_i64),
@@ -732,13 +732,14 @@ class LattigoLinearTransform(_Handle):
 class LattigoBSGSMatrix(_Handle):
     """A matrix encoded for the offload matmul (`cipherlm.he.matmul`): per output block its
     pre-rotated diagonals as plaintexts (`LattigoBackend.bsgs_matrix`), evaluated in one call
-    (`LattigoBackend.bsgs_apply`)."""
+    (`LattigoBackend.bsgs_apply`) on ``parts`` input ciphertexts."""
 
-    __slots__ = ("n_blocks",)
+    __slots__ = ("n_blocks", "parts")
 
-    def __init__(self, h: int, ctx, n_blocks: int):
+    def __init__(self, h: int, ctx, n_blocks: int, parts: int = 1):
         super().__init__(h, ctx)
         self.n_blocks = n_blocks
+        self.parts = parts
 
     @property
     def n_plaintexts(self) -> int:
@@ -1235,25 +1236,27 @@ class LattigoBackend(HEBackend):
         return LattigoCiphertext(_new("clg_lt_eval", galois_keys.h, ct.h, lt.h), ctx)
 
     def bsgs_matrix(self, ctx: LattigoContext, diagonals: np.ndarray, *, g: int, chunk_steps: Sequence[int],
-                    scale: float, level=None, workers: int = 2, repeat: int = 1) -> LattigoBSGSMatrix:
+                    scale: float, level=None, workers: int = 2, repeat: int = 1, parts: int = 1) -> LattigoBSGSMatrix:
         """The offload matmul's encoded matrix (`cipherlm.he.matmul.encode_matrix`): ``diagonals``
-        complex (n_blocks, m, slots), the pre-rotated diagonals of each output block (all-zero
-        ones are not stored), encoded at ``level`` (default: the top) with plaintext scale
-        ``scale``; ``g`` baby steps, giant steps of g slots, ``chunk_steps`` the chunk sum's
-        rotations.  ``workers`` goroutines encode.  ``repeat`` T > 1 (a power of two): a diagonal
-        whose residues come in runs of up to T equal values (period S / T in the slots, e.g. a
-        packed plan's with one chunk) is stored one value per run, 1/T of the memory, with the
-        same results (`clg_bsgs_compress`); the others are stored whole."""
+        complex (n_blocks, parts m, slots), the pre-rotated diagonals of each output block (input
+        p's m at p m; all-zero ones are not stored), encoded at ``level`` (default: the top) with
+        plaintext scale ``scale``; ``g`` baby steps, giant steps of g slots, ``chunk_steps`` the
+        chunk sum's rotations; ``parts`` input ciphertexts whose products every block sums
+        (`bsgs_apply`).  ``workers`` goroutines encode.  ``repeat`` T > 1 (a power of two): a
+        diagonal whose residues come in runs of up to T equal values (period S / T in the slots,
+        e.g. a packed plan's with one chunk) is stored one value per run, 1/T of the memory, with
+        the same results (`clg_bsgs_compress`); the others are stored whole."""
         d = np.asarray(diagonals)
-        if d.ndim != 3 or d.shape[2] != ctx.slots or not d.shape[0] or not d.shape[1]:
-            raise HEError(f"expected diagonals (n_blocks, m, {ctx.slots}), got {d.shape}")
+        if d.ndim != 3 or d.shape[2] != ctx.slots or not d.shape[0] or not d.shape[1] or d.shape[1] % parts:
+            raise HEError(f"expected diagonals (n_blocks, {parts} m, {ctx.slots}), got {d.shape}")
         if not (scale > 0 and math.isfinite(scale)):
             raise HEError(f"bad plaintext scale {scale}")
-        n_blocks, m = int(d.shape[0]), int(d.shape[1])
+        n_blocks, m = int(d.shape[0]), int(d.shape[1]) // parts
         lvl = ctx.max_level if level is None else int(level)
         _c, cp, cn = _i64_array(chunk_steps)
-        h = _new("clg_bsgs_new", ctx.handle, n_blocks, m, int(g), cp if cn else None, cn, lvl, math.log2(scale))
-        mat = LattigoBSGSMatrix(h, ctx, n_blocks)
+        h = _new("clg_bsgs_new", ctx.handle, n_blocks, m, int(g), int(parts), cp if cn else None, cn, lvl,
+                 math.log2(scale))
+        mat = LattigoBSGSMatrix(h, ctx, n_blocks, parts)
         if repeat != 1:
             _call("clg_bsgs_compress", h, int(repeat))
         for o in range(n_blocks):
@@ -1267,16 +1270,22 @@ class LattigoBackend(HEBackend):
                   nz.ctypes.data_as(_p_u8), int(workers))
         return mat
 
-    def bsgs_apply(self, ctx, ct: LattigoCiphertext, mat: LattigoBSGSMatrix, galois_keys: LattigoGaloisKeys,
-                   *, workers: int = 1) -> tuple[list[LattigoCiphertext | None], dict[str, int]]:
-        """The offload matmul of one input ciphertext in one call (``workers`` goroutines):
-        hoisted baby steps, per (block, giant step) the products, a rescale and the giant
+    def bsgs_apply(self, ctx, ct: LattigoCiphertext | Sequence[LattigoCiphertext], mat: LattigoBSGSMatrix,
+                   galois_keys: LattigoGaloisKeys, *, workers: int = 1
+                   ) -> tuple[list[LattigoCiphertext | None], dict[str, int]]:
+        """The offload matmul of one input (``mat.parts`` ciphertexts, a sequence when more than
+        one; one scale) in one call (``workers`` goroutines): hoisted baby steps of every input,
+        per (block, giant step) the products summed over the inputs, a rescale and the giant
         rotation, then the chunk sum.  Returns each block's result (None: all-zero block; one
         level below the input) and the op counts."""
+        cts = list(ct) if isinstance(ct, (list, tuple)) else [ct]
+        if len(cts) != mat.parts:
+            raise HEError(f"the matrix takes {mat.parts} input ciphertexts, got {len(cts)}")
+        hs = np.ascontiguousarray([c.h for c in cts], np.int64)
         out = np.zeros(mat.n_blocks, np.int64)
         cnt = np.zeros(4, np.int64)
-        _call("clg_bsgs_eval", galois_keys.h, ct.h, mat.h, int(workers), out.ctypes.data_as(_p_i64),
-              cnt.ctypes.data_as(_p_i64))
+        _call("clg_bsgs_eval", galois_keys.h, hs.ctypes.data_as(_p_i64), len(cts), mat.h, int(workers),
+              out.ctypes.data_as(_p_i64), cnt.ctypes.data_as(_p_i64))
         res = [LattigoCiphertext(int(h), ctx) if h else None for h in out]
         return res, {"rotations": int(cnt[0]), "multiply_plain": int(cnt[1]), "add": int(cnt[2]),
                      "rescale": int(cnt[3])}

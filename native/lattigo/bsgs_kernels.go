@@ -295,10 +295,30 @@ func (d *bsgsDiag) poly(tmp ring.Poly) ring.Poly {
 	return tmp
 }
 
-// diagonals: the plaintexts of unit u's inner sum, indexed by baby step (nil: a zero diagonal);
-// fewer than g in the last giant step when g does not divide m.
+// diagonals: the plaintexts of unit u's inner sum, indexed like the baby steps (input p's baby
+// step j at p g + j; nil: a zero diagonal); with one input, fewer than g in the last giant step
+// when g does not divide m.
 func (b *bsgsObj) diagonals(u bsgsUnit) []*bsgsDiag {
-	return b.pts[u.o][u.i*b.g : min((u.i+1)*b.g, b.m)]
+	return b.units[u.o][u.i]
+}
+
+// unitDiagonals: block o's per-giant-step diagonal lists (diagonals): with one input, slices of
+// pts[o]; with several, input p's diagonals ig .. ig+g-1 at p g .. p g + g - 1, nil-padded.
+func (b *bsgsObj) unitDiagonals(o int) [][]*bsgsDiag {
+	nGiant := (b.m + b.g - 1) / b.g
+	out := make([][]*bsgsDiag, nGiant)
+	for i := range out {
+		if b.parts == 1 {
+			out[i] = b.pts[o][i*b.g : min((i+1)*b.g, b.m)]
+			continue
+		}
+		l := make([]*bsgsDiag, b.parts*b.g)
+		for p := 0; p < b.parts; p++ {
+			copy(l[p*b.g:], b.pts[o][p*b.m+i*b.g:p*b.m+min((i+1)*b.g, b.m)])
+		}
+		out[i] = l
+	}
+	return out
 }
 
 // workerShare: worker t's contiguous share of the units (of w workers): a worker's units mostly
@@ -397,10 +417,10 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 			}
 		}
 		acc := make([]uint64, 4*prodTile)
-		a0s := make([][]uint64, 0, b.g)
-		a1s := make([][]uint64, 0, b.g)
-		ps := make([][]uint64, 0, b.g)
-		exp := make([][]uint64, b.g) // scratch: compressed diagonals' tiles expanded
+		a0s := make([][]uint64, 0, len(baby))
+		a1s := make([][]uint64, 0, len(baby))
+		ps := make([][]uint64, 0, len(baby))
+		exp := make([][]uint64, len(baby)) // scratch: compressed diagonals' tiles expanded
 		for j := range exp {
 			exp[j] = make([]uint64, prodTile)
 		}

@@ -46,7 +46,7 @@ import (
 	"github.com/tuneinsight/lattigo/v6/schemes/ckks"
 )
 
-const abiVersion = 16
+const abiVersion = 17
 
 // The offload server keeps ~2.7 GB of encoded weights alive (SmolLM2) and allocates a few
 // hundred MB of short-lived ciphertexts per token: at Go's default GOGC=100 the heap grows to
@@ -106,11 +106,13 @@ type bsgsObj struct {
 	ctx        *ctxObj
 	nBlocks    int
 	m, g       int
+	parts      int // input ciphertexts: block o's diagonals of input p are pts[o][p*m : (p+1)*m]
 	chunkSteps []int
 	level      int
 	scale      rlwe.Scale
 	maxRep     int
 	pts        [][]*bsgsDiag
+	units      [][][]*bsgsDiag // [block][giant step]: the diagonals of the unit's inner sum (diagonals)
 }
 
 type ptObj struct {
@@ -973,16 +975,20 @@ func clg_lt_eval(evh C.int64_t, cth C.int64_t, lth C.int64_t, out *C.int64_t, er
 
 // clg_bsgs_new: an empty encoded matrix for cipherlm's offload BSGS matmul: nBlocks output
 // blocks of m diagonals, g baby steps (giant steps of g slots), the chunk sum's rotation
-// steps, plaintexts at `level` with scale 2^logScale.  clg_bsgs_set fills one block.
+// steps, plaintexts at `level` with scale 2^logScale.  clg_bsgs_set fills one block.  parts > 1:
+// the input comes as that many ciphertexts, each with its own m diagonals per block, and every
+// (block, giant step) unit sums the products of all of them before its one rescale and giant
+// rotation (cipherlm/he/matmul.py MatmulPlan.in_cts).
 //
 //export clg_bsgs_new
-func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, chunk *C.int64_t, nChunk C.int, level C.int,
+func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, parts C.int, chunk *C.int64_t, nChunk C.int, level C.int,
 	logScale C.double, out *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
 	return with(h, "context", errbuf, errlen, func(c *ctxObj) error {
 		slots := c.params.MaxSlots()
-		if nBlocks < 1 || nBlocks > 1<<16 || m < 1 || int(m) > slots || g < 1 || g > m {
-			return fmt.Errorf("bad matmul shape: %d blocks, %d diagonals, %d baby steps",
-				int(nBlocks), int(m), int(g))
+		if nBlocks < 1 || nBlocks > 1<<16 || m < 1 || int(m) > slots || g < 1 || g > m || parts < 1 ||
+			parts > 1<<12 {
+			return fmt.Errorf("bad matmul shape: %d blocks, %d diagonals, %d baby steps, %d input ciphertexts",
+				int(nBlocks), int(m), int(g), int(parts))
 		}
 		lvl := int(level)
 		if lvl < 1 || lvl > c.params.MaxLevel() {
@@ -1000,18 +1006,21 @@ func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, chunk *C.int64_t
 				steps = append(steps, int(s))
 			}
 		}
-		b := &bsgsObj{ctx: c, nBlocks: int(nBlocks), m: int(m), g: int(g), chunkSteps: steps, level: lvl,
-			scale: rlwe.NewScale(math.Exp2(float64(logScale))), maxRep: 1, pts: make([][]*bsgsDiag, int(nBlocks))}
+		b := &bsgsObj{ctx: c, nBlocks: int(nBlocks), m: int(m), g: int(g), parts: int(parts), chunkSteps: steps,
+			level: lvl, scale: rlwe.NewScale(math.Exp2(float64(logScale))), maxRep: 1,
+			pts: make([][]*bsgsDiag, int(nBlocks)), units: make([][][]*bsgsDiag, int(nBlocks))}
 		for o := range b.pts {
-			b.pts[o] = make([]*bsgsDiag, b.m)
+			b.pts[o] = make([]*bsgsDiag, b.parts*b.m)
+			b.units[o] = b.unitDiagonals(o)
 		}
 		*out = C.int64_t(put(b))
 		return nil
 	})
 }
 
-// clg_bsgs_set: encode block `block`'s m diagonals (re, im: m rows of `slots` float64;
-// nonzero[k] == 0: diagonal k is all zero and not stored), `workers` goroutines.
+// clg_bsgs_set: encode block `block`'s parts x m diagonals (re, im: parts x m rows of `slots`
+// float64, input p's diagonal k in row p m + k; nonzero[k] == 0: diagonal k is all zero and not
+// stored), `workers` goroutines.
 //
 //export clg_bsgs_set
 func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero *C.uchar, workers C.int,
@@ -1021,11 +1030,12 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 			return fmt.Errorf("block %d out of range", int(block))
 		}
 		slots := b.ctx.params.MaxSlots()
-		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), b.m*slots)
-		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), b.m*slots)
-		nz := unsafe.Slice((*byte)(unsafe.Pointer(nonzero)), b.m)
-		pts := make([]*bsgsDiag, b.m)
-		errs := make([]error, b.m)
+		nd := b.parts * b.m
+		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), nd*slots)
+		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), nd*slots)
+		nz := unsafe.Slice((*byte)(unsafe.Pointer(nonzero)), nd)
+		pts := make([]*bsgsDiag, nd)
+		errs := make([]error, nd)
 		w := max(1, min(int(workers), runtime.NumCPU()))
 		var wg sync.WaitGroup
 		for t := 0; t < w; t++ {
@@ -1033,7 +1043,7 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 			go func(t int) {
 				defer wg.Done()
 				v := make([]complex128, slots)
-				for k := t; k < b.m; k += w {
+				for k := t; k < nd; k += w {
 					if nz[k] == 0 {
 						continue
 					}
@@ -1057,6 +1067,7 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 			}
 		}
 		b.pts[int(block)] = pts
+		b.units[int(block)] = b.unitDiagonals(int(block))
 		return nil
 	})
 }
@@ -1114,9 +1125,10 @@ func clg_bsgs_plaintexts(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.in
 	})
 }
 
-// clg_bsgs_eval: the offload matmul of one input ciphertext (cipherlm/he/matmul.py evaluate_blocks):
-// baby steps rot(x, j), j < g, hoisted (one decomposition per worker); for every (block o, giant
-// step i) rot(rescale(sum_j diag_{ig+j} * rot(x, j)), ig) accumulated per block; then the chunk
+// clg_bsgs_eval: the offload matmul of the input ciphertexts cts[0 .. nCts-1] (nCts = the matrix's
+// parts; cipherlm/he/matmul.py evaluate_blocks): baby steps rot(x_p, j), j < g, of every input,
+// hoisted (one decomposition per input and worker); for every (block o, giant step i)
+// rot(rescale(sum_p sum_j diag_{p, ig+j} * rot(x_p, j)), ig) accumulated per block; then the chunk
 // sum acc += rot(acc, s) for each chunk step.  The (o, i) units and the baby steps are shared out
 // over `workers` goroutines (Lattigo v6.2's evaluator may be called concurrently).  The products
 // and giant steps are bsgsGiantFast's (bsgs_kernels.go) for the offload parameters (level 1, one
@@ -1125,150 +1137,173 @@ func clg_bsgs_plaintexts(bh C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.in
 // rotations, products, additions, rescales.
 //
 //export clg_bsgs_eval
-func clg_bsgs_eval(evh C.int64_t, cth C.int64_t, bh C.int64_t, workers C.int, out *C.int64_t, counts *C.int64_t,
-	errbuf *C.char, errlen C.int) (rc C.int) {
-	return with2(evh, "Galois key set", cth, "ciphertext", "", errbuf, errlen, func(e *evkObj, c *ctObj) error {
-		b, err := getIn[*bsgsObj](bh, "encoded matrix", "ciphertext, keys and matrix belong to different contexts", e, c)
-		if err != nil {
-			return err
-		}
-		if c.ct.Degree() != 1 || c.ct.Level() != b.level {
-			return fmt.Errorf("the input must be a degree-1 ciphertext at level %d (got degree %d, level %d)",
-				b.level, c.ct.Degree(), c.ct.Level())
-		}
-		params := c.ctx.params
-		needed := []int{}
-		for j := 1; j < b.g; j++ {
-			needed = append(needed, j)
-		}
-		for i := 1; i*b.g < b.m; i++ {
-			needed = append(needed, i*b.g)
-		}
-		needed = append(needed, b.chunkSteps...)
-		for _, s := range needed {
-			if _, ok := e.set.GaloisKeys[params.GaloisElement(s)]; !ok {
-				return fmt.Errorf("the key set lacks the rotation by %d", s)
+func clg_bsgs_eval(evh C.int64_t, cths *C.int64_t, nCts C.int, bh C.int64_t, workers C.int, out *C.int64_t,
+	counts *C.int64_t, errbuf *C.char, errlen C.int) (rc C.int) {
+	return with2(evh, "Galois key set", bh, "encoded matrix", "keys and matrix belong to different contexts", errbuf,
+		errlen, func(e *evkObj, b *bsgsObj) error {
+			if int(nCts) != b.parts {
+				return fmt.Errorf("the matrix takes %d input ciphertexts, got %d", b.parts, int(nCts))
 			}
-		}
-		w := max(1, min(int(workers), 64))
-		eval := e.eval
+			ins := make([]*rlwe.Ciphertext, b.parts)
+			var c *ctObj
+			for p, h := range i64s(cths, nCts) {
+				cp, err := getIn[*ctObj](C.int64_t(h), "ciphertext", "ciphertext, keys and matrix belong to different contexts", e)
+				if err != nil {
+					return err
+				}
+				if cp.ct.Degree() != 1 || cp.ct.Level() != b.level {
+					return fmt.Errorf("the input must be a degree-1 ciphertext at level %d (got degree %d, level %d)",
+						b.level, cp.ct.Degree(), cp.ct.Level())
+				}
+				if p > 0 && cp.ct.Scale.Cmp(ins[0].Scale) != 0 {
+					return errors.New("the input ciphertexts must have one scale")
+				}
+				if p == 0 {
+					c = cp
+				}
+				ins[p] = cp.ct
+			}
+			params := c.ctx.params
+			needed := []int{}
+			for j := 1; j < b.g; j++ {
+				needed = append(needed, j)
+			}
+			for i := 1; i*b.g < b.m; i++ {
+				needed = append(needed, i*b.g)
+			}
+			needed = append(needed, b.chunkSteps...)
+			for _, s := range needed {
+				if _, ok := e.set.GaloisKeys[params.GaloisElement(s)]; !ok {
+					return fmt.Errorf("the key set lacks the rotation by %d", s)
+				}
+			}
+			w := max(1, min(int(workers), 64))
+			eval := e.eval
 
-		// baby steps, hoisted, shared out over the workers (in pooled scratch: they live only
-		// in this call)
-		baby := make([]*rlwe.Ciphertext, b.g)
-		baby[0] = c.ct
-		frees := make([]func(), b.g)
-		for j := 1; j < b.g; j++ {
-			baby[j], frees[j] = scratchCiphertext(params, b.level)
-		}
-		defer func() {
-			for _, f := range frees[1:] {
-				f()
+			// baby steps of every input (input p's step j at p g + j), hoisted, in pooled scratch
+			// (they live only in this call); the (input, step) pairs in contiguous shares over the
+			// workers, so that a worker decomposes each input it touches once
+			baby := make([]*rlwe.Ciphertext, b.parts*b.g)
+			frees := make([]func(), 0, len(baby))
+			var pairs [][2]int
+			for p := 0; p < b.parts; p++ {
+				baby[p*b.g] = ins[p]
+				for j := 1; j < b.g; j++ {
+					var free func()
+					baby[p*b.g+j], free = scratchCiphertext(params, b.level)
+					frees = append(frees, free)
+					pairs = append(pairs, [2]int{p, j})
+				}
 			}
-		}()
-		err = parallel(w, func(t int) error {
-			var mine []int
-			for j := 1 + t; j < b.g; j += w {
-				mine = append(mine, j)
-			}
-			if len(mine) == 0 {
+			defer func() {
+				for _, f := range frees {
+					f()
+				}
+			}()
+			err := parallel(w, func(t int) error {
+				mine := pairs[t*len(pairs)/w : (t+1)*len(pairs)/w]
+				for len(mine) > 0 {
+					p := mine[0][0]
+					var steps []int
+					res := map[int]*rlwe.Ciphertext{}
+					for len(mine) > 0 && mine[0][0] == p {
+						j := mine[0][1]
+						steps = append(steps, j)
+						res[j] = baby[p*b.g+j]
+						mine = mine[1:]
+					}
+					if err := rotateHoisted(eval, ins[p], steps, res); err != nil {
+						return err
+					}
+					for _, j := range steps {
+						baby[p*b.g+j] = res[j]
+					}
+				}
 				return nil
-			}
-			res := map[int]*rlwe.Ciphertext{}
-			for _, j := range mine {
-				res[j] = baby[j]
-			}
-			if err := rotateHoisted(eval, c.ct, mine, res); err != nil {
+			})
+			if err != nil {
 				return err
 			}
-			for _, j := range mine {
-				baby[j] = res[j]
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
 
-		// the (block, giant step) units that have a non-zero diagonal
-		var units []bsgsUnit
-		nGiant := (b.m + b.g - 1) / b.g
-		for o := 0; o < b.nBlocks; o++ {
-			for i := 0; i < nGiant; i++ {
-				for _, pt := range b.diagonals(bsgsUnit{o, i}) {
-					if pt != nil {
-						units = append(units, bsgsUnit{o, i})
-						break
+			// the (block, giant step) units that have a non-zero diagonal
+			var units []bsgsUnit
+			nGiant := (b.m + b.g - 1) / b.g
+			for o := 0; o < b.nBlocks; o++ {
+				for i := 0; i < nGiant; i++ {
+					for _, pt := range b.diagonals(bsgsUnit{o, i}) {
+						if pt != nil {
+							units = append(units, bsgsUnit{o, i})
+							break
+						}
 					}
 				}
 			}
-		}
-		levelP := params.MaxLevelP()
-		galKeys := map[int]*rlwe.GaloisKey{}
-		rotIdx := map[int][]uint64{}
-		for i := 1; i < nGiant; i++ {
-			gk, ok := e.set.GaloisKeys[params.GaloisElement(i*b.g)]
-			if !ok || gk.LevelP() != levelP {
-				return fmt.Errorf("no usable key for the giant step %d", i*b.g)
+			levelP := params.MaxLevelP()
+			galKeys := map[int]*rlwe.GaloisKey{}
+			rotIdx := map[int][]uint64{}
+			for i := 1; i < nGiant; i++ {
+				gk, ok := e.set.GaloisKeys[params.GaloisElement(i*b.g)]
+				if !ok || gk.LevelP() != levelP {
+					return fmt.Errorf("no usable key for the giant step %d", i*b.g)
+				}
+				galKeys[i] = gk
+				rotIdx[i] = eval.AutomorphismIndex(params.GaloisElement(i * b.g))
 			}
-			galKeys[i] = gk
-			rotIdx[i] = eval.AutomorphismIndex(params.GaloisElement(i * b.g))
-		}
-		var sums []*rlwe.Ciphertext
-		var total [4]int64
-		if bsgsFastPath(params, b, galKeys) {
-			sums, total, err = bsgsGiantFast(eval, params, b, c.ct, baby, units, galKeys, rotIdx, w)
-		} else {
-			sums, total, err = bsgsGiantGeneric(eval, params, b, baby, units, galKeys, rotIdx, w)
-		}
-		if err != nil {
-			return err
-		}
-		total[0] += int64(b.g - 1)
-		var chunkCnt [2]int64
-		var cmu sync.Mutex
-		err = parallel(w, func(t int) error {
-			var rot, add int64
-			for o := t; o < b.nBlocks; o += w {
-				y := sums[o]
+			var sums []*rlwe.Ciphertext
+			var total [4]int64
+			if bsgsFastPath(params, b, galKeys) {
+				sums, total, err = bsgsGiantFast(eval, params, b, c.ct, baby, units, galKeys, rotIdx, w)
+			} else {
+				sums, total, err = bsgsGiantGeneric(eval, params, b, baby, units, galKeys, rotIdx, w)
+			}
+			if err != nil {
+				return err
+			}
+			total[0] += int64(b.parts * (b.g - 1))
+			var chunkCnt [2]int64
+			var cmu sync.Mutex
+			err = parallel(w, func(t int) error {
+				var rot, add int64
+				for o := t; o < b.nBlocks; o += w {
+					y := sums[o]
+					if y == nil {
+						continue
+					}
+					for _, s := range b.chunkSteps {
+						r := ckks.NewCiphertext(params, 1, y.Level())
+						if err := rotate(eval, y, s, r); err != nil {
+							return err
+						}
+						if err := eval.Add(y, r, y); err != nil {
+							return err
+						}
+						rot++
+						add++
+					}
+				}
+				cmu.Lock()
+				chunkCnt[0] += rot
+				chunkCnt[1] += add
+				cmu.Unlock()
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			total[0] += chunkCnt[0]
+			total[2] += chunkCnt[1]
+			dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), b.nBlocks)
+			for o, y := range sums {
 				if y == nil {
-					continue
-				}
-				for _, s := range b.chunkSteps {
-					r := ckks.NewCiphertext(params, 1, y.Level())
-					if err := rotate(eval, y, s, r); err != nil {
-						return err
-					}
-					if err := eval.Add(y, r, y); err != nil {
-						return err
-					}
-					rot++
-					add++
+					dst[o] = 0
+				} else {
+					dst[o] = put(&ctObj{ctx: c.ctx, ct: y})
 				}
 			}
-			cmu.Lock()
-			chunkCnt[0] += rot
-			chunkCnt[1] += add
-			cmu.Unlock()
+			cs := unsafe.Slice((*int64)(unsafe.Pointer(counts)), 4)
+			copy(cs, total[:])
 			return nil
 		})
-		if err != nil {
-			return err
-		}
-		total[0] += chunkCnt[0]
-		total[2] += chunkCnt[1]
-		dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), b.nBlocks)
-		for o, y := range sums {
-			if y == nil {
-				dst[o] = 0
-			} else {
-				dst[o] = put(&ctObj{ctx: c.ctx, ct: y})
-			}
-		}
-		cs := unsafe.Slice((*int64)(unsafe.Pointer(counts)), 4)
-		copy(cs, total[:])
-		return nil
-	})
 }
 
 // clg_copy: a deep copy of a ciphertext.
