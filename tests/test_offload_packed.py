@@ -108,6 +108,50 @@ def test_lattigo_compressed_packed_diagonals_are_bit_identical():
         assert np.max(np.abs(decrypt_output(keys, c, pk) - ref)) < 1e-6 * scale
 
 
+@pytest.mark.skipif(_backend_auto() != "lattigo", reason="the Lattigo library is not built (make lattigo)")
+def test_lattigo_packed_plans_with_several_input_ciphertexts():
+    """Lattigo, T = 16 and 32 rows per ciphertext: a lane of S / T slots cannot hold a whole
+    input row and its outputs, so the planner cuts the input into P ciphertexts (``in_cts``)
+    whose products the server sums per block before one rescale and giant step.  Against numpy
+    (a partial pack, bias, several output blocks), with the diagonals at 1/T of the memory; every
+    slot of a result is a lane's output (+ i its second form, as for one row) or zero; the wrong number of input ciphertexts is an
+    `HEError`."""
+    from cipherlm.he import HEError
+    from cipherlm.he.matmul import pack_cts, unpack_cts
+
+    ctx = make_context(OFFLOAD_CKKS, "lattigo")
+    keys = client_keys(ctx)
+    rng = np.random.default_rng(11)
+    for d_out, d_in, bias, T, n_rows in [(960, 576, True, 32, 29), (576, 1536, False, 16, 16)]:
+        pk = plan_matmul(d_out, d_in, ctx.slots, has_bias=bias, backend="lattigo", tokens=T, max_in_cts=64)
+        assert pk.in_cts > 1 and pk.tokens == T and pk.c == 1 and pk.rows + pk.m <= pk.lane
+        assert pk.in_cts * pk.c * pk.m >= pk.n and pk.op_counts()["ciphertexts_in"] == pk.in_cts
+        W = rng.standard_normal((d_out, d_in)) * 0.05
+        b = rng.standard_normal(d_out) * 0.1 if bias else None
+        X = rng.standard_normal((n_rows, d_in))
+        ref = X @ W.T + (0 if b is None else b)
+        enc = encode_group(ctx, [W], None if b is None else [b], plan=pk)
+        assert enc.nbytes * T == enc.n_plaintexts * 2 * ctx.n * 8  # every diagonal at 1/T
+        gk = keys.galois_keys_bytes(pk.rotation_steps)
+        ct = encrypt_input(keys, X, pk)
+        assert len(unpack_cts(ct, pk.in_cts)) == pk.in_cts
+        out = apply(enc, ct, gk)
+        y = decrypt_output(keys, out, pk)
+        scale = np.max(np.abs(W)) * max(np.max(np.abs(X)), 1.0) * d_in
+        assert np.max(np.abs(y[:n_rows] - ref)) < 1e-6 * scale, (d_out, d_in, T)
+        assert np.max(np.abs(y[n_rows:]), initial=0.0) < 1e-6 * scale
+        for o, blob in enumerate(unpack_cts(out, pk.n_blocks)):
+            v = decrypt_slots(keys, blob).reshape(T, pk.lane)
+            rows = slice(o * pk.rows, min((o + 1) * pk.rows, d_out))
+            k = rows.stop - rows.start
+            full = np.zeros((T, k))
+            full[:n_rows] = ref[:, rows]
+            assert np.max(np.abs(v[:, :k].real - full)) < 1e-6 * scale
+            assert np.max(np.abs(v[:, k:])) < 1e-6 * scale  # (an output slot's imaginary part: its second form)
+        with pytest.raises(HEError):
+            apply(enc, pack_cts(unpack_cts(ct)[:-1]), gk)
+
+
 def test_packed_plans_are_cheaper_per_row_on_smollm2_shapes():
     """The planner's packed plans for SmolLM2's layer groups cost less per row than the one-row
     plans in the Lattigo cost model (what `offload_engine.packed_plan` requires)."""

@@ -276,6 +276,7 @@ class MatmulPlan:
     splits: tuple[int, ...] = ()  # group member sizes (sum = d_out), () = single
     tokens: int = 1  # token rows packed per ciphertext (T; > 1: the prefill's packed plans)
     real_input: bool = False  # inputs real (the half ring), two output rows per slot (see the module doc)
+    in_cts: int = 1  # input ciphertexts (P), each of c chunks of m inputs; the server sums their products
 
     def __post_init__(self):
         if self.c < 1 or self.c & (self.c - 1):
@@ -286,6 +287,8 @@ class MatmulPlan:
             raise HEError("plan does not fit its slots")
         if self.real_input and self.c < 2:
             raise HEError("a real-input plan needs c >= 2 chunk copies (its results fold to the half ring)")
+        if self.in_cts < 1 or self.in_cts * self.c * self.m < self.n or (self.in_cts - 1) * self.c * self.m >= self.n:
+            raise HEError(f"{self.in_cts} input ciphertexts of {self.c} x {self.m} inputs for {self.n} inputs")
 
     @property
     def result_ring(self) -> str:
@@ -329,13 +332,13 @@ class MatmulPlan:
         n_giant = len([i for i in range(1, self.b) if i * self.g < self.m])
         n_chunk = len(self.chunk_steps)
         return {
-            "rotations": (self.g - 1) + self.n_blocks * (n_giant + n_chunk),
+            "rotations": self.in_cts * (self.g - 1) + self.n_blocks * (n_giant + n_chunk),
             "giant_rotations": self.n_blocks * n_giant,
             "chunk_rotations": self.n_blocks * n_chunk,
-            "multiply_plain": self.n_blocks * self.m,
+            "multiply_plain": self.n_blocks * self.in_cts * self.m,
             "rescale": self.n_blocks * (n_giant + 1),
-            "plaintexts": self.n_blocks * self.m,
-            "ciphertexts_in": 1,
+            "plaintexts": self.n_blocks * self.in_cts * self.m,
+            "ciphertexts_in": self.in_cts,
             "ciphertexts_out": self.n_blocks,
         }
 
@@ -348,7 +351,7 @@ class MatmulPlan:
         default the offload constants of `OFFLOAD_BACKEND`'s cost model."""
         cm = offload_costs(cm)
         o = self.op_counts()
-        baby, giant, mul, rescale = self.g - 1, o["giant_rotations"], o["multiply_plain"], o["rescale"]
+        baby, giant, mul, rescale = self.in_cts * (self.g - 1), o["giant_rotations"], o["multiply_plain"], o["rescale"]
         chunk = o["chunk_rotations"]
         if workers > 1:
             giant, mul, rescale = giant / workers, mul / workers, rescale / workers
@@ -361,7 +364,7 @@ class MatmulPlan:
             + mul * (cm.multiply_plain + cm.add)
             + rescale * cm.rescale
             + self.n_blocks * cm.decrypt_decode
-            + (ct_bytes_in + self.n_blocks * ct_bytes_out) * cm.byte
+            + (self.in_cts * ct_bytes_in + self.n_blocks * ct_bytes_out) * cm.byte
             + len(self.rotation_steps) * cm.galois_key_tiebreak
         )
 
@@ -372,6 +375,8 @@ class MatmulPlan:
             del d["tokens"]  # one-token plans are sent as before
         if not self.real_input:
             del d["real_input"]
+        if self.in_cts == 1:
+            del d["in_cts"]
         return d
 
     @classmethod
@@ -394,45 +399,59 @@ def plan_matmul(
     backend: str | None = None,
     tokens: int = 1,
     real_input: bool = False,
+    max_in_cts: int = 1,
 ) -> MatmulPlan:
-    """Choose (c, g, b, n_blocks) minimising the cost model (per-worker critical path
+    """Choose (P, c, g, b, n_blocks) minimising the cost model (per-worker critical path
     when ``workers`` > 1: fewer baby steps, see :mod:`cipherlm.he.parallel`).  The
     constants: ``cost_model`` if given, else those of HE backend ``backend`` (default
     `OFFLOAD_BACKEND`), ``get_backend(backend).cost_model.offload``.  ``tokens`` T > 1:
     a plan whose ciphertext packs T token rows (each block's S / c slots cut into T
     lanes of L = S / (c T) slots, R + m <= L; the cost is per ciphertext, i.e. T rows).
-    ``real_input``: a plan taking real inputs, two output rows per slot, c >= 2 (module doc)."""
+    ``real_input``: a plan taking real inputs, two output rows per slot, c >= 2 (module doc).
+    ``max_in_cts``: the input may be cut into up to that many ciphertexts P (each c chunks of
+    m inputs; Lattigo only, `LattigoBackend.bsgs_apply`): smaller m leaves room for more output
+    rows in a lane, at P (g - 1) baby steps."""
     if d_out < 1 or d_in < 1:
         raise HEError(f"bad matrix shape ({d_out}, {d_in})")
     if tokens < 1 or tokens & (tokens - 1):
         raise HEError(f"tokens per ciphertext must be a power of two, got {tokens}")
+    if max_in_cts < 1:
+        raise HEError(f"max_in_cts must be >= 1, got {max_in_cts}")
     cost_model = offload_costs(cost_model, backend)
     if real_input:
-        n, slot_rows, c = d_in + int(has_bias), -(-d_out // 2), 2
+        n, slot_rows, c_min = d_in + int(has_bias), -(-d_out // 2), 2
     else:
-        n, slot_rows, c = (d_in + int(has_bias) + 1) // 2, d_out, 1
+        n, slot_rows, c_min = (d_in + int(has_bias) + 1) // 2, d_out, 1
     best = None
-    last_m = None
-    while c <= (max_chunks or n):  # powers of two: c B = S for the server's chunk sum
-        m = -(-n // c)
-        c_now, c = c, c * 2
-        if m == last_m:
-            continue  # same chunk size as a smaller c: no gain
-        last_m = m
-        r_max = slots // (c_now * tokens) - m
-        if r_max < 1:
-            break
-        n_blocks = -(-slot_rows // r_max)
-        rows = -(-slot_rows // n_blocks)
-        for g in range(1, m + 1):
-            b = -(-m // g)
-            if g > 1 and -(-m // (g - 1)) == b and g > b:
-                continue
-            p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits), tokens,
-                           real_input)
-            cost = p.cost(cost_model, workers=workers)
-            if best is None or cost < best[0]:
-                best = (cost, p)
+    last_n_part = None
+    for n_cts in range(1, max_in_cts + 1):
+        n_part = -(-n // n_cts)  # inputs per ciphertext
+        if n_part == last_n_part:
+            continue  # the same split as fewer ciphertexts
+        last_n_part = n_part
+        c, last_m = c_min, None
+        while c <= (max_chunks or n_part):  # powers of two: c B = S for the server's chunk sum
+            m = -(-n_part // c)
+            c_now, c = c, c * 2
+            if m == last_m:
+                continue  # same chunk size as a smaller c: no gain
+            last_m = m
+            r_max = slots // (c_now * tokens) - m
+            if r_max < 1:
+                break
+            if (n_cts - 1) * c_now * m >= n:
+                continue  # fewer ciphertexts hold these chunks
+            n_blocks = -(-slot_rows // r_max)
+            rows = -(-slot_rows // n_blocks)
+            for g in range(1, m + 1):
+                b = -(-m // g)
+                if g > 1 and -(-m // (g - 1)) == b and g > b:
+                    continue
+                p = MatmulPlan(d_out, d_in, has_bias, slots, n, c_now, m, rows, n_blocks, g, b, tuple(splits), tokens,
+                               real_input, n_cts)
+                cost = p.cost(cost_model, workers=workers)
+                if best is None or cost < best[0]:
+                    best = (cost, p)
     if best is None:
         raise HEError(f"matrix ({d_out}, {d_in}) does not fit {slots} slots")
     return best[1]
@@ -485,13 +504,20 @@ def weight_scale_bits(ctx: HEContext, n: int) -> int:
 
 
 def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """The pre-rotated diagonal slot vectors, complex (n_blocks, m, S)."""
+    """The pre-rotated diagonal slot vectors, complex (n_blocks, P m, S): input ciphertext p's
+    m diagonals at p m (its inputs are columns p c m .. (p + 1) c m - 1 of the complex matrix)."""
     Wc = _complex_weights(W, b, plan.real_input)
     p = plan
     if Wc.shape != (-(-p.d_out // 2) if p.real_input else p.d_out, p.n):
         raise HEError(f"weights {W.shape} do not match the plan ({p.d_out}, {p.d_in})")
+    per_ct = p.c * p.m
+    return np.concatenate([_part_diagonals(p, Wc[:, k * per_ct:(k + 1) * per_ct]) for k in range(p.in_cts)], axis=1)
+
+
+def _part_diagonals(p: MatmulPlan, Wc: np.ndarray) -> np.ndarray:
+    """`diagonals` of one input ciphertext, whose inputs are the (at most c m) columns of Wc."""
     Wp = np.zeros((p.n_blocks * p.rows, p.c * p.m), dtype=np.complex128)
-    Wp[: Wc.shape[0], : p.n] = Wc
+    Wp[: Wc.shape[0], : Wc.shape[1]] = Wc
     r = np.arange(p.rows)
     k = np.arange(p.m)
     idx = (r[:, None] + k[None, :]) % p.m  # (R, m)
@@ -564,14 +590,16 @@ def encode_matrix(
     wbits = weight_scale_bits(ctx, plan.n)
     scale = 2.0**wbits / (wmax if wmax > 0 else 1.0)
     D = diagonals(plan, W, b)
-    total = plan.n_blocks * plan.m
+    total = plan.n_blocks * plan.in_cts * plan.m
+    if plan.in_cts > 1 and backend_of(ctx) != "lattigo":
+        raise HEError("plans with several input ciphertexts run on the Lattigo backend only")
     if backend_of(ctx) == "lattigo":
         if keep is not None:
             raise HEError("the Lattigo backend encodes whole matrices (its workers are goroutines)")
         # a packed plan's diagonals with one chunk have period S / T: stored at 1/T (bit-identical)
         rep = plan.tokens if compress else 1
         mat = get_backend("lattigo").bsgs_matrix(ctx, D, g=plan.g, chunk_steps=plan.chunk_steps, scale=scale,
-                                                 repeat=rep)
+                                                 repeat=rep, parts=plan.in_cts)
         n_pt = mat.n_plaintexts
         _count(counter, encode=n_pt)
         if progress is not None:
@@ -648,41 +676,49 @@ def unpack_cts(data: bytes, expected: int | None = None) -> list[bytes]:
 
 
 def _chunks(plan: MatmulPlan, row: np.ndarray) -> np.ndarray:
-    """One input row (d_in,) as (c, m) complex chunks: the bias constant 1 appended when the
-    plan has one, pairs of reals as complex numbers (real inputs: the reals), zero padding to c m."""
+    """One input row (d_in,) as (P, c, m) complex chunks: the bias constant 1 appended when the
+    plan has one, pairs of reals as complex numbers (real inputs: the reals), zero padding to
+    P c m; input ciphertext p holds inputs p c m .. (p + 1) c m - 1."""
     if plan.has_bias:
         row = np.concatenate([row, [1.0]])
     if not plan.real_input:
         if row.size % 2:
             row = np.concatenate([row, [0.0]])
         row = row[0::2] + 1j * row[1::2]
-    xc = np.zeros(plan.c * plan.m, dtype=np.complex128)
+    xc = np.zeros(plan.in_cts * plan.c * plan.m, dtype=np.complex128)
     xc[: plan.n] = row
-    return xc.reshape(plan.c, plan.m)
+    return xc.reshape(plan.in_cts, plan.c, plan.m)
 
 
-def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
-    """Complex slot vector (S,) for input x (d_in,) under ``plan``; for a plan with packed
-    tokens (``plan.tokens`` T > 1) x is (t, d_in), t <= T rows: row i in lane i of every
-    chunk block, the lanes of missing rows all zero (no bias constant either)."""
+def input_layouts(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
+    """Complex slot vectors (P, S) of input x (d_in,) under ``plan``, one per input ciphertext;
+    for a plan with packed tokens (``plan.tokens`` T > 1) x is (t, d_in), t <= T rows: row i in
+    lane i of every chunk block, the lanes of missing rows all zero (no bias constant either)."""
     if plan.tokens > 1:
         X = np.asarray(x, dtype=np.float64)
         X = X.reshape(-1, plan.d_in) if X.size else X.reshape(0, plan.d_in)
         if X.ndim != 2 or X.shape[1] != plan.d_in or not 1 <= X.shape[0] <= plan.tokens:
             raise HEError(f"input has shape {np.shape(x)}, plan expects 1 to {plan.tokens} rows of {plan.d_in}")
-        v = np.zeros((plan.c, plan.tokens, plan.lane), dtype=np.complex128)
+        v = np.zeros((plan.in_cts, plan.c, plan.tokens, plan.lane), dtype=np.complex128)
         u = np.arange(plan.lane) % plan.m
         for t, row in enumerate(X):
-            v[:, t, :] = _chunks(plan, row)[:, u]
-        return v.reshape(-1)
+            v[:, :, t, :] = _chunks(plan, row)[:, :, u]
+        return v.reshape(plan.in_cts, -1)
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     if x.size != plan.d_in:
         raise HEError(f"input has {x.size} entries, plan expects {plan.d_in}")
     u = np.arange(plan.stride) % plan.m
-    lay = _chunks(plan, x)[:, u]  # (c, B)
-    v = np.zeros(plan.slots, dtype=np.complex128)
-    v[: plan.c * plan.stride] = lay.reshape(-1)
+    lay = _chunks(plan, x)[:, :, u]  # (P, c, B)
+    v = np.zeros((plan.in_cts, plan.slots), dtype=np.complex128)
+    v[:, : plan.c * plan.stride] = lay.reshape(plan.in_cts, -1)
     return v
+
+
+def input_layout(plan: MatmulPlan, x: np.ndarray) -> np.ndarray:
+    """The slot vector (S,) of input x under a plan with one input ciphertext (`input_layouts`)."""
+    if plan.in_cts != 1:
+        raise HEError(f"the plan takes {plan.in_cts} input ciphertexts: use input_layouts")
+    return input_layouts(plan, x)[0]
 
 
 def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | None = None, *,
@@ -703,12 +739,15 @@ def encrypt_input(keys, x: np.ndarray, plan: MatmulPlan, counter: HEOpCounter | 
     scale = 2.0 ** ctx.params.input_scale_bits / (xmax if xmax > 0 else 1.0)
     if backend_of(ctx) == "lattigo":
         be = get_backend("lattigo")
-        lay = input_layout(plan, x)
-        pt = be.encode_slots(ctx, lay.real if plan.real_input else lay, level=ctx.max_level,
-                             scale_bits=math.log2(scale))
-        data = keys.encrypt_seeded(pt)
-        _count(counter, encode=1, encrypt=1, bytes_in=len(data))
-        return data
+        blobs = []
+        for lay in input_layouts(plan, x):  # one scale for every input ciphertext
+            pt = be.encode_slots(ctx, lay.real if plan.real_input else lay, level=ctx.max_level,
+                                 scale_bits=math.log2(scale))
+            blobs.append(keys.encrypt_seeded(pt))
+            _count(counter, encode=1, encrypt=1, bytes_in=len(blobs[-1]))
+        return blobs[0] if plan.in_cts == 1 else pack_cts(blobs)
+    if plan.in_cts != 1:
+        raise HEError("plans with several input ciphertexts run on the Lattigo backend only")
     pt = seal.Plaintext()
     ctx.encoder.encode(input_layout(plan, x).tolist(), ctx.parms_id_at(len(ctx.coeff_moduli)), scale, pt)
     data = keys.encrypt_seeded(pt)
@@ -889,22 +928,26 @@ def apply(
         if half and ring_switch_key.small.half_kind != p.result_ring:
             raise HEError(f"a {'real' if p.real_input else 'complex'}-input plan's results take a "
                           f"{'even' if p.real_input else 'conjugate-invariant'} ring-switching key")
+        blobs = [ct_bytes] if p.in_cts == 1 else unpack_cts(ct_bytes, expected=p.in_cts)
         if p.real_input:
             if input_switch_key is None:
                 raise HEError("a real-input plan needs the client's input switching key")
             small = input_switch_key.small
-            ct = be.real_to_complex(be.ciphertext_from_bytes(small, ct_bytes, level=small.max_level),
-                                    input_switch_key)
+            cts = [be.real_to_complex(be.ciphertext_from_bytes(small, blob, level=small.max_level), input_switch_key)
+                   for blob in blobs]
         else:
-            ct = be.ciphertext_from_bytes(enc.ctx, ct_bytes, level=enc.ctx.max_level)
-        res, n = be.bsgs_apply(enc.ctx, ct, enc.matrix, galois_keys, workers=enc.workers)
+            cts = [be.ciphertext_from_bytes(enc.ctx, blob, level=enc.ctx.max_level) for blob in blobs]
+        res, n = be.bsgs_apply(enc.ctx, cts if p.in_cts > 1 else cts[0], enc.matrix, galois_keys,
+                               workers=enc.workers)
         if p.real_input:
-            n["input_switch"] = 1
+            n["input_switch"] = len(cts)
         if half:  # the half-ring results go bit-packed at q0's 60 bits
             res = [None if r is None else be.ring_switch(r, ring_switch_key) for r in res]
             n["ring_switch"] = sum(r is not None for r in res)
         _count(counter, server_seconds=time.perf_counter() - t0, **n)
         return pack_cts([b"" if r is None else be.ciphertext_to_bytes(r, packed=half) for r in res])
+    if p.in_cts != 1:
+        raise HEError("plans with several input ciphertexts run on the Lattigo backend only")
     blocks = [(o, range(p.b)) for o in range(p.n_blocks)]
     out, n = evaluate_blocks(enc, ct_bytes, galois_keys, blocks, p.g)
     _count(counter, server_seconds=time.perf_counter() - t0, **n)

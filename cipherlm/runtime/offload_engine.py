@@ -141,17 +141,25 @@ def prefill_tokens_from_env(value: int | None = None) -> int:
     return value
 
 
+#: the most input ciphertexts a packed prefill plan may cut a row into on Lattigo (`packed_plan`;
+#: SEAL plans take one)
+MAX_PACKED_IN_CTS = 64
+
+
 def packed_plan(plan: MatmulPlan, tokens: int, backend: str) -> MatmulPlan | None:
     """The prefill plan for a group whose one-token plan is ``plan`` (one input part): of the
     plans packing T = 2, 4, ..., ``tokens`` rows per ciphertext that fit, the one cheapest per
-    row in the backend's cost model, if cheaper per row than ``plan``; else None."""
+    row in the backend's cost model, if cheaper per row than ``plan``; else None.  On Lattigo a
+    packed plan may take its rows in up to `MAX_PACKED_IN_CTS` input ciphertexts (``in_cts``: a
+    lane of S / T slots then holds a slice of each row, so T is not bounded by the row's width)."""
     cm = offload_costs(None, backend)
     best, best_cost = None, plan.cost(cm)
+    max_in_cts = MAX_PACKED_IN_CTS if backend == "lattigo" else 1
     t = 2
     while t <= tokens:
         try:
             p = plan_matmul(plan.d_out, plan.d_in, plan.slots, has_bias=plan.has_bias, splits=plan.splits,
-                            backend=backend, tokens=t)
+                            backend=backend, tokens=t, max_in_cts=max_in_cts)
         except HEError:
             break  # does not fit T rows: nor more
         if p.cost(cm) / t < best_cost:

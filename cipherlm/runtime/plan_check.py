@@ -332,7 +332,7 @@ def _check_matmul_plan(d, what: str) -> dict:
 
     d = _dict(d, what)
     names = {f.name for f in dataclasses.fields(MatmulPlan)}
-    required = names - {"splits", "tokens", "real_input"}
+    required = names - {"splits", "tokens", "real_input", "in_cts"}
     if not required <= set(d) or not set(d) <= names:
         raise ProtocolError(f"{what} must have the fields {sorted(required)} (and splits)")
     for k, v in d.items():

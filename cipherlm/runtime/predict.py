@@ -266,17 +266,19 @@ def _predict_offload(config, tokens, phase, graph=None, groups=None, he_backend:
         if pk is not None and r / called > 1:
             # a prefill call: ceil(rows / T) packed ciphertexts, each through the packed plan
             n_ct = math.ceil(r / called / pk.tokens) * called
-            e["bytes"] += n_ct * (ct_in_bytes(pk) + pk.n_blocks * ct_out_bytes(pk) + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
+            # (a plan with several input ciphertexts sends them framed as one blob)
+            ct_in = pk.in_cts * ct_in_bytes(pk) + (PACK_HEADER + PACK_PER_CT * pk.in_cts if pk.in_cts > 1 else 0)
+            e["bytes"] += n_ct * (ct_in + pk.n_blocks * ct_out_bytes(pk) + PACK_HEADER + PACK_PER_CT * pk.n_blocks) \
                 + 2 * (MSG_OVERHEAD + PACKED_FLAG_BYTES) * called
             e["rounds"] += 2 * called
             h = e["he_ops"]
             oc = pk.op_counts()
             for k in ("rotations", "multiply_plain", "rescale"):
                 h[k] += n_ct * oc[k]
-            h["encode"] += n_ct
-            h["encrypt"] += n_ct
+            h["encode"] += n_ct * pk.in_cts
+            h["encrypt"] += n_ct * pk.in_cts
             h["decrypt"] += n_ct * pk.n_blocks
-            h["ciphertexts_in"] += n_ct
+            h["ciphertexts_in"] += n_ct * pk.in_cts
             h["ciphertexts_out"] += n_ct * pk.n_blocks
             continue
         multi = len(parts) > 1
