@@ -200,7 +200,7 @@ _SIGNATURES: dict[str, tuple] = {
     "clg_rotate_hoisted": (_i64, _i64, _p_i64, _int, _p_i64),
     "clg_copy": (_i64, _p_i64),
     "clg_bsgs_new": (_i64, _int, _int, _int, _int, _p_i64, _int, _int, _dbl, _p_i64),  # ABI 17: input parts
-    "clg_bsgs_set": (_i64, _int, _p_dbl, _p_dbl, _p_u8, _int),
+    "clg_bsgs_set": (_i64, _int, _p_dbl, _p_dbl, _int, _p_u8, _int),  # ABI 17: the diagonals' width
     "clg_bsgs_plaintexts": (_i64, _p_i64),
     "clg_bsgs_compress": (_i64, _int),
     "clg_bsgs_words": (_i64, _p_i64),
@@ -1238,8 +1238,10 @@ class LattigoBackend(HEBackend):
     def bsgs_matrix(self, ctx: LattigoContext, diagonals: np.ndarray, *, g: int, chunk_steps: Sequence[int],
                     scale: float, level=None, workers: int = 2, repeat: int = 1, parts: int = 1) -> LattigoBSGSMatrix:
         """The offload matmul's encoded matrix (`cipherlm.he.matmul.encode_matrix`): ``diagonals``
-        complex (n_blocks, parts m, slots), the pre-rotated diagonals of each output block (input
-        p's m at p m; all-zero ones are not stored), encoded at ``level`` (default: the top) with
+        complex (n_blocks, parts m, W), the pre-rotated diagonals of each output block (input
+        p's m at p m; all-zero ones are not stored) over the W = slots slots, or over one period
+        W of diagonals whose slot vectors repeat every W slots (W a power of two: encoded
+        sparse, the whole vector being the row repeated slots / W times), encoded at ``level`` (default: the top) with
         plaintext scale ``scale``; ``g`` baby steps, giant steps of g slots, ``chunk_steps`` the
         chunk sum's rotations; ``parts`` input ciphertexts whose products every block sums
         (`bsgs_apply`).  ``workers`` goroutines encode.  ``repeat`` T > 1 (a power of two): a
@@ -1247,8 +1249,9 @@ class LattigoBackend(HEBackend):
         e.g. a packed plan's with one chunk) is stored one value per run, 1/T of the memory, with
         the same results (`clg_bsgs_compress`); the others are stored whole."""
         d = np.asarray(diagonals)
-        if d.ndim != 3 or d.shape[2] != ctx.slots or not d.shape[0] or not d.shape[1] or d.shape[1] % parts:
-            raise HEError(f"expected diagonals (n_blocks, {parts} m, {ctx.slots}), got {d.shape}")
+        if d.ndim != 3 or not d.shape[0] or not d.shape[1] or d.shape[1] % parts or not 1 <= d.shape[2] <= ctx.slots \
+                or ctx.slots % d.shape[2] or d.shape[2] & (d.shape[2] - 1):
+            raise HEError(f"expected diagonals (n_blocks, {parts} m, a power of two dividing {ctx.slots}), got {d.shape}")
         if not (scale > 0 and math.isfinite(scale)):
             raise HEError(f"bad plaintext scale {scale}")
         n_blocks, m = int(d.shape[0]), int(d.shape[1]) // parts
@@ -1266,7 +1269,7 @@ class LattigoBackend(HEBackend):
             if not (np.all(np.isfinite(re)) and np.all(np.isfinite(im))):
                 raise HEError("diagonal values must be finite")
             nz = np.ascontiguousarray(np.any(blk != 0, axis=1), dtype=np.uint8)
-            _call("clg_bsgs_set", h, o, re.ctypes.data_as(_p_dbl), im.ctypes.data_as(_p_dbl),
+            _call("clg_bsgs_set", h, o, re.ctypes.data_as(_p_dbl), im.ctypes.data_as(_p_dbl), int(d.shape[2]),
                   nz.ctypes.data_as(_p_u8), int(workers))
         return mat
 

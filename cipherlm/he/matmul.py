@@ -503,29 +503,42 @@ def weight_scale_bits(ctx: HEContext, n: int) -> int:
     return int(min(ctx.params.weight_scale_bits, math.floor(total) - 3 - xbits - math.ceil(math.log2(2 * n))))
 
 
-def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+def one_lane(plan: MatmulPlan) -> bool:
+    """Whether the plan's diagonals repeat every lane (a packed plan with one chunk: period
+    L = S / T in the slots), so that `diagonals` may give one lane of each."""
+    return plan.tokens > 1 and plan.c == 1
+
+
+def diagonals(plan: MatmulPlan, W: np.ndarray, b: np.ndarray | None = None, *, lane_only: bool = False) -> np.ndarray:
     """The pre-rotated diagonal slot vectors, complex (n_blocks, P m, S): input ciphertext p's
-    m diagonals at p m (its inputs are columns p c m .. (p + 1) c m - 1 of the complex matrix)."""
+    m diagonals at p m (its inputs are columns p c m .. (p + 1) c m - 1 of the complex matrix).
+    ``lane_only`` (a plan of `one_lane`): one period, (n_blocks, P m, L), the whole vectors being
+    it repeated T times (the pre-rotations, by multiples of g < L, keep the period)."""
     Wc = _complex_weights(W, b, plan.real_input)
     p = plan
     if Wc.shape != (-(-p.d_out // 2) if p.real_input else p.d_out, p.n):
         raise HEError(f"weights {W.shape} do not match the plan ({p.d_out}, {p.d_in})")
+    if lane_only and not one_lane(p):
+        raise HEError("only a packed plan with one chunk has diagonals of one lane's period")
     per_ct = p.c * p.m
-    return np.concatenate([_part_diagonals(p, Wc[:, k * per_ct:(k + 1) * per_ct]) for k in range(p.in_cts)], axis=1)
+    return np.concatenate([_part_diagonals(p, Wc[:, k * per_ct:(k + 1) * per_ct], lane_only) for k in range(p.in_cts)],
+                          axis=1)
 
 
-def _part_diagonals(p: MatmulPlan, Wc: np.ndarray) -> np.ndarray:
+def _part_diagonals(p: MatmulPlan, Wc: np.ndarray, lane_only: bool = False) -> np.ndarray:
     """`diagonals` of one input ciphertext, whose inputs are the (at most c m) columns of Wc."""
     Wp = np.zeros((p.n_blocks * p.rows, p.c * p.m), dtype=np.complex128)
     Wp[: Wc.shape[0], : Wc.shape[1]] = Wc
     r = np.arange(p.rows)
     k = np.arange(p.m)
     idx = (r[:, None] + k[None, :]) % p.m  # (R, m)
-    out = np.zeros((p.n_blocks, p.m, p.slots), dtype=np.complex128)
+    out = np.zeros((p.n_blocks, p.m, p.lane if lane_only else p.slots), dtype=np.complex128)
     for o in range(p.n_blocks):
         Wo = Wp[o * p.rows : (o + 1) * p.rows].reshape(p.rows, p.c, p.m)
         D = np.take_along_axis(Wo, np.broadcast_to(idx[:, None, :], Wo.shape), axis=2)  # [r, a, k]
-        if p.tokens > 1:  # the same weights in every token's lane of every chunk block
+        if lane_only:  # one lane of the one chunk block
+            out[o, :, : p.rows] = D[:, 0, :].T
+        elif p.tokens > 1:  # the same weights in every token's lane of every chunk block
             V = out[o].reshape(p.m, p.c, p.tokens, p.lane)
             V[:, :, :, : p.rows] = D.transpose(2, 1, 0)[:, :, None, :]
         else:
@@ -589,9 +602,11 @@ def encode_matrix(
         wmax = max(wmax, float(np.max(np.abs(b))))
     wbits = weight_scale_bits(ctx, plan.n)
     scale = 2.0**wbits / (wmax if wmax > 0 else 1.0)
-    D = diagonals(plan, W, b)
+    lattigo = backend_of(ctx) == "lattigo"
+    # (Lattigo: diagonals of one lane's period are encoded sparse, from one lane)
+    D = diagonals(plan, W, b, lane_only=lattigo and one_lane(plan))
     total = plan.n_blocks * plan.in_cts * plan.m
-    if plan.in_cts > 1 and backend_of(ctx) != "lattigo":
+    if plan.in_cts > 1 and not lattigo:
         raise HEError("plans with several input ciphertexts run on the Lattigo backend only")
     if backend_of(ctx) == "lattigo":
         if keep is not None:

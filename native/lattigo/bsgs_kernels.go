@@ -47,9 +47,10 @@ func redc128(hi, lo, q, qInv uint64) uint64 {
 // len(out0) words of scratch.  Each product is one 64x64 -> 128-bit multiply added to a 128-bit
 // accumulator; a reduction happens every `fold` terms and at the end.
 //
-// half: every p is stored one value per run of 2 (bsgsDiag with rep 2): ps[t][c/2] in place of
-// ps[t][c], each p len(out0)/2 words (len(out0) even).
-func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, acc []uint64, half bool) {
+// rep 2 or 8: every p holds one value per run of rep coefficients (bsgsDiag with rep 2; rep 8 or
+// more, spread to one value per 8): ps[t][c/rep] in place of ps[t][c], each p len(out0)/rep words
+// (len(out0) a multiple of rep); rep 1: whole.
+func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, acc []uint64, rep int) {
 	n := len(out0)
 	out1 = out1[:n]
 	hi0, lo0 := acc[0:n], acc[n:2*n]
@@ -59,9 +60,9 @@ func mulAccTile(q, qInv uint64, fold int, a0s, a1s, ps [][]uint64, out0, out1, a
 	for start := 0; start < len(ps) || first; start += fold {
 		end := min(start+fold, len(ps))
 		clear(acc[:4*n])
-		if half {
-			mulAccRep2(a0s[start:end], ps[start:end], hi0, lo0, useSIMD)
-			mulAccRep2(a1s[start:end], ps[start:end], hi1, lo1, useSIMD)
+		if rep > 1 {
+			mulAccRep(a0s[start:end], ps[start:end], hi0, lo0, rep, useSIMD)
+			mulAccRep(a1s[start:end], ps[start:end], hi1, lo1, rep, useSIMD)
 		} else {
 			mulAccHalf(a0s[start:end], ps[start:end], hi0, lo0, useSIMD)
 			mulAccHalf(a1s[start:end], ps[start:end], hi1, lo1, useSIMD)
@@ -130,9 +131,9 @@ func mulAccHalf(as, ps [][]uint64, hi, lo []uint64, useSIMD bool) {
 	}
 }
 
-// mulAccRep2: mulAccHalf with ps[t][c/2] in place of ps[t][c] (simd.MulAcc4Rep2: four terms
-// per pass; the rest, and everything without AVX-512, in Go).
-func mulAccRep2(as, ps [][]uint64, hi, lo []uint64, useSIMD bool) {
+// mulAccRep: mulAccHalf with ps[t][c/rep] in place of ps[t][c], rep 2 or 8 (simd.MulAcc4Rep2 /
+// MulAcc4Rep8: four terms per pass; the rest, and everything without AVX-512, in Go).
+func mulAccRep(as, ps [][]uint64, hi, lo []uint64, rep int, useSIMD bool) {
 	n := len(hi)
 	lo = lo[:n]
 	t := 0
@@ -140,22 +141,23 @@ func mulAccRep2(as, ps [][]uint64, hi, lo []uint64, useSIMD bool) {
 		var aa, pp [4]*uint64
 		for ; t+4 <= len(ps); t += 4 {
 			for k := 0; k < 4; k++ {
-				aa[k], pp[k] = &as[t+k][:n][0], &ps[t+k][:n/2][0]
+				aa[k], pp[k] = &as[t+k][:n][0], &ps[t+k][:n/rep][0]
 			}
-			simd.MulAcc4Rep2(&aa, &pp, &hi[0], &lo[0], n)
+			if rep == 2 {
+				simd.MulAcc4Rep2(&aa, &pp, &hi[0], &lo[0], n)
+			} else {
+				simd.MulAcc4Rep8(&aa, &pp, &hi[0], &lo[0], n)
+			}
 		}
 	}
+	shift := bits.TrailingZeros(uint(rep))
 	for ; t < len(ps); t++ {
-		p, x := ps[t][:n/2], as[t][:n]
-		for c := 0; c+1 < n; c += 2 {
+		p, x := ps[t][:n/rep], as[t][:n]
+		for c := 0; c < n; c++ {
 			var cy uint64
-			v := p[c>>1]
-			h, l := bits.Mul64(x[c], v)
+			h, l := bits.Mul64(x[c], p[c>>shift])
 			lo[c], cy = bits.Add64(lo[c], l, 0)
 			hi[c] += h + cy
-			h, l = bits.Mul64(x[c+1], v)
-			lo[c+1], cy = bits.Add64(lo[c+1], l, 0)
-			hi[c+1] += h + cy
 		}
 	}
 }
@@ -228,26 +230,50 @@ func runLength(p ring.Poly, maxRep int) int {
 	return r
 }
 
-// newDiag: pt stored compressed when its runs allow (maxRep > 1), else whole.
-func newDiag(pt *rlwe.Plaintext, maxRep int) *bsgsDiag {
+// newDiag: pt (NTT form) stored compressed when its runs allow (maxRep > 1), else whole, and put in
+// Montgomery form (the products skip Lattigo's per-product MForm; a compressed diagonal's values
+// only, 1/rep of the work).  hint > 1: the run length pt's period promises (a sparse encoding),
+// checked in one pass before the general search.
+func newDiag(ringQ *ring.Ring, pt *rlwe.Plaintext, maxRep, hint int) *bsgsDiag {
 	d := &bsgsDiag{full: pt, rep: 1, scale: pt.Scale}
-	if maxRep < 2 {
-		return d
+	r := 1
+	if maxRep >= 2 {
+		if hint >= 2 && hint <= maxRep && hasRuns(pt.Value, hint) {
+			r = hint
+		} else {
+			r = runLength(pt.Value, maxRep)
+		}
 	}
-	r := runLength(pt.Value, maxRep)
 	if r < 2 {
+		ringQ.MForm(pt.Value, pt.Value)
 		return d
 	}
 	d.full, d.rep = nil, r
 	d.vals = make([][]uint64, len(pt.Value.Coeffs))
 	for l, x := range pt.Value.Coeffs {
+		s := ringQ.SubRings[l]
 		v := make([]uint64, len(x)/r)
 		for i := range v {
-			v[i] = x[i*r]
+			v[i] = ring.MForm(x[i*r], s.Modulus, s.BRedConstant)
 		}
 		d.vals[l] = v
 	}
 	return d
+}
+
+// hasRuns: every limb of p constant on runs of r coefficients.
+func hasRuns(p ring.Poly, r int) bool {
+	for _, x := range p.Coeffs {
+		for i := 0; i < len(x); i += r {
+			v := x[i]
+			for _, y := range x[i+1 : i+r] {
+				if y != v {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 // words: the 64-bit words the diagonal keeps.
@@ -277,11 +303,54 @@ func (d *bsgsDiag) limb(l, c0, c1 int, buf []uint64) []uint64 {
 			o[0], o[1], o[2], o[3] = v, v, v, v
 		}
 	default:
-		for i := range out {
-			out[i] = src[i/d.rep]
+		for i, v := range src {
+			o := out[i*d.rep : (i+1)*d.rep]
+			for j := range o {
+				o[j] = v
+			}
 		}
 	}
 	return out
+}
+
+// spread8: coefficients [c0, c1) of limb l at one value per 8 (rep > 8, c0 and c1 multiples of
+// rep) in buf (at least (c1 - c0) / 8 words).
+func (d *bsgsDiag) spread8(l, c0, c1 int, buf []uint64) []uint64 {
+	k := d.rep / 8
+	out := buf[:(c1-c0)/8]
+	for i, v := range d.vals[l][c0/d.rep : c1/d.rep] {
+		o := out[i*k : (i+1)*k]
+		for j := range o {
+			o[j] = v
+		}
+	}
+	return out
+}
+
+// unitRep: how the product kernel reads a unit's diagonals (mulAccTile's rep): 2 when every one
+// is stored in runs of 2, 8 when every one is in runs of 8 or more, else 1 (expanded).
+func unitRep(ds []*bsgsDiag) int {
+	lo := 0
+	for _, d := range ds {
+		if d == nil {
+			continue
+		}
+		if lo == 0 || d.rep < lo {
+			lo = d.rep
+		}
+	}
+	switch {
+	case lo == 2:
+		for _, d := range ds {
+			if d != nil && d.rep != 2 {
+				return 1
+			}
+		}
+		return 2
+	case lo >= 8:
+		return 8
+	}
+	return 1
 }
 
 // poly: the whole diagonal (a compressed one expanded into tmp, a polynomial at its level).
@@ -439,27 +508,26 @@ func bsgsGiantFast(eval *ckks.Evaluator, params ckks.Parameters, b *bsgsObj, in 
 					c1 := min(c0+prodTile, N)
 					for x, u := range bu {
 						a0s, a1s, ps = a0s[:0], a1s[:0], ps[:0]
-						// all of the unit's diagonals in runs of 2: read at half rate, else
-						// compressed ones expanded into scratch
-						half := true
-						for _, pt := range b.diagonals(u) {
-							if pt != nil && pt.rep != 2 {
-								half = false
-							}
-						}
+						// all of the unit's diagonals in runs of 2: read at half rate; all in
+						// runs of 8 or more: one value per 8 coefficients (runs longer than 8
+						// spread into scratch); else compressed ones expanded into scratch
+						rep := unitRep(b.diagonals(u))
 						for j, pt := range b.diagonals(u) {
 							if pt == nil {
 								continue
 							}
 							a0s = append(a0s, baby[j].Value[0].Coeffs[l][c0:c1])
 							a1s = append(a1s, baby[j].Value[1].Coeffs[l][c0:c1])
-							if half {
-								ps = append(ps, pt.vals[l][c0/2:c1/2])
-							} else {
+							switch {
+							case rep == 2 || (rep == 8 && pt.rep == 8):
+								ps = append(ps, pt.vals[l][c0/rep:c1/rep])
+							case rep == 8:
+								ps = append(ps, pt.spread8(l, c0, c1, exp[len(ps)]))
+							default:
 								ps = append(ps, pt.limb(l, c0, c1, exp[len(ps)]))
 							}
 						}
-						mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc, half)
+						mulAccTile(q, qInv, fold, a0s, a1s, ps, inner[x][0].Coeffs[l][c0:c1], inner[x][1].Coeffs[l][c0:c1], acc, rep)
 					}
 				}
 			}

@@ -67,34 +67,38 @@ func testMulAccTile(t *testing.T) {
 			qInv, a0s, a1s, ps := kernelData(q, g, n, int64(g))
 			o0, o1, acc := make([]uint64, n), make([]uint64, n), make([]uint64, 4*n)
 			for _, fold := range []int{foldTerms(q), 1, 3} {
-				mulAccTile(q, qInv, fold, a0s, a1s, ps, o0, o1, acc, false)
+				mulAccTile(q, qInv, fold, a0s, a1s, ps, o0, o1, acc, 1)
 				for c := 0; c < n; c++ {
 					if w0, w1 := want(q, a0s, ps, c), want(q, a1s, ps, c); o0[c] != w0 || o1[c] != w1 {
 						t.Fatalf("simd=%v q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", simd.HasAVX512, q, g, fold, c, o0[c], o1[c], w0, w1)
 					}
 				}
 			}
-			// the same products with the ps in runs of 2, read at half rate (half = true), over
-			// an even number of coefficients (66 of 67: the Go loop only)
-			n = n &^ 1
-			h0, h1 := o0[:n], o1[:n]
-			b0s, b1s := make([][]uint64, g), make([][]uint64, g)
-			for k := range a0s {
-				b0s[k], b1s[k] = a0s[k][:n], a1s[k][:n]
-			}
-			hs, full := make([][]uint64, g), make([][]uint64, g)
-			for k, p := range ps {
-				hs[k], full[k] = make([]uint64, n/2), make([]uint64, n)
-				for i := range hs[k] {
-					hs[k][i] = p[2*i]
-					full[k][2*i], full[k][2*i+1] = p[2*i], p[2*i]
+			// the same products with the ps in runs of rep = 2 and 8, read at one value per run,
+			// over a multiple of rep coefficients (66 of 67 for rep 2: the Go loop only; 64 for 8)
+			for _, rep := range []int{2, 8} {
+				m := n - n%rep
+				h0, h1 := o0[:m], o1[:m]
+				b0s, b1s := make([][]uint64, g), make([][]uint64, g)
+				for k := range a0s {
+					b0s[k], b1s[k] = a0s[k][:m], a1s[k][:m]
 				}
-			}
-			for _, fold := range []int{foldTerms(q), 1, 3} {
-				mulAccTile(q, qInv, fold, b0s, b1s, hs, h0, h1, acc, true)
-				for c := 0; c < n; c++ {
-					if w0, w1 := want(q, b0s, full, c), want(q, b1s, full, c); h0[c] != w0 || h1[c] != w1 {
-						t.Fatalf("half simd=%v q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", simd.HasAVX512, q, g, fold, c, h0[c], h1[c], w0, w1)
+				hs, full := make([][]uint64, g), make([][]uint64, g)
+				for k, p := range ps {
+					hs[k], full[k] = make([]uint64, m/rep), make([]uint64, m)
+					for i := range hs[k] {
+						hs[k][i] = p[rep*i]
+						for r := 0; r < rep; r++ {
+							full[k][rep*i+r] = p[rep*i]
+						}
+					}
+				}
+				for _, fold := range []int{foldTerms(q), 1, 3} {
+					mulAccTile(q, qInv, fold, b0s, b1s, hs, h0, h1, acc, rep)
+					for c := 0; c < m; c++ {
+						if w0, w1 := want(q, b0s, full, c), want(q, b1s, full, c); h0[c] != w0 || h1[c] != w1 {
+							t.Fatalf("rep %d simd=%v q=%x g=%d fold=%d c=%d: got %d %d, want %d %d", rep, simd.HasAVX512, q, g, fold, c, h0[c], h1[c], w0, w1)
+						}
 					}
 				}
 			}
@@ -119,7 +123,7 @@ func BenchmarkMulAccTile(b *testing.B) {
 	qInv, a0s, a1s, ps := kernelData(q, 16, prodTile, 1)
 	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
 	for i := 0; i < b.N; i++ {
-		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, ps, o0, o1, acc, false)
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, ps, o0, o1, acc, 1)
 	}
 }
 
@@ -187,10 +191,22 @@ func TestPeriodicDiagonalRuns(t *testing.T) {
 					}
 				}
 			}
-			d := newDiag(pt, T)
-			if d.rep != want || d.words()*int64(want) != int64(2*params.N()) {
-				t.Fatalf("T=%d c=%d: stored with runs of %d in %d words", T, c, d.rep, d.words())
+			// newDiag takes the NTT form and stores the Montgomery form pt holds; with the run
+			// length as a hint (right for c = 1, wrong otherwise) the same
+			for _, hint := range []int{1, T} {
+				raw := pt.CopyNew()
+				ringQ.IMForm(raw.Value, raw.Value)
+				d := newDiag(ringQ, raw, T, hint)
+				if d.rep != want || d.words()*int64(want) != int64(2*params.N()) {
+					t.Fatalf("T=%d c=%d hint=%d: stored with runs of %d in %d words", T, c, hint, d.rep, d.words())
+				}
+				if !ringQ.Equal(d.poly(ringQ.NewPoly()), pt.Value) {
+					t.Fatalf("T=%d c=%d hint=%d: the stored values are not pt's Montgomery form", T, c, hint)
+				}
 			}
+			raw := pt.CopyNew()
+			ringQ.IMForm(raw.Value, raw.Value)
+			d := newDiag(ringQ, raw, T, 1)
 			// the expansion, tile by tile and whole, gives back every residue
 			buf := make([]uint64, prodTile)
 			for l := 0; l < 2; l++ {
@@ -236,7 +252,7 @@ func BenchmarkMulAccTileRuns(b *testing.B) {
 		for t, d := range ds {
 			pt[t] = d.limb(0, 0, prodTile, exp[t])
 		}
-		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, pt, o0, o1, acc, false)
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, pt, o0, o1, acc, 1)
 	}
 }
 
@@ -254,6 +270,6 @@ func BenchmarkMulAccTileRep2(b *testing.B) {
 	}
 	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
 	for i := 0; i < b.N; i++ {
-		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, hs, o0, o1, acc, true)
+		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, hs, o0, o1, acc, 2)
 	}
 }

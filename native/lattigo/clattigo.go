@@ -1018,18 +1018,24 @@ func clg_bsgs_new(h C.int64_t, nBlocks C.int, m C.int, g C.int, parts C.int, chu
 	})
 }
 
-// clg_bsgs_set: encode block `block`'s parts x m diagonals (re, im: parts x m rows of `slots`
+// clg_bsgs_set: encode block `block`'s parts x m diagonals (re, im: parts x m rows of `width`
 // float64, input p's diagonal k in row p m + k; nonzero[k] == 0: diagonal k is all zero and not
-// stored), `workers` goroutines.
+// stored), `workers` goroutines.  width: the slots, or a power of two dividing them for diagonals
+// of that period (a packed plan's with one chunk: one token lane), encoded sparse (the slot
+// vector is the row repeated slots / width times).
 //
 //export clg_bsgs_set
-func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero *C.uchar, workers C.int,
+func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, width C.int, nonzero *C.uchar, workers C.int,
 	errbuf *C.char, errlen C.int) (rc C.int) {
 	return with(bh, "encoded matrix", errbuf, errlen, func(b *bsgsObj) error {
 		if block < 0 || int(block) >= b.nBlocks {
 			return fmt.Errorf("block %d out of range", int(block))
 		}
-		slots := b.ctx.params.MaxSlots()
+		slots := int(width)
+		if slots < 1 || slots > b.ctx.params.MaxSlots() || slots&(slots-1) != 0 {
+			return fmt.Errorf("diagonal width %d is not a power of two dividing %d slots", slots, b.ctx.params.MaxSlots())
+		}
+		logSlots := bits.TrailingZeros(uint(slots))
 		nd := b.parts * b.m
 		r := unsafe.Slice((*float64)(unsafe.Pointer(re)), nd*slots)
 		ii := unsafe.Slice((*float64)(unsafe.Pointer(im)), nd*slots)
@@ -1052,10 +1058,10 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, nonzero
 					}
 					pt := ckks.NewPlaintext(b.ctx.params, b.level)
 					pt.Scale = b.scale
+					pt.LogDimensions.Cols = logSlots
 					if errs[k] = encodeNTT(b.ctx.encoder, v, pt); errs[k] == nil {
-						// stored in Montgomery form: the products skip Lattigo's per-product MForm
-						b.ctx.params.RingQ().AtLevel(b.level).MForm(pt.Value, pt.Value)
-						pts[k] = newDiag(pt, b.maxRep)
+						// (in Montgomery form: the products skip Lattigo's per-product MForm)
+						pts[k] = newDiag(b.ctx.params.RingQ().AtLevel(b.level), pt, b.maxRep, b.ctx.params.MaxSlots()/slots)
 					}
 				}
 			}(t)

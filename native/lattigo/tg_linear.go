@@ -194,7 +194,7 @@ func clg_tg_linear(evh C.int64_t, cts *C.int64_t, nIn C.int, w *C.double, nOut C
 							}
 							n := len(xs)
 							mulAccTile(q, qInv, fold, a0s[:n], a1s[:n], ps[:n], d0.Coeffs[l][c0:c1], d1.Coeffs[l][c0:c1],
-								tile[:4*(c1-c0)], false)
+								tile[:4*(c1-c0)], 1)
 						}
 					}
 					if into {

@@ -20,3 +20,9 @@ func MulAcc4(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
 //
 //go:noescape
 func MulAcc4Rep2(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
+
+// MulAcc4Rep8: MulAcc4 with ps[t][c/8] in place of ps[t][c] (each ps n/8 words: a diagonal
+// stored one value per run of 8 or more, expanded to one per 8, cipherlm's bsgsDiag).
+//
+//go:noescape
+func MulAcc4Rep8(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)

@@ -39,6 +39,25 @@
 	VPANDQ    Z31, Z7, Z7; \
 	VPADDQ    Z7, Z0, Z0
 
+// TERM8: TERM with one p per 8 lanes: all 8 lanes take p[c / 8] (the word at byte offset c of pr,
+// c = AX a multiple of 8).
+#define TERM8(ar, pr) \
+	VMOVDQU64 (ar)(AX*8), Z3; \
+	VPBROADCASTQ (pr)(AX*1), Z4; \
+	VPSRLQ    $32, Z3, Z5; \
+	VPSRLQ    $32, Z4, Z6; \
+	VPMULUDQ  Z4, Z3, Z7; \
+	VPMULUDQ  Z6, Z3, Z8; \
+	VPMULUDQ  Z4, Z5, Z9; \
+	VPMULUDQ  Z6, Z5, Z10; \
+	VPADDQ    Z10, Z2, Z2; \
+	VPADDQ    Z8, Z1, Z1; \
+	VPADDQ    Z9, Z1, Z1; \
+	VPSRLQ    $32, Z7, Z11; \
+	VPADDQ    Z11, Z1, Z1; \
+	VPANDQ    Z31, Z7, Z7; \
+	VPADDQ    Z7, Z0, Z0
+
 DATA rep2idx<>+0(SB)/8, $0
 DATA rep2idx<>+8(SB)/8, $0
 DATA rep2idx<>+16(SB)/8, $1
@@ -156,5 +175,59 @@ loop2:
 	JMP       loop2
 
 done2:
+	VZEROUPPER
+	RET
+
+// func MulAcc4Rep8(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
+// MulAcc4 with ps[t][c / 8] in place of ps[t][c] (the ps n / 8 words long).
+TEXT ·MulAcc4Rep8(SB), NOSPLIT, $0-40
+	MOVQ as+0(FP), AX
+	MOVQ 0(AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ ps+8(FP), AX
+	MOVQ 0(AX), R12
+	MOVQ 8(AX), R13
+	MOVQ 16(AX), SI
+	MOVQ 24(AX), DI
+	MOVQ hi+16(FP), BX
+	MOVQ lo+24(FP), DX
+	MOVQ n+32(FP), CX
+	MOVQ $0xFFFFFFFF, AX
+	VPBROADCASTQ AX, Z31
+	MOVQ $1, AX
+	VPBROADCASTQ AX, Z30
+	XORQ AX, AX
+
+loop8:
+	CMPQ AX, CX
+	JGE  done8
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	TERM8(R8, R12)
+	TERM8(R9, R13)
+	TERM8(R10, SI)
+	TERM8(R11, DI)
+	// sum = Z2 2^64 + Z1 2^32 + Z0 (Z1 < 4 (2^61 + 2^32) < 2^64)
+	VPSLLQ    $32, Z1, Z12
+	VPSRLQ    $32, Z1, Z13
+	VPADDQ    Z12, Z0, Z14
+	VPCMPUQ   $1, Z12, Z14, K1
+	VPADDQ    Z13, Z2, Z15
+	VPADDQ    Z30, Z15, K1, Z15
+	VMOVDQU64 (DX)(AX*8), Z16
+	VMOVDQU64 (BX)(AX*8), Z17
+	VPADDQ    Z14, Z16, Z16
+	VPCMPUQ   $1, Z14, Z16, K2
+	VPADDQ    Z15, Z17, Z17
+	VPADDQ    Z30, Z17, K2, Z17
+	VMOVDQU64 Z16, (DX)(AX*8)
+	VMOVDQU64 Z17, (BX)(AX*8)
+	ADDQ      $8, AX
+	JMP       loop8
+
+done8:
 	VZEROUPPER
 	RET
