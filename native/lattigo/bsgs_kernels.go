@@ -261,6 +261,47 @@ func newDiag(ringQ *ring.Ring, pt *rlwe.Plaintext, maxRep, hint int) *bsgsDiag {
 	return d
 }
 
+// sparseDiag: the diagonal with slot values v repeated MaxSlots / len(v) times, encoded at scale
+// and stored compressed (one value per run of gap = N / (2 len(v))) in Montgomery form, with no
+// whole plaintext: Lattigo's sparse encoding (Encoder.Encode with fewer slots: the special IFFT
+// of the len(v) values, their fixed-point CRT quantisation as the 2 len(v) coefficients of a
+// polynomial in Y = X^gap, its NTT in dimension 2 len(v) with the roots of N, each value standing
+// for a run of gap in dimension N) with `quantiser` and without spreading the runs, then the
+// Montgomery form.  The same residues as encodeNTT followed by newDiag (TestSparseDiagMatchesEncode).
+// buf: scratch, a polynomial at the diagonal's level.
+func sparseDiag(ecd *ckks.Encoder, ringQ *ring.Ring, v []complex128, logSlots int, scale rlwe.Scale,
+	buf ring.Poly) (*bsgsDiag, error) {
+	slots := 1 << logSlots
+	n := 2 * slots
+	gap := ringQ.N() / n
+	if ringQ.Type() != ring.Standard || gap < 2 || len(v) != slots {
+		return nil, fmt.Errorf("sparse diagonal of %d values, %d slots, in a ring of degree %d", len(v), slots, ringQ.N())
+	}
+	z := make([]complex128, slots)
+	copy(z, v)
+	if err := ecd.IFFT(z, logSlots); err != nil {
+		return nil, err
+	}
+	level := ringQ.Level()
+	coeffs := make([][]uint64, level+1)
+	for l := range coeffs {
+		coeffs[l] = buf.Coeffs[l][:n]
+	}
+	q := newQuantiser(ringQ, scale.Float64(), coeffs)
+	for i, x := range z {
+		q.put(i, real(x))
+		q.put(i+slots, imag(x))
+	}
+	d := &bsgsDiag{rep: gap, scale: scale, vals: make([][]uint64, level+1)}
+	for l, s := range ringQ.SubRings[:level+1] {
+		c := coeffs[l]
+		ring.NTTStandard(c, c, n, s.Modulus, s.MRedConstant, s.BRedConstant, s.RootsForward)
+		s.MForm(c, c)
+		d.vals[l] = append([]uint64(nil), c...)
+	}
+	return d, nil
+}
+
 // hasRuns: every limb of p constant on runs of r coefficients.
 func hasRuns(p ring.Poly, r int) bool {
 	for _, x := range p.Coeffs {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"math/big"
+	"math/bits"
 	"math/rand"
 	"testing"
 
@@ -271,5 +272,41 @@ func BenchmarkMulAccTileRep2(b *testing.B) {
 	o0, o1, acc := make([]uint64, prodTile), make([]uint64, prodTile), make([]uint64, 4*prodTile)
 	for i := 0; i < b.N; i++ {
 		mulAccTile(q, qInv, foldTerms(q), a0s, a1s, hs, o0, o1, acc, 2)
+	}
+}
+
+// TestSparseDiagMatchesEncode: sparseDiag's compressed residues, expanded, are those of Lattigo's
+// own sparse encoding (Encoder.Encode with fewer slots) in Montgomery form, bit for bit, for
+// several periods.
+func TestSparseDiagMatchesEncode(t *testing.T) {
+	params := offloadParams(t)
+	r := rand.New(rand.NewSource(2))
+	ringQ := params.RingQ().AtLevel(1)
+	ecd := ckks.NewEncoder(params)
+	for _, T := range []int{2, 4, 8, 32, 64} {
+		L := params.MaxSlots() / T
+		v := make([]complex128, L)
+		for i := range v {
+			v[i] = complex(r.Float64()*2-1, r.Float64()*2-1)
+		}
+		logSlots := bits.TrailingZeros(uint(L))
+		scale := rlwe.NewScale(1 << 36)
+		d, err := sparseDiag(ecd, ringQ, v, logSlots, scale, ringQ.NewPoly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.rep != T || d.words() != int64(2*params.N()/T) {
+			t.Fatalf("T=%d: runs of %d in %d words", T, d.rep, d.words())
+		}
+		pt := ckks.NewPlaintext(params, 1)
+		pt.Scale = scale
+		pt.LogDimensions.Cols = logSlots
+		if err := ecd.Encode(v, pt); err != nil {
+			t.Fatal(err)
+		}
+		ringQ.MForm(pt.Value, pt.Value)
+		if !ringQ.Equal(d.poly(ringQ.NewPoly()), pt.Value) {
+			t.Fatalf("T=%d: sparseDiag differs from Lattigo's sparse encoding", T)
+		}
 	}
 }

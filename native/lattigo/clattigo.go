@@ -1049,12 +1049,21 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, width C
 			go func(t int) {
 				defer wg.Done()
 				v := make([]complex128, slots)
+				ringQ := b.ctx.params.RingQ().AtLevel(b.level)
+				var compact ring.Poly // sparseDiag's scratch
 				for k := t; k < nd; k += w {
 					if nz[k] == 0 {
 						continue
 					}
 					for s := 0; s < slots; s++ {
 						v[s] = complex(r[k*slots+s], ii[k*slots+s])
+					}
+					if gap := b.ctx.params.MaxSlots() / slots; gap > 1 && gap <= b.maxRep {
+						if compact.N() == 0 {
+							compact = ringQ.NewPoly()
+						}
+						pts[k], errs[k] = sparseDiag(b.ctx.encoder, ringQ, v, logSlots, b.scale, compact)
+						continue
 					}
 					pt := ckks.NewPlaintext(b.ctx.params, b.level)
 					pt.Scale = b.scale
