@@ -165,15 +165,16 @@ def test_packed_plans_are_cheaper_per_row_on_smollm2_shapes():
 
 
 @pytest.fixture(scope="module")
-def two_servers(tiny_llama_dir, tmp_path_factory):
-    """The tiny Llama served twice on the default backend: rows one by one (prefill_tokens=1)
-    and packed 4 rows per ciphertext."""
+def packed_servers(tiny_llama_dir, tmp_path_factory):
+    """The tiny Llama served three times on the default backend: rows one by one
+    (prefill_tokens=1), packed 4 rows per ciphertext, and up to 64 (on Lattigo with rows cut into
+    several input ciphertexts: a lane of 64 slots cannot hold a row of 64 and its outputs)."""
     from cipherlm.runtime.offload_server import ModelHost, OffloadServer
 
     mp = pytest.MonkeyPatch()
     mp.setenv("CIPHERLM_CACHE", str(tmp_path_factory.mktemp("cache")))
     servers = {}
-    for T in (1, 4):
+    for T in (1, 4, 64):
         srv = OffloadServer(ModelHost(tiny_llama_dir, he_backend=_backend_auto(), prefill_tokens=T),
                             "127.0.0.1", 0, session_timeout=30.0)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -202,7 +203,7 @@ def _prefill(server, ids, last_only=False):
     return logits, nxt, sent, recv, stats, packed_welcome
 
 
-def test_packed_prefill_equals_per_row_prefill_and_plaintext(two_servers, tiny_llama_dir):
+def test_packed_prefill_equals_per_row_prefill_and_plaintext(packed_servers, tiny_llama_dir):
     """A 7-row prefill (packs of up to 4 rows, the last one partial) and one decode token:
     logits of every row from the packed server equal the per-row server's and the plaintext
     executor's within the offload tolerance, so does the decode token after it; a prefill as
@@ -218,8 +219,8 @@ def test_packed_prefill_equals_per_row_prefill_and_plaintext(two_servers, tiny_l
     ref = ex.forward(np.asarray(ids), cache, last_only=False)
     ref_next = ex.forward(np.asarray([int(np.argmax(ref[-1]))]), cache, last_only=True)
 
-    l1, n1, up1, down1, st1, t1 = _prefill(two_servers[1], ids)
-    l4, n4, up4, down4, st4, t4 = _prefill(two_servers[4], ids)
+    l1, n1, up1, down1, st1, t1 = _prefill(packed_servers[1], ids)
+    l4, n4, up4, down4, st4, t4 = _prefill(packed_servers[4], ids)
     assert (t1, t4) == (1, 4)
     scale = np.max(np.abs(ref))
     for logits in (l1, l4):
@@ -229,8 +230,8 @@ def test_packed_prefill_equals_per_row_prefill_and_plaintext(two_servers, tiny_l
     for nxt in (n1, n4):
         assert np.max(np.abs(nxt - ref_next)) / np.max(np.abs(ref_next)) < 1e-5
     # as generation runs it: 7 ciphertexts per layer group -> ceil(7 / T) (LM head: last row)
-    _, _, up1, down1, st1, _ = _prefill(two_servers[1], ids, last_only=True)
-    _, _, up4, down4, st4, _ = _prefill(two_servers[4], ids, last_only=True)
+    _, _, up1, down1, st1, _ = _prefill(packed_servers[1], ids, last_only=True)
+    _, _, up4, down4, st4, _ = _prefill(packed_servers[4], ids, last_only=True)
     assert up4 < up1 * 0.75 and down4 < down1
     ops1, ops4 = st1["he_ops"], st4["he_ops"]
     for cls in ("attn_qkv", "attn_out", "ffn_in", "ffn_out"):
@@ -239,13 +240,41 @@ def test_packed_prefill_equals_per_row_prefill_and_plaintext(two_servers, tiny_l
     assert st4["work"]["cts"] >= st1["work"]["cts"]
 
 
-def test_packed_request_without_packed_plan_is_refused(two_servers):
+def test_packed_request_without_packed_plan_is_refused(packed_servers):
     """A ``packed`` request to a server without packed plans is an error for that session."""
     from cipherlm.runtime.offload_client import OffloadClient
     from cipherlm.runtime.offload_protocol import RemoteError, expect
 
-    with OffloadClient(*two_servers[1].address) as client:
+    with OffloadClient(*packed_servers[1].address) as client:
         ct = client.engine.encrypt(0, np.zeros(client.groups[0].d_in))
         client.chan.send({"type": "linear", "group": 0, "cts": [ct], "packed": True})
         with pytest.raises(RemoteError, match="no packed prefill plan"):
             expect(client.chan.recv(), "result")
+
+
+@pytest.mark.skipif(_backend_auto() != "lattigo", reason="the Lattigo library is not built (make lattigo)")
+def test_packed_prefill_with_several_input_ciphertexts(packed_servers, tiny_llama_dir):
+    """Lattigo, up to 64 rows per ciphertext: the packed plans cut each row into several input
+    ciphertexts; a 7-row prefill gives the logits of the per-row server, and its bytes and
+    rotations are those `cipherlm inspect` predicts (`runtime.predict`)."""
+    import json
+
+    from cipherlm.runtime import predict as P
+
+    ids = [3, 17, 42, 5, 9, 11, 2]
+    srv = packed_servers[64]
+    assert any(p.in_cts > 1 for p in srv.host.engine.packed_plans)
+    l1, n1, *_ = _prefill(packed_servers[1], ids)
+    l64, n64, *_, t64 = _prefill(srv, ids)
+    assert t64 == 64
+    scale = np.max(np.abs(l1))
+    assert np.max(np.abs(l64 - l1)) / scale < 1e-5 and np.max(np.abs(n64 - n1)) / np.max(np.abs(n1)) < 1e-5
+    _, _, up, down, st, _ = _prefill(srv, ids, last_only=True)
+    config = json.loads(open(f"{tiny_llama_dir}/config.json").read())
+    pred = P.predict(config, "offload", len(ids), phase="prefill", he_backend="lattigo", prefill_tokens=64)
+    dec = P.predict(config, "offload", len(ids), phase="decode", he_backend="lattigo", prefill_tokens=64)
+    measured, want = up + down, P.total(pred)["bytes"]
+    assert abs(measured - want) <= 5e-4 * want, (measured, want)
+    for cls in ("attn_qkv", "attn_out", "ffn_in", "ffn_out"):  # this session: the prefill and one decode token
+        rot = pred[cls]["he_ops"]["rotations"] + dec[cls]["he_ops"]["rotations"]
+        assert st["he_ops"][cls]["rotations"] == rot, cls
