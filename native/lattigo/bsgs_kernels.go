@@ -232,17 +232,13 @@ func runLength(p ring.Poly, maxRep int) int {
 
 // newDiag: pt (NTT form) stored compressed when its runs allow (maxRep > 1), else whole, and put in
 // Montgomery form (the products skip Lattigo's per-product MForm; a compressed diagonal's values
-// only, 1/rep of the work).  hint > 1: the run length pt's period promises (a sparse encoding),
-// checked in one pass before the general search.
-func newDiag(ringQ *ring.Ring, pt *rlwe.Plaintext, maxRep, hint int) *bsgsDiag {
+// only, 1/rep of the work).  (Diagonals of a known period that may be compressed come through
+// sparseDiag instead.)
+func newDiag(ringQ *ring.Ring, pt *rlwe.Plaintext, maxRep int) *bsgsDiag {
 	d := &bsgsDiag{full: pt, rep: 1, scale: pt.Scale}
 	r := 1
 	if maxRep >= 2 {
-		if hint >= 2 && hint <= maxRep && hasRuns(pt.Value, hint) {
-			r = hint
-		} else {
-			r = runLength(pt.Value, maxRep)
-		}
+		r = runLength(pt.Value, maxRep)
 	}
 	if r < 2 {
 		ringQ.MForm(pt.Value, pt.Value)
@@ -300,21 +296,6 @@ func sparseDiag(ecd *ckks.Encoder, ringQ *ring.Ring, v []complex128, logSlots in
 		d.vals[l] = append([]uint64(nil), c...)
 	}
 	return d, nil
-}
-
-// hasRuns: every limb of p constant on runs of r coefficients.
-func hasRuns(p ring.Poly, r int) bool {
-	for _, x := range p.Coeffs {
-		for i := 0; i < len(x); i += r {
-			v := x[i]
-			for _, y := range x[i+1 : i+r] {
-				if y != v {
-					return false
-				}
-			}
-		}
-	}
-	return true
 }
 
 // words: the 64-bit words the diagonal keeps.

@@ -192,22 +192,16 @@ func TestPeriodicDiagonalRuns(t *testing.T) {
 					}
 				}
 			}
-			// newDiag takes the NTT form and stores the Montgomery form pt holds; with the run
-			// length as a hint (right for c = 1, wrong otherwise) the same
-			for _, hint := range []int{1, T} {
-				raw := pt.CopyNew()
-				ringQ.IMForm(raw.Value, raw.Value)
-				d := newDiag(ringQ, raw, T, hint)
-				if d.rep != want || d.words()*int64(want) != int64(2*params.N()) {
-					t.Fatalf("T=%d c=%d hint=%d: stored with runs of %d in %d words", T, c, hint, d.rep, d.words())
-				}
-				if !ringQ.Equal(d.poly(ringQ.NewPoly()), pt.Value) {
-					t.Fatalf("T=%d c=%d hint=%d: the stored values are not pt's Montgomery form", T, c, hint)
-				}
-			}
+			// newDiag takes the NTT form and stores the Montgomery form pt holds
 			raw := pt.CopyNew()
 			ringQ.IMForm(raw.Value, raw.Value)
-			d := newDiag(ringQ, raw, T, 1)
+			d := newDiag(ringQ, raw, T)
+			if d.rep != want || d.words()*int64(want) != int64(2*params.N()) {
+				t.Fatalf("T=%d c=%d: stored with runs of %d in %d words", T, c, d.rep, d.words())
+			}
+			if !ringQ.Equal(d.poly(ringQ.NewPoly()), pt.Value) {
+				t.Fatalf("T=%d c=%d: the stored values are not pt's Montgomery form", T, c)
+			}
 			// the expansion, tile by tile and whole, gives back every residue
 			buf := make([]uint64, prodTile)
 			for l := 0; l < 2; l++ {

@@ -1070,7 +1070,7 @@ func clg_bsgs_set(bh C.int64_t, block C.int, re *C.double, im *C.double, width C
 					pt.LogDimensions.Cols = logSlots
 					if errs[k] = encodeNTT(b.ctx.encoder, v, pt); errs[k] == nil {
 						// (in Montgomery form: the products skip Lattigo's per-product MForm)
-						pts[k] = newDiag(b.ctx.params.RingQ().AtLevel(b.level), pt, b.maxRep, b.ctx.params.MaxSlots()/slots)
+						pts[k] = newDiag(ringQ, pt, b.maxRep)
 					}
 				}
 			}(t)

@@ -58,6 +58,45 @@
 	VPANDQ    Z31, Z7, Z7; \
 	VPADDQ    Z7, Z0, Z0
 
+// ARGS: the kernels' arguments: as in R8-R11, ps in R12, R13, SI, DI, hi in BX, lo in DX, n in CX;
+// Z31 = 2^32 - 1 and Z30 = 1 in every lane.
+#define ARGS \
+	MOVQ as+0(FP), AX; \
+	MOVQ 0(AX), R8; \
+	MOVQ 8(AX), R9; \
+	MOVQ 16(AX), R10; \
+	MOVQ 24(AX), R11; \
+	MOVQ ps+8(FP), AX; \
+	MOVQ 0(AX), R12; \
+	MOVQ 8(AX), R13; \
+	MOVQ 16(AX), SI; \
+	MOVQ 24(AX), DI; \
+	MOVQ hi+16(FP), BX; \
+	MOVQ lo+24(FP), DX; \
+	MOVQ n+32(FP), CX; \
+	MOVQ $0xFFFFFFFF, AX; \
+	VPBROADCASTQ AX, Z31; \
+	MOVQ $1, AX; \
+	VPBROADCASTQ AX, Z30
+
+// ACCUMULATE: (hi, lo)[AX .. AX+7] += the 128-bit sums Z2 2^64 + Z1 2^32 + Z0 (Z1 < 4 (2^61 +
+// 2^32) < 2^64), with the carries.
+#define ACCUMULATE \
+	VPSLLQ    $32, Z1, Z12; \
+	VPSRLQ    $32, Z1, Z13; \
+	VPADDQ    Z12, Z0, Z14; \
+	VPCMPUQ   $1, Z12, Z14, K1; \
+	VPADDQ    Z13, Z2, Z15; \
+	VPADDQ    Z30, Z15, K1, Z15; \
+	VMOVDQU64 (DX)(AX*8), Z16; \
+	VMOVDQU64 (BX)(AX*8), Z17; \
+	VPADDQ    Z14, Z16, Z16; \
+	VPCMPUQ   $1, Z14, Z16, K2; \
+	VPADDQ    Z15, Z17, Z17; \
+	VPADDQ    Z30, Z17, K2, Z17; \
+	VMOVDQU64 Z16, (DX)(AX*8); \
+	VMOVDQU64 Z17, (BX)(AX*8)
+
 DATA rep2idx<>+0(SB)/8, $0
 DATA rep2idx<>+8(SB)/8, $0
 DATA rep2idx<>+16(SB)/8, $1
@@ -72,23 +111,7 @@ GLOBL rep2idx<>(SB), RODATA|NOPTR, $64
 // (hi, lo)[c] += sum_{t<4} as[t][c] * ps[t][c] as 128-bit sums, c < n, n a multiple of 8,
 // every operand < 2^60.
 TEXT ·MulAcc4(SB), NOSPLIT, $0-40
-	MOVQ as+0(FP), AX
-	MOVQ 0(AX), R8
-	MOVQ 8(AX), R9
-	MOVQ 16(AX), R10
-	MOVQ 24(AX), R11
-	MOVQ ps+8(FP), AX
-	MOVQ 0(AX), R12
-	MOVQ 8(AX), R13
-	MOVQ 16(AX), SI
-	MOVQ 24(AX), DI
-	MOVQ hi+16(FP), BX
-	MOVQ lo+24(FP), DX
-	MOVQ n+32(FP), CX
-	MOVQ $0xFFFFFFFF, AX
-	VPBROADCASTQ AX, Z31
-	MOVQ $1, AX
-	VPBROADCASTQ AX, Z30
+	ARGS
 	XORQ AX, AX
 
 loop:
@@ -101,21 +124,7 @@ loop:
 	TERM(R9, R13)
 	TERM(R10, SI)
 	TERM(R11, DI)
-	// sum = Z2 2^64 + Z1 2^32 + Z0 (Z1 < 4 (2^61 + 2^32) < 2^64)
-	VPSLLQ    $32, Z1, Z12
-	VPSRLQ    $32, Z1, Z13
-	VPADDQ    Z12, Z0, Z14
-	VPCMPUQ   $1, Z12, Z14, K1
-	VPADDQ    Z13, Z2, Z15
-	VPADDQ    Z30, Z15, K1, Z15
-	VMOVDQU64 (DX)(AX*8), Z16
-	VMOVDQU64 (BX)(AX*8), Z17
-	VPADDQ    Z14, Z16, Z16
-	VPCMPUQ   $1, Z14, Z16, K2
-	VPADDQ    Z15, Z17, Z17
-	VPADDQ    Z30, Z17, K2, Z17
-	VMOVDQU64 Z16, (DX)(AX*8)
-	VMOVDQU64 Z17, (BX)(AX*8)
+	ACCUMULATE
 	ADDQ      $8, AX
 	JMP       loop
 
@@ -126,23 +135,7 @@ done:
 // func MulAcc4Rep2(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
 // MulAcc4 with ps[t][c / 2] in place of ps[t][c] (the ps n / 2 words long).
 TEXT ·MulAcc4Rep2(SB), NOSPLIT, $0-40
-	MOVQ as+0(FP), AX
-	MOVQ 0(AX), R8
-	MOVQ 8(AX), R9
-	MOVQ 16(AX), R10
-	MOVQ 24(AX), R11
-	MOVQ ps+8(FP), AX
-	MOVQ 0(AX), R12
-	MOVQ 8(AX), R13
-	MOVQ 16(AX), SI
-	MOVQ 24(AX), DI
-	MOVQ hi+16(FP), BX
-	MOVQ lo+24(FP), DX
-	MOVQ n+32(FP), CX
-	MOVQ $0xFFFFFFFF, AX
-	VPBROADCASTQ AX, Z31
-	MOVQ $1, AX
-	VPBROADCASTQ AX, Z30
+	ARGS
 	VMOVDQU64 rep2idx<>(SB), Z29
 	XORQ AX, AX
 
@@ -156,21 +149,7 @@ loop2:
 	TERM2(R9, R13)
 	TERM2(R10, SI)
 	TERM2(R11, DI)
-	// sum = Z2 2^64 + Z1 2^32 + Z0 (Z1 < 4 (2^61 + 2^32) < 2^64)
-	VPSLLQ    $32, Z1, Z12
-	VPSRLQ    $32, Z1, Z13
-	VPADDQ    Z12, Z0, Z14
-	VPCMPUQ   $1, Z12, Z14, K1
-	VPADDQ    Z13, Z2, Z15
-	VPADDQ    Z30, Z15, K1, Z15
-	VMOVDQU64 (DX)(AX*8), Z16
-	VMOVDQU64 (BX)(AX*8), Z17
-	VPADDQ    Z14, Z16, Z16
-	VPCMPUQ   $1, Z14, Z16, K2
-	VPADDQ    Z15, Z17, Z17
-	VPADDQ    Z30, Z17, K2, Z17
-	VMOVDQU64 Z16, (DX)(AX*8)
-	VMOVDQU64 Z17, (BX)(AX*8)
+	ACCUMULATE
 	ADDQ      $8, AX
 	JMP       loop2
 
@@ -181,23 +160,7 @@ done2:
 // func MulAcc4Rep8(as *[4]*uint64, ps *[4]*uint64, hi, lo *uint64, n int)
 // MulAcc4 with ps[t][c / 8] in place of ps[t][c] (the ps n / 8 words long).
 TEXT ·MulAcc4Rep8(SB), NOSPLIT, $0-40
-	MOVQ as+0(FP), AX
-	MOVQ 0(AX), R8
-	MOVQ 8(AX), R9
-	MOVQ 16(AX), R10
-	MOVQ 24(AX), R11
-	MOVQ ps+8(FP), AX
-	MOVQ 0(AX), R12
-	MOVQ 8(AX), R13
-	MOVQ 16(AX), SI
-	MOVQ 24(AX), DI
-	MOVQ hi+16(FP), BX
-	MOVQ lo+24(FP), DX
-	MOVQ n+32(FP), CX
-	MOVQ $0xFFFFFFFF, AX
-	VPBROADCASTQ AX, Z31
-	MOVQ $1, AX
-	VPBROADCASTQ AX, Z30
+	ARGS
 	XORQ AX, AX
 
 loop8:
@@ -210,21 +173,7 @@ loop8:
 	TERM8(R9, R13)
 	TERM8(R10, SI)
 	TERM8(R11, DI)
-	// sum = Z2 2^64 + Z1 2^32 + Z0 (Z1 < 4 (2^61 + 2^32) < 2^64)
-	VPSLLQ    $32, Z1, Z12
-	VPSRLQ    $32, Z1, Z13
-	VPADDQ    Z12, Z0, Z14
-	VPCMPUQ   $1, Z12, Z14, K1
-	VPADDQ    Z13, Z2, Z15
-	VPADDQ    Z30, Z15, K1, Z15
-	VMOVDQU64 (DX)(AX*8), Z16
-	VMOVDQU64 (BX)(AX*8), Z17
-	VPADDQ    Z14, Z16, Z16
-	VPCMPUQ   $1, Z14, Z16, K2
-	VPADDQ    Z15, Z17, Z17
-	VPADDQ    Z30, Z17, K2, Z17
-	VMOVDQU64 Z16, (DX)(AX*8)
-	VMOVDQU64 Z17, (BX)(AX*8)
+	ACCUMULATE
 	ADDQ      $8, AX
 	JMP       loop8
 
